@@ -1,0 +1,23 @@
+# Two commands from a fresh clone: `make demo` (the main job) and `make test` (the suite).
+# Each creates .venv when missing and reinstalls when pyproject.toml changes.
+VENV  := .venv
+BIN   := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export MUJOCO_GL ?= egl
+
+.PHONY: demo test install clean
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || "$$(scripts/find-python)" -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/robotloop demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache

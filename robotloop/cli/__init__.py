@@ -1,0 +1,28 @@
+"""`robotloop`: the command line. Each command is a thin call into the library."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..config import load_settings
+from . import bucket, demo
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Close the robot-learning data loop.")
+app.add_typer(bucket.app, name="bucket")
+app.command("demo")(demo.demo)
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    endpoint: Annotated[str | None, typer.Option(help="Bucket endpoint (Hub or robotloop server). Default: embedded server.")] = None,
+    token: Annotated[str | None, typer.Option(help="Access token. Default: ROBOTLOOP_STORAGE__TOKEN, HF_TOKEN, or the embedded server's.", envvar=None)] = None,
+) -> None:
+    """Settings come from robotloop.toml, then ROBOTLOOP_* env vars, then these flags."""
+    ctx.obj = load_settings({"storage": {"endpoint": endpoint, "token": token}})
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,108 @@
+"""`robotloop bucket ...`: list, upload, download, sizes, and the bucket server itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..storage import BadBucketUrl, BucketUrl, Entry, StorageError, connect
+
+app = typer.Typer(no_args_is_help=True, help="Work with Xet storage buckets (hf://buckets/<ns>/<bucket>/<path>).")
+console = Console()
+
+UrlArg = Annotated[str, typer.Argument(help="hf://buckets/<namespace>/<bucket>[/<path>]")]
+
+
+def _url(text: str) -> BucketUrl:
+    try:
+        return BucketUrl.parse(text)
+    except BadBucketUrl as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+def _fail(error: Exception) -> typer.Exit:
+    console.print(f"[red]error:[/red] {error}")
+    return typer.Exit(1)
+
+
+@app.command()
+def create(ctx: typer.Context, url: UrlArg, public: bool = typer.Option(False, help="Allow anonymous reads.")) -> None:
+    """Create a bucket (private unless --public)."""
+    try:
+        connect(ctx.obj).create_bucket(_url(url), private=not public)
+    except StorageError as error:
+        raise _fail(error) from None
+    console.print(f"created hf://buckets/{_url(url).bucket_id} ({'public' if public else 'private'})")
+
+
+@app.command()
+def ls(ctx: typer.Context, url: UrlArg, recursive: bool = typer.Option(False, "-R", "--recursive")) -> None:
+    """List files and folders."""
+    try:
+        entries = connect(ctx.obj).ls(_url(url), recursive=recursive)
+    except StorageError as error:
+        raise _fail(error) from None
+    table = Table("size", "xet hash", "path", box=None)
+    for e in entries:
+        if isinstance(e, Entry):
+            table.add_row(f"{e.size:,}", e.xet_hash[:12], e.url.path)
+        else:
+            table.add_row("", "", e.path + "/")
+    console.print(table)
+
+
+@app.command()
+def put(ctx: typer.Context, local: Path, url: UrlArg, create: bool = typer.Option(True, help="Create the bucket if missing.")) -> None:
+    """Upload a file or a folder; prints how many bytes were new and how many deduplicated."""
+    target = _url(url)
+    try:
+        client = connect(ctx.obj)
+        if create:
+            client.create_bucket(target)
+        report = client.upload(local, target)
+    except (StorageError, FileNotFoundError) as error:
+        raise _fail(error) from None
+    console.print(
+        f"uploaded {len(report.files)} file(s), {report.bytes_total:,} bytes: {report.bytes_new:,} new, "
+        f"{report.bytes_deduplicated:,} deduplicated, {report.bytes_sent:,} sent"
+    )
+
+
+@app.command()
+def get(ctx: typer.Context, url: UrlArg, dest: Path = typer.Argument(Path("."), help="File or folder.")) -> None:
+    """Download a file, or every file under a folder."""
+    target = _url(url)
+    try:
+        paths = connect(ctx.obj).fetch(target, dest)
+    except StorageError as error:
+        raise _fail(error) from None
+    if not paths:
+        raise _fail(StorageError(f"nothing under {target}"))
+    console.print(f"downloaded {len(paths)} file(s) to {dest}")
+
+
+@app.command()
+def du(ctx: typer.Context, url: UrlArg) -> None:
+    """Total size of the files under a URL."""
+    try:
+        total = connect(ctx.obj).du(_url(url))
+    except StorageError as error:
+        raise _fail(error) from None
+    console.print(f"{total:,} bytes\t{url}")
+
+
+@app.command()
+def serve(
+    root: Annotated[Path, typer.Option(help="Data root (xorbs, shards, index).")] = Path("buckets"),
+    host: str = "127.0.0.1",
+    port: int = 8750,
+    tokens: Annotated[Path | None, typer.Option(help="Tokens file: '<token> <read|write> <namespace|*>' per line.")] = None,
+) -> None:
+    """Run the Hub-compatible Xet bucket server."""
+    from services.bucket.app import serve as run_server
+
+    run_server(root, host, port, tokens)

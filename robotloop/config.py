@@ -1,0 +1,95 @@
+"""One settings model for the CLI, the services and the agent tools.
+
+Sources, lowest priority first: defaults, `robotloop.toml` (or the file named by `ROBOTLOOP_CONFIG`),
+environment variables `ROBOTLOOP_<SECTION>__<FIELD>`, then explicit overrides (CLI flags).
+
+Example:
+    ```python
+    >>> from robotloop.config import load_settings
+    >>> settings = load_settings({"storage": {"endpoint": "http://127.0.0.1:8750"}})
+    >>> settings.storage.endpoint
+    'http://127.0.0.1:8750'
+    ```
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "robotloop"
+
+
+class Section(BaseModel):
+    """A settings section: unknown keys are errors, so a typo in robotloop.toml is caught early."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StorageSettings(Section):
+    """Where buckets live and how robotloop reaches them."""
+
+    endpoint: str | None = Field(
+        default=None,
+        description="Hub-compatible endpoint (the public Hub or a robotloop bucket server). "
+        "Unset: HF_ENDPOINT if set, else the embedded bucket server on localhost.",
+    )
+    token: SecretStr | None = Field(
+        default=None, description="Access token. Unset: HF_TOKEN / the saved Hub login, or the embedded server's own."
+    )
+    cache_dir: Path = Field(default=CACHE_HOME / "read-cache", description="Local read cache, keyed by Xet hash.")
+    cache_max_bytes: int = Field(default=20 * 2**30, ge=0, description="Bound of the read cache in bytes.")
+    embedded_root: Path = Field(default=CACHE_HOME / "buckets", description="Data root of the embedded server.")
+    embedded_port: int = Field(default=0, ge=0, le=65535, description="Port of the embedded server; 0 picks a free one.")
+
+
+class Settings(BaseSettings):
+    """All of robotloop's settings. Sections are added by the layers that use them."""
+
+    model_config = SettingsConfigDict(env_prefix="ROBOTLOOP_", env_nested_delimiter="__", extra="forbid")
+
+    storage: StorageSettings = StorageSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        toml_file = Path(os.environ.get("ROBOTLOOP_CONFIG", "robotloop.toml"))
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_file)
+
+
+def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
+    """Build the settings from every source, with `overrides` (e.g. CLI flags) on top.
+
+    `None` values in `overrides` are dropped, so an unset CLI flag never hides a file or env value.
+
+    Raises:
+        pydantic.ValidationError: a value (from any source) has the wrong type or an unknown key.
+    """
+    return Settings(**_drop_none(overrides or {}))
+
+
+def _drop_none(values: dict[str, Any]) -> dict[str, Any]:
+    cleaned = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            value = _drop_none(value)
+            if not value:
+                continue
+        if value is not None:
+            cleaned[key] = value
+    return cleaned

@@ -1,0 +1,37 @@
+"""Buckets: URLs, uploads with dedup figures, listings, ranged reads, downloads and a read cache.
+
+`connect()` is the entry point; it resolves the endpoint from the settings (or starts the embedded server).
+"""
+
+from __future__ import annotations
+
+import os
+
+from huggingface_hub import get_token
+
+from ..config import Settings, load_settings
+from .cache import ReadCache
+from .client import BucketClient, Entry, FileUpload, NotFound, StorageError, UploadReport
+from .embedded import ensure_embedded_server
+from .urls import BadBucketUrl, BucketUrl
+
+__all__ = ["BadBucketUrl", "BucketClient", "BucketUrl", "Entry", "FileUpload", "NotFound", "StorageError",
+           "UploadReport", "connect", "resolve_endpoint"]  # fmt: skip
+
+
+def resolve_endpoint(settings: Settings) -> tuple[str, str | None]:
+    """The endpoint and token to use: configured ones, else HF_ENDPOINT, else the embedded server."""
+    storage = settings.storage
+    token = storage.token.get_secret_value() if storage.token else None
+    endpoint = storage.endpoint or os.environ.get("HF_ENDPOINT")
+    if endpoint:
+        return endpoint, token or get_token()
+    server = ensure_embedded_server(storage.embedded_root, storage.embedded_port)
+    return server.endpoint, token or server.token
+
+
+def connect(settings: Settings | None = None) -> BucketClient:
+    """A client for the configured bucket endpoint (see `resolve_endpoint`)."""
+    settings = settings or load_settings()
+    endpoint, token = resolve_endpoint(settings)
+    return BucketClient(endpoint, token, ReadCache(settings.storage.cache_dir, settings.storage.cache_max_bytes))

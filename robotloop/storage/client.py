@@ -1,0 +1,285 @@
+"""The one way robotloop reads and writes buckets.
+
+Everything goes through `huggingface_hub` (bucket API, HfFileSystem) and `hf_xet`, so the same code
+talks to the public Hub and to robotloop's own bucket server; only the endpoint differs.
+
+Example:
+    ```python
+    >>> from robotloop.storage import connect, BucketUrl
+    >>> client = connect()                      # embedded bucket server unless one is configured
+    >>> url = BucketUrl.parse("hf://buckets/lab/demos/notes.txt")
+    >>> client.create_bucket(url)
+    >>> report = client.upload("notes.txt", url)
+    >>> report.bytes_new, report.bytes_deduplicated
+    (1234, 0)
+    ```
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from huggingface_hub import HfApi, HfFileSystem
+from huggingface_hub._buckets import BucketFile, _BucketAddFile
+from huggingface_hub.errors import BucketNotFoundError, EntryNotFoundError, HfHubHTTPError
+from huggingface_hub.utils import build_hf_headers
+from huggingface_hub.utils._xet import XetTokenType, get_xet_session, xet_connection_info_refresh_url
+
+from .cache import ReadCache
+from .urls import BucketUrl
+
+
+class StorageError(RuntimeError):
+    """A bucket operation failed; the message names the bucket, the path and what to do."""
+
+
+class NotFound(StorageError, FileNotFoundError):
+    """The bucket or the path does not exist."""
+
+
+@dataclass(frozen=True)
+class FileUpload:
+    """Figures for one uploaded file: how many of its bytes were new to the store, how many deduplicated."""
+
+    path: str
+    size: int
+    xet_hash: str
+    bytes_new: int
+    bytes_deduplicated: int
+
+
+@dataclass
+class UploadReport:
+    """Figures for one upload call. `bytes_sent` is what went over the wire (xorbs and shards)."""
+
+    files: list[FileUpload] = field(default_factory=list)
+    bytes_sent: int = 0
+
+    @property
+    def bytes_total(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def bytes_new(self) -> int:
+        return sum(f.bytes_new for f in self.files)
+
+    @property
+    def bytes_deduplicated(self) -> int:
+        return sum(f.bytes_deduplicated for f in self.files)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A file in a bucket."""
+
+    url: BucketUrl
+    size: int
+    xet_hash: str
+
+
+class BucketClient:
+    """Reads and writes buckets at one endpoint with one token."""
+
+    def __init__(self, endpoint: str, token: str | None, cache: ReadCache | None = None) -> None:
+        self.endpoint = endpoint.rstrip("/")
+        self.token = token
+        self.api = HfApi(endpoint=self.endpoint, token=token)
+        self.fs = HfFileSystem(endpoint=self.endpoint, token=token, skip_instance_cache=True)
+        self.cache = cache
+
+    # -- buckets ---------------------------------------------------------------------------------------
+    def create_bucket(self, url: BucketUrl, private: bool = True) -> None:
+        """Create the bucket of `url` if it does not exist. Buckets are private unless asked otherwise."""
+        with _explained(url, "create the bucket"):
+            self.api.create_bucket(url.bucket_id, private=private, exist_ok=True)
+
+    # -- writes ----------------------------------------------------------------------------------------
+    def upload(self, local: str | Path, url: BucketUrl) -> UploadReport:
+        """Upload a file, or a folder recursively, to `url`; all files appear in one batch.
+
+        Only chunks the store lacks travel (Xet dedup); the report says how many bytes that was.
+
+        Raises:
+            FileNotFoundError: `local` does not exist.
+            NotFound: the bucket does not exist (create it first).
+            StorageError: the server refused the upload (the message says why).
+        """
+        pairs = _files_to_upload(Path(local), url)
+        report = UploadReport()
+        if not pairs:
+            return report
+        with _explained(url, "upload"):
+            report = self._xet_upload(pairs, url)
+            adds = [
+                _BucketAddFile(source=src, destination=dst.path, xet_hash=f.xet_hash, size=f.size)
+                for (src, dst), f in zip(pairs, report.files)
+            ]
+            self.api.batch_bucket_files(url.bucket_id, add=adds)
+        return report
+
+    def _xet_upload(self, pairs: list[tuple[Path, BucketUrl]], url: BucketUrl) -> UploadReport:
+        # huggingface_hub's batch_bucket_files uploads too, but keeps the dedup figures to itself; driving the
+        # same hf_xet session here gives them to us, and the batch then only registers the hashes.
+        refresh_url = xet_connection_info_refresh_url(
+            token_type=XetTokenType.WRITE, repo_id=url.bucket_id, repo_type="bucket", endpoint=self.endpoint
+        )
+        headers = build_hf_headers(token=self.token, library_name="robotloop")
+        commit = get_xet_session().new_upload_commit(token_refresh_url=refresh_url, token_refresh_headers=headers)
+        from hf_xet import SKIP_SHA256
+
+        handles = [commit.start_upload_file(str(src), sha256=SKIP_SHA256) for src, _ in pairs]
+        summary = commit.wait_to_finish()
+        files = []
+        for (src, dst), handle in zip(pairs, handles):
+            meta = handle.result()
+            m = meta.dedup_metrics
+            files.append(FileUpload(dst.path, meta.xet_info.file_size, meta.xet_info.hash, m.new_bytes, m.deduped_bytes))
+        return UploadReport(files, summary.dedup_metrics.total_bytes_uploaded)
+
+    def delete(self, url: BucketUrl) -> None:
+        """Delete one file."""
+        with _explained(url, "delete"):
+            self.api.batch_bucket_files(url.bucket_id, delete=[url.path])
+
+    # -- reads -----------------------------------------------------------------------------------------
+    def ls(self, url: BucketUrl, recursive: bool = False) -> list[Entry | BucketUrl]:
+        """Files (as `Entry`) and folders (as `BucketUrl`) under `url`."""
+        with _explained(url, "list"):
+            tree = self.api.list_bucket_tree(url.bucket_id, prefix=url.path or None, recursive=recursive)
+            out: list[Entry | BucketUrl] = []
+            for item in tree:
+                item_url = BucketUrl(url.bucket_id, item.path)
+                out.append(_entry(url.bucket_id, item) if isinstance(item, BucketFile) else item_url)
+            return out
+
+    def stat(self, url: BucketUrl) -> Entry:
+        """Size and Xet hash of one file.
+
+        Raises:
+            NotFound: no file at `url`.
+        """
+        with _explained(url, "stat"):
+            infos = list(self.api.get_bucket_paths_info(url.bucket_id, [url.path]))
+        if not infos:
+            raise NotFound(f"{url}: no such file in bucket '{url.bucket_id}'. List the folder with `robotloop bucket ls`.")
+        return _entry(url.bucket_id, infos[0])
+
+    def du(self, url: BucketUrl) -> int:
+        """Total bytes of the files under `url`."""
+        return sum(e.size for e in self.ls(url, recursive=True) if isinstance(e, Entry))
+
+    @contextmanager
+    def open(self, url: BucketUrl, block_size: int = 8 * 2**20) -> Iterator[IO[bytes]]:
+        """A seekable binary file for ranged streaming reads: only the ranges read are fetched."""
+        with _explained(url, "open"):
+            with self.fs.open(f"hf://buckets/{url.bucket_id}/{url.path}", "rb", block_size=block_size) as f:
+                yield f
+
+    def read_range(self, url: BucketUrl, start: int, end: int) -> bytes:
+        """Bytes `[start, end)` of a file."""
+        with self.open(url, block_size=0) as f:
+            f.seek(start)
+            return f.read(end - start)
+
+    def download(self, url: BucketUrl, dest: str | Path) -> Path:
+        """Download one file to `dest` (a file path, or an existing folder), through the read cache.
+
+        Raises:
+            NotFound: no file at `url`.
+        """
+        entry = self.stat(url)
+        dest = Path(dest)
+        if dest.is_dir():
+            dest = dest / url.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        cached = self.cache.get(entry.xet_hash) if self.cache else None
+        if cached is None:
+            tmp = Path(tempfile.mkdtemp(dir=dest.parent)) / url.name
+            try:
+                with _explained(url, "download"):
+                    self.api.download_bucket_files(url.bucket_id, [(url.path, str(tmp))], raise_on_missing_files=True)
+                cached = self.cache.put(entry.xet_hash, tmp) if self.cache else tmp
+                if cached == tmp:
+                    os.replace(tmp, dest)
+                    return dest
+            finally:
+                tmp.unlink(missing_ok=True)
+                tmp.parent.rmdir()
+        _link_or_copy(cached, dest)
+        return dest
+
+    def fetch(self, url: BucketUrl, dest: str | Path) -> list[Path]:
+        """Download `url`, a file or a folder, to `dest`. Returns the files written (empty: nothing there)."""
+        if url.path:
+            try:
+                return [self.download(url, dest)]
+            except NotFound:
+                pass
+        return self.download_tree(url, dest)
+
+    def download_tree(self, url: BucketUrl, dest: str | Path) -> list[Path]:
+        """Download every file under `url` into folder `dest`, keeping relative paths."""
+        out = []
+        for entry in self.ls(url, recursive=True):
+            if isinstance(entry, Entry):
+                rel = entry.url.path[len(url.path) :].lstrip("/") or entry.url.name
+                out.append(self.download(entry.url, Path(dest) / rel))
+        return out
+
+
+def _entry(bucket_id: str, item: BucketFile) -> Entry:
+    return Entry(BucketUrl(bucket_id, item.path), item.size, item.xet_hash)
+
+
+def _files_to_upload(local: Path, url: BucketUrl) -> list[tuple[Path, BucketUrl]]:
+    if local.is_file():
+        return [(local, url if url.path else url / local.name)]
+    if not local.is_dir():
+        raise FileNotFoundError(f"{local}: no such file or folder to upload to {url}.")
+    return [(p, url / p.relative_to(local).as_posix()) for p in sorted(local.rglob("*")) if p.is_file()]
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    # A hard link makes a cache hit free; across file systems fall back to a copy.
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+
+
+@contextmanager
+def _explained(url: BucketUrl, action: str) -> Iterator[None]:
+    """Turn huggingface_hub's errors into ones that name the bucket, the path and what to do."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except BucketNotFoundError:
+        raise NotFound(
+            f"cannot {action} {url}: bucket '{url.bucket_id}' does not exist or this token cannot see it. "
+            f"Create it with `robotloop bucket create hf://buckets/{url.bucket_id}` or check the token."
+        ) from None
+    except (EntryNotFoundError, FileNotFoundError) as error:
+        raise NotFound(f"cannot {action} {url}: no such file ({error}).") from None
+    except HfHubHTTPError as error:
+        status = error.response.status_code if error.response is not None else None
+        hint = {
+            401: "the token is missing or unknown: set ROBOTLOOP_STORAGE__TOKEN or HF_TOKEN",
+            403: "the token may not do this: it needs write access to this namespace",
+            404: "not found: check the bucket and path",
+            413: "the request is too large for the server",
+        }.get(status or 0, "see the server's message above")
+        raise StorageError(f"cannot {action} {url}: {hint}. Server said: {error}") from None
+    except RuntimeError as error:  # hf_xet reports transfer failures as RuntimeError subclasses
+        raise StorageError(f"cannot {action} {url}: the Xet transfer failed: {error}") from None

@@ -1,0 +1,88 @@
+"""Shared fixtures: a real robotloop bucket server on 127.0.0.1, started as its own process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+WRITE_TOKEN = "rl_test_write"
+READ_TOKEN = "rl_test_read"
+OTHER_NS_TOKEN = "rl_test_other"
+
+
+@dataclass
+class Server:
+    endpoint: str
+    root: Path
+    tokens_file: Path
+    proc: subprocess.Popen
+
+    def stats(self) -> dict:
+        return httpx.get(f"{self.endpoint}/api/robotloop/stats", headers={"authorization": f"Bearer {WRITE_TOKEN}"}).json()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(root: Path, tokens_file: Path, port: int | None = None) -> Server:
+    """Start `python -m services.bucket` and wait until it answers."""
+    port = port or free_port()
+    log = open(root.parent / f"server-{port}.log", "ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.bucket", "--root", str(root), "--host", "127.0.0.1", "--port", str(port),
+         "--tokens", str(tokens_file)],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    server = Server(f"http://127.0.0.1:{port}", root, tokens_file, proc)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"bucket server exited: {(root.parent / f'server-{port}.log').read_text()[-3000:]}"
+        try:
+            if server.stats() is not None:
+                return server
+        except (httpx.HTTPError, ValueError):
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("bucket server did not start")
+
+
+@pytest.fixture(scope="session")
+def tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("auth") / "tokens"
+    path.write_text(
+        f"# test tokens\n{WRITE_TOKEN} write *\n{READ_TOKEN} read *\n{OTHER_NS_TOKEN} write other\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def bucket_server(tmp_path_factory: pytest.TempPathFactory, tokens_file: Path) -> Iterator[Server]:
+    base = tmp_path_factory.mktemp("bucket-server")
+    server = start_server(base / "root", tokens_file)
+    yield server
+    server.proc.terminate()
+    server.proc.wait(10)
+
+
+@pytest.fixture(autouse=True)
+def _offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Nothing may reach the public Hub; each test gets its own HF and robotloop caches."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    os.environ.setdefault("MUJOCO_GL", "egl")

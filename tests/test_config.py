@@ -1,0 +1,34 @@
+import pytest
+from pydantic import ValidationError
+
+from robotloop.config import load_settings
+
+
+def test_sources_in_priority_order(tmp_path, monkeypatch):
+    toml = tmp_path / "robotloop.toml"
+    toml.write_text('[storage]\nendpoint = "http://from-toml:1"\ncache_max_bytes = 5\n')
+    monkeypatch.setenv("ROBOTLOOP_CONFIG", str(toml))
+    assert load_settings().storage.endpoint == "http://from-toml:1"
+
+    monkeypatch.setenv("ROBOTLOOP_STORAGE__ENDPOINT", "http://from-env:2")
+    settings = load_settings()
+    assert settings.storage.endpoint == "http://from-env:2"
+    assert settings.storage.cache_max_bytes == 5  # other toml keys survive the env override
+
+    flags = load_settings({"storage": {"endpoint": "http://from-flag:3", "token": None}})
+    assert flags.storage.endpoint == "http://from-flag:3"
+    assert flags.storage.cache_max_bytes == 5  # an unset flag (None) hides nothing
+
+
+def test_typo_in_config_file_is_an_error(tmp_path, monkeypatch):
+    toml = tmp_path / "robotloop.toml"
+    toml.write_text('[storage]\nendpont = "http://typo"\n')
+    monkeypatch.setenv("ROBOTLOOP_CONFIG", str(toml))
+    with pytest.raises(ValidationError, match="endpont"):
+        load_settings()
+
+
+def test_token_is_secret():
+    settings = load_settings({"storage": {"token": "hf_secret"}})
+    assert "hf_secret" not in repr(settings)
+    assert settings.storage.token.get_secret_value() == "hf_secret"
