@@ -1,0 +1,548 @@
+"""Content-addressed store for Xet xorbs and shards, indexed in SQLite.
+
+Layout under `root`:
+    xorbs/<2 hex>/<hash>    serialized xorbs exactly as uploaded (verified before storing)
+    shards/<2 hex>/<hash>   uploaded shards, named by the Xet data hash of their bytes
+    tmp/                    staging for atomic writes
+    index.sqlite            files -> terms, xorbs -> chunks, chunk -> xorb (global dedup), stats
+    fetch.key               secret for signing the xorb fetch URLs we hand out
+
+Nothing is written unless every check passed; blobs are written (fsync + rename + dir fsync)
+before the index rows that point at them, so the index never names a missing blob.
+Safe across threads (one SQLite connection per thread) and processes (WAL, busy timeout).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from robotloop.storage.server import xet_format as xf
+
+MAX_XORB_BYTES = 80 * 1024 * 1024  # client caps xorbs at 64 MiB of chunk data + headers/footer
+MAX_SHARD_BYTES = 128 * 1024 * 1024
+FETCH_URL_TTL_S = 3600
+DEDUP_SHARD_MAX_XORBS = 64  # keep the dedup answer small even for shards with many xorbs
+COUNTER_FLUSH_S = 1.0
+
+Body = bytes | bytearray | memoryview | Iterable[bytes] | BinaryIO
+
+
+class CasError(Exception):
+    """Base of all store errors; the message names the object and what is wrong."""
+
+
+class BadHash(CasError):
+    """A hash argument is not 64 lowercase hex digits."""
+
+
+class CorruptXorb(CasError):
+    """Xorb bytes are malformed or do not hash to the claimed hash."""
+
+
+class CorruptShard(CasError):
+    """Shard bytes are malformed or disagree with the stored xorbs."""
+
+
+class TruncatedShard(CorruptShard):
+    """Shard bytes end inside a section."""
+
+
+class UnknownXorb(CasError):
+    """A xorb that is not stored was referenced or requested."""
+
+
+class UnknownFile(CasError):
+    """No shard has registered this file hash."""
+
+
+class RangeNotSatisfiable(CasError):
+    """Requested byte range starts at or beyond the end of the object."""
+
+
+class TooLarge(CasError):
+    """Body exceeds the configured size limit."""
+
+
+@dataclass(frozen=True)
+class XorbResult:
+    hash: str
+    was_inserted: bool
+    num_chunks: int
+    size: int
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    hash: str
+    was_inserted: bool
+    files: int
+    xorbs: int
+
+
+@dataclass(frozen=True)
+class XorbSlice:
+    """A byte range of a stored xorb: read `length` bytes of `path` from `offset`."""
+    path: Path
+    offset: int
+    length: int
+    total: int  # size of the whole xorb, for Content-Range
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    hash: bytes
+    byte_start: int
+    byte_end: int
+    raw_len: int
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS xorbs (hash TEXT PRIMARY KEY, size INT NOT NULL, raw_size INT NOT NULL,
+    num_chunks INT NOT NULL, shard TEXT, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS xorb_chunks (xorb TEXT NOT NULL, idx INT NOT NULL, hash BLOB NOT NULL,
+    byte_start INT NOT NULL, byte_end INT NOT NULL, raw_len INT NOT NULL,
+    PRIMARY KEY (xorb, idx)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS shards (hash TEXT PRIMARY KEY, size INT NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS files (hash TEXT PRIMARY KEY, size INT NOT NULL, sha256 TEXT,
+    shard TEXT NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS file_terms (file TEXT NOT NULL, idx INT NOT NULL, xorb TEXT NOT NULL,
+    chunk_start INT NOT NULL, chunk_end INT NOT NULL, raw_len INT NOT NULL,
+    PRIMARY KEY (file, idx)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dedup_chunks (hash BLOB PRIMARY KEY, xorb TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INT NOT NULL) WITHOUT ROWID;
+"""
+COUNTERS = ("xorb_bytes_received", "shard_bytes_received", "bytes_served")
+
+
+def _check_hex(h: str, what: str) -> bytes:
+    try:
+        return xf.hex_to_hash(h)
+    except xf.FormatError:
+        raise BadHash(f"{what} hash {h!r} is not 64 lowercase hex digits") from None
+
+
+def _read_body(body: Body, limit: int, what: str) -> bytes:
+    """Collect a request body, refusing more than `limit` bytes. Raises TooLarge."""
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        if len(body) > limit:
+            raise TooLarge(f"{what} is {len(body)} bytes, limit is {limit}")
+        return bytes(body)
+    parts = iter(lambda: body.read(1 << 20), b"") if hasattr(body, "read") else body
+    buf = bytearray()
+    for part in parts:
+        buf += part
+        if len(buf) > limit:
+            raise TooLarge(f"{what} exceeds the {limit}-byte limit")
+    return bytes(buf)
+
+
+class CasStore:
+    """Xorbs and shards on disk plus a SQLite index; see the module docstring."""
+
+    def __init__(self, root: str | Path, max_xorb_bytes: int = MAX_XORB_BYTES,
+                 max_shard_bytes: int = MAX_SHARD_BYTES):
+        self.root = Path(root)
+        self.max_xorb_bytes, self.max_shard_bytes = max_xorb_bytes, max_shard_bytes
+        for d in ("xorbs", "shards", "tmp"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._counter_lock = threading.Lock()
+        self._pending: dict[str, int] = {}
+        self._flushed_at = time.monotonic()
+        self._key = self._load_key()
+        with self._db() as db:
+            db.executescript(SCHEMA)
+            db.executemany("INSERT OR IGNORE INTO counters VALUES (?, 0)", [(c,) for c in COUNTERS])
+
+    def close(self) -> None:
+        """Flush buffered counters and close this thread's connection (call on shutdown)."""
+        self._flush_counters()
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            # isolation_level=None: we issue BEGIN IMMEDIATE ourselves so writers queue on the
+            # lock up front instead of failing to upgrade a read lock mid-transaction.
+            db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            self._local.db = db
+        return db
+
+    def _tx(self) -> _Tx:
+        return _Tx(self._db())
+
+    def _load_key(self) -> bytes:
+        path = self.root / "fetch.key"
+        if not path.exists():
+            tmp = self.root / "tmp" / f"fetch.key.{os.getpid()}.{threading.get_ident()}"
+            tmp.write_bytes(secrets.token_bytes(32))
+            os.chmod(tmp, 0o600)
+            try:  # link, not rename: if another process won the race we keep its key
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            tmp.unlink()
+        return path.read_bytes()
+
+    def _blob_path(self, kind: str, hex_hash: str) -> Path:
+        return self.root / kind / hex_hash[:2] / hex_hash
+
+    def _write_blob(self, path: Path, data: bytes) -> None:
+        """Durably place `data` at `path`: temp file, fsync, rename, fsync the directory."""
+        path.parent.mkdir(exist_ok=True)
+        tmp = self.root / "tmp" / f"{path.name}.{os.getpid()}.{threading.get_ident()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _add_counter(self, name: str, n: int) -> None:
+        # Buffered: a durable write transaction per ranged read would cost an fsync each and
+        # serialize readers on the write lock. Counters may lag by COUNTER_FLUSH_S per process.
+        with self._counter_lock:
+            self._pending[name] = self._pending.get(name, 0) + n
+            due = time.monotonic() - self._flushed_at > COUNTER_FLUSH_S
+        if due:
+            self._flush_counters()
+
+    def _flush_counters(self) -> None:
+        with self._counter_lock:
+            pending, self._pending, self._flushed_at = self._pending, {}, time.monotonic()
+        if pending:
+            with self._tx() as db:
+                db.executemany("UPDATE counters SET value = value + ? WHERE name = ?",
+                               [(n, name) for name, n in pending.items()])
+
+    def _chunks(self, db: sqlite3.Connection, xorb_hex: str) -> list[_Chunk] | None:
+        rows = db.execute("SELECT hash, byte_start, byte_end, raw_len FROM xorb_chunks "
+                          "WHERE xorb = ? ORDER BY idx", (xorb_hex,)).fetchall()
+        return [_Chunk(*r) for r in rows] or None
+
+    # -- xorbs ------------------------------------------------------------------------------
+
+    def put_xorb(self, hash_hex: str, body: Body) -> XorbResult:
+        """Verify and store a serialized xorb under its hash.
+
+        Raises BadHash, TooLarge, or CorruptXorb (malformed, or content hashes to another hash).
+        Re-uploading a stored xorb is a no-op with was_inserted=False.
+        """
+        _check_hex(hash_hex, "xorb")
+        data = _read_body(body, self.max_xorb_bytes, f"xorb {hash_hex}")
+        self._add_counter("xorb_bytes_received", len(data))
+        row = self._db().execute("SELECT num_chunks, size FROM xorbs WHERE hash = ?",
+                                 (hash_hex,)).fetchone()
+        if row:
+            return XorbResult(hash_hex, False, row[0], row[1])
+        try:
+            parsed = xf.parse_xorb(data)
+        except xf.FormatError as e:
+            raise CorruptXorb(f"xorb {hash_hex}: {e}") from None
+        actual = xf.hash_to_hex(parsed.hash)
+        if actual != hash_hex:
+            raise CorruptXorb(f"xorb {hash_hex}: content hashes to {actual}")
+        self._write_blob(self._blob_path("xorbs", hash_hex), data)
+        with self._tx() as db:
+            cur = db.execute("INSERT OR IGNORE INTO xorbs VALUES (?, ?, ?, ?, NULL, ?)",
+                             (hash_hex, len(data), parsed.raw_len, len(parsed.chunks), time.time()))
+            if cur.rowcount:
+                db.executemany("INSERT INTO xorb_chunks VALUES (?, ?, ?, ?, ?, ?)",
+                               [(hash_hex, i, c.hash, c.byte_start, c.byte_end, c.raw_len)
+                                for i, c in enumerate(parsed.chunks)])
+        return XorbResult(hash_hex, bool(cur.rowcount), len(parsed.chunks), len(data))
+
+    def xorb_size(self, hash_hex: str) -> int | None:
+        """Serialized size of a stored xorb, or None. Raises BadHash."""
+        _check_hex(hash_hex, "xorb")
+        row = self._db().execute("SELECT size FROM xorbs WHERE hash = ?", (hash_hex,)).fetchone()
+        return row[0] if row else None
+
+    def open_xorb_range(self, hash_hex: str, start: int | None = None,
+                        end: int | None = None) -> XorbSlice:
+        """Locate bytes [start, end] (inclusive, like HTTP Range) of a stored xorb.
+
+        None for start/end means from the beginning / to the end. The end is clipped to the
+        xorb size. Counts the bytes as served. Raises BadHash, UnknownXorb, RangeNotSatisfiable.
+        """
+        _check_hex(hash_hex, "xorb")
+        row = self._db().execute("SELECT size FROM xorbs WHERE hash = ?", (hash_hex,)).fetchone()
+        if row is None:
+            raise UnknownXorb(f"xorb {hash_hex} is not stored")
+        total = row[0]
+        start = 0 if start is None else start
+        end = total - 1 if end is None else min(end, total - 1)
+        if start >= total or start > end:
+            raise RangeNotSatisfiable(f"xorb {hash_hex}: range {start}-{end} outside 0-{total - 1}")
+        self._add_counter("bytes_served", end - start + 1)
+        return XorbSlice(self._blob_path("xorbs", hash_hex), start, end - start + 1, total)
+
+    # -- shards -----------------------------------------------------------------------------
+
+    def put_shard(self, body: Body) -> ShardResult:
+        """Verify and register an uploaded shard.
+
+        Checks: format; every xorb in its xorb section is stored with exactly the listed chunks;
+        every file term names a stored xorb with an in-bounds chunk range and the right length;
+        verification hashes (if present) and the file hash itself match the stored chunk hashes.
+        Raises TooLarge, TruncatedShard, CorruptShard, UnknownXorb.
+        """
+        data = _read_body(body, self.max_shard_bytes, "shard")
+        self._add_counter("shard_bytes_received", len(data))
+        try:
+            shard = xf.parse_shard(data)
+        except xf.TruncatedError as e:
+            raise TruncatedShard(str(e)) from None
+        except xf.FormatError as e:
+            raise CorruptShard(str(e)) from None
+        shard_hex = xf.hash_to_hex(xf.chunk_hash(data))
+        db = self._db()
+        cache: dict[str, list[_Chunk]] = {}
+
+        def chunks_of(xorb: bytes, who: str) -> list[_Chunk]:
+            x = xf.hash_to_hex(xorb)
+            if x not in cache:
+                found = self._chunks(db, x)
+                if found is None:
+                    raise UnknownXorb(f"shard {shard_hex}: {who} references xorb {x}, which is not stored")
+                cache[x] = found
+            return cache[x]
+
+        for x in shard.xorbs:
+            stored, x_hex = chunks_of(x.hash, "xorb section"), xf.hash_to_hex(x.hash)
+            listed = [(c.hash, c.raw_len) for c in x.chunks]
+            if listed != [(c.hash, c.raw_len) for c in stored]:
+                raise CorruptShard(f"shard {shard_hex}: chunk list of xorb {x_hex} differs from the stored xorb")
+        eligible: dict[bytes, str] = {}
+        for x in shard.xorbs:
+            for c in x.chunks:
+                if c.flags & xf.CHUNK_FLAG_GLOBAL_DEDUP or xf.is_global_dedup_eligible(c.hash):
+                    eligible[c.hash] = xf.hash_to_hex(x.hash)
+        for f in shard.files:
+            self._verify_file(shard_hex, f, chunks_of)
+            if f.terms:  # the first chunk of every file is a global-dedup entry point
+                eligible.setdefault(chunks_of(f.terms[0].xorb, "")[f.terms[0].chunk_start].hash,
+                                    xf.hash_to_hex(f.terms[0].xorb))
+
+        path = self._blob_path("shards", shard_hex)
+        if not path.exists():
+            self._write_blob(path, data)
+        now = time.time()
+        with self._tx() as tx:
+            cur = tx.execute("INSERT OR IGNORE INTO shards VALUES (?, ?, ?)", (shard_hex, len(data), now))
+            inserted = bool(cur.rowcount)
+            for f in shard.files:
+                f_hex = xf.hash_to_hex(f.hash)
+                sha = xf.hash_to_hex(f.sha256) if f.sha256 else None
+                if tx.execute("INSERT OR IGNORE INTO files VALUES (?, ?, ?, ?, ?)",
+                              (f_hex, f.size, sha, shard_hex, now)).rowcount:
+                    tx.executemany("INSERT INTO file_terms VALUES (?, ?, ?, ?, ?, ?)",
+                                   [(f_hex, i, xf.hash_to_hex(t.xorb), t.chunk_start, t.chunk_end, t.raw_len)
+                                    for i, t in enumerate(f.terms)])
+            tx.executemany("UPDATE xorbs SET shard = ? WHERE hash = ? AND shard IS NULL",
+                           [(shard_hex, xf.hash_to_hex(x.hash)) for x in shard.xorbs])
+            tx.executemany("INSERT OR IGNORE INTO dedup_chunks VALUES (?, ?)", list(eligible.items()))
+        return ShardResult(shard_hex, inserted, len(shard.files), len(shard.xorbs))
+
+    @staticmethod
+    def _verify_file(shard_hex: str, f: xf.ShardFile, chunks_of) -> None:
+        f_hex = xf.hash_to_hex(f.hash)
+        if f.verification is not None and len(f.verification) != len(f.terms):
+            raise CorruptShard(f"shard {shard_hex}: file {f_hex} has {len(f.verification)} "
+                               f"verification entries for {len(f.terms)} terms")
+        leaves: list[tuple[bytes, int]] = []
+        for i, t in enumerate(f.terms):
+            chunks = chunks_of(t.xorb, f"file {f_hex}")
+            x_hex = xf.hash_to_hex(t.xorb)
+            if not 0 <= t.chunk_start < t.chunk_end <= len(chunks):
+                raise CorruptShard(f"shard {shard_hex}: file {f_hex} term {i} chunk range "
+                                   f"[{t.chunk_start}, {t.chunk_end}) is out of bounds for xorb "
+                                   f"{x_hex} with {len(chunks)} chunks")
+            span = chunks[t.chunk_start:t.chunk_end]
+            if sum(c.raw_len for c in span) != t.raw_len:
+                raise CorruptShard(f"shard {shard_hex}: file {f_hex} term {i} claims {t.raw_len} bytes, "
+                                   f"xorb {x_hex} chunks hold {sum(c.raw_len for c in span)}")
+            if f.verification is not None and \
+                    f.verification[i] != xf.verification_hash([c.hash for c in span]):
+                raise CorruptShard(f"shard {shard_hex}: file {f_hex} term {i} verification hash mismatch")
+            leaves += [(c.hash, c.raw_len) for c in span]
+        if xf.file_hash(leaves) != f.hash:
+            raise CorruptShard(f"shard {shard_hex}: file {f_hex} does not hash to its name "
+                               f"(terms give {xf.hash_to_hex(xf.file_hash(leaves))})")
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def file_size(self, file_hex: str) -> int | None:
+        """Size in bytes of a registered file, or None. Raises BadHash."""
+        _check_hex(file_hex, "file")
+        row = self._db().execute("SELECT size FROM files WHERE hash = ?", (file_hex,)).fetchone()
+        return row[0] if row else None
+
+    def file_sha256(self, file_hex: str) -> str | None:
+        """SHA-256 hex the client declared for the file (not verifiable here), or None."""
+        row = self._db().execute("SELECT sha256 FROM files WHERE hash = ?", (file_hex,)).fetchone()
+        return row[0] if row else None
+
+    def reconstruction(self, file_hex: str, byte_range: tuple[int, int] | None = None,
+                       base_url: str = "") -> dict:
+        """The v1 reconstruction JSON for a file, optionally for bytes [start, end) of it.
+
+        Terms are trimmed to the chunks that overlap the range; `offset_into_first_range` says
+        how many bytes of the first term to skip (the client trims the tail itself). Fetch URLs
+        point at `{base_url}/v1/xorb-data/{xorb}` and carry a signature (see check_fetch_url).
+        Raises BadHash, UnknownFile, RangeNotSatisfiable.
+        """
+        _check_hex(file_hex, "file")
+        db = self._db()
+        row = db.execute("SELECT size FROM files WHERE hash = ?", (file_hex,)).fetchone()
+        if row is None:
+            raise UnknownFile(f"file {file_hex} is not registered")
+        size = row[0]
+        start, end = byte_range if byte_range else (0, size)
+        if size == 0 or (byte_range and start >= size):
+            if size == 0 and start == 0:
+                return {"offset_into_first_range": 0, "terms": [], "fetch_info": {}}
+            raise RangeNotSatisfiable(f"file {file_hex}: range start {start} >= size {size}")
+        end = min(end, size)
+        terms_out: list[dict] = []
+        fetch: dict[str, list[dict]] = {}
+        xorb_chunks: dict[str, list[_Chunk]] = {}  # files often reuse one xorb across many terms
+        pos, skip = 0, 0
+        for x_hex, c0, c1, _ in db.execute(
+                "SELECT xorb, chunk_start, chunk_end, raw_len FROM file_terms WHERE file = ? ORDER BY idx",
+                (file_hex,)).fetchall():
+            if pos >= end:
+                break
+            if x_hex not in xorb_chunks:
+                xorb_chunks[x_hex] = self._chunks(db, x_hex)
+            chunks = xorb_chunks[x_hex][c0:c1]
+            lo, hi = 0, len(chunks)
+            while lo < hi and pos + chunks[lo].raw_len <= start:  # drop chunks before the range
+                pos += chunks[lo].raw_len
+                lo += 1
+            if lo == hi:
+                continue
+            if not terms_out:
+                skip = start - pos
+            take = 0
+            while lo + take < hi and pos < end:
+                pos += chunks[lo + take].raw_len
+                take += 1
+            span = chunks[lo:lo + take]
+            rng = {"start": c0 + lo, "end": c0 + lo + take}
+            terms_out.append({"hash": x_hex, "unpacked_length": sum(c.raw_len for c in span), "range": rng})
+            fetch.setdefault(x_hex, []).append({
+                "range": rng, "url": self.fetch_url(base_url, x_hex),
+                "url_range": {"start": span[0].byte_start, "end": span[-1].byte_end - 1}})
+            pos += sum(c.raw_len for c in chunks[lo + take:])  # rest of this term is unused
+        return {"offset_into_first_range": skip, "terms": terms_out, "fetch_info": _merge_fetch(fetch)}
+
+    def fetch_url(self, base_url: str, xorb_hex: str) -> str:
+        """A signed, expiring URL for reading the xorb (the client sends no token there)."""
+        exp = int(time.time()) + FETCH_URL_TTL_S
+        return f"{base_url}/v1/xorb-data/{xorb_hex}?exp={exp}&sig={self._sign(xorb_hex, exp)}"
+
+    def check_fetch_url(self, xorb_hex: str, exp: str | None, sig: str | None) -> bool:
+        """True if (exp, sig) is a valid, unexpired signature for this xorb."""
+        if not exp or not sig or not exp.isdigit() or int(exp) < time.time():
+            return False
+        return hmac.compare_digest(sig, self._sign(xorb_hex, int(exp)))
+
+    def _sign(self, xorb_hex: str, exp: int) -> str:
+        return hmac.new(self._key, f"{xorb_hex}.{exp}".encode(), hashlib.sha256).hexdigest()[:32]
+
+    def dedup_shard(self, chunk_hex: str) -> bytes | None:
+        """Global dedup answer: a shard listing the xorb holding this chunk (and the other xorbs
+        registered by the same shard, up to a cap), or None if the chunk is not indexed.
+
+        Only chunks that are global-dedup eligible (first chunk of a file, hash % 1024 == 0, or
+        flagged by the client) are indexed, as in the Xet spec. Raises BadHash.
+        """
+        raw = _check_hex(chunk_hex, "chunk")
+        db = self._db()
+        row = db.execute("SELECT d.xorb, x.shard FROM dedup_chunks d JOIN xorbs x ON x.hash = d.xorb "
+                         "WHERE d.hash = ?", (raw,)).fetchone()
+        if row is None:
+            return None
+        xorb_hex, shard_hex = row
+        others = [r[0] for r in db.execute(
+            "SELECT hash FROM xorbs WHERE shard = ? AND hash != ? LIMIT ?",
+            (shard_hex, xorb_hex, DEDUP_SHARD_MAX_XORBS - 1))] if shard_hex else []
+        xorbs = []
+        for x_hex in [xorb_hex] + others:
+            size = db.execute("SELECT size FROM xorbs WHERE hash = ?", (x_hex,)).fetchone()[0]
+            chunks, pos, out = self._chunks(db, x_hex), 0, []
+            for c in chunks:
+                out.append(xf.ShardChunk(c.hash, pos, c.raw_len, 0))
+                pos += c.raw_len
+            xorbs.append(xf.ShardXorb(xf.hex_to_hash(x_hex), out, pos, size))
+        return xf.serialize_shard(xf.Shard(xorbs=xorbs))
+
+    def stats(self) -> dict:
+        """Counters and totals: bytes received/served, xorbs, chunks, shards, files, stored bytes.
+
+        Counters include this process's buffered counts; other processes' may lag ~1 s.
+        """
+        self._flush_counters()
+        db = self._db()
+        out = dict(db.execute("SELECT name, value FROM counters").fetchall())
+        out["bytes_received"] = out["xorb_bytes_received"] + out["shard_bytes_received"]
+        out["xorbs"], out["xorb_bytes"], out["chunks"] = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(size), 0), COALESCE(SUM(num_chunks), 0) FROM xorbs").fetchone()
+        out["shards"], out["shard_bytes"] = db.execute(
+            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM shards").fetchone()
+        out["files"] = db.execute("SELECT COUNT(*) FROM files").fetchone()[0]
+        out["stored_bytes"] = out["xorb_bytes"] + out["shard_bytes"]
+        return out
+
+
+def _merge_fetch(fetch: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """Merge overlapping/adjacent chunk ranges per xorb so each byte range is fetched once."""
+    out: dict[str, list[dict]] = {}
+    for x, items in fetch.items():
+        merged: list[dict] = []
+        for it in sorted(items, key=lambda i: i["range"]["start"]):
+            last = merged[-1] if merged else None
+            if last and it["range"]["start"] <= last["range"]["end"]:
+                last["range"]["end"] = max(last["range"]["end"], it["range"]["end"])
+                last["url_range"]["end"] = max(last["url_range"]["end"], it["url_range"]["end"])
+            else:
+                merged.append({"range": dict(it["range"]), "url": it["url"],
+                               "url_range": dict(it["url_range"])})
+        out[x] = merged
+    return out
+
+
+class _Tx:
+    """`with store._tx() as db:` -> BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on error."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type, *_) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")

@@ -1,0 +1,209 @@
+"""The robotloop bucket server: Hub-compatible bucket API + Xet CAS in one FastAPI app.
+
+``create_app`` wires :class:`BucketStore` (path -> xet hash, SQLite), :class:`TokenStore`
+(Hub tokens + CAS tokens) and the CAS (:class:`CasStore` with ``cas_router``) together;
+``serve`` runs it with uvicorn. Layout under ``root``::
+
+    root/buckets.sqlite      bucket and file metadata (WAL)
+    root/cas_token_secret    HMAC key of CAS tokens (so they survive restarts)
+    root/cas/                xorbs, shards and their index (owned by CasStore)
+
+Example::
+
+    python -m services.bucket --root /data/buckets --host 127.0.0.1 --port 8750 --tokens tokens.txt
+    HF_ENDPOINT=http://127.0.0.1:8750 HF_TOKEN=... hf buckets list
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from robotloop.storage.server.auth import AuthError, TokenStore, bearer_from_header, load_or_create_secret
+from robotloop.storage.server import xet_format as xf
+from robotloop.storage.server.buckets import BucketStore
+from robotloop.storage.server.cas import CasStore
+from services.bucket.cas_api import cas_router
+from services.bucket.hub_api import error_response, hub_router
+
+log = logging.getLogger("robotloop.bucket")
+
+DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024  # a xorb is at most 64 MiB; leave headroom for shards
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over ``max_bytes`` with 413 (declared or streamed)."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._too_large(scope, receive, send)
+        seen = 0
+
+        async def limited_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:  # chunked upload without Content-Length
+                raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await self._too_large(scope, receive, send)
+
+    async def _too_large(self, scope: dict, receive: Any, send: Any) -> None:
+        response = error_response(413, f"request body over the server limit of {self.max_bytes} bytes")
+        await response(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def read_file_range(cas: CasStore, file_hash: str, start: int, end: int) -> Iterator[bytes]:
+    """Bytes ``[start, end)`` of a stored file, rebuilt from its xorbs (for ``/resolve`` GETs).
+
+    Uses the same reconstruction plan the CAS gives hf_xet: for each term, read the xorb byte
+    range listed in ``fetch_info``, decompress the chunks, keep the term's chunks; the first
+    term is trimmed by ``offset_into_first_range`` and the total is cut at ``end - start``.
+
+    Raises:
+        robotloop.storage.server.cas.CasError: unknown file or unsatisfiable range.
+    """
+    plan = cas.reconstruction(file_hash, (start, end))
+    skip, left = plan["offset_into_first_range"], end - start
+    for term in plan["terms"]:
+        if left <= 0:
+            return
+        data = _term_bytes(cas, term, plan["fetch_info"][term["hash"]])[skip:]
+        skip = 0
+        yield data[:left]
+        left -= min(len(data), left)
+
+
+def _term_bytes(cas: CasStore, term: dict, fetches: list[dict]) -> bytes:
+    t0, t1 = term["range"]["start"], term["range"]["end"]
+    fetch = next(f for f in fetches if f["range"]["start"] <= t0 and t1 <= f["range"]["end"])
+    url_range = fetch["url_range"]
+    blob = b"".join(_read_xorb(cas, term["hash"], url_range["start"], url_range["end"]))
+    out, pos = [], 0
+    for index in range(fetch["range"]["start"], t1):  # chunks of the fetched span, in order
+        _version, packed3, scheme, raw3 = xf.CHUNK_HEADER.unpack_from(blob, pos)
+        packed, raw = int.from_bytes(packed3, "little"), int.from_bytes(raw3, "little")
+        body_start = pos + xf.CHUNK_HEADER.size
+        pos = body_start + packed
+        if index >= t0:
+            out.append(xf.decompress_chunk(scheme, blob[body_start:pos], raw))
+    return b"".join(out)
+
+
+def _read_xorb(cas: CasStore, xorb_hash: str, first: int, last: int) -> Iterator[bytes]:
+    piece = cas.open_xorb_range(xorb_hash, first, last)  # inclusive range, counted as served
+    with open(piece.path, "rb") as f:
+        f.seek(piece.offset)
+        yield f.read(piece.length)
+
+
+def _cas_authorize(tokens: TokenStore):
+    """``authorize(request, write)`` for ``cas_router``: checks the CAS token hf_xet sends."""
+
+    def authorize(request: Request, write: bool) -> None:
+        try:
+            tokens.verify_cas_token(bearer_from_header(request.headers.get("authorization")), write)
+        except AuthError as err:
+            raise HTTPException(err.status, str(err)) from None
+
+    return authorize
+
+
+def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """Build the server app over ``root``; ``tokens_file=None`` means open local mode (see auth.py).
+
+    Raises:
+        TokensFileError: malformed tokens file (line number in the message).
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tokens = TokenStore.from_file(tokens_file, cas_secret=load_or_create_secret(root))
+    cas = CasStore(root / "cas")
+    buckets = BucketStore(root, file_size=cas.file_size)
+
+    app = FastAPI(title="robotloop bucket server", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.buckets, app.state.tokens, app.state.cas = buckets, tokens, cas
+
+    def cas_base_url(request: Request) -> str:
+        # The CAS routes (/v1/...) live on this same server, at the root: cas_router builds its
+        # xorb fetch URLs from the request base URL, so it must not be mounted under a prefix.
+        return str(request.base_url).rstrip("/")
+
+    def read_file(file_hash: str, start: int, end: int) -> Iterator[bytes]:
+        return read_file_range(cas, file_hash, start, end)
+
+    app.include_router(hub_router(buckets, tokens, cas_base_url, read_file=read_file))
+    app.include_router(cas_router(cas, _cas_authorize(tokens)))
+
+    @app.get("/api/robotloop/stats")
+    def stats(request: Request) -> Any:
+        try:
+            who = tokens.principal(bearer_from_header(request.headers.get("authorization")))
+        except AuthError as err:
+            return error_response(err.status, str(err))
+        if who.anonymous:
+            return error_response(401, "stats need a token")
+        return JSONResponse(server_stats(cas, buckets))
+
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    return app
+
+
+def server_stats(cas: CasStore, buckets: BucketStore) -> dict[str, Any]:
+    """CAS counters (bytes received/served, xorbs, chunks, stored bytes) + bucket logical bytes.
+
+    ``dedup_ratio`` = logical bytes referenced by bucket paths / bytes actually stored.
+    """
+    out: dict[str, Any] = dict(cas.stats())
+    out.update(buckets.logical_bytes())
+    stored = out.get("stored_bytes")
+    if isinstance(stored, int) and stored > 0:
+        out["dedup_ratio"] = round(out["logical_bytes"] / stored, 4)
+    return out
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(root: Path, host: str = "127.0.0.1", port: int = 8750, tokens_file: Path | None = None,
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:  # fmt: skip
+    """Run the server with uvicorn until interrupted.
+
+    Raises:
+        ValueError: open local mode (no ``tokens_file``) on a non-loopback host: anybody on the
+            network could read and write every bucket.
+    """
+    import uvicorn
+
+    if tokens_file is None and not _is_loopback(host):
+        raise ValueError(f"refusing to serve without a tokens file on non-loopback host {host!r}; pass --tokens FILE")
+    app = create_app(Path(root), Path(tokens_file) if tokens_file else None, max_body_bytes)
+    mode = f"tokens from {tokens_file}" if tokens_file else "OPEN local mode (no tokens file)"
+    log.warning("robotloop bucket server on http://%s:%d, root %s, %s", host, port, root, mode)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,193 @@
+"""Xet CAS HTTP endpoints, as the hf_xet 1.8 client calls them, over a CasStore.
+
+Endpoints (all JSON errors are {"detail": "..."}):
+    POST /v1/xorbs/{prefix}/{hash}          body = serialized xorb      -> {"was_inserted": bool}
+    POST /v1/shards                         body = shard                -> {"result": 0 | 1}
+    GET  /v1/reconstructions/{file_hash}    [Range: bytes=a-b]          -> v1 reconstruction JSON
+    GET  /v1/chunks/{prefix}/{chunk_hash}                               -> shard bytes | 404
+    GET  /v1/xorb-data/{hash}?exp&sig       [Range: bytes=a-b]          -> xorb bytes (206)
+    POST /v1/telemetry                                                   -> {} (discarded)
+    POST /v1/xorb-grants/..., POST /v2/shards, GET /v2/reconstructions/... -> 404, which makes
+        hf_xet 1.8 fall back to the direct v1 endpoints above.
+
+This module only maps HTTP to CasStore calls and CasError types to status codes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+
+from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from robotloop.storage.server import cas
+
+Authorize = Callable[[Request, bool], None]
+READ_BLOCK = 1 << 20
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+XORB_PREFIXES = ("default",)
+DEDUP_PREFIXES = ("default", "default-merkledb")  # hf_xet 1.8 sends "default"; the spec names the other
+
+_STATUS: list[tuple[type[cas.CasError], int]] = [
+    (cas.TooLarge, 413),
+    (cas.RangeNotSatisfiable, 416),
+    (cas.UnknownFile, 404),
+    (cas.CasError, 400),  # BadHash, CorruptXorb, CorruptShard, TruncatedShard, UnknownXorb (upload)
+]
+
+
+def _http_error(e: cas.CasError, method: str) -> HTTPException:
+    if isinstance(e, cas.UnknownXorb) and method == "GET":
+        return HTTPException(404, str(e))  # reading a missing xorb; on upload it is a bad shard
+    return HTTPException(next(code for t, code in _STATUS if isinstance(e, t)), str(e))
+
+
+async def _run(request: Request, fn: Callable, *args):
+    """Run a blocking store call off the event loop, turning CasError into HTTPException."""
+    try:
+        return await run_in_threadpool(fn, *args)
+    except cas.CasError as e:
+        raise _http_error(e, request.method) from None
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    """Read the request body, refusing (413) before or as soon as it passes `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"body of {declared} bytes exceeds the {limit}-byte limit")
+    buf = bytearray()
+    async for part in request.stream():
+        buf += part
+        if len(buf) > limit:
+            raise HTTPException(413, f"body exceeds the {limit}-byte limit")
+    return bytes(buf)
+
+
+def _check_prefix(prefix: str, allowed: tuple[str, ...]) -> None:
+    if prefix not in allowed:
+        raise HTTPException(400, f"unknown prefix {prefix!r}; expected one of {', '.join(allowed)}")
+
+
+def _parse_range(header: str | None) -> tuple[int | None, int | None] | None:
+    """'bytes=a-b' -> (a, b) inclusive; open ends become None. Multi-range is refused (416)."""
+    if header is None:
+        return None
+    m = _RANGE.match(header.strip())
+    if not m or m.groups() == ("", ""):
+        raise HTTPException(416, f"unsupported Range header {header!r}; use a single bytes=a-b")
+    a, b = (int(g) if g else None for g in m.groups())
+    if a is not None and b is not None and a > b:
+        raise HTTPException(416, f"Range start {a} > end {b}")
+    return a, b
+
+
+def _read_slice(s: cas.XorbSlice) -> Iterator[bytes]:
+    # pread in large blocks: no Python-level copies beyond the block itself, and starlette runs
+    # this sync generator in its threadpool. (ASGI offers no portable sendfile path.)
+    fd = os.open(s.path, os.O_RDONLY)
+    try:
+        pos, left = s.offset, s.length
+        while left:
+            block = os.pread(fd, min(READ_BLOCK, left), pos)
+            if not block:
+                raise OSError(f"{s.path} shorter than expected")
+            pos, left = pos + len(block), left - len(block)
+            yield block
+    finally:
+        os.close(fd)
+
+
+def cas_router(store: cas.CasStore, authorize: Authorize, public_url: str | None = None) -> APIRouter:
+    """Router with the Xet CAS endpoints; `authorize(request, write)` raises HTTPException.
+
+    Fetch URLs in reconstructions are built from `public_url` if given (set it behind a proxy),
+    else from the request's own base URL. Mount the router at the root of the CAS URL.
+    """
+    r = APIRouter(tags=["xet-cas"])
+
+    @r.post("/v1/xorbs/{prefix}/{xorb_hash}")
+    async def upload_xorb(prefix: str, xorb_hash: str, request: Request) -> dict:
+        authorize(request, True)
+        _check_prefix(prefix, XORB_PREFIXES)
+        body = await _body(request, store.max_xorb_bytes)
+        res = await _run(request, store.put_xorb, xorb_hash, body)
+        return {"was_inserted": res.was_inserted}
+
+    @r.post("/v1/shards")
+    async def upload_shard(request: Request) -> dict:
+        authorize(request, True)
+        body = await _body(request, store.max_shard_bytes)
+        res = await _run(request, store.put_shard, body)
+        return {"result": 1 if res.was_inserted else 0}
+
+    @r.get("/v1/reconstructions/{file_hash}")
+    async def reconstruction(file_hash: str, request: Request) -> dict:
+        authorize(request, False)
+        rng = _parse_range(request.headers.get("range"))
+        byte_range = None
+        if rng is not None:
+            a, b = rng
+            if a is None:  # suffix range "bytes=-n": needs the size first
+                size = await _run(request, store.file_size, file_hash)
+                if size is None:
+                    raise HTTPException(404, f"file {file_hash} is not registered")
+                a, b = max(size - b, 0), size - 1
+            byte_range = (a, (b + 1) if b is not None else 2**63)
+        base = (public_url or str(request.base_url)).rstrip("/")
+        return await _run(request, store.reconstruction, file_hash, byte_range, base)
+
+    @r.get("/v1/chunks/{prefix}/{chunk_hash}")
+    async def dedup_query(prefix: str, chunk_hash: str, request: Request) -> Response:
+        authorize(request, False)
+        _check_prefix(prefix, DEDUP_PREFIXES)
+        shard = await _run(request, store.dedup_shard, chunk_hash)
+        if shard is None:
+            raise HTTPException(404, f"chunk {chunk_hash} is not in the global dedup index")
+        return Response(shard, media_type="application/octet-stream")
+
+    @r.get("/v1/xorb-data/{xorb_hash}")
+    async def xorb_data(xorb_hash: str, request: Request) -> Response:
+        # Reconstruction hands out signed URLs (the client sends no token to fetch URLs, like
+        # presigned S3 URLs on the Hub); unsigned requests still work with normal auth.
+        # A bad or expired signature is 403: hf_xet answers 403 by re-requesting the
+        # reconstruction for fresh URLs.
+        q = request.query_params
+        if "sig" in q:
+            if not store.check_fetch_url(xorb_hash, q.get("exp"), q.get("sig")):
+                raise HTTPException(403, f"fetch URL for xorb {xorb_hash} is expired or not validly signed")
+        else:
+            authorize(request, False)
+        rng = _parse_range(request.headers.get("range"))
+        a, b = rng if rng else (None, None)
+        if a is None and b is not None:  # suffix range "bytes=-n"
+            total = await _run(request, store.xorb_size, xorb_hash)
+            if total is None:
+                raise HTTPException(404, f"xorb {xorb_hash} is not stored")
+            a, b = max(total - b, 0), total - 1
+        s = await _run(request, store.open_xorb_range, xorb_hash, a, b)
+        headers = {"Accept-Ranges": "bytes", "Content-Length": str(s.length)}
+        if rng is not None:
+            headers["Content-Range"] = f"bytes {s.offset}-{s.offset + s.length - 1}/{s.total}"
+        return StreamingResponse(_read_slice(s), status_code=206 if rng else 200,
+                                 headers=headers, media_type="application/octet-stream")
+
+    @r.post("/v1/telemetry")
+    async def telemetry(request: Request) -> dict:
+        authorize(request, False)
+        await _body(request, 1 << 20)
+        return {}
+
+    def _unsupported(what: str, use: str) -> Callable:
+        async def handler(request: Request) -> JSONResponse:
+            return JSONResponse({"detail": f"{what} is not supported here; use {use}"}, status_code=404)
+        return handler
+
+    r.add_api_route("/v1/xorb-grants/{prefix}/{xorb_hash}", _unsupported("xorb upload grants",
+                    "POST /v1/xorbs/{prefix}/{hash}"), methods=["POST"])
+    r.add_api_route("/v2/shards", _unsupported("v2 shard upload", "POST /v1/shards"), methods=["POST"])
+    r.add_api_route("/v2/reconstructions/{file_hash}", _unsupported(
+        "v2 reconstruction", "GET /v1/reconstructions/{file_hash}"), methods=["GET"])
+    return r
