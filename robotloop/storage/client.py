@@ -183,9 +183,8 @@ class BucketClient:
 
     def read_range(self, url: BucketUrl, start: int, end: int) -> bytes:
         """Bytes `[start, end)` of a file."""
-        with self.open(url, block_size=0) as f:
-            f.seek(start)
-            return f.read(end - start)
+        with _explained(url, "read"):
+            return self.fs.cat_file(f"hf://buckets/{url.bucket_id}/{url.path}", start=start, end=end)
 
     def download(self, url: BucketUrl, dest: str | Path) -> Path:
         """Download one file to `dest` (a file path, or an existing folder), through the read cache.
@@ -273,13 +272,20 @@ def _explained(url: BucketUrl, action: str) -> Iterator[None]:
     except (EntryNotFoundError, FileNotFoundError) as error:
         raise NotFound(f"cannot {action} {url}: no such file ({error}).") from None
     except HfHubHTTPError as error:
-        status = error.response.status_code if error.response is not None else None
-        hint = {
-            401: "the token is missing or unknown: set ROBOTLOOP_STORAGE__TOKEN or HF_TOKEN",
-            403: "the token may not do this: it needs write access to this namespace",
-            404: "not found: check the bucket and path",
-            413: "the request is too large for the server",
-        }.get(status or 0, "see the server's message above")
-        raise StorageError(f"cannot {action} {url}: {hint}. Server said: {error}") from None
-    except RuntimeError as error:  # hf_xet reports transfer failures as RuntimeError subclasses
-        raise StorageError(f"cannot {action} {url}: the Xet transfer failed: {error}") from None
+        status = error.response.status_code if error.response is not None else 0
+        raise StorageError(f"cannot {action} {url}: {_hint(status)}. Server said: {error}") from None
+    except (RuntimeError, ConnectionError) as error:  # how hf_xet reports failed transfers
+        status = next((code for code in _HINTS if f"({code} " in str(error)), 0)
+        raise StorageError(f"cannot {action} {url}: {_hint(status)}. Xet transfer said: {error}") from None
+
+
+_HINTS = {
+    401: "the token is missing or unknown: set ROBOTLOOP_STORAGE__TOKEN or HF_TOKEN",
+    403: "the token may not do this: it needs write access to this namespace",
+    404: "not found: check the bucket and path",
+    413: "the request is too large for the server",
+}
+
+
+def _hint(status: int) -> str:
+    return _HINTS.get(status, "see the server's message")

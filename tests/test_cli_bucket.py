@@ -1,0 +1,44 @@
+"""`robotloop bucket ...` as a user runs it: a real process against the real bucket server."""
+
+import os
+import subprocess
+import sys
+
+from .conftest import WRITE_TOKEN
+
+
+def robotloop(server, *args, token=WRITE_TOKEN, cwd=None):
+    env = {**os.environ, "ROBOTLOOP_STORAGE__ENDPOINT": server.endpoint, "COLUMNS": "200"}
+    if token:
+        env["ROBOTLOOP_STORAGE__TOKEN"] = token
+    return subprocess.run([sys.executable, "-m", "robotloop.cli", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_put_ls_du_get(bucket_server, tmp_path):
+    folder = tmp_path / "ep"
+    folder.mkdir()
+    (folder / "a.bin").write_bytes(os.urandom(300_000))
+    (folder / "b.txt").write_text("hello")
+    put = robotloop(bucket_server, "bucket", "put", str(folder), "hf://buckets/lab/cli/runs/1")
+    assert put.returncode == 0, put.stdout + put.stderr
+    assert "uploaded 2 file(s), 300,005 bytes" in put.stdout
+
+    ls = robotloop(bucket_server, "bucket", "ls", "-R", "hf://buckets/lab/cli")
+    assert ls.returncode == 0 and "runs/1/a.bin" in ls.stdout and "300,000" in ls.stdout
+    du = robotloop(bucket_server, "bucket", "du", "hf://buckets/lab/cli/runs")
+    assert "300,005 bytes" in du.stdout
+
+    get = robotloop(bucket_server, "bucket", "get", "hf://buckets/lab/cli/runs/1", str(tmp_path / "back"))
+    assert get.returncode == 0, get.stdout + get.stderr
+    assert (tmp_path / "back" / "a.bin").read_bytes() == (folder / "a.bin").read_bytes()
+    one = robotloop(bucket_server, "bucket", "get", "hf://buckets/lab/cli/runs/1/b.txt", str(tmp_path / "b.txt"))
+    assert one.returncode == 0 and (tmp_path / "b.txt").read_text() == "hello"
+
+
+def test_bad_input_is_a_clear_error(bucket_server, tmp_path):
+    bad_url = robotloop(bucket_server, "bucket", "ls", "s3://nope")
+    assert bad_url.returncode != 0 and "hf://buckets/<namespace>/<bucket>" in bad_url.stdout + bad_url.stderr
+    missing = robotloop(bucket_server, "bucket", "ls", "hf://buckets/lab/never-made")
+    assert missing.returncode == 1 and "never-made" in missing.stdout and "robotloop bucket create" in missing.stdout
+    no_token = robotloop(bucket_server, "bucket", "put", str(tmp_path), "hf://buckets/lab/cli2", token=None)
+    assert no_token.returncode == 1 and "token" in no_token.stdout.lower()

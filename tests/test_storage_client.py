@@ -1,0 +1,102 @@
+"""robotloop.storage against the real bucket server, through the real huggingface_hub + hf_xet clients."""
+
+import os
+
+import pytest
+
+from robotloop.config import load_settings
+from robotloop.storage import BucketClient, BucketUrl, NotFound, StorageError, connect
+from robotloop.storage.cache import ReadCache
+from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
+
+from .conftest import READ_TOKEN, WRITE_TOKEN
+
+
+@pytest.fixture
+def client(bucket_server, tmp_path):
+    return BucketClient(bucket_server.endpoint, WRITE_TOKEN, ReadCache(tmp_path / "cache", 10**9))
+
+
+def test_upload_reports_dedup_and_round_trips(client, bucket_server, tmp_path):
+    url = BucketUrl.parse("hf://buckets/lab/storage-client/blob.bin")
+    client.create_bucket(url)
+    data = bytearray(os.urandom(2_000_000))
+    (tmp_path / "blob.bin").write_bytes(data)
+    first = client.upload(tmp_path / "blob.bin", url)
+    assert first.bytes_total == len(data) and first.bytes_new == len(data)
+
+    data[1_000_000:1_010_000] = os.urandom(10_000)  # 0.5% changed in one region
+    (tmp_path / "blob.bin").write_bytes(data)
+    received_before = bucket_server.stats()["bytes_received"]
+    second = client.upload(tmp_path / "blob.bin", url)
+    received = bucket_server.stats()["bytes_received"] - received_before
+    assert second.bytes_deduplicated > 0.9 * len(data)
+    assert received < 0.2 * len(data), f"server received {received} bytes for a 0.5% change"
+    assert second.files[0].xet_hash != first.files[0].xet_hash
+
+    entry = client.stat(url)
+    assert (entry.size, entry.xet_hash) == (len(data), second.files[0].xet_hash)
+    assert client.read_range(url, 999_990, 1_010_010) == bytes(data[999_990:1_010_010])
+    with client.open(url) as f:
+        f.seek(1_500_000)
+        assert f.read(100) == bytes(data[1_500_000:1_500_100])
+    out = client.download(url, tmp_path / "out.bin")
+    assert out.read_bytes() == bytes(data)
+    assert client.cache.get(entry.xet_hash) is not None  # second download is served from the cache
+
+
+def test_folder_upload_listing_du_and_fetch(client, tmp_path):
+    src = tmp_path / "ep"
+    (src / "data").mkdir(parents=True)
+    (src / "data" / "a.parquet").write_bytes(b"a" * 1000)
+    (src / "meta.json").write_bytes(b"{}")
+    url = BucketUrl.parse("hf://buckets/lab/storage-client/datasets/ds")
+    client.create_bucket(url)
+    report = client.upload(src, url)
+    assert sorted(f.path for f in report.files) == ["datasets/ds/data/a.parquet", "datasets/ds/meta.json"]
+    assert client.du(url) == 1002
+    names = sorted(str(e.url.path if hasattr(e, "url") else e.path) for e in client.ls(url, recursive=True))
+    assert names == ["datasets/ds/data/a.parquet", "datasets/ds/meta.json"]
+    got = client.fetch(url, tmp_path / "back")
+    assert sorted(p.relative_to(tmp_path / "back").as_posix() for p in got) == ["data/a.parquet", "meta.json"]
+    assert (tmp_path / "back" / "data" / "a.parquet").read_bytes() == b"a" * 1000
+
+
+def test_errors_name_bucket_path_and_remedy(bucket_server, tmp_path):
+    writer = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    missing = BucketUrl.parse("hf://buckets/lab/no-such-bucket/x.bin")
+    with pytest.raises(NotFound, match="no-such-bucket.*robotloop bucket create"):
+        writer.ls(missing)
+    url = BucketUrl.parse("hf://buckets/lab/storage-errors/x.bin")
+    writer.create_bucket(url)
+    with pytest.raises(NotFound, match="x.bin"):
+        writer.stat(url)
+    (tmp_path / "x.bin").write_bytes(b"x")
+    reader = BucketClient(bucket_server.endpoint, READ_TOKEN)
+    with pytest.raises(StorageError, match="(?s)storage-errors.*write access"):
+        reader.upload(tmp_path / "x.bin", url)
+    with pytest.raises(FileNotFoundError, match="nothing-here"):
+        writer.upload(tmp_path / "nothing-here", url)
+    assert writer.ls(BucketUrl.parse("hf://buckets/lab/storage-errors")) == []  # nothing half-written
+
+
+def test_embedded_server_starts_once_and_is_shared(tmp_path):
+    root = tmp_path / "embedded"
+    first = ensure_embedded_server(root)
+    try:
+        again = ensure_embedded_server(root)
+        assert again.endpoint == first.endpoint and again.pid == first.pid
+        assert (root / "tokens").stat().st_mode & 0o077 == 0  # token file private to the user
+        settings = load_settings({"storage": {"embedded_root": str(root), "cache_dir": str(tmp_path / "c")}})
+        client = connect(settings)
+        assert client.endpoint == first.endpoint
+        url = BucketUrl.parse("hf://buckets/local/embedded/hello.txt")
+        client.create_bucket(url)
+        (tmp_path / "hello.txt").write_text("hello")
+        client.upload(tmp_path / "hello.txt", url)
+        assert client.read_range(url, 0, 5) == b"hello"
+        anonymous = BucketClient(first.endpoint, None)
+        with pytest.raises(NotFound):
+            anonymous.stat(url)  # private by default, even on the embedded server
+    finally:
+        assert stop_embedded_server(root)
