@@ -8,7 +8,8 @@ export MUJOCO_GL ?= egl
 .PHONY: demo test install clean
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml scripts/system-deps
+	@scripts/system-deps
 	@test -x $(BIN)/python || "$$(scripts/find-python)" -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
