@@ -95,7 +95,8 @@ def _start(root: Path, token: str, port: int) -> LocalServer:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise EmbeddedServerError(f"the embedded bucket server exited with code {proc.returncode}; see {root / 'server.log'}")
+            tail = (root / "server.log").read_text(errors="replace")[-2000:]
+            raise EmbeddedServerError(f"the embedded bucket server exited with code {proc.returncode}; {root / 'server.log'} ends:\n{tail}")
         if _answers(server):
             (root / "server.json").write_text(json.dumps({"endpoint": server.endpoint, "pid": proc.pid}))
             return server
