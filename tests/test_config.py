@@ -32,3 +32,11 @@ def test_token_is_secret():
     settings = load_settings({"storage": {"token": "hf_secret"}})
     assert "hf_secret" not in repr(settings)
     assert settings.storage.token.get_secret_value() == "hf_secret"
+
+
+def test_example_config_loads(monkeypatch):
+    from pathlib import Path
+
+    example = Path(__file__).parents[1] / "configs" / "robotloop.example.toml"
+    monkeypatch.setenv("ROBOTLOOP_CONFIG", str(example))
+    assert load_settings().storage.cache_max_bytes == 20 * 2**30
