@@ -26,9 +26,9 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from robotloop.storage.server.auth import AuthError, TokenStore, bearer_from_header, load_or_create_secret
-from robotloop.storage.server import xet_format as xf
 from robotloop.storage.server.buckets import BucketStore
 from robotloop.storage.server.cas import CasStore
+from robotloop.storage.server.files import read_file_range, server_stats
 from services.bucket.cas_api import cas_router
 from services.bucket.hub_api import error_response, hub_router
 
@@ -71,50 +71,6 @@ class BodyLimit:
 
 class _BodyTooLarge(Exception):
     pass
-
-
-def read_file_range(cas: CasStore, file_hash: str, start: int, end: int) -> Iterator[bytes]:
-    """Bytes ``[start, end)`` of a stored file, rebuilt from its xorbs (for ``/resolve`` GETs).
-
-    Uses the same reconstruction plan the CAS gives hf_xet: for each term, read the xorb byte
-    range listed in ``fetch_info``, decompress the chunks, keep the term's chunks; the first
-    term is trimmed by ``offset_into_first_range`` and the total is cut at ``end - start``.
-
-    Raises:
-        robotloop.storage.server.cas.CasError: unknown file or unsatisfiable range.
-    """
-    plan = cas.reconstruction(file_hash, (start, end))
-    skip, left = plan["offset_into_first_range"], end - start
-    for term in plan["terms"]:
-        if left <= 0:
-            return
-        data = _term_bytes(cas, term, plan["fetch_info"][term["hash"]])[skip:]
-        skip = 0
-        yield data[:left]
-        left -= min(len(data), left)
-
-
-def _term_bytes(cas: CasStore, term: dict, fetches: list[dict]) -> bytes:
-    t0, t1 = term["range"]["start"], term["range"]["end"]
-    fetch = next(f for f in fetches if f["range"]["start"] <= t0 and t1 <= f["range"]["end"])
-    url_range = fetch["url_range"]
-    blob = b"".join(_read_xorb(cas, term["hash"], url_range["start"], url_range["end"]))
-    out, pos = [], 0
-    for index in range(fetch["range"]["start"], t1):  # chunks of the fetched span, in order
-        _version, packed3, scheme, raw3 = xf.CHUNK_HEADER.unpack_from(blob, pos)
-        packed, raw = int.from_bytes(packed3, "little"), int.from_bytes(raw3, "little")
-        body_start = pos + xf.CHUNK_HEADER.size
-        pos = body_start + packed
-        if index >= t0:
-            out.append(xf.decompress_chunk(scheme, blob[body_start:pos], raw))
-    return b"".join(out)
-
-
-def _read_xorb(cas: CasStore, xorb_hash: str, first: int, last: int) -> Iterator[bytes]:
-    piece = cas.open_xorb_range(xorb_hash, first, last)  # inclusive range, counted as served
-    with open(piece.path, "rb") as f:
-        f.seek(piece.offset)
-        yield f.read(piece.length)
 
 
 def _cas_authorize(tokens: TokenStore):
@@ -167,19 +123,6 @@ def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int 
 
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     return app
-
-
-def server_stats(cas: CasStore, buckets: BucketStore) -> dict[str, Any]:
-    """CAS counters (bytes received/served, xorbs, chunks, stored bytes) + bucket logical bytes.
-
-    ``dedup_ratio`` = logical bytes referenced by bucket paths / bytes actually stored.
-    """
-    out: dict[str, Any] = dict(cas.stats())
-    out.update(buckets.logical_bytes())
-    stored = out.get("stored_bytes")
-    if isinstance(stored, int) and stored > 0:
-        out["dedup_ratio"] = round(out["logical_bytes"] / stored, 4)
-    return out
 
 
 def _is_loopback(host: str) -> bool:
