@@ -52,12 +52,29 @@ class StorageSettings(Section):
     embedded_port: int = Field(default=0, ge=0, le=65535, description="Port of the embedded server; 0 picks a free one.")
 
 
+class CaptureSettings(Section):
+    """The capture service: robots stream frames over HTTP, the service commits episodes to buckets."""
+
+    host: str = Field(default="127.0.0.1", description="Address the capture service listens on.")
+    port: int = Field(default=8760, ge=1, le=65535, description="Port of the capture service.")
+    tokens_file: Path | None = Field(
+        default=None, description="Robot tokens, one '<token> <read|write> <namespace|*>' per line (required to serve)."
+    )
+    max_body_bytes: int = Field(default=64 * 2**20, ge=1024, description="Largest request body; larger is refused (413).")
+    max_episode_frames: int = Field(default=50 * 60 * 10, ge=1, description="Frames one episode may hold (10 min at 50 Hz).")
+    max_episode_bytes: int = Field(default=2 * 2**30, ge=1, description="Image bytes one open episode may hold in memory.")
+    max_open_per_robot: int = Field(default=4, ge=1, description="Episodes one robot may have open at once.")
+    idle_timeout_s: float = Field(default=600.0, gt=0, description="An open episode without requests this long is dropped.")
+    vcodec: str = Field(default="libsvtav1", description="Video codec of the datasets it writes (h264: faster on CPU).")
+
+
 class Settings(BaseSettings):
     """All of robotloop's settings. Sections are added by the layers that use them."""
 
     model_config = SettingsConfigDict(env_prefix="ROBOTLOOP_", env_nested_delimiter="__", extra="forbid")
 
     storage: StorageSettings = StorageSettings()
+    capture: CaptureSettings = CaptureSettings()
 
     @classmethod
     def settings_customise_sources(

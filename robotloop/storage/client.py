@@ -90,7 +90,6 @@ class BucketClient:
         self.endpoint = endpoint.rstrip("/")
         self.token = token
         self.api = HfApi(endpoint=self.endpoint, token=token)
-        self.fs = HfFileSystem(endpoint=self.endpoint, token=token, skip_instance_cache=True)
         self.cache = cache
 
     # -- buckets ---------------------------------------------------------------------------------------
@@ -176,15 +175,28 @@ class BucketClient:
 
     @contextmanager
     def open(self, url: BucketUrl, block_size: int = 8 * 2**20) -> Iterator[IO[bytes]]:
-        """A seekable binary file for ranged streaming reads: only the ranges read are fetched."""
+        """A seekable binary file for ranged streaming reads: only the ranges read are fetched.
+
+        Buckets change under readers (episodes land while a trainer reads), so listings are never cached
+        across calls: each open sees the bucket as it is now.
+        """
         with _explained(url, "open"):
-            with self.fs.open(f"hf://buckets/{url.bucket_id}/{url.path}", "rb", block_size=block_size) as f:
+            with self._fresh_fs().open(self._fs_path(url), "rb", block_size=block_size) as f:
                 yield f
+
+    def _fresh_fs(self) -> HfFileSystem:
+        # HfFileSystem caches listings and "this bucket does not exist" answers for its lifetime, and its
+        # invalidate_cache() does not clear the latter; a new instance per read is cheap and never stale.
+        return HfFileSystem(endpoint=self.endpoint, token=self.token, skip_instance_cache=True)
+
+    @staticmethod
+    def _fs_path(url: BucketUrl) -> str:
+        return f"hf://buckets/{url.bucket_id}/{url.path}"
 
     def read_range(self, url: BucketUrl, start: int, end: int) -> bytes:
         """Bytes `[start, end)` of a file."""
         with _explained(url, "read"):
-            return self.fs.cat_file(f"hf://buckets/{url.bucket_id}/{url.path}", start=start, end=end)
+            return self._fresh_fs().cat_file(self._fs_path(url), start=start, end=end)
 
     def download(self, url: BucketUrl, dest: str | Path) -> Path:
         """Download one file to `dest` (a file path, or an existing folder), through the read cache.

@@ -1,0 +1,92 @@
+"""A robot's side of the capture service: open an episode, send frame batches, close it.
+
+Example:
+    ```python
+    >>> capture = CaptureClient("http://capture.lab:8760", token="robot-7-token")
+    >>> eid = capture.open("hf://buckets/lab/demos/datasets/cube", {"top": (480, 640, 3)}, state_dim=14, action_dim=14)
+    >>> capture.send_frames(eid, timestamp=t, state=q, action=a, images={"top": frames})   # any number of times
+    >>> capture.close(eid, task="pick up the cube")["episode_index"]
+    ```
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import numpy as np
+
+from .sessions import encode_frames
+
+
+class CaptureError(RuntimeError):
+    """The service refused a request; `status` is the HTTP status, the message is the service's explanation."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"capture service answered {status}: {message}")
+        self.status, self.message = status, message
+
+
+class CaptureClient:
+    """Talks to one capture service with one robot token."""
+
+    def __init__(self, url: str, token: str, timeout_s: float = 300.0) -> None:
+        # The close encodes and uploads the whole episode before it answers: hence the long default timeout.
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers={"authorization": f"Bearer {token}"}, timeout=timeout_s)
+
+    def open(self, dataset: str, cameras: dict[str, tuple[int, int, int]], state_dim: int, action_dim: int,
+             fps: int = 50, robot_type: str | None = None) -> str:  # fmt: skip
+        """Open an episode in the dataset at `dataset` (an hf://buckets/... URL); returns its id.
+
+        Raises:
+            CaptureError: refused (bad URL or shapes 400/422, token 401/403, other features 409, too many open 429).
+        """
+        body = {"dataset": dataset, "cameras": {k: list(v) for k, v in cameras.items()}, "state_dim": state_dim,
+                "action_dim": action_dim, "fps": fps, "robot_type": robot_type}  # fmt: skip
+        return self._call("POST", "/v1/episodes", json=body)["episode_id"]
+
+    def send_frames(self, episode_id: str, timestamp, state, action, images: dict[str, np.ndarray],
+                    reward=None, success=None) -> int:  # fmt: skip
+        """Send N frames (timestamps in seconds from the episode start); returns the episode's frame count.
+
+        Raises:
+            CaptureError: refused (bad frames 422, unknown episode 404, too large 413); the episode is unchanged.
+        """
+        body = encode_frames(timestamp, state, action, images, reward, success)
+        return self.send_raw(episode_id, body)["frames"]
+
+    def send_raw(self, episode_id: str, body: bytes) -> dict[str, Any]:
+        """Send an already encoded frame batch (see `robotloop.capture.sessions` for the format)."""
+        headers = {"content-type": "application/octet-stream"}
+        return self._call("POST", f"/v1/episodes/{episode_id}/frames", content=body, headers=headers)
+
+    def close(self, episode_id: str, task: str) -> dict[str, Any]:
+        """Commit the episode; returns the commit report (episode_index, frames, bytes_sent, ...).
+
+        Raises:
+            CaptureError: refused or the commit failed; either way the episode is gone from the service.
+        """
+        return self._call("POST", f"/v1/episodes/{episode_id}/close", json={"task": task})
+
+    def abort(self, episode_id: str) -> None:
+        """Drop an open episode without committing it."""
+        self._call("DELETE", f"/v1/episodes/{episode_id}")
+
+    def health(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/health")
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        response = self.http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            try:
+                message = response.json().get("error", response.text)
+            except ValueError:
+                message = response.text
+            raise CaptureError(response.status_code, message)
+        return response.json()
+
+    def __enter__(self) -> CaptureClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()

@@ -1,0 +1,61 @@
+"""What one recorded episode is, independent of where it came from (sim worker, robot, capture service)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class BadEpisode(ValueError):
+    """An episode's arrays do not fit the dataset's features; the message says which and how."""
+
+
+@dataclass
+class Episode:
+    """Frames of one episode, time along axis 0.
+
+    `images` maps a camera name (e.g. "top") to uint8 [T, H, W, 3]; `state` and `action` are float32 [T, D];
+    `reward` is float32 [T] and `success` bool [T] (task solved at that frame), both optional; a failed demo
+    kept for the record has no True in `success`. `task` is the language instruction stored with each frame.
+    """
+
+    images: dict[str, np.ndarray]
+    state: np.ndarray
+    action: np.ndarray
+    task: str
+    reward: np.ndarray | None = None
+    success: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+    def validate(self, image_shapes: dict[str, tuple[int, int, int]], state_dim: int, action_dim: int) -> None:
+        """Check shapes, dtypes and finiteness against the dataset's features.
+
+        Raises:
+            BadEpisode: empty episode, wrong shape or dtype, NaN/inf, or a camera missing or unknown.
+        """
+        n = len(self)
+        if n == 0:
+            raise BadEpisode("the episode has no frames")
+        _check(self.state, (n, state_dim), np.floating, "state")
+        _check(self.action, (n, action_dim), np.floating, "action")
+        if self.reward is not None:
+            _check(self.reward, (n,), np.floating, "reward")
+        if self.success is not None:
+            _check(self.success, (n,), np.bool_, "success")
+        if set(self.images) != set(image_shapes):
+            raise BadEpisode(f"cameras {sorted(self.images)} do not match the dataset's {sorted(image_shapes)}")
+        for name, frames in self.images.items():
+            _check(frames, (n, *image_shapes[name]), np.uint8, f"images[{name!r}]")
+
+
+def _check(array: np.ndarray, shape: tuple[int, ...], kind: type, name: str) -> None:
+    if not isinstance(array, np.ndarray) or array.shape != shape:
+        got = getattr(array, "shape", type(array).__name__)
+        raise BadEpisode(f"{name} has shape {got}, expected {shape}")
+    if not np.issubdtype(array.dtype, kind):
+        raise BadEpisode(f"{name} has dtype {array.dtype}, expected {kind.__name__}")
+    if kind is np.floating and not np.isfinite(array).all():
+        raise BadEpisode(f"{name} holds NaN or infinite values")

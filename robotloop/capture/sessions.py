@@ -1,0 +1,396 @@
+"""Open episodes of the capture service: held in memory, validated frame batch by frame batch, committed on close.
+
+A robot that does not run `DatasetRecorder` itself opens an episode, streams frame batches, and closes it; the
+close builds an `Episode` and commits it with the dataset's one `DatasetRecorder`, exactly as a local recorder
+would. Until the close succeeds nothing of the episode is in the bucket, so a rejected batch, an abort, an idle
+timeout or a failed commit never leaves half an episode behind.
+
+Wire format of one frame batch (what `encode_frames` writes and `decode_frames` reads; no pickle, no numpy
+headers, so a robot in any language can write it):
+
+    <one line of UTF-8 JSON> b"\\n" <raw image bytes>
+
+* The JSON line holds the small per-frame fields of N frames (N >= 1):
+  `{"timestamp": [N floats], "state": [N x state_dim floats], "action": [N x action_dim floats],
+    "reward": [N floats] (optional, default 0), "success": [N bools] (optional, default false)}`.
+  Timestamps are seconds from the episode start: >= 0 and strictly increasing across the whole episode
+  (they catch reordered or repeated frames; the dataset stores frame_index / fps, as lerobot's recorder does).
+* The raw bytes are the images as uint8 RGB, H x W x 3 in C order: frame 0's cameras in sorted name order,
+  then frame 1's, ...: exactly N * sum(H * W * 3) bytes. Raw bytes avoid base64's third more of traffic
+  and its decode; the request's body limit bounds the JSON line too.
+
+Example:
+    ```python
+    >>> sessions = EpisodeSessions(client, Limits())     # client: a BucketClient that may write the bucket
+    >>> url = BucketUrl.parse("hf://buckets/lab/demos/datasets/cube")
+    >>> eid = sessions.open("robot-1", url, {"top": (480, 640, 3)}, state_dim=14, action_dim=14)
+    >>> sessions.add_frames("robot-1", eid, encode_frames(timestamp, state, action, images))
+    >>> sessions.close("robot-1", eid, "pick up the cube").episode_index
+    ```
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..storage import BucketClient, BucketUrl, NotFound
+from .episode import BadEpisode, Episode
+from .recorder import CommitReport, DatasetRecorder, DatasetSpec
+
+MAX_TASK_CHARS = 1000
+
+
+class UnknownEpisode(LookupError):
+    """No open episode with this id for this robot (never opened, closed, aborted, expired, or another robot's)."""
+
+
+class TooLarge(ValueError):
+    """A batch would take an episode past its frame or byte cap."""
+
+
+class TooManyEpisodes(RuntimeError):
+    """The robot already has as many open episodes as it may."""
+
+
+class SpecConflict(ValueError):
+    """The dataset exists (in the bucket or open here) with other features than the ones asked for."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what robots may hold in the service's memory."""
+
+    max_frames: int = 30_000
+    max_bytes: int = 2 * 2**30  # image bytes of one open episode
+    max_open_per_robot: int = 4
+    idle_timeout_s: float = 600.0
+
+
+@dataclass
+class Frames:
+    """One decoded batch of N frames: `images[name]` uint8 [N, H, W, 3], the rest float32/bool with N rows."""
+
+    timestamp: np.ndarray
+    state: np.ndarray
+    action: np.ndarray
+    images: dict[str, np.ndarray]
+    reward: np.ndarray
+    success: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.timestamp)
+
+    @property
+    def image_bytes(self) -> int:
+        return sum(a.nbytes for a in self.images.values())
+
+
+class _FramesJson(BaseModel):
+    """The JSON line of a batch; strict, so `"1.0"` or `true` is not silently taken for a number."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    timestamp: list[float] = Field(min_length=1)
+    state: list[list[float]]
+    action: list[list[float]]
+    reward: list[float] | None = None
+    success: list[bool] | None = None
+
+
+def frame_bytes(spec: DatasetSpec) -> int:
+    """Image bytes of one frame: all cameras."""
+    return sum(h * w * c for h, w, c in spec.cameras.values())
+
+
+def encode_frames(timestamp, state, action, images: dict[str, np.ndarray], reward=None, success=None) -> bytes:
+    """Write a batch of N frames in the wire format (see the module docstring); `images[name]` is [N, H, W, 3].
+
+    Arrays are converted, not checked: the service checks them, so a robot learns exactly what was wrong.
+    """
+    fields = {"timestamp": np.asarray(timestamp, np.float64).tolist(), "state": np.asarray(state, np.float64).tolist(),
+              "action": np.asarray(action, np.float64).tolist()}  # fmt: skip
+    if reward is not None:
+        fields["reward"] = np.asarray(reward, np.float64).tolist()
+    if success is not None:
+        fields["success"] = np.asarray(success, bool).tolist()
+    n = len(fields["timestamp"])
+    # Frame-major: frame t's cameras, in sorted name order, then frame t+1's.
+    per_frame = [np.ascontiguousarray(images[name]).reshape(n, -1) for name in sorted(images)]
+    raw = np.concatenate(per_frame, axis=1).tobytes() if per_frame else b""
+    return json.dumps(fields, separators=(",", ":")).encode() + b"\n" + raw
+
+
+def decode_frames(body: bytes, spec: DatasetSpec) -> Frames:
+    """Read and check one batch against the dataset's spec.
+
+    Raises:
+        BadEpisode: no JSON line, malformed JSON or fields, wrong row counts or sizes, NaN/inf,
+            timestamps not strictly increasing or negative, or image bytes that do not add up to N frames.
+    """
+    line_end = body.find(b"\n")
+    if line_end < 0:
+        raise BadEpisode("a frames body is one JSON line, a newline, then the raw uint8 image bytes; no newline found")
+    try:
+        meta = _FramesJson.model_validate(json.loads(body[:line_end]))
+    except (ValueError, ValidationError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise BadEpisode(f"bad frames JSON: {_short(err)}") from None
+    n = len(meta.timestamp)
+    timestamp = np.asarray(meta.timestamp, np.float64)
+    state = _rows(meta.state, n, spec.state_dim, "state")
+    action = _rows(meta.action, n, spec.action_dim, "action")
+    reward = np.zeros(n, np.float32) if meta.reward is None else _rows([[r] for r in meta.reward], n, 1, "reward")[:, 0]
+    if meta.success is not None and len(meta.success) != n:
+        raise BadEpisode(f"success has {len(meta.success)} values for {n} timestamps")
+    success = np.zeros(n, bool) if meta.success is None else np.asarray(meta.success, bool)
+    _check_finite(timestamp, "timestamp")
+    if timestamp[0] < 0 or (np.diff(timestamp) <= 0).any():
+        raise BadEpisode(f"timestamps must be >= 0 and strictly increasing; got {timestamp[:8].tolist()}...")
+    return Frames(timestamp, state, action, _images(memoryview(body)[line_end + 1 :], n, spec), reward, success)
+
+
+def _rows(values: list[list[float]], n: int, dim: int, name: str) -> np.ndarray:
+    """`values` as float32 [n, dim], finite. Raises BadEpisode naming the first bad row."""
+    if len(values) != n:
+        raise BadEpisode(f"{name} has {len(values)} rows for {n} timestamps")
+    for i, row in enumerate(values):
+        if len(row) != dim:
+            raise BadEpisode(f"{name} of frame {i} has {len(row)} values, the dataset's {name} has {dim}")
+    array = np.asarray(values, np.float64).reshape(n, dim)
+    _check_finite(array, name)
+    if (np.abs(array) > np.finfo(np.float32).max).any():  # would turn into inf in the float32 dataset
+        raise BadEpisode(f"{name} holds values too large for float32")
+    return array.astype(np.float32)
+
+
+def _check_finite(array: np.ndarray, name: str) -> None:
+    bad = ~np.isfinite(array)
+    if bad.any():
+        frame = int(np.argwhere(bad)[0][0])
+        raise BadEpisode(f"{name} of frame {frame} (in this batch) holds NaN or infinite values")
+
+
+def _images(raw: memoryview, n: int, spec: DatasetSpec) -> dict[str, np.ndarray]:
+    """Split the raw bytes into uint8 [n, H, W, 3] per camera (views: no copy until the episode is closed)."""
+    per_frame = frame_bytes(spec)
+    if len(raw) != n * per_frame:
+        shapes = ", ".join(f"{k} {h}x{w}x{c}" for k, (h, w, c) in sorted(spec.cameras.items()))
+        raise BadEpisode(f"got {len(raw)} image bytes; {n} frames of uint8 images ({shapes}) are "
+                         f"{n} x {per_frame} = {n * per_frame} bytes")  # fmt: skip
+    flat = np.frombuffer(raw, np.uint8).reshape(n, per_frame)
+    out, offset = {}, 0
+    for name in sorted(spec.cameras):
+        h, w, c = spec.cameras[name]
+        out[name] = flat[:, offset : offset + h * w * c].reshape(n, h, w, c)
+        offset += h * w * c
+    return out
+
+
+def _short(err: Exception) -> str:
+    if isinstance(err, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in err.errors()[:3])
+    return str(err)[:300]
+
+
+@dataclass
+class _Session:
+    robot: str
+    url: BucketUrl
+    spec: DatasetSpec
+    touched: float
+    batches: list[Frames] = field(default_factory=list)
+    frames: int = 0
+    image_bytes: int = 0
+    last_timestamp: float = -1.0
+
+
+@dataclass
+class _Dataset:
+    recorder: DatasetRecorder
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class EpisodeSessions:
+    """Open episodes per robot, and one `DatasetRecorder` per dataset whose commits are serialized.
+
+    Thread-safe: the service calls it from a thread pool. Several robots may record into one dataset: their
+    closes commit one after another under the dataset's lock, and the recorder re-reads the bucket's metadata
+    before each commit, so no episode overwrites another.
+    """
+
+    def __init__(self, client: BucketClient, limits: Limits = Limits(), vcodec: str = "libsvtav1",
+                 clock: Callable[[], float] = time.monotonic, staging: Path | None = None) -> None:  # fmt: skip
+        """`staging`: where recorders keep their local meta/ (a folder per dataset); default the recorder's own."""
+        self.client, self.limits, self.vcodec, self.clock, self.staging = client, limits, vcodec, clock, staging
+        self._sessions: dict[str, _Session] = {}
+        self._datasets: dict[str, _Dataset] = {}
+        self._lock = threading.Lock()  # guards both dicts and every session's fields
+
+    def open(self, robot: str, url: BucketUrl, cameras: dict[str, tuple[int, int, int]], state_dim: int,
+             action_dim: int, fps: int = 50, robot_type: str | None = None) -> str:  # fmt: skip
+        """Open an episode of `robot` in the dataset at `url`; returns its id.
+
+        Raises:
+            BadEpisode: no camera, or an image shape that is not (H, W, 3).
+            TooManyEpisodes: `robot` already has `limits.max_open_per_robot` episodes open.
+            SpecConflict: the dataset exists with other cameras, dims or fps.
+            robotloop.storage.StorageError: the service cannot create or read the bucket.
+        """
+        if not cameras or any(len(s) != 3 or s[2] != 3 or min(s) < 1 for s in cameras.values()):
+            raise BadEpisode(f"cameras must map names to (height, width, 3) RGB shapes; got {cameras}")
+        spec = DatasetSpec({k: tuple(v) for k, v in cameras.items()}, state_dim, action_dim, fps, robot_type, self.vcodec)
+        self.expire()
+        self._dataset(url, spec)  # outside the lock: it may talk to the bucket
+        episode_id = secrets.token_hex(16)  # unguessable: ids are never a capability, but need not leak either
+        with self._lock:  # count and insert in one step, so concurrent opens cannot pass the cap
+            mine = sum(s.robot == robot for s in self._sessions.values())
+            if mine >= self.limits.max_open_per_robot:
+                raise TooManyEpisodes(f"robot {robot} already has {mine} open episodes (the limit); "
+                                      "close or abort one first")  # fmt: skip
+            self._sessions[episode_id] = _Session(robot, url, spec, self.clock())
+        return episode_id
+
+    def add_frames(self, robot: str, episode_id: str, frames: bytes | Frames) -> int:
+        """Append a batch (wire bytes or decoded `Frames`) after checking it; returns the episode's frame count.
+
+        A rejected batch changes nothing: the episode keeps its earlier frames and stays open.
+
+        Raises:
+            UnknownEpisode: no such open episode for `robot`.
+            BadEpisode: see `decode_frames`; or timestamps not after the episode's last one.
+            TooLarge: the episode would pass `limits.max_frames` frames or `limits.max_bytes` image bytes.
+        """
+        spec = self._get(robot, episode_id).spec
+        batch = decode_frames(frames, spec) if isinstance(frames, bytes | bytearray) else frames
+        if isinstance(frames, Frames):  # decoded elsewhere: check it like the wire path does
+            probe = Episode(batch.images, batch.state, batch.action, "-")
+            probe.validate(spec.cameras, spec.state_dim, spec.action_dim)
+        with self._lock:  # continuity and caps are checked and updated in one step
+            session = self._get_locked(robot, episode_id)
+            if batch.timestamp[0] <= session.last_timestamp:
+                raise BadEpisode(f"timestamp {batch.timestamp[0]} is not after the episode's last frame "
+                                 f"({session.last_timestamp}); frames must arrive in time order")  # fmt: skip
+            if session.frames + len(batch) > self.limits.max_frames:
+                raise TooLarge(f"episode would hold {session.frames + len(batch)} frames; the limit is "
+                               f"{self.limits.max_frames}. Close it and open another")  # fmt: skip
+            if session.image_bytes + batch.image_bytes > self.limits.max_bytes:
+                raise TooLarge(f"episode would hold {session.image_bytes + batch.image_bytes} image bytes; the limit "
+                               f"is {self.limits.max_bytes}. Close it and open another")  # fmt: skip
+            session.batches.append(batch)
+            session.frames += len(batch)
+            session.image_bytes += batch.image_bytes
+            session.last_timestamp = float(batch.timestamp[-1])
+            session.touched = self.clock()
+            return session.frames
+
+    def close(self, robot: str, episode_id: str, task: str) -> CommitReport:
+        """Commit the episode to its dataset. The session is gone afterwards, committed or not.
+
+        Raises:
+            UnknownEpisode: no such open episode for `robot`.
+            BadEpisode: no frames, an empty or too long task, or (from the recorder) features that do not fit.
+            robotloop.storage.StorageError: the upload failed; the bucket still holds its previous commit.
+        """
+        with self._lock:
+            session = self._get_locked(robot, episode_id)
+            del self._sessions[episode_id]  # from here on, a concurrent add_frames sees an unknown episode
+        task = task.strip()
+        if not task or len(task) > MAX_TASK_CHARS:
+            raise BadEpisode(f"task must be 1 to {MAX_TASK_CHARS} characters of instruction text; "
+                             "the episode was dropped")  # fmt: skip
+        if not session.batches:
+            raise BadEpisode("the episode has no frames; nothing was committed")
+        episode = _episode(session.batches, task)
+        dataset = self._datasets[str(session.url)]
+        with dataset.lock:  # the recorder's own file lock covers processes; this keeps threads in order too
+            return dataset.recorder.commit(episode)
+
+    def abort(self, robot: str, episode_id: str) -> None:
+        """Drop an open episode and its frames.
+
+        Raises:
+            UnknownEpisode: no such open episode for `robot`.
+        """
+        with self._lock:
+            self._get_locked(robot, episode_id)
+            del self._sessions[episode_id]
+
+    def expire(self) -> list[str]:
+        """Drop episodes idle for longer than `limits.idle_timeout_s` (their robot vanished); returns their ids."""
+        deadline = self.clock() - self.limits.idle_timeout_s
+        with self._lock:
+            gone = [eid for eid, s in self._sessions.items() if s.touched < deadline]
+            for eid in gone:
+                del self._sessions[eid]
+        return gone
+
+    def open_count(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    # -- helpers -----------------------------------------------------------------------------------------
+    def _get(self, robot: str, episode_id: str) -> _Session:
+        with self._lock:
+            return self._get_locked(robot, episode_id)
+
+    def _get_locked(self, robot: str, episode_id: str) -> _Session:
+        session = self._sessions.get(episode_id)
+        # Another robot's episode reads exactly like a missing one: ids of others are not even confirmed.
+        if session is None or session.robot != robot:
+            raise UnknownEpisode(f"no open episode {episode_id!r} for this robot: never opened, already closed or "
+                                 f"aborted, or dropped after {self.limits.idle_timeout_s:g} s idle")  # fmt: skip
+        return session
+
+    def _dataset(self, url: BucketUrl, spec: DatasetSpec) -> _Dataset:
+        """The one recorder of `url`, created on first use after checking the bucket's dataset fits `spec`."""
+        key = str(url)
+        with self._lock:
+            dataset = self._datasets.get(key)
+        if dataset is None:
+            staging = self.staging / hashlib.sha256(key.encode()).hexdigest()[:16] if self.staging else None
+            recorder = DatasetRecorder(self.client, url, spec, staging)  # creates the bucket: fails early without access
+            _check_remote_spec(self.client, url, spec)
+            with self._lock:
+                dataset = self._datasets.setdefault(key, _Dataset(recorder))
+        if dataset.recorder.spec != spec:
+            raise SpecConflict(f"{url} is recorded here with {_describe(dataset.recorder.spec)}; this episode asks for "
+                               f"{_describe(spec)}. Use the same features or another dataset URL")  # fmt: skip
+        return dataset
+
+
+def _episode(batches: list[Frames], task: str) -> Episode:
+    images = {name: np.concatenate([b.images[name] for b in batches]) for name in batches[0].images}
+    cat = lambda attr: np.concatenate([getattr(b, attr) for b in batches])  # noqa: E731
+    return Episode(images, cat("state"), cat("action"), task, cat("reward"), cat("success"))
+
+
+def _describe(spec: DatasetSpec) -> str:
+    return f"cameras {spec.cameras}, state_dim {spec.state_dim}, action_dim {spec.action_dim}, fps {spec.fps}"
+
+
+def _check_remote_spec(client: BucketClient, url: BucketUrl, spec: DatasetSpec) -> None:
+    """Refuse at open, not after minutes of streaming, a dataset whose features or fps differ from `spec`.
+
+    Raises:
+        SpecConflict: the bucket holds a dataset at `url` with other features or fps.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            info = json.loads(client.download(url / "meta" / "info.json", Path(tmp) / "info.json").read_text())
+        except NotFound:
+            return  # a new dataset
+    have = {k: list(v["shape"]) for k, v in info.get("features", {}).items()}
+    want = {k: list(v["shape"]) for k, v in spec.features().items()}
+    if any(have.get(k) != v for k, v in want.items()) or info.get("fps") != spec.fps:
+        ours = {k: v for k, v in have.items() if k.startswith(("observation.", "action"))}
+        raise SpecConflict(f"{url} holds a dataset with features {ours} at {info.get('fps')} fps; this episode asks "
+                           f"for {_describe(spec)}. Use the same features or another dataset URL")  # fmt: skip

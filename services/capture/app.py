@@ -1,0 +1,215 @@
+"""The robotloop capture service: robots open an episode, stream frame batches, close it; the service commits it.
+
+Thin routes over :class:`robotloop.capture.sessions.EpisodeSessions` (which holds the logic and documents the
+frame wire format)::
+
+    GET    /v1/health                      {"status": "ok", "open_episodes": n}; no token needed
+    POST   /v1/episodes                    JSON {"dataset", "cameras": {name: [H, W, 3]}, "state_dim", "action_dim",
+                                           "fps"?, "robot_type"?} -> 201 {"episode_id", "cameras" (byte order), ...}
+    POST   /v1/episodes/{id}/frames        a frame batch (application/octet-stream) -> {"episode_id", "frames"}
+    POST   /v1/episodes/{id}/close         JSON {"task"} -> the CommitReport's fields, plus "dataset"
+    DELETE /v1/episodes/{id}               drop the episode -> {"aborted": id}
+
+Errors are JSON ``{"error": "<what is wrong and what to do>"}``: 400 malformed request or URL, 401 missing or
+unknown token, 403 token not allowed to write that bucket namespace, 404 unknown episode (another robot's
+included), 409 dataset exists with other features, 413 body or episode too large, 422 bad frames or task,
+429 too many open episodes, 502 the bucket refused or failed the commit.
+
+Auth: robot tokens come from a tokens file in the bucket server's format, ``<token> <read|write> <namespace|*>``
+(parsed by :class:`TokenStore`, no second parser). The *namespace* is the bucket namespace the robot may record
+into (``*``: any), and a robot needs ``write``. The robot's identity is its token: ``robot-`` plus the first 12
+hex digits of the token's SHA-256. So one line per robot both grants and isolates it, the shared format is
+unchanged, and the id can be logged without leaking the token. Two robots sharing a token are one robot.
+The service writes to buckets with its own storage token (``storage.token`` / ``connect``), never the robot's.
+
+Example::
+
+    python -m services.capture --tokens robots.txt --port 8760     # or: robotloop capture serve --tokens robots.txt
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from robotloop.capture import BadEpisode
+from robotloop.capture.sessions import EpisodeSessions, Limits, SpecConflict, TooLarge, TooManyEpisodes, UnknownEpisode
+from robotloop.config import Settings
+from robotloop.storage import BadBucketUrl, BucketClient, BucketUrl, StorageError, connect
+from robotloop.storage.server.auth import AuthError, Forbidden, TokenStore, Unauthorized, bearer_from_header
+from services.bucket.app import BodyLimit
+
+log = logging.getLogger("robotloop.capture")
+
+# Library errors -> HTTP status. Their messages are written for the robot's operator and are sent as they are.
+ERROR_STATUS: dict[type[Exception], int] = {
+    BadBucketUrl: 400, UnknownEpisode: 404, SpecConflict: 409, TooLarge: 413, BadEpisode: 422, TooManyEpisodes: 429,
+    StorageError: 502,
+}  # fmt: skip
+
+
+CameraName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{1,64}$")]
+Side = Annotated[int, Field(ge=1, le=4096)]
+Channels = Annotated[int, Field(ge=3, le=3)]  # RGB: what lerobot's video features hold
+
+
+class OpenRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dataset: str = Field(description="hf://buckets/<namespace>/<bucket>/<path> of the LeRobot dataset")
+    cameras: dict[CameraName, tuple[Side, Side, Channels]] = Field(min_length=1, description="name -> [H, W, 3]")
+    state_dim: int = Field(ge=1, le=4096)
+    action_dim: int = Field(ge=1, le=4096)
+    fps: int = Field(default=50, ge=1, le=1000)
+    robot_type: str | None = Field(default=None, max_length=100)
+
+
+class CloseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    task: str = Field(description="the language instruction stored with every frame")
+
+
+@dataclasses.dataclass(frozen=True)
+class Robot:
+    id: str
+    token: str
+
+
+def robot_id(token: str) -> str:
+    """A robot's id: a fingerprint of its token (loggable; the token itself is never shown)."""
+    return "robot-" + hashlib.sha256(token.encode()).hexdigest()[:12]
+
+
+def calling_robot(request: Request) -> Robot:
+    """The calling robot (a route dependency).
+
+    Raises:
+        Unauthorized: no token, or one not in the tokens file.
+        Forbidden: a read-only token.
+    """
+    token = bearer_from_header(request.headers.get("authorization"))
+    if not token:
+        raise Unauthorized("a robot token is required: send 'Authorization: Bearer <token>'")
+    if not request.app.state.tokens.principal(token).write:
+        raise Forbidden("this token is read-only; recording needs a 'write' robot token")
+    return Robot(robot_id(token), token)
+
+
+Caller = Annotated[Robot, Depends(calling_robot)]
+
+
+def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient | None = None) -> FastAPI:
+    """The capture app; `client` (default: `connect(settings)`) is how the service writes to buckets.
+
+    Raises:
+        TokensFileError: malformed tokens file. FileNotFoundError: no such file.
+    """
+    tokens = TokenStore.from_file(Path(tokens_file))
+    cfg = settings.capture
+    limits = Limits(cfg.max_episode_frames, cfg.max_episode_bytes, cfg.max_open_per_robot, cfg.idle_timeout_s)
+    sessions = EpisodeSessions(client or connect(settings), limits, cfg.vcodec)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async def sweep() -> None:  # idle episodes of vanished robots would hold their frames' memory forever
+            while True:
+                await asyncio.sleep(min(cfg.idle_timeout_s / 4, 60))
+                for eid in await run_in_threadpool(sessions.expire):
+                    log.warning("episode %s dropped after %g s idle", eid, cfg.idle_timeout_s)
+
+        task = asyncio.create_task(sweep())
+        yield
+        task.cancel()
+
+    app = FastAPI(title="robotloop capture service", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.sessions, app.state.tokens = sessions, tokens
+
+    @app.get("/v1/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "open_episodes": sessions.open_count()}
+
+    @app.post("/v1/episodes", status_code=201)
+    def open_episode(body: OpenRequest, who: Caller) -> dict[str, Any]:
+        url = BucketUrl.parse(body.dataset)
+        tokens.authorize(who.token, url.namespace, write=True, bucket_public=False)  # the robot's scope, not ours
+        eid = sessions.open(who.id, url, dict(body.cameras), body.state_dim, body.action_dim, body.fps, body.robot_type)
+        log.info("%s opened episode %s in %s", who.id, eid, url)
+        per_frame = sum(h * w * c for h, w, c in body.cameras.values())  # the raw image bytes of one frame
+        return {"episode_id": eid, "dataset": str(url), "cameras": sorted(body.cameras), "frame_bytes": per_frame,
+                "max_frames": limits.max_frames, "max_episode_bytes": limits.max_bytes,
+                "max_body_bytes": cfg.max_body_bytes}  # fmt: skip
+
+    @app.post("/v1/episodes/{episode_id}/frames")
+    async def add_frames(episode_id: str, request: Request, who: Caller) -> dict[str, Any]:
+        body = await request.body()  # bounded by BodyLimit
+        frames = await run_in_threadpool(sessions.add_frames, who.id, episode_id, body)
+        return {"episode_id": episode_id, "frames": frames}
+
+    @app.post("/v1/episodes/{episode_id}/close")
+    def close_episode(episode_id: str, body: CloseRequest, who: Caller) -> dict[str, Any]:
+        report = sessions.close(who.id, episode_id, body.task)  # sync route: encoding and upload run in a thread
+        log.info("%s committed episode %s as index %d", who.id, episode_id, report.episode_index)
+        return {"episode_id": episode_id, **dataclasses.asdict(report)}
+
+    @app.delete("/v1/episodes/{episode_id}")
+    def abort_episode(episode_id: str, who: Caller) -> dict[str, Any]:
+        sessions.abort(who.id, episode_id)
+        return {"aborted": episode_id}
+
+    @app.exception_handler(AuthError)
+    async def auth_error(request: Request, err: AuthError) -> JSONResponse:
+        return _error(err.status, str(err))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
+        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()[:5])
+        return _error(400, f"bad request: {where}")
+
+    for kind, status in ERROR_STATUS.items():
+        app.add_exception_handler(kind, _handler(status))
+
+    app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
+    return app
+
+
+def _handler(status: int):
+    async def handle(request: Request, err: Exception) -> JSONResponse:
+        return _error(status, str(err))
+
+    return handle
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def serve(settings: Settings, tokens_file: Path | None = None, host: str | None = None,
+          port: int | None = None) -> None:  # fmt: skip
+    """Run the service with uvicorn until interrupted; arguments left None come from `settings.capture`.
+
+    Raises:
+        ValueError: no tokens file: robots must have tokens (there is no open mode here).
+        TokensFileError, FileNotFoundError: a malformed or missing tokens file.
+    """
+    import uvicorn
+
+    cfg = settings.capture
+    tokens_file = tokens_file or cfg.tokens_file
+    if tokens_file is None:
+        raise ValueError("the capture service needs robot tokens: pass --tokens FILE "
+                         "('<token> write <namespace|*>' per line)")  # fmt: skip
+    host, port = host or cfg.host, port or cfg.port
+    app = create_app(settings, tokens_file)
+    log.warning("robotloop capture service on http://%s:%d, robot tokens from %s", host, port, tokens_file)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,280 @@
+"""The capture service, end to end: a real bucket server and a real capture service on 127.0.0.1, real lerobot.
+
+Robots stream frames with `CaptureClient`; committed episodes are read back with lerobot's own `LeRobotDataset`.
+Every refused request must be a 4xx with a clear message and leave nothing in the bucket.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from robotloop.capture.client import CaptureClient, CaptureError
+from robotloop.capture.sessions import EpisodeSessions, Limits, TooManyEpisodes, UnknownEpisode, encode_frames
+from robotloop.storage import BucketClient, BucketUrl, Entry, NotFound
+
+from .conftest import WRITE_TOKEN, free_port
+
+ROBOT_A, ROBOT_B, ROBOT_READ_ONLY, ROBOT_ELSEWHERE = "rl_robot_a", "rl_robot_b", "rl_robot_ro", "rl_robot_elsewhere"
+H, W, STATE, ACTION = 24, 32, 6, 4
+CAMERAS = {"top": (H, W, 3)}
+MAX_BODY, MAX_FRAMES = 200_000, 60  # small limits so the 413 paths are cheap to reach
+
+
+@dataclass
+class Capture:
+    endpoint: str
+    bucket: BucketClient  # reads the bucket with the bucket server's own write token
+
+
+@pytest.fixture(scope="module")
+def capture(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
+    """`python -m services.capture` writing to the test bucket server with its own storage token."""
+    base = tmp_path_factory.mktemp("capture")
+    tokens = base / "robots"
+    lines = [f"{ROBOT_A} write lab", f"{ROBOT_B} write lab", f"{ROBOT_READ_ONLY} read lab", f"{ROBOT_ELSEWHERE} write elsewhere"]
+    tokens.write_text("\n".join(lines) + "\n")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROBOTLOOP_", "HF_"))}
+    env.update({"ROBOTLOOP_CONFIG": str(base / "none.toml"), "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
+                "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN, "ROBOTLOOP_CAPTURE__MAX_BODY_BYTES": str(MAX_BODY),
+                "ROBOTLOOP_CAPTURE__MAX_EPISODE_FRAMES": str(MAX_FRAMES), "ROBOTLOOP_CAPTURE__VCODEC": "h264",
+                "XDG_CACHE_HOME": str(base / "cache"), "HF_HOME": str(base / "hf")})  # fmt: skip
+    log = open(base / "capture.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "services.capture", "--host", "127.0.0.1", "--port", str(port),
+                             "--tokens", str(tokens)], env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        assert proc.poll() is None, (base / "capture.log").read_text()[-3000:]
+        try:
+            if httpx.get(f"{endpoint}/v1/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline, "capture service did not start"
+            time.sleep(0.1)
+    yield Capture(endpoint, BucketClient(bucket_server.endpoint, WRITE_TOKEN))
+    proc.terminate()
+    proc.wait(10)
+
+
+def frames(n: int, start: int = 0, tag: float = 0.0) -> dict:
+    """`n` frames numbered from `start`: image value 20 * i (one flat colour), state i, action tag."""
+    i = np.arange(start, start + n)
+    return {"timestamp": i / 50, "state": np.repeat(i[:, None], STATE, 1).astype(np.float32),
+            "action": np.full((n, ACTION), tag, np.float32),
+            "images": {"top": np.broadcast_to((20 * (i % 12)).astype(np.uint8)[:, None, None, None], (n, H, W, 3))}}  # fmt: skip
+
+
+def bucket_files(capture: Capture, dataset: str) -> list[str]:
+    try:
+        return [e.url.path for e in capture.bucket.ls(BucketUrl.parse(dataset), recursive=True) if isinstance(e, Entry)]
+    except NotFound:
+        return []
+
+
+def read_dataset(capture: Capture, dataset: str, dest: Path):
+    """The dataset as lerobot sees it, downloaded from the bucket."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    url = BucketUrl.parse(dataset)
+    capture.bucket.fetch(url, dest)
+    return LeRobotDataset(url.bucket_id, root=dest, video_backend="pyav")
+
+
+def test_a_robot_records_an_episode_lerobot_reads_it(capture, tmp_path):
+    dataset = "hf://buckets/lab/capture/datasets/round-trip"
+    with CaptureClient(capture.endpoint, ROBOT_A) as robot:
+        eid = robot.open(dataset, CAMERAS, STATE, ACTION, fps=50, robot_type="test-arm")
+        assert robot.send_frames(eid, **frames(4, 0, tag=0.5)) == 4
+        assert robot.send_frames(eid, **frames(6, 4, tag=0.5)) == 10
+        assert bucket_files(capture, dataset) == []  # nothing is committed before the close
+        report = robot.close(eid, "wave at the camera")
+    assert (report["episode_index"], report["frames"]) == (0, 10)
+    assert any(p.endswith(".mp4") for p in report["files"]) and any(p.endswith("info.json") for p in report["files"])
+
+    ds = read_dataset(capture, dataset, tmp_path / "ds")
+    assert (ds.meta.total_episodes, len(ds), ds.fps, ds.meta.robot_type) == (1, 10, 50, "test-arm")
+    for i in (0, 3, 9):
+        item = ds[i]
+        assert item["observation.state"].tolist() == [float(i)] * STATE
+        assert item["action"].tolist() == [0.5] * ACTION
+        assert item["task"] == "wave at the camera"
+        image = item["observation.images.top"]  # float CHW in [0, 1], through a lossy video codec
+        assert tuple(image.shape) == (3, H, W)
+        assert abs(float(image.mean()) * 255 - 20 * i) < 6
+
+
+def test_two_robots_share_a_dataset_and_no_episode_is_lost(capture, tmp_path):
+    dataset = "hf://buckets/lab/capture/datasets/shared"
+    reports, errors = {}, []
+
+    def record(token: str, tag: float) -> None:
+        try:
+            with CaptureClient(capture.endpoint, token) as robot:
+                eid = robot.open(dataset, CAMERAS, STATE, ACTION)
+                for start in range(0, 8, 4):
+                    robot.send_frames(eid, **frames(4, start, tag))
+                reports[tag] = robot.close(eid, f"robot {tag:g}")
+        except Exception as error:  # surfaced by the assert below, with the robot it came from
+            errors.append((token, error))
+
+    threads = [threading.Thread(target=record, args=(token, tag)) for token, tag in ((ROBOT_A, 1.0), (ROBOT_B, 2.0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert sorted(r["episode_index"] for r in reports.values()) == [0, 1]
+    ds = read_dataset(capture, dataset, tmp_path / "ds")
+    assert (ds.meta.total_episodes, len(ds)) == (2, 16)
+    for tag, report in reports.items():
+        first = ds.meta.episodes[report["episode_index"]]["dataset_from_index"]
+        assert ds[first]["action"].tolist() == [tag] * ACTION
+        assert ds[first]["task"] == f"robot {tag:g}"
+
+
+def _raw(n: int = 3, start: int = 0, **change) -> bytes:
+    """A frame batch in the wire format, with fields replaced by `change` (to make it wrong)."""
+    fields = {**frames(n, start), **change}
+    return encode_frames(fields["timestamp"], fields["state"], fields["action"], fields["images"])
+
+
+def _nan_state() -> np.ndarray:
+    state = frames(3)["state"].copy()
+    state[1, 2] = np.nan
+    return state
+
+
+BAD_BATCHES = {
+    "wrong image shape": (_raw(images={"top": np.zeros((3, H, W - 1, 3), np.uint8)}), 422, "3 x 2304 = 6912 bytes"),
+    "wrong image dtype": (_raw(images={"top": np.zeros((3, H, W, 3), np.float32)}), 422, "uint8 images"),
+    "wrong state size": (_raw(state=np.zeros((3, STATE + 1), np.float32)), 422, f"has {STATE + 1} values"),
+    "NaN in state": (_raw(state=_nan_state()), 422, "state of frame 1 (in this batch) holds NaN"),
+    "timestamps out of order": (_raw(timestamp=[0.0, 0.04, 0.02]), 422, "strictly increasing"),
+    "timestamps before the last batch": (_raw(start=1), 422, "is not after the episode's last frame"),
+    "negative timestamp": (_raw(timestamp=[-0.02, 0.0, 0.02]), 422, ">= 0"),
+    "not the wire format": (b'{"timestamp": [0.0]}', 422, "JSON line, a newline"),
+    "malformed JSON": (b"{oops\n", 422, "bad frames JSON"),
+    "string for a number": (b'{"timestamp": ["0.1"], "state": [], "action": []}\n', 422, "timestamp.0"),
+    "body over the limit": (_raw(n=MAX_BODY // (H * W * 3) + 1, start=3), 413, f"limit of {MAX_BODY} bytes"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_BATCHES)
+def test_bad_frames_are_refused_and_nothing_reaches_the_bucket(capture, case):
+    body, status, message = BAD_BATCHES[case]
+    dataset = f"hf://buckets/lab/capture/datasets/bad-{case.replace(' ', '-')}"
+    with CaptureClient(capture.endpoint, ROBOT_A) as robot:
+        eid = robot.open(dataset, CAMERAS, STATE, ACTION)
+        robot.send_frames(eid, **frames(3))  # good frames first: a bad batch must not spoil or leak them
+        with pytest.raises(CaptureError) as refused:
+            robot.send_raw(eid, body)
+        assert refused.value.status == status and message in refused.value.message, refused.value
+        assert bucket_files(capture, dataset) == []
+        assert robot.send_frames(eid, **frames(2, 3)) == 5  # the episode is intact and still open
+        robot.abort(eid)
+    assert bucket_files(capture, dataset) == []
+
+
+def test_episode_caps_unknown_and_foreign_episodes(capture):
+    dataset = "hf://buckets/lab/capture/datasets/caps"
+    with CaptureClient(capture.endpoint, ROBOT_A) as a, CaptureClient(capture.endpoint, ROBOT_B) as b:
+        eid = a.open(dataset, CAMERAS, STATE, ACTION)
+        a.send_frames(eid, **frames(MAX_FRAMES - 2))
+        with pytest.raises(CaptureError, match=f"would hold {MAX_FRAMES + 1} frames; the limit is {MAX_FRAMES}") as e:
+            a.send_frames(eid, **frames(3, MAX_FRAMES - 2))
+        assert e.value.status == 413
+
+        for robot, episode in ((a, "0" * 32), (b, eid)):  # never opened / another robot's: the same answer
+            with pytest.raises(CaptureError, match="no open episode") as e:
+                robot.send_raw(episode, _raw(start=100))
+            assert e.value.status == 404
+            with pytest.raises(CaptureError, match="no open episode"):
+                robot.close(episode, "steal it")
+            with pytest.raises(CaptureError, match="no open episode"):
+                robot.abort(episode)
+
+        with pytest.raises(CaptureError, match="task must be") as e:  # a failed close drops the episode
+            a.close(eid, "   ")
+        assert e.value.status == 422
+        with pytest.raises(CaptureError, match="no open episode"):
+            a.close(eid, "try again")
+        eid = a.open(dataset, CAMERAS, STATE, ACTION)
+        with pytest.raises(CaptureError, match="no frames") as e:
+            a.close(eid, "nothing recorded")
+        assert e.value.status == 422
+    assert bucket_files(capture, dataset) == []
+
+
+@pytest.mark.parametrize(
+    ("token", "dataset", "shape", "status", "message"),
+    [
+        (None, "hf://buckets/lab/capture/datasets/auth", (H, W, 3), 401, "robot token is required"),
+        ("rl_not_a_token", "hf://buckets/lab/capture/datasets/auth", (H, W, 3), 401, "Invalid credentials"),
+        (ROBOT_READ_ONLY, "hf://buckets/lab/capture/datasets/auth", (H, W, 3), 403, "read-only"),
+        (ROBOT_ELSEWHERE, "hf://buckets/lab/capture/datasets/auth", (H, W, 3), 403, "scoped to namespace 'elsewhere'"),
+        (ROBOT_A, "hf://datasets/lab/cube", (H, W, 3), 400, "robotloop stores data in buckets"),
+        (ROBOT_A, "hf://buckets/lab/capture/datasets/auth", (H, W, 4), 400, "cameras.top.2"),
+    ],
+)
+def test_open_is_refused_with_a_reason(capture, token, dataset, shape, status, message):
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    body = {"dataset": dataset, "cameras": {"top": list(shape)}, "state_dim": STATE, "action_dim": ACTION}
+    response = httpx.post(f"{capture.endpoint}/v1/episodes", json=body, headers=headers)
+    assert response.status_code == status and message in response.json()["error"], response.text
+    assert bucket_files(capture, "hf://buckets/lab/capture/datasets/auth") == []
+
+
+def test_frames_need_the_robots_token(capture):
+    with CaptureClient(capture.endpoint, ROBOT_A) as robot:
+        eid = robot.open("hf://buckets/lab/capture/datasets/tokenless", CAMERAS, STATE, ACTION)
+        for headers in ({}, {"authorization": "Bearer rl_not_a_token"}):
+            response = httpx.post(f"{capture.endpoint}/v1/episodes/{eid}/frames", content=_raw(), headers=headers)
+            assert response.status_code == 401, response.text
+        robot.abort(eid)
+
+
+def test_another_spec_for_an_open_dataset_is_a_conflict(capture):
+    dataset = "hf://buckets/lab/capture/datasets/round-trip-spec"
+    with CaptureClient(capture.endpoint, ROBOT_A) as robot:
+        eid = robot.open(dataset, CAMERAS, STATE, ACTION)
+        with pytest.raises(CaptureError, match="state_dim 7") as e:
+            robot.open(dataset, CAMERAS, STATE + 1, ACTION)
+        assert e.value.status == 409
+        robot.abort(eid)
+
+
+def test_idle_episodes_expire_and_each_robot_has_an_open_cap(capture, tmp_path):
+    """The library directly, with a clock we move: idle episodes go, and free their robot's slot."""
+    now = [0.0]
+    sessions = EpisodeSessions(capture.bucket, Limits(max_open_per_robot=2, idle_timeout_s=10), "h264",
+                               clock=lambda: now[0], staging=tmp_path / "staging")  # fmt: skip
+    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/idle")
+    first = sessions.open("robot-1", url, CAMERAS, STATE, ACTION)
+    now[0] = 6
+    second = sessions.open("robot-1", url, CAMERAS, STATE, ACTION)
+    with pytest.raises(TooManyEpisodes, match="already has 2 open episodes"):
+        sessions.open("robot-1", url, CAMERAS, STATE, ACTION)
+    other = sessions.open("robot-2", url, CAMERAS, STATE, ACTION)  # the cap is per robot
+    now[0] = 12
+    assert sessions.add_frames("robot-1", second, _raw()) == 3
+    assert sessions.expire() == [first]  # idle 12 s; the others 6 s
+    with pytest.raises(UnknownEpisode):
+        sessions.add_frames("robot-1", first, _raw())
+    sessions.open("robot-1", url, CAMERAS, STATE, ACTION)  # the expired episode freed its slot
+    now[0] = 30
+    assert len(sessions.expire()) == 3 and sessions.open_count() == 0
+    with pytest.raises(UnknownEpisode):
+        sessions.abort("robot-2", other)
+    assert bucket_files(capture, str(url)) == []
