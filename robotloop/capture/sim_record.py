@@ -1,0 +1,110 @@
+"""Record scripted sim demonstrations into a bucket: N sim workers in parallel, one committing recorder.
+
+Workers run the scripted expert and render (the expensive part); the main process commits each successful
+demo as soon as it arrives. Failed demos are never kept: they are dropped, counted and reported by seed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+
+from .episode import Episode
+from .recorder import CommitReport, DatasetRecorder
+
+TASK_TEXT = {"transfer_cube": "Pick up the cube with the right arm and transfer it to the left arm.",
+             "insertion": "Pick up the socket and the peg and insert the peg into the socket."}  # fmt: skip
+
+
+@dataclass
+class RecordReport:
+    """The outcome of one `record_sim` call."""
+
+    task: str
+    committed: list[CommitReport] = field(default_factory=list)
+    failed_seeds: list[int] = field(default_factory=list)
+    attempted: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def episodes_per_minute(self) -> float:
+        return 60 * len(self.committed) / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def success_rate(self) -> float:
+        return 1 - len(self.failed_seeds) / self.attempted if self.attempted else 0.0
+
+
+def _demo(task: str, seed: int, image_size: tuple[int, int], max_steps: int | None):
+    from ..sim import get_task, record_demo  # imported in the worker: each process owns its own MuJoCo and renderer
+
+    demo = record_demo(task, seed, image_size=image_size, max_steps=max_steps)
+    solved = demo.rewards >= get_task(task).max_reward
+    return seed, demo.success, Episode({"top": demo.frames}, demo.states, demo.actions, TASK_TEXT[task], demo.rewards, solved)
+
+
+def record_sim(
+    recorder: DatasetRecorder,
+    task: str,
+    episodes: int,
+    workers: int = 1,
+    image_size: tuple[int, int] = (480, 640),
+    max_steps: int | None = None,
+    seed_start: int = 0,
+    max_attempts: int | None = None,
+    keep_failed: bool = False,
+    on_event: Callable[[str, int, CommitReport | None], None] | None = None,
+) -> RecordReport:
+    """Record `episodes` successful scripted demos of `task` into `recorder`'s dataset.
+
+    Seeds run from `seed_start` upwards. A failed demo is reported in `failed_seeds` and dropped, or with
+    `keep_failed` committed marked as failed (`next.success` never true) and counted as an episode; the
+    next seed is tried, up to `max_attempts` seeds (default 2 x episodes).
+    `on_event(kind, seed, report)` is called with kind "committed" or "failed" (for progress bars).
+
+    Raises:
+        KeyError: unknown task.
+    """
+    if task not in TASK_TEXT:
+        raise KeyError(f"unknown sim task {task!r}; choose one of {sorted(TASK_TEXT)}")
+    max_attempts = max_attempts or 2 * episodes
+    report, start = RecordReport(task), time.perf_counter()
+    next_seed = seed_start
+    # spawn, not fork: MuJoCo's EGL context must be created in the worker, never inherited.
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        pending: set[Future] = set()
+
+        def submit() -> None:
+            nonlocal next_seed
+            pending.add(pool.submit(_demo, task, next_seed, image_size, max_steps))
+            next_seed += 1
+
+        while len(pending) < workers and next_seed - seed_start < max_attempts:
+            submit()
+        while pending and len(report.committed) < episodes:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                seed, success, episode = future.result()
+                if len(report.committed) >= episodes:
+                    continue
+                report.attempted += 1
+                if not success:
+                    report.failed_seeds.append(seed)
+                    _notify(on_event, "failed", seed, None)
+                if success or keep_failed:
+                    report.committed.append(recorder.commit(episode))
+                    _notify(on_event, "committed", seed, report.committed[-1])
+                if len(report.committed) + len(pending) < episodes and next_seed - seed_start < max_attempts:
+                    submit()
+        for future in pending:
+            future.cancel()
+    report.wall_s = time.perf_counter() - start
+    return report
+
+
+def _notify(callback, kind: str, seed: int, commit: CommitReport | None) -> None:
+    if callback is not None:
+        callback(kind, seed, commit)

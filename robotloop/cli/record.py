@@ -1,0 +1,72 @@
+"""`robotloop record`: scripted sim demonstrations into a bucket, one committed episode at a time."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..capture import DatasetRecorder, DatasetSpec
+from ..capture.sim_record import TASK_TEXT, record_sim
+from ..storage import BadBucketUrl, BucketUrl, StorageError, connect
+
+console = Console()
+
+
+def _image_size(text: str) -> tuple[int, int]:
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: expected HxW, e.g. 480x640") from None
+    if h < 8 or w < 8:
+        raise typer.BadParameter(f"{text!r}: images must be at least 8x8")
+    return h, w
+
+
+def record(
+    ctx: typer.Context,
+    to: Annotated[str, typer.Option("--to", help="Dataset URL: hf://buckets/<ns>/<bucket>/datasets/<name>")],
+    sim: Annotated[str, typer.Option(help=f"Sim task: {', '.join(TASK_TEXT)}")] = "transfer_cube",
+    episodes: Annotated[int, typer.Option(min=1, help="Successful episodes to commit.")] = 50,
+    workers: Annotated[int, typer.Option(min=1, help="Sim worker processes.")] = 1,
+    image_size: Annotated[str, typer.Option(help="Camera image HxW.")] = "480x640",
+    max_steps: Annotated[int | None, typer.Option(min=1, help="Steps per episode (default: the task's, 400).")] = None,
+    codec: Annotated[str, typer.Option(help="Video codec (lerobot's default libsvtav1; h264 is faster on CPU).")] = "libsvtav1",
+    seed: Annotated[int | None, typer.Option(help="First seed (default: the number of committed episodes).")] = None,
+    keep_failed: Annotated[bool, typer.Option(help="Commit failed demos too, marked by next.success=false.")] = False,
+) -> None:
+    """Record scripted demos; a crash loses at most the episode in flight, a rerun continues the numbering."""
+    if sim not in TASK_TEXT:
+        raise typer.BadParameter(f"unknown sim task {sim!r}; choose one of {', '.join(TASK_TEXT)}", param_hint="--sim")
+    try:
+        url = BucketUrl.parse(to)
+    except BadBucketUrl as error:
+        raise typer.BadParameter(str(error), param_hint="--to") from None
+    size = _image_size(image_size)
+    try:
+        recorder = DatasetRecorder(connect(ctx.obj), url, DatasetSpec.aloha(size, vcodec=codec))
+        first = recorder.committed_episodes()
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.fields[note]}"), console=console) as bars:  # fmt: skip
+            bar = bars.add_task(f"recording {sim}", total=episodes, note="")
+
+            def on_event(kind: str, seed_: int, commit) -> None:
+                if kind == "committed":
+                    bars.update(bar, advance=1, note=f"episode {commit.episode_index} committed ({commit.upload_s:.2f} s upload)")
+                else:
+                    bars.update(bar, note=f"seed {seed_} failed, dropped")
+
+            report = record_sim(recorder, sim, episodes, workers, size, max_steps, first if seed is None else seed,
+                                keep_failed=keep_failed, on_event=on_event)
+    except (StorageError, ValueError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from None
+    sent = sum(c.bytes_sent for c in report.committed)
+    own = sum(c.episode_bytes for c in report.committed)
+    console.print(
+        f"committed {len(report.committed)} episodes to {url} ({first} were there); scripted success "
+        f"{report.success_rate:.0%}, failed seeds ({'kept, marked' if keep_failed else 'dropped'}): {report.failed_seeds or 'none'}; "
+        f"{report.episodes_per_minute:.1f} episodes/min; {sent:,} bytes sent for {own:,} episode bytes"
+    )
