@@ -36,8 +36,24 @@ def record(
     codec: Annotated[str, typer.Option(help="Video codec (lerobot's default libsvtav1; h264 is faster on CPU).")] = "libsvtav1",
     seed: Annotated[int | None, typer.Option(help="First seed (default: the number of committed episodes).")] = None,
     keep_failed: Annotated[bool, typer.Option(help="Commit failed demos too, marked by next.success=false.")] = False,
+    robot_type: Annotated[str | None, typer.Option("--robot.type", help="LeRobot robot type (hardware instead of sim).")] = None,
+    robot_port: Annotated[str | None, typer.Option("--robot.port")] = None,
+    robot_id: Annotated[str | None, typer.Option("--robot.id")] = None,
+    teleop_type: Annotated[str | None, typer.Option("--teleop.type", help="LeRobot teleoperator type.")] = None,
+    teleop_port: Annotated[str | None, typer.Option("--teleop.port")] = None,
+    teleop_id: Annotated[str | None, typer.Option("--teleop.id")] = None,
+    episode_time_s: Annotated[float, typer.Option(min=0.1, help="Hardware: seconds per episode.")] = 30.0,
+    reset_time_s: Annotated[float, typer.Option(min=0, help="Hardware: teleoperated reset between episodes.")] = 10.0,
+    fps: Annotated[int, typer.Option(min=1, help="Hardware: recording rate.")] = 30,
+    task: Annotated[str, typer.Option(help="Hardware: the task instruction stored with each frame.")] = "",
 ) -> None:
-    """Record scripted demos; a crash loses at most the episode in flight, a rerun continues the numbering."""
+    """Record episodes (scripted sim, or LeRobot hardware with --robot.type); each is committed when it ends.
+
+    A crash loses at most the episode in flight; a rerun continues the numbering.
+    """
+    if robot_type:
+        return _record_hardware(ctx, to, episodes, codec, robot_type, robot_port, robot_id, teleop_type, teleop_port,
+                                teleop_id, episode_time_s, reset_time_s, fps, task)  # fmt: skip
     if sim not in TASK_TEXT:
         raise typer.BadParameter(f"unknown sim task {sim!r}; choose one of {', '.join(TASK_TEXT)}", param_hint="--sim")
     try:
@@ -70,3 +86,27 @@ def record(
         f"{report.success_rate:.0%}, failed seeds ({'kept, marked' if keep_failed else 'dropped'}): {report.failed_seeds or 'none'}; "
         f"{report.episodes_per_minute:.1f} episodes/min; {sent:,} bytes sent for {own:,} episode bytes"
     )
+
+
+def _record_hardware(ctx, to, episodes, codec, robot_type, robot_port, robot_id, teleop_type, teleop_port, teleop_id,
+                     episode_time_s, reset_time_s, fps, task) -> None:  # fmt: skip
+    from ..capture.robot_record import make_hardware, record_robot, robot_spec
+
+    if not teleop_type or not task:
+        raise typer.BadParameter("hardware recording needs --teleop.type and --task")
+    try:
+        url = BucketUrl.parse(to)
+        robot = make_hardware("robot", robot_type, robot_port, robot_id)
+        teleop = make_hardware("teleop", teleop_type, teleop_port, teleop_id)
+    except (BadBucketUrl, ValueError, ImportError) as error:
+        raise typer.BadParameter(str(error)) from None
+    robot.connect()
+    teleop.connect()
+    try:
+        recorder = DatasetRecorder(connect(ctx.obj), url, robot_spec(robot, fps, codec))
+        reports = record_robot(recorder, robot, teleop, episodes, episode_time_s, task, reset_time_s,
+                               on_commit=lambda r: console.print(f"episode {r.episode_index} committed"))  # fmt: skip
+    finally:
+        robot.disconnect()
+        teleop.disconnect()
+    console.print(f"committed {len(reports)} episodes to {url}")

@@ -1,0 +1,92 @@
+"""Recording from LeRobot hardware: a `Robot` follows a `Teleoperator` at the dataset's rate.
+
+Uses LeRobot's own Robot and Teleoperator interfaces (`get_observation`, `get_action`, `send_action`), so any
+robot LeRobot supports records the same way. Scalar observation entries (joint positions) form the state
+vector, array entries of shape (H, W, 3) are cameras, and the action is what `send_action` actually sent
+(after the robot's own safety clipping), as LeRobot's recorder stores it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from .episode import Episode
+from .recorder import CommitReport, DatasetRecorder, DatasetSpec
+
+
+def robot_spec(robot, fps: int = 30, vcodec: str = "libsvtav1") -> DatasetSpec:
+    """The dataset shape a LeRobot `Robot` produces: its cameras, its scalar observations and its actions."""
+    obs = robot.observation_features
+    cameras = {name: tuple(shape) for name, shape in obs.items() if isinstance(shape, tuple)}
+    state = [name for name, kind in obs.items() if not isinstance(kind, tuple)]
+    return DatasetSpec(cameras, len(state), len(robot.action_features), fps, robot.name, vcodec, with_reward=False)
+
+
+def record_robot_episode(robot, teleop, seconds: float, fps: int, task: str,
+                         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.perf_counter) -> Episode:  # fmt: skip
+    """Teleoperate `robot` for `seconds` at `fps` and return the episode (observation before each action)."""
+    state_keys = [k for k, v in robot.observation_features.items() if not isinstance(v, tuple)]
+    camera_keys = [k for k, v in robot.observation_features.items() if isinstance(v, tuple)]
+    action_keys = list(robot.action_features)
+    images: dict[str, list[np.ndarray]] = {k: [] for k in camera_keys}
+    states, actions = [], []
+    period, start = 1.0 / fps, clock()
+    for step in range(round(seconds * fps)):
+        obs = robot.get_observation()
+        sent = robot.send_action(teleop.get_action())
+        states.append([float(obs[k]) for k in state_keys])
+        actions.append([float(sent[k]) for k in action_keys])
+        for k in camera_keys:
+            images[k].append(np.asarray(obs[k], np.uint8))
+        sleep(max(0.0, start + (step + 1) * period - clock()))  # hold the rate without drift
+    return Episode({k: np.stack(v) for k, v in images.items()}, np.array(states, np.float32),
+                   np.array(actions, np.float32), task)  # fmt: skip
+
+
+def record_robot(recorder: DatasetRecorder, robot, teleop, episodes: int, seconds: float, task: str,
+                 reset_s: float = 0.0, on_commit: Callable[[CommitReport], None] | None = None) -> list[CommitReport]:  # fmt: skip
+    """Record and commit `episodes` teleoperated episodes; `reset_s` of free teleoperation between them."""
+    reports = []
+    for _ in range(episodes):
+        episode = record_robot_episode(robot, teleop, seconds, recorder.spec.fps, task)
+        reports.append(recorder.commit(episode))
+        if on_commit:
+            on_commit(reports[-1])
+        end = time.perf_counter() + reset_s
+        while time.perf_counter() < end:  # the operator resets the scene; the robot keeps following
+            robot.send_action(teleop.get_action())
+            time.sleep(1.0 / recorder.spec.fps)
+    return reports
+
+
+def make_hardware(kind: str, type_name: str, port: str | None, id_: str | None):
+    """A LeRobot robot or teleoperator from its registered type name, e.g. ("robot", "so101_follower").
+
+    Raises:
+        ValueError: unknown type name (the message lists the known ones).
+    """
+    import importlib
+    import pkgutil
+
+    if kind == "robot":
+        import lerobot.robots as package
+        from lerobot.robots import RobotConfig as Config
+        from lerobot.robots.utils import make_robot_from_config as make
+    else:
+        import lerobot.teleoperators as package
+        from lerobot.teleoperators import TeleoperatorConfig as Config
+        from lerobot.teleoperators.utils import make_teleoperator_from_config as make
+    for module in pkgutil.iter_modules(package.__path__):  # each module registers its config types on import
+        try:
+            importlib.import_module(f"{package.__name__}.{module.name}")
+        except ImportError:  # a robot whose optional SDK is not installed cannot be chosen
+            pass
+    try:
+        config_class = Config.get_choice_class(type_name)
+    except KeyError:
+        raise ValueError(f"unknown {kind} type {type_name!r}; LeRobot knows {sorted(Config.get_known_choices())}") from None
+    kwargs = {k: v for k, v in {"port": port, "id": id_}.items() if v is not None}
+    return make(config_class(**kwargs))
