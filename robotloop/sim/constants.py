@@ -1,0 +1,62 @@
+"""ALOHA simulation constants, identical to gym-aloha's (`gym_aloha/constants.py`).
+
+The 14-d joint vector is `[left arm (6), left gripper (1), right arm (6), right gripper (1)]`; grippers are
+normalized finger positions: 0 = closed, 1 = open.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import numpy as np
+
+DT = 0.02  # control period, 50 Hz
+FPS = 50
+STATE_DIM = 14
+ACTION_DIM = 14
+
+# qpos[:16] at reset: per arm 6 joints then the two finger slides (left finger +, right finger -)
+START_ARM_POSE = np.array(
+    [0, -0.96, 1.16, 0, -0.3, 0, 0.02239, -0.02239, 0, -0.96, 1.16, 0, -0.3, 0, 0.02239, -0.02239]
+)
+
+PUPPET_GRIPPER_POSITION_OPEN = 0.05800
+PUPPET_GRIPPER_POSITION_CLOSE = 0.01844
+
+# Initial mocap poses of the end-effector scenes: gripper_link pose at START_ARM_POSE (as in gym-aloha/ACT)
+MOCAP_LEFT_START = np.array([-0.31718881, 0.5, 0.29525084, 1, 0, 0, 0])
+MOCAP_RIGHT_START = np.array([0.31718881, 0.49999888, 0.29525084, 1, 0, 0, 0])
+
+
+def normalize_gripper(x: np.ndarray | float) -> np.ndarray | float:
+    """Finger slide position (m) -> normalized gripper (0 closed, 1 open)."""
+    return (x - PUPPET_GRIPPER_POSITION_CLOSE) / (PUPPET_GRIPPER_POSITION_OPEN - PUPPET_GRIPPER_POSITION_CLOSE)
+
+
+def unnormalize_gripper(x: np.ndarray | float) -> np.ndarray | float:
+    """Normalized gripper -> finger slide position (m)."""
+    return x * (PUPPET_GRIPPER_POSITION_OPEN - PUPPET_GRIPPER_POSITION_CLOSE) + PUPPET_GRIPPER_POSITION_CLOSE
+
+
+def normalize_gripper_velocity(x: np.ndarray | float) -> np.ndarray | float:
+    return x / (PUPPET_GRIPPER_POSITION_OPEN - PUPPET_GRIPPER_POSITION_CLOSE)
+
+
+def assets_dir() -> Path:
+    """The MJCF assets shipped by the gym-aloha package, found without importing it (nor dm_control).
+
+    `ROBOTLOOP_ALOHA_ASSETS` overrides the location (a folder holding gym-aloha's `assets/*.xml`).
+    """
+    override = os.environ.get("ROBOTLOOP_ALOHA_ASSETS")
+    if override:
+        path = Path(override)
+    else:
+        spec = importlib.util.find_spec("gym_aloha")
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError("gym-aloha is not installed; set ROBOTLOOP_ALOHA_ASSETS to its assets folder")
+        path = Path(next(iter(spec.submodule_search_locations))) / "assets"
+    if not (path / "scene.xml").is_file():
+        raise FileNotFoundError(f"gym-aloha MJCF assets not found in {path}")
+    return path

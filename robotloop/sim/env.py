@@ -1,0 +1,248 @@
+"""`AlohaSim`: gym-aloha's TransferCube / Insertion on plain `mujoco` (no dm_control).
+
+Observation (gym-aloha's `obs_type="pixels_agent_pos"` layout, which lerobot consumes):
+    {"pixels": {"top": uint8 [H, W, 3]}, "agent_pos": float64 [14]}
+Action: float [14] = left arm joints (6), left gripper (0 closed .. 1 open), right arm (6), right gripper.
+Reward: 0..4 staged contact reward; `info["is_success"]` is `reward == max_reward` (4), as in gym-aloha.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import gymnasium as gym  # noqa: E402
+import mujoco  # noqa: E402
+import numpy as np  # noqa: E402
+from gymnasium import spaces  # noqa: E402
+
+from robotloop.sim.constants import (  # noqa: E402
+    ACTION_DIM,
+    START_ARM_POSE,
+    STATE_DIM,
+    assets_dir,
+    normalize_gripper,
+    normalize_gripper_velocity,
+    unnormalize_gripper,
+)
+from robotloop.sim.physics import forward_without_actuation, legacy_step, load_model, n_substeps  # noqa: E402
+from robotloop.sim.tasks import TaskSpec, get_task  # noqa: E402
+
+Obs = dict[str, Any]
+ImageSize = tuple[int, int]  # (height, width)
+
+
+def joint_state(qpos: np.ndarray) -> np.ndarray:
+    """Raw qpos[:16] -> 14-d state with normalized grippers (gym-aloha `get_qpos`)."""
+    left, right = qpos[:8], qpos[8:16]
+    return np.concatenate([left[:6], [normalize_gripper(left[6])], right[:6], [normalize_gripper(right[6])]])
+
+
+def joint_velocity(qvel: np.ndarray) -> np.ndarray:
+    """Raw qvel[:16] -> 14-d velocity with normalized gripper velocity (gym-aloha `get_qvel`)."""
+    left, right = qvel[:8], qvel[8:16]
+    return np.concatenate(
+        [left[:6], [normalize_gripper_velocity(left[6])], right[:6], [normalize_gripper_velocity(right[6])]]
+    )
+
+
+def action_to_ctrl(action: np.ndarray) -> np.ndarray:
+    """14-d joint command -> 16 actuator targets (each gripper drives its two fingers, mirrored)."""
+    left_g, right_g = unnormalize_gripper(action[6]), unnormalize_gripper(action[13])
+    return np.concatenate([action[:6], [left_g, -left_g], action[7:13], [right_g, -right_g]])
+
+
+def check_action(action: Any, dim: int = ACTION_DIM) -> np.ndarray:
+    """A float64 copy of a 14-d finite action, or a ValueError saying what is wrong."""
+    arr = np.asarray(action, dtype=np.float64)
+    if arr.shape != (dim,):
+        raise ValueError(f"action must have shape ({dim},), got {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"action has non-finite values: {arr}")
+    return arr
+
+
+def parse_image_size(size: ImageSize | str | None) -> ImageSize | None:
+    """(H, W), "HxW" or None (no rendering) -> (H, W) or None, validated."""
+    if size is None:
+        return None
+    if isinstance(size, str):
+        h, _, w = size.lower().partition("x")
+        size = (int(h), int(w))
+    h, w = (int(v) for v in size)
+    if h <= 0 or w <= 0:
+        raise ValueError(f"image size must be positive, got {size}")
+    return h, w
+
+
+class TopCamera:
+    """Offscreen renderer of the `top` camera at a fixed size."""
+
+    def __init__(self, model: mujoco.MjModel, size: ImageSize, camera: str = "top", shadows: bool = True):
+        h, w = size
+        model.vis.global_.offheight = max(model.vis.global_.offheight, h)
+        model.vis.global_.offwidth = max(model.vis.global_.offwidth, w)
+        self.renderer = mujoco.Renderer(model, height=h, width=w)
+        self.renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = shadows
+        self.camera = camera
+
+    def __call__(self, data: mujoco.MjData) -> np.ndarray:
+        self.renderer.update_scene(data, camera=self.camera)
+        return self.renderer.render().copy()
+
+    def close(self) -> None:
+        self.renderer.close()
+
+
+class AlohaSim:
+    """Joint-position-controlled ALOHA task, stepping exactly like gym-aloha's dm_control env.
+
+    Args:
+        task: "transfer_cube" / "insertion" (or the gym ids), or a TaskSpec.
+        image_size: (height, width) of the `top` image; None renders nothing (state-only observations).
+        seed: used by the first `reset()` that gets no seed; later seedless resets draw from it.
+        max_episode_steps: `truncated` turns True at this step count (default: task.episode_length = 400).
+        shadows: render shadows as gym-aloha does (default). False halves CPU (llvmpipe) render time, for tests.
+    """
+
+    def __init__(
+        self,
+        task: str | TaskSpec = "transfer_cube",
+        image_size: ImageSize | str | None = (480, 640),
+        seed: int | None = None,
+        max_episode_steps: int | None = None,
+        shadows: bool = True,
+    ):
+        self.task = get_task(task)
+        self.model = load_model(assets_dir() / self.task.joint_xml)
+        self.data = mujoco.MjData(self.model)
+        if self.model.nq != 16 + self.task.object_dim or self.model.nu != 16:
+            raise RuntimeError(f"unexpected scene layout nq={self.model.nq} nu={self.model.nu}")
+        self.n_substeps = n_substeps(self.model)
+        self.image_size = parse_image_size(image_size)
+        self.camera = TopCamera(self.model, self.image_size, shadows=shadows) if self.image_size else None
+        self.reward_fn = self.task.make_reward(self.model)
+        self.max_episode_steps = max_episode_steps or self.task.episode_length
+        self._first_seed = seed
+        self._seed_rng = np.random.RandomState(seed)
+        self.step_count = 0
+        self.seed: int | None = None
+        self.object_pose: np.ndarray | None = None
+
+    # -- episode ---------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, object_pose: np.ndarray | None = None) -> Obs:
+        """Start an episode; objects come from `object_pose` if given, else are sampled from `seed`
+        exactly as gym-aloha's `AlohaEnv.reset(seed=seed)` does."""
+        if seed is None:
+            seed = self._first_seed if self._first_seed is not None else int(self._seed_rng.randint(2**31))
+            self._first_seed = None
+        self.seed = seed
+        if object_pose is None:
+            object_pose = self.task.sample_objects(seed)
+        object_pose = np.asarray(object_pose, dtype=np.float64)
+        if object_pose.shape != (self.task.object_dim,):
+            raise ValueError(f"object_pose must have shape ({self.task.object_dim},), got {object_pose.shape}")
+        self.object_pose = object_pose.copy()
+        m, d = self.model, self.data
+        mujoco.mj_resetData(m, d)
+        d.qpos[:16] = START_ARM_POSE
+        d.ctrl[:] = START_ARM_POSE
+        d.qpos[16:] = object_pose
+        forward_without_actuation(m, d)  # inner reset_context exit (gym-aloha task)
+        forward_without_actuation(m, d)  # outer reset_context exit (dm_control Environment.reset)
+        self.step_count = 0
+        return self.observation()
+
+    def step(self, action: Any) -> tuple[Obs, float, bool, bool, dict[str, Any]]:
+        """Apply a 14-d joint command for one control period (DT = 0.02 s)."""
+        action = check_action(action)
+        self.data.ctrl[:] = action_to_ctrl(action)
+        legacy_step(self.model, self.data, self.n_substeps)
+        self.step_count += 1
+        reward = self.reward()
+        success = reward == self.task.max_reward
+        truncated = self.step_count >= self.max_episode_steps
+        return self.observation(), float(reward), success, truncated, {"is_success": success}
+
+    # -- views -----------------------------------------------------------------------------------
+    def reward(self) -> int:
+        return self.reward_fn(self.data)
+
+    def state(self) -> np.ndarray:
+        """14-d joint state (`agent_pos`)."""
+        return joint_state(self.data.qpos)
+
+    def velocity(self) -> np.ndarray:
+        return joint_velocity(self.data.qvel)
+
+    def env_state(self) -> np.ndarray:
+        """Object poses, qpos[16:] (gym-aloha `get_env_state`)."""
+        return self.data.qpos[16:].copy()
+
+    def render(self) -> np.ndarray:
+        if self.camera is None:
+            raise RuntimeError("this AlohaSim was built with image_size=None; it renders nothing")
+        return self.camera(self.data)
+
+    def observation(self) -> Obs:
+        obs: Obs = {"agent_pos": self.state()}
+        if self.camera is not None:
+            obs["pixels"] = {"top": self.render()}
+        return obs
+
+    def close(self) -> None:
+        if self.camera is not None:
+            self.camera.close()
+            self.camera = None
+
+    def __enter__(self) -> AlohaSim:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AlohaGymEnv(gym.Env):
+    """gymnasium API over AlohaSim, shaped like `gym_aloha.env.AlohaEnv(obs_type="pixels_agent_pos")`."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 50}
+
+    def __init__(
+        self,
+        task: str = "transfer_cube",
+        observation_height: int = 480,
+        observation_width: int = 640,
+        max_episode_steps: int | None = None,
+        render_mode: str = "rgb_array",
+    ):
+        super().__init__()
+        self.render_mode = render_mode
+        self.sim = AlohaSim(task, (observation_height, observation_width), max_episode_steps=max_episode_steps)
+        img = spaces.Box(0, 255, (observation_height, observation_width, 3), dtype=np.uint8)
+        state = spaces.Box(-1000.0, 1000.0, (STATE_DIM,), dtype=np.float64)
+        self.observation_space = spaces.Dict({"pixels": spaces.Dict({"top": img}), "agent_pos": state})
+        self.action_space = spaces.Box(-1, 1, (ACTION_DIM,), dtype=np.float32)  # as gym-aloha declares it
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Obs, dict]:
+        super().reset(seed=seed)
+        obs = self.sim.reset(seed, object_pose=(options or {}).get("object_pose"))
+        return obs, {"is_success": False, "seed": self.sim.seed}
+
+    def step(self, action: Any) -> tuple[Obs, float, bool, bool, dict[str, Any]]:
+        return self.sim.step(action)
+
+    def render(self) -> np.ndarray:
+        return self.sim.render()
+
+    def close(self) -> None:
+        self.sim.close()
+
+
+def register_envs() -> None:
+    """Register `robotloop/AlohaTransferCube-v0` and `robotloop/AlohaInsertion-v0` with gymnasium."""
+    for env_id, task in (("AlohaTransferCube-v0", "transfer_cube"), ("AlohaInsertion-v0", "insertion")):
+        full = f"robotloop/{env_id}"
+        if full not in gym.registry:
+            gym.register(full, entry_point=AlohaGymEnv, max_episode_steps=400, kwargs={"task": task})

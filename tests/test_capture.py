@@ -1,0 +1,123 @@
+"""Recording into a bucket: every commit is a complete dataset lerobot reads; kill -9 loses at most one episode."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from robotloop.capture import BadEpisode, DatasetRecorder, DatasetSpec, Episode
+from robotloop.storage import BucketClient, BucketUrl
+
+from .conftest import WRITE_TOKEN
+
+SPEC = DatasetSpec({"top": (24, 32, 3)}, state_dim=14, action_dim=14, fps=50, vcodec="h264")
+
+
+def synthetic_episode(k: int, frames: int = 12) -> Episode:
+    images = np.stack([np.full((24, 32, 3), (20 * t) % 255, np.uint8) for t in range(frames)])
+    state = np.tile(np.arange(frames, dtype=np.float32)[:, None], (1, 14))
+    action = np.full((frames, 14), k, np.float32)
+    reward = np.linspace(0, 4, frames, dtype=np.float32)
+    return Episode({"top": images}, state, action, "transfer the cube", reward, reward >= 4)
+
+
+def load_with_lerobot(client: BucketClient, url: BucketUrl, dest):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    client.fetch(url, dest)
+    return LeRobotDataset(url.bucket_id, root=dest)
+
+
+def test_each_commit_is_a_complete_lerobot_dataset(bucket_server, tmp_path):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/synthetic")
+    recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / "stage")
+    for k in range(2):
+        report = recorder.commit(synthetic_episode(k))
+        assert report.episode_index == k and report.frames == 12
+        dataset = load_with_lerobot(client, url, tmp_path / f"read-{k}")  # readable right after each commit
+        assert dataset.meta.total_episodes == k + 1 and len(dataset) == 12 * (k + 1)
+    last = dataset[12]  # first frame of episode 1
+    assert last["episode_index"].item() == 1
+    assert last["action"].tolist() == [1.0] * 14
+    assert last["observation.images.top"].shape == (3, 24, 32)
+    assert bool(dataset[23]["next.success"]) and not bool(dataset[12]["next.success"])
+    assert report.bytes_sent < 3 * report.episode_bytes + 60_000  # metadata rides along; payload is the episode
+    assert not (tmp_path / "stage" / "dataset" / "data").exists()  # local disk keeps only meta/
+
+    # A recorder starting from nothing (another machine, or after a crash) continues the numbering.
+    fresh = DatasetRecorder(client, url, SPEC, staging=tmp_path / "fresh-stage")
+    assert fresh.committed_episodes() == 2
+    assert fresh.commit(synthetic_episode(2)).episode_index == 2
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda e: setattr(e, "state", e.state[:, :7]), "state has shape"),
+        (lambda e: setattr(e, "action", np.where(np.eye(12, 14, dtype=bool), np.nan, e.action)), "NaN"),
+        (lambda e: setattr(e, "images", {"top": e.images["top"].astype(np.float32)}), "dtype"),
+        (lambda e: setattr(e, "images", {"wrist": e.images["top"]}), "cameras"),
+    ],
+)
+def test_bad_episodes_are_refused_and_nothing_is_uploaded(bucket_server, tmp_path, breakage, message):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse(f"hf://buckets/lab/capture-bad/datasets/{message.split()[0].lower()}")
+    recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / "stage")
+    episode = synthetic_episode(0)
+    breakage(episode)
+    with pytest.raises(BadEpisode, match=message):
+        recorder.commit(episode)
+    assert client.ls(url) == []
+
+
+def test_a_dataset_with_other_features_is_not_appended_to(bucket_server, tmp_path):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/mismatch")
+    DatasetRecorder(client, url, SPEC, staging=tmp_path / "a").commit(synthetic_episode(0))
+    other = DatasetSpec({"top": (48, 64, 3)}, 14, 14, vcodec="h264")
+    with pytest.raises(BadEpisode, match="another dataset URL"):
+        big = Episode({"top": np.zeros((12, 48, 64, 3), np.uint8)}, np.zeros((12, 14), np.float32), np.zeros((12, 14), np.float32), "x")
+        DatasetRecorder(client, url, other, staging=tmp_path / "b").commit(big)
+
+
+def _total_episodes(client: BucketClient, url: BucketUrl) -> int:
+    try:
+        return json.loads(client.read_range(url / "meta" / "info.json", 0, 1 << 20))["total_episodes"]
+    except FileNotFoundError:
+        return 0
+
+
+@pytest.mark.timeout(400)
+def test_sigkill_of_the_recorder_loses_at_most_the_episode_in_flight(bucket_server, tmp_path):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/capture-kill/datasets/cube")
+    env = {**os.environ, "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint, "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN,
+           "XDG_CACHE_HOME": str(tmp_path / "cache"), "COLUMNS": "300"}  # fmt: skip
+    cmd = [sys.executable, "-m", "robotloop.cli", "record", "--to", str(url), "--sim", "transfer_cube",
+           "--image-size", "24x32", "--max-steps", "25", "--keep-failed", "--codec", "h264", "--workers", "1"]  # fmt: skip
+    log = open(tmp_path / "recorder.log", "w")
+    recorder = subprocess.Popen([*cmd, "--episodes", "50"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 240
+    while _total_episodes(client, url) < 2 and time.monotonic() < deadline:
+        assert recorder.poll() is None, (tmp_path / "recorder.log").read_text()[-3000:]
+        time.sleep(0.2)
+    time.sleep(0.3)  # somewhere inside the next episode: sim, encode or upload
+    recorder.send_signal(signal.SIGKILL)
+    recorder.wait()
+
+    committed = _total_episodes(client, url)
+    assert committed >= 2
+    dataset = load_with_lerobot(client, url, tmp_path / "after-kill")
+    assert dataset.meta.total_episodes == committed and len(dataset) == 25 * committed
+    assert dataset[len(dataset) - 1]["observation.images.top"].shape == (3, 24, 32)  # last episode's video is whole
+
+    again = subprocess.run([*cmd, "--episodes", "1"], env=env, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert f"({committed} were there)" in again.stdout
+    assert _total_episodes(client, url) == committed + 1
