@@ -7,13 +7,14 @@ from typing import Annotated
 import typer
 
 from ..config import load_settings
-from . import bucket, capture, demo, record
+from . import bucket, capture, demo, record, train
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Close the robot-learning data loop.")
 app.add_typer(bucket.app, name="bucket")
 app.add_typer(capture.app, name="capture")
 app.command("demo")(demo.demo)
 app.command("record")(record.record)
+app.command("train")(train.train)
 
 
 @app.callback()

@@ -1,0 +1,62 @@
+"""Recording figures for BENCHMARKS.md: scripted demos/min, bytes sent per episode, commit latency.
+
+Run:  .venv/bin/python benchmarks/record.py --task transfer_cube --episodes 16 --workers 16 --image-size 480x640
+
+Records into a fresh embedded bucket server with `record_sim` (the code behind `robotloop record`).
+Commit latency = from the moment the episode's frames are complete to the commit being visible to readers:
+lerobot's encode + finalize, then the data/video upload and the metadata upload (the server applies each
+batch atomically, so the dataset is readable when the metadata batch is acknowledged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from robotloop.capture import DatasetRecorder, DatasetSpec
+from robotloop.capture.sim_record import record_sim
+from robotloop.storage import BucketClient, BucketUrl
+from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--task", default="transfer_cube")
+    ap.add_argument("--episodes", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--image-size", default="480x640")
+    ap.add_argument("--codec", default="libsvtav1")
+    args = ap.parse_args()
+    size = tuple(int(v) for v in args.image_size.split("x"))
+    with tempfile.TemporaryDirectory() as tmp:
+        server = ensure_embedded_server(Path(tmp) / "server")
+        try:
+            client = BucketClient(server.endpoint, server.token)
+            url = BucketUrl.parse(f"hf://buckets/bench/record/datasets/{args.task}")
+            recorder = DatasetRecorder(client, url, DatasetSpec.aloha(size, args.codec), staging=Path(tmp) / "stage")
+            report = record_sim(recorder, args.task, args.episodes, args.workers, size)
+        finally:
+            stop_embedded_server(Path(tmp) / "server")
+    commits = report.committed
+    result = {
+        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
+        "task": args.task, "image_size": args.image_size, "codec": args.codec, "workers": args.workers,
+        "episodes": len(commits), "scripted_success": report.success_rate, "failed_seeds": report.failed_seeds,
+        "episodes_per_minute": report.episodes_per_minute, "wall_s": report.wall_s,
+        "bytes_sent_per_episode_bytes": sum(c.bytes_sent for c in commits) / sum(c.episode_bytes for c in commits),
+        "median_episode_bytes": statistics.median(c.episode_bytes for c in commits),
+        "median_encode_s": statistics.median(c.encode_s for c in commits),
+        "median_upload_s": statistics.median(c.upload_s for c in commits),
+        "median_end_to_visible_s": statistics.median(c.encode_s + c.upload_s for c in commits),
+    }  # fmt: skip
+    print(json.dumps(result, indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""`robotloop train`: fit LeRobot's ACT streaming straight from bucket datasets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from ..storage import BadBucketUrl, BucketUrl, StorageError, connect
+
+console = Console()
+
+
+def train(
+    ctx: typer.Context,
+    dataset: Annotated[list[str], typer.Option(help="Dataset URL (repeat for several).")],
+    output: Annotated[str, typer.Option(help="Run URL: hf://buckets/<ns>/<bucket>/models/<run>")],
+    steps: Annotated[int, typer.Option(min=1)] = 1000,
+    batch_size: Annotated[int, typer.Option(min=1)] = 8,
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    resume: Annotated[bool, typer.Option(help="Continue from the run's last checkpoint.")] = False,
+    log_every: Annotated[int, typer.Option(min=1)] = 50,
+    checkpoint_every: Annotated[int, typer.Option(min=1)] = 1000,
+    fast: Annotated[bool | None, typer.Option(help="bf16, fused attention, channels_last, compile + CUDA graphs (default: on with cuda).")] = None,
+    backbone_weights: Annotated[Path | None, typer.Option(help="Local torchvision resnet18 weights; default none: random init.")] = None,
+    decode_workers: Annotated[int, typer.Option(min=1)] = 4,
+    seed: int = 0,
+    tiny: Annotated[bool, typer.Option(help="A small ACT (dim 64) for smoke tests on CPU.")] = False,
+) -> None:
+    """Train ACT; checkpoints (LeRobot format + lineage + loss plot) land under --output every K steps."""
+    from ..train.data import DataSettings
+    from ..train.policy import ACTSettings
+    from ..train.trainer import TrainSettings, train as run
+
+    try:
+        datasets = [BucketUrl.parse(d) for d in dataset]
+        out = BucketUrl.parse(output)
+    except BadBucketUrl as error:
+        raise typer.BadParameter(str(error)) from None
+    use_fast = device.startswith("cuda") if fast is None else fast
+    arch = dict(dim_model=64, dim_feedforward=128, n_encoder_layers=1, n_vae_encoder_layers=1, chunk_size=10, n_action_steps=10) if tiny else {}
+    act = ACTSettings.fast(backbone_weights=backbone_weights, **arch) if use_fast else ACTSettings(backbone_weights=backbone_weights, **arch)
+    if backbone_weights is None:
+        console.print("[yellow]note:[/yellow] no --backbone-weights: the ResNet18 backbone starts from random weights (nothing is downloaded)")
+    settings = TrainSettings(steps, batch_size, log_every, checkpoint_every, seed, device, resume)
+    with Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  TextColumn("{task.fields[note]}"), console=console) as bars:  # fmt: skip
+        bar = bars.add_task("train", total=steps, note="streaming first episodes")
+
+        def on_progress(p) -> None:
+            note = f"loss {p.loss:.3f}  {p.samples_per_s:.0f} samples/s  data wait {100 * p.data_wait_share:.1f}%"
+            bars.update(bar, completed=p.step, note=note)
+
+        try:
+            report = run(connect(ctx.obj), datasets, out, settings, act, DataSettings(decode_workers=decode_workers), on_progress)
+        except (StorageError, ValueError) as error:
+            console.print(f"[red]error:[/red] {error}")
+            raise typer.Exit(1) from None
+    console.print(f"{report.steps} steps in {report.wall_s:.1f} s: {report.samples_per_s:.1f} samples/s, "
+                  f"data wait {100 * report.data_wait_share:.1f}%, final loss {report.final_loss:.4f}")  # fmt: skip
+    console.print(f"last checkpoint: {report.checkpoints[-1] if report.checkpoints else 'none'}")

@@ -1,0 +1,1 @@
+"""Training: streaming ACT trainer (model step in `robotloop.train.policy`)."""

@@ -1,0 +1,133 @@
+"""Checkpoints in a bucket, in LeRobot's layout, plus lineage.
+
+    <output>/checkpoints/<step:06d>/pretrained_model/   policy + processors (`save_pretrained`): what
+                                                        `ACTPolicy.from_pretrained` and lerobot's tools load
+    <output>/checkpoints/<step:06d>/training_state/     optimizer, RNG and sampler state, step (safetensors/json)
+    <output>/checkpoints/<step:06d>/lineage.json        episodes trained on (with Xet hashes), config, code version
+    <output>/checkpoints/<step:06d>/loss.png            the loss curve so far
+    <output>/checkpoints/last.json                      {"step": N}: written last, so it never names a partial one
+
+No pickle anywhere: tensors go through safetensors (lerobot's own optimizer/RNG savers), the rest is JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .. import __version__
+from ..storage import BucketClient, BucketUrl, NotFound
+
+STEP_DIR = "{:06d}"
+
+
+def checkpoint_url(output: BucketUrl, step: int) -> BucketUrl:
+    return output / "checkpoints" / STEP_DIR.format(step)
+
+
+def save_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, optimizer: torch.optim.Optimizer,
+                    sampler_state: dict, lineage: dict, losses: list[tuple[int, float]]) -> BucketUrl:  # fmt: skip
+    """Write checkpoint `step` to the bucket (model first, pointer last). Returns its URL."""
+    from lerobot.optim.optimizers import save_optimizer_state
+    from lerobot.utils.random_utils import save_rng_state
+
+    url = checkpoint_url(output, step)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        policy.save_pretrained(root / "pretrained_model")
+        state = root / "training_state"
+        state.mkdir()
+        save_optimizer_state(optimizer, state)
+        save_rng_state(state)
+        _save_sampler_state(sampler_state, state)
+        (state / "training_step.json").write_text(json.dumps({"step": step}))
+        (root / "lineage.json").write_text(json.dumps(lineage, indent=1, default=_jsonable))
+        plot_losses(losses, root / "loss.png")
+        client.upload(root, url)
+    with tempfile.TemporaryDirectory() as tmp:
+        pointer = Path(tmp) / "last.json"
+        pointer.write_text(json.dumps({"step": step, "url": str(url)}))
+        client.upload(pointer, output / "checkpoints" / "last.json")
+    return url
+
+
+def latest_step(client: BucketClient, output: BucketUrl) -> int | None:
+    """The step of the last complete checkpoint under `output`, or None."""
+    try:
+        return json.loads(client.read_range(output / "checkpoints" / "last.json", 0, 1 << 16))["step"]
+    except NotFound:
+        return None
+
+
+def load_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, optimizer: torch.optim.Optimizer) -> dict:
+    """Load weights, optimizer and RNG state of checkpoint `step` into `policy`/`optimizer`; returns the
+    sampler state. Weights load through safetensors only.
+    """
+    from lerobot.optim.optimizers import load_optimizer_state
+    from lerobot.utils.random_utils import load_rng_state
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        client.fetch(checkpoint_url(output, step), root)
+        weights = load_file(root / "pretrained_model" / "model.safetensors", device=str(policy.device))
+        policy.policy.load_state_dict(weights)
+        load_optimizer_state(optimizer, root / "training_state")
+        load_rng_state(root / "training_state")
+        return _load_sampler_state(root / "training_state")
+
+
+def _save_sampler_state(state: dict, directory: Path) -> None:
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    save_file({k: v.cpu() for k, v in tensors.items()}, directory / "sampler_state.safetensors")
+    rest = {k: v for k, v in state.items() if k not in tensors}
+    (directory / "sampler_state.json").write_text(json.dumps(rest))
+
+
+def _load_sampler_state(directory: Path) -> dict:
+    state: dict[str, Any] = json.loads((directory / "sampler_state.json").read_text())
+    state.update(load_file(directory / "sampler_state.safetensors"))
+    return state
+
+
+def code_version() -> dict:
+    """robotloop's version and, when run from a git checkout, its commit (and whether it had local changes)."""
+    here = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                                    capture_output=True, text=True, timeout=5).stdout.strip())  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", False
+    return {"robotloop": __version__, "git_commit": commit or None, "git_dirty": dirty, "torch": torch.__version__}
+
+
+def plot_losses(losses: list[tuple[int, float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display anywhere we run
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    if losses:
+        steps, values = zip(*losses)
+        ax.plot(steps, values)
+    ax.set(xlabel="step", ylabel="training loss", yscale="log" if losses and min(v for _, v in losses) > 0 else "linear")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value):
+        return asdict(value)
+    if isinstance(value, Path):
+        return str(value)
+    return str(value)

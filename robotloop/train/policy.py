@@ -1,0 +1,449 @@
+"""The ACT model step: lerobot 0.6.1's `ACTPolicy`, made fast for one GPU.
+
+`build_policy(features, stats, settings, device)` returns a `TrainablePolicy` that wraps an unmodified
+lerobot `ACTPolicy` (same module tree, same state_dict keys, so `ACTPolicy.from_pretrained` loads what we
+save) plus lerobot's own pre/post processors (saved next to the weights, as `lerobot-train` does).
+
+Speed options compose (torchtitan style), each a flag in `ACTSettings`:
+- precision="bf16": autocast the forward to bfloat16; parameters, gradients and AdamW state stay fp32.
+- fused_attention: nn.MultiheadAttention with need_weights=False, which takes PyTorch's SDPA path.
+- channels_last: the ResNet backbone and its input images in NHWC, which cuDNN's fast convs want.
+- compile: torch.compile of normalization + forward + loss (backward is compiled by AOTAutograd).
+- cuda_graphs: mode "reduce-overhead": forward and backward replay as CUDA graphs (needs compile).
+The optimizer is AdamW(fused=True) on CUDA with lerobot's param groups and grad clip 10 (its preset).
+It runs eagerly after the graphed backward: fused AdamW plus foreach clipping is a handful of kernels,
+while the forward/backward is hundreds, so graphing fwd+bwd removes nearly all launch overhead.
+
+No host syncs inside `train_step`: normalization uses device tensors computed once at build time,
+the loss is computed here (lerobot's `ACTPolicy.forward` calls `.item()` twice for its logging dict),
+and clip_grad_norm_ / fused AdamW never read values back to the host.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor, nn
+
+from lerobot.configs import FeatureType, NormalizationMode, PolicyFeature
+from lerobot.policies.act.configuration_act import ACTConfig
+from lerobot.policies.act.modeling_act import ACTPolicy
+from lerobot.policies.factory import make_pre_post_processors
+from lerobot.processor import NormalizerProcessorStep, PolicyProcessorPipeline
+from lerobot.utils.constants import ACTION, IMAGENET_STATS, OBS_IMAGES, OBS_STATE
+from lerobot.utils.feature_utils import dataset_to_policy_features
+
+log = logging.getLogger(__name__)
+
+ACTION_IS_PAD = "action_is_pad"
+GRAD_CLIP_NORM = 10.0  # lerobot's AdamWConfig.grad_clip_norm, which ACT's optimizer preset uses
+
+
+@dataclass
+class ACTSettings:
+    """ACT architecture and training knobs. Defaults are lerobot 0.6.1's ACTConfig defaults (51.6M params)
+    and plain fp32 eager execution; each speed option can be switched on independently."""
+
+    # Architecture (lerobot's ACTConfig names and defaults).
+    chunk_size: int = 100
+    n_action_steps: int = 100
+    dim_model: int = 512
+    n_heads: int = 8
+    dim_feedforward: int = 3200
+    n_encoder_layers: int = 4
+    n_decoder_layers: int = 1  # lerobot's default (the original ACT's 7 only ever used its first layer)
+    n_vae_encoder_layers: int = 4
+    latent_dim: int = 32
+    use_vae: bool = True
+    kl_weight: float = 10.0
+    dropout: float = 0.1
+    vision_backbone: str = "resnet18"
+    # Optimizer (lerobot's ACT preset: AdamW, backbone in its own param group).
+    lr: float = 1e-5
+    lr_backbone: float = 1e-5
+    weight_decay: float = 1e-4
+    grad_clip_norm: float = GRAD_CLIP_NORM
+    # A local torchvision resnet18 state_dict file. None = random init: nothing is ever downloaded.
+    backbone_weights: Path | None = None
+    # lerobot-train replaces camera stats with ImageNet mean/std (DatasetConfig.use_imagenet_stats=True).
+    use_imagenet_stats: bool = True
+    # Speed options.
+    precision: Literal["bf16", "fp32"] = "fp32"
+    fused_attention: bool = False
+    channels_last: bool = False
+    compile: bool = False
+    cuda_graphs: bool = False
+    autotune: bool = False  # compile with max-autotune (long compile; GEMM/conv template search)
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("bf16", "fp32"):
+            raise ValueError(f"precision must be 'bf16' or 'fp32', got {self.precision!r}")
+        if (self.cuda_graphs or self.autotune) and not self.compile:
+            raise ValueError("cuda_graphs and autotune are torch.compile modes: set compile=True too")
+        if self.backbone_weights is not None:
+            self.backbone_weights = Path(self.backbone_weights)
+
+    @classmethod
+    def fast(cls, **overrides: Any) -> ACTSettings:
+        """All speed options on (what the trainer uses on a GPU)."""
+        opts: dict[str, Any] = dict(
+            precision="bf16", fused_attention=True, channels_last=True, compile=True, cuda_graphs=True
+        )
+        return cls(**{**opts, **overrides})
+
+    @property
+    def compile_mode(self) -> str:
+        """torch.compile mode for these options."""
+        return {
+            (False, False): "default",
+            (True, False): "reduce-overhead",
+            (False, True): "max-autotune-no-cudagraphs",
+            (True, True): "max-autotune",
+        }[(self.cuda_graphs, self.autotune)]
+
+
+class FusedMultiheadAttention(nn.MultiheadAttention):
+    """nn.MultiheadAttention that never returns attention weights.
+
+    Why: lerobot's ACT layers call `self_attn(q, k, value=x)` and take `[0]`, but the default
+    need_weights=True makes F.multi_head_attention_forward materialise softmax(QK^T) per head and
+    average it (bmm + softmax + dropout + bmm + mean, several extra kernels and an O(L^2) tensor
+    saved for backward). With need_weights=False it calls scaled_dot_product_attention, i.e. the
+    flash / memory-efficient fused kernels. Same parameters, same state_dict keys: only `__class__`
+    changes, so checkpoints stay loadable by plain lerobot.
+    """
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, **kwargs: Any) -> tuple[Tensor, None]:
+        kwargs["need_weights"] = False
+        return super().forward(query, key, value, **kwargs)
+
+
+def use_fused_attention(module: nn.Module) -> int:
+    """Switch every nn.MultiheadAttention under `module` to `FusedMultiheadAttention` in place.
+
+    Returns how many were switched."""
+    n = 0
+    for m in module.modules():
+        if type(m) is nn.MultiheadAttention:
+            m.__class__ = FusedMultiheadAttention
+            n += 1
+    return n
+
+
+def to_policy_features(features: dict[str, Any]) -> dict[str, PolicyFeature]:
+    """lerobot dataset features (meta/info.json style) or PolicyFeatures -> PolicyFeatures.
+
+    Raises:
+        ValueError: a feature is neither a PolicyFeature nor a dataset feature dict.
+    """
+    out: dict[str, PolicyFeature] = {}
+    raw: dict[str, dict] = {}
+    for key, ft in features.items():
+        if isinstance(ft, PolicyFeature):
+            out[key] = ft
+        elif isinstance(ft, dict) and "dtype" in ft and "shape" in ft:
+            raw[key] = ft
+        else:
+            raise ValueError(f"feature {key!r}: expected a PolicyFeature or a dataset feature dict, got {ft!r}")
+    out.update(dataset_to_policy_features(raw))
+    return out
+
+
+def make_act_config(features: dict[str, Any], settings: ACTSettings, device: torch.device) -> ACTConfig:
+    """lerobot ACTConfig for these features and settings. Never asks torchvision for pretrained weights.
+
+    Raises:
+        ValueError: no "action" feature, or lerobot rejects the features (no image and no env state).
+    """
+    pf = to_policy_features(features)
+    if ACTION not in pf:
+        raise ValueError("features must include 'action'")
+    cfg = ACTConfig(
+        input_features={k: v for k, v in pf.items() if v.type is not FeatureType.ACTION},
+        output_features={k: v for k, v in pf.items() if v.type is FeatureType.ACTION},
+        device=device.type,
+        chunk_size=settings.chunk_size,
+        n_action_steps=settings.n_action_steps,
+        dim_model=settings.dim_model,
+        n_heads=settings.n_heads,
+        dim_feedforward=settings.dim_feedforward,
+        n_encoder_layers=settings.n_encoder_layers,
+        n_decoder_layers=settings.n_decoder_layers,
+        n_vae_encoder_layers=settings.n_vae_encoder_layers,
+        latent_dim=settings.latent_dim,
+        use_vae=settings.use_vae,
+        kl_weight=settings.kl_weight,
+        dropout=settings.dropout,
+        vision_backbone=settings.vision_backbone,
+        # lerobot's default "ResNet18_Weights.IMAGENET1K_V1" makes torchvision download at construction
+        # (and again in ACTPolicy.from_pretrained, since it is saved in config.json). We load a local file.
+        pretrained_backbone_weights=None,
+        optimizer_lr=settings.lr,
+        optimizer_lr_backbone=settings.lr_backbone,
+        optimizer_weight_decay=settings.weight_decay,
+    )
+    cfg.validate_features()
+    return cfg
+
+
+def load_backbone_weights(policy: ACTPolicy, path: Path | None) -> None:
+    """Load a torchvision resnet state_dict file into ACT's backbone, or warn that it stays random.
+
+    The backbone is resnet up to layer4 (no avgpool/fc) with FrozenBatchNorm2d, so "fc.*" and
+    "*.num_batches_tracked" keys are dropped; everything else must match.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        RuntimeError: the file's keys or shapes do not match the backbone.
+    """
+    if path is None:
+        log.warning(
+            "ACT backbone: no local ResNet weights given (ACTSettings.backbone_weights); the backbone is "
+            "randomly initialised. lerobot's default ImageNet weights are NOT downloaded: pass a "
+            "torchvision resnet18 state_dict file to start from them."
+        )
+        return
+    if not path.is_file():
+        raise FileNotFoundError(f"backbone weights file not found: {path}")
+    sd = torch.load(path, map_location="cpu", weights_only=True)
+    sd = {k: v for k, v in sd.items() if not k.startswith("fc.") and not k.endswith("num_batches_tracked")}
+    policy.model.backbone.load_state_dict(sd, strict=True)
+    log.info("ACT backbone: loaded %d tensors from %s", len(sd), path)
+
+
+def camera_stats_for(
+    stats: dict[str, dict[str, Any]], cfg: ACTConfig, use_imagenet_stats: bool
+) -> dict[str, dict[str, Any]]:
+    """The stats lerobot-train hands its processors: dataset stats for the policy's features, with camera
+    mean/std replaced by ImageNet's when `use_imagenet_stats` (lerobot.datasets.factory does the same)."""
+    keys = {**cfg.input_features, **cfg.output_features}
+    out = {k: dict(v) for k, v in stats.items() if k in keys}
+    if use_imagenet_stats:
+        for key in cfg.image_features:
+            out.setdefault(key, {}).update({k: torch.tensor(v) for k, v in IMAGENET_STATS.items()})
+    return out
+
+
+@dataclass
+class _Affine:
+    """(x - shift) / scale, then * mul + add: the forward transform of one normalized feature."""
+
+    shift: Tensor
+    scale: Tensor
+    mul: float = 1.0
+    add: float = 0.0
+
+
+def _affine_from_normalizer(norm: NormalizerProcessorStep, key: str, ft: FeatureType) -> _Affine | None:
+    """Read lerobot's normalizer stats once into device tensors, with lerobot's exact formulas.
+
+    Raises:
+        NotImplementedError: a normalization mode other than IDENTITY, MEAN_STD or MIN_MAX.
+    """
+    mode = norm.norm_map.get(ft, NormalizationMode.IDENTITY)
+    stats = norm._tensor_stats.get(key)  # lerobot's own tensors: same dtype, shape and eps handling
+    if mode is NormalizationMode.IDENTITY or stats is None:
+        return None
+    if mode is NormalizationMode.MEAN_STD:
+        return _Affine(shift=stats["mean"], scale=stats["std"] + norm.eps)
+    if mode is NormalizationMode.MIN_MAX:
+        denom = stats["max"] - stats["min"]
+        denom = torch.where(denom == 0, torch.full_like(denom, norm.eps), denom)
+        return _Affine(shift=stats["min"], scale=denom, mul=2.0, add=-1.0)
+    raise NotImplementedError(f"normalization mode {mode} for {key!r}")
+
+
+class TrainablePolicy:
+    """A lerobot ACTPolicy with its processors, a fused optimizer and a (compiled) training step.
+
+    Attributes:
+        policy: the lerobot ACTPolicy (train it, save it, or hand it to lerobot code directly).
+        preprocessor / postprocessor: lerobot's pipelines built from the same stats (saved with the policy).
+        settings, device.
+    """
+
+    def __init__(
+        self,
+        policy: ACTPolicy,
+        preprocessor: PolicyProcessorPipeline,
+        postprocessor: PolicyProcessorPipeline,
+        settings: ACTSettings,
+        device: torch.device,
+    ) -> None:
+        self.policy = policy
+        self.preprocessor = preprocessor
+        self.postprocessor = postprocessor
+        self.settings = settings
+        self.device = device
+        cfg = policy.config
+        self.image_keys: list[str] = list(cfg.image_features)
+        norm = next(s for s in preprocessor.steps if isinstance(s, NormalizerProcessorStep))
+        norm.to(device=device)  # its stats tensors are the ones we read below
+        feats = {**cfg.input_features, **cfg.output_features}
+        self._norm: dict[str, _Affine | None] = {
+            k: _affine_from_normalizer(norm, k, ft.type) for k, ft in feats.items()
+        }
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._loss_fn = self._loss_eager
+        if settings.compile:
+            # dynamic=False: fixed batch shapes are what CUDA graphs need, and it avoids recompiles guessing
+            # at symbolic sizes on the second call.
+            self._loss_fn = torch.compile(self._loss_eager, mode=settings.compile_mode, dynamic=False)
+
+    # ----- data ---------------------------------------------------------------------------------------
+
+    def _normalize(self, key: str, x: Tensor) -> Tensor:
+        a = self._norm.get(key)
+        if a is None:
+            return x
+        y = (x - a.shift) / a.scale
+        return y if a.mul == 1.0 and a.add == 0.0 else y * a.mul + a.add
+
+    def prepare(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """uint8 images -> float [0,1] (as lerobot-train does), then lerobot's normalization. Pure tensor ops.
+
+        Raises:
+            KeyError: a camera, "observation.state", "action" or "action_is_pad" is missing.
+        """
+        out: dict[str, Tensor] = {}
+        for key in self.image_keys:
+            img = batch[key]
+            if self.settings.channels_last:
+                img = img.contiguous(memory_format=torch.channels_last)  # NHWC before the float copy: cheaper
+            if img.dtype == torch.uint8:
+                img = img.to(dtype=torch.float32) / 255.0
+            out[key] = self._normalize(key, img)
+        for key in (OBS_STATE, ACTION):
+            if key in self._norm:
+                out[key] = self._normalize(key, batch[key])
+        out[ACTION_IS_PAD] = batch[ACTION_IS_PAD]
+        return out
+
+    # ----- loss ---------------------------------------------------------------------------------------
+
+    def _autocast(self) -> torch.autocast:
+        enabled = self.settings.precision == "bf16"
+        return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=enabled)
+
+    def _loss_eager(self, batch: dict[str, Tensor]) -> Tensor:
+        """lerobot's ACTPolicy.forward loss, without its `.item()` calls."""
+        b = self.prepare(batch)
+        b[OBS_IMAGES] = [b[k] for k in self.image_keys]
+        with self._autocast():
+            actions_hat, (mu, log_sigma_x2) = self.policy.model(b)
+        actions_hat = actions_hat.float()
+        abs_err = F.l1_loss(b[ACTION], actions_hat, reduction="none")
+        valid_mask = ~b[ACTION_IS_PAD].unsqueeze(-1)
+        num_valid = valid_mask.sum() * abs_err.shape[-1]
+        l1_loss = (abs_err * valid_mask).sum() / num_valid.clamp_min(1)
+        if self.policy.config.use_vae and log_sigma_x2 is not None:
+            mu, log_sigma_x2 = mu.float(), log_sigma_x2.float()
+            mean_kld = (-0.5 * (1 + log_sigma_x2 - mu.pow(2) - log_sigma_x2.exp())).sum(-1).mean()
+            return l1_loss + mean_kld * self.policy.config.kl_weight
+        return l1_loss
+
+    def loss(self, batch: dict[str, Tensor]) -> Tensor:
+        """Training loss (a 0-d device tensor) for a batch already on the device:
+        {"observation.images.<cam>": uint8 [B,3,H,W], "observation.state": [B,S], "action": [B,chunk,A],
+        "action_is_pad": bool [B,chunk]}. Puts the policy in train mode (dropout, VAE)."""
+        self.policy.train()
+        if self.settings.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        return self._loss_fn(batch)
+
+    # ----- optimization -------------------------------------------------------------------------------
+
+    def optimizer(self) -> torch.optim.Optimizer:
+        """AdamW over lerobot's ACT param groups (backbone at lr_backbone); fused kernel on CUDA. Cached."""
+        if self._optimizer is None:
+            s = self.settings
+            self._optimizer = torch.optim.AdamW(
+                self.policy.get_optim_params(),
+                lr=s.lr,
+                weight_decay=s.weight_decay,
+                fused=self.device.type == "cuda",
+            )
+        return self._optimizer
+
+    def train_step(self, batch: dict[str, Tensor]) -> Tensor:
+        """Forward, backward, clip (norm 10), AdamW step. Returns the loss as a device tensor (no sync).
+
+        With cuda_graphs the returned tensor is a copy: the graph's own output is overwritten next step.
+        """
+        opt = self.optimizer()
+        loss = self.loss(batch)
+        loss.backward()
+        params = [p for g in opt.param_groups for p in g["params"]]
+        torch.nn.utils.clip_grad_norm_(params, self.settings.grad_clip_norm, foreach=True)
+        opt.step()
+        # set_to_none: the graphed backward writes fresh grads; dropping ours lets its pool be reused.
+        opt.zero_grad(set_to_none=True)
+        return loss.detach().clone() if self.settings.cuda_graphs else loss.detach()
+
+    # ----- checkpoints --------------------------------------------------------------------------------
+
+    def state_dict_fp32(self) -> dict[str, Tensor]:
+        """Policy weights as contiguous fp32 CPU tensors, under lerobot's state_dict keys."""
+        return {
+            k: v.detach().to(device="cpu", dtype=torch.float32 if v.is_floating_point() else v.dtype).contiguous()
+            for k, v in self.policy.state_dict().items()
+        }
+
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write a lerobot checkpoint: config.json + model.safetensors (fp32) + the processors' json and
+        safetensors. `ACTPolicy.from_pretrained(dir)` and `make_pre_post_processors(cfg, pretrained_path=dir)`
+        load it, with no network access (the saved config has pretrained_backbone_weights=None)."""
+        directory = Path(directory)
+        self.policy.save_pretrained(directory, state_dict=self.state_dict_fp32())
+        self.preprocessor.save_pretrained(directory)
+        self.postprocessor.save_pretrained(directory)
+        return directory
+
+
+def build_policy(
+    features: dict[str, Any],
+    stats: dict[str, dict[str, Any]],
+    settings: ACTSettings | None = None,
+    device: str | torch.device = "cpu",
+) -> TrainablePolicy:
+    """Build lerobot's ACTPolicy and its processors for these features and dataset stats.
+
+    Args:
+        features: lerobot features: dataset style ({"dtype": "video", "shape": ..., "names": ...}, as in
+            meta/info.json) or PolicyFeature values. Needs "action" and a camera or environment state.
+        stats: dataset stats (meta/stats.json style: key -> {"mean","std","min","max",...} as lists/arrays).
+        settings: ACTSettings (default: lerobot's ACT defaults, fp32 eager).
+        device: where the policy, stats and batches live.
+
+    Raises:
+        ValueError: bad features or settings. FileNotFoundError / RuntimeError: bad backbone weights file.
+    """
+    settings = settings or ACTSettings()
+    device = torch.device(device)
+    cfg = make_act_config(features, settings, device)
+    policy = ACTPolicy(cfg)
+    load_backbone_weights(policy, settings.backbone_weights)
+    if settings.fused_attention:
+        use_fused_attention(policy)
+    policy.to(device)
+    if settings.channels_last:
+        policy.model.backbone.to(memory_format=torch.channels_last)
+    preprocessor, postprocessor = make_pre_post_processors(
+        cfg, dataset_stats=camera_stats_for(stats, cfg, settings.use_imagenet_stats)
+    )
+    return TrainablePolicy(policy, preprocessor, postprocessor, settings, device)
+
+
+__all__ = [
+    "ACTSettings",
+    "FusedMultiheadAttention",
+    "TrainablePolicy",
+    "build_policy",
+    "make_act_config",
+    "use_fused_attention",
+]

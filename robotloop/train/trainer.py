@@ -1,0 +1,141 @@
+"""The training loop: stream batches from buckets, step ACT, log, checkpoint to the bucket. One sitting.
+
+Example:
+    ```python
+    >>> report = train(client, [BucketUrl.parse("hf://buckets/lab/demos/datasets/cube")],
+    ...                BucketUrl.parse("hf://buckets/lab/demos/models/run1"), TrainSettings(steps=500))
+    >>> report.samples_per_s, report.data_wait_share
+    ```
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from ..storage import BucketClient, BucketUrl
+from .checkpoint import code_version, latest_step, load_checkpoint, save_checkpoint
+from .data import DataSettings, StreamingSampler
+from .policy import ACTSettings, build_policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainSettings:
+    """The run: how long, how big, where to, how often to log and checkpoint."""
+
+    steps: int = 1000
+    batch_size: int = 8
+    log_every: int = 50
+    checkpoint_every: int = 1000
+    seed: int = 0
+    device: str = "cpu"
+    resume: bool = False
+    # Wait until every episode is buffered before step 1 (when the data fits the buffer): the run is then
+    # bit-for-bit reproducible and resumable. Off: training starts with the first decoded episodes.
+    deterministic: bool = False
+
+
+@dataclass
+class Progress:
+    """What a log line (and the training service's GET) shows."""
+
+    step: int
+    loss: float
+    samples_per_s: float
+    data_wait_share: float
+    episodes: int
+
+
+@dataclass
+class TrainReport:
+    steps: int
+    wall_s: float
+    samples_per_s: float
+    data_wait_share: float
+    final_loss: float
+    checkpoints: list[str] = field(default_factory=list)
+    losses: list[tuple[int, float]] = field(default_factory=list)
+
+
+def train(
+    client: BucketClient,
+    datasets: list[BucketUrl],
+    output: BucketUrl,
+    settings: TrainSettings,
+    act: ACTSettings | None = None,
+    data: DataSettings | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> TrainReport:
+    """Train ACT on `datasets`, streaming from the bucket; checkpoints go to `output`.
+
+    `should_stop()` is polled every step: when it turns true, a checkpoint is written and training ends
+    (how the training service cancels a job without losing work).
+
+    Raises:
+        robotloop.storage.NotFound: a dataset does not exist. ValueError: bad settings or mismatched datasets.
+    """
+    torch.manual_seed(settings.seed)
+    act = act or ACTSettings()
+    data = data or DataSettings()
+    data.device, data.seed, data.chunk_size = settings.device, settings.seed, act.chunk_size
+    client.create_bucket(output)
+    with StreamingSampler(client, datasets, data) as sampler:
+        policy = build_policy(sampler.features, sampler.stats, act, settings.device)
+        optimizer = policy.optimizer()
+        start = 0
+        if settings.resume and (last := latest_step(client, output)) is not None:
+            sampler.load_state_dict(load_checkpoint(client, output, last, policy, optimizer))
+            start = last
+            log.info("resumed from step %d", last)
+        if settings.deterministic:
+            sampler.wait_ready()
+        report = _loop(client, sampler, policy, optimizer, output, settings, act, data, start, on_progress, should_stop)
+    return report
+
+
+def _loop(client, sampler, policy, optimizer, output, settings, act, data, start, on_progress, should_stop) -> TrainReport:
+    losses: list[tuple[int, float]] = []
+    checkpoints: list[str] = []
+    pending: list[tuple[int, torch.Tensor]] = []  # device losses: read back only at log points (no per-step sync)
+    t0, wait0, step = time.perf_counter(), sampler.wait_s, start
+
+    def checkpoint(at: int) -> None:
+        lineage = {"step": at, "datasets": [str(u) for u in sampler_urls(sampler)], "episodes": sampler.episodes(),
+                   "train": asdict(settings), "act": asdict(act), "data": asdict(data), "code": code_version()}  # fmt: skip
+        checkpoints.append(str(save_checkpoint(client, output, at, policy, optimizer, sampler.state_dict(), lineage, losses)))
+
+    while step < settings.steps:
+        batch = sampler.next_batch(settings.batch_size)
+        pending.append((step, policy.train_step(batch)))
+        step += 1
+        if step % settings.log_every == 0 or step == settings.steps:
+            losses += [(s, float(v)) for s, v in pending]  # the one host sync per log interval
+            pending.clear()
+            elapsed = time.perf_counter() - t0
+            progress = Progress(step, losses[-1][1], (step - start) * settings.batch_size / elapsed,
+                                (sampler.wait_s - wait0) / elapsed, len(sampler.buffered_episodes))  # fmt: skip
+            log.info("step %d loss %.4f %.1f samples/s data wait %.1f%%", step, progress.loss, progress.samples_per_s,
+                     100 * progress.data_wait_share)  # fmt: skip
+            if on_progress:
+                on_progress(progress)
+        stop = should_stop()
+        if step % settings.checkpoint_every == 0 or step == settings.steps or stop:
+            losses += [(s, float(v)) for s, v in pending]
+            pending.clear()
+            checkpoint(step)
+        if stop:
+            break
+    wall = time.perf_counter() - t0
+    return TrainReport(step, wall, (step - start) * settings.batch_size / wall, (sampler.wait_s - wait0) / wall,
+                       losses[-1][1] if losses else float("nan"), checkpoints, losses)  # fmt: skip
+
+
+def sampler_urls(sampler: StreamingSampler) -> list[BucketUrl]:
+    return [source.url for source in sampler.sources]

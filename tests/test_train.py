@@ -1,0 +1,75 @@
+"""`robotloop train` on CPU: a tiny ACT streams from the real bucket server, checkpoints in LeRobot's format,
+resumes bit-for-bit, and picks up an episode committed while it runs."""
+
+import json
+import threading
+
+import torch
+from lerobot.policies.act.modeling_act import ACTPolicy
+
+from robotloop.capture import DatasetRecorder
+from robotloop.storage import BucketClient, BucketUrl
+from robotloop.train.data import DataSettings
+from robotloop.train.policy import ACTSettings
+from robotloop.train.trainer import TrainSettings, train
+
+from .conftest import WRITE_TOKEN
+from .test_capture import SPEC, synthetic_episode
+
+TINY = dict(dim_model=32, dim_feedforward=64, n_heads=2, n_encoder_layers=1, n_vae_encoder_layers=1, chunk_size=5, n_action_steps=5)
+
+
+def _dataset(bucket_server, tmp_path, name, episodes=2):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse(f"hf://buckets/lab/train/datasets/{name}")
+    recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / f"stage-{name}")
+    for k in range(episodes):
+        recorder.commit(synthetic_episode(k, frames=16))
+    return client, url, recorder
+
+
+def _run(client, url, out, steps, resume=False, **kw):
+    settings = TrainSettings(steps=steps, batch_size=4, log_every=1, checkpoint_every=3, seed=7, resume=resume, deterministic=True)
+    return train(client, [url], out, settings, ACTSettings(**TINY), DataSettings(decode_workers=1), **kw)
+
+
+def test_checkpoints_load_in_lerobot_and_resume_bit_for_bit(bucket_server, tmp_path):
+    client, url, _ = _dataset(bucket_server, tmp_path, "resume")
+    straight = _run(client, url, BucketUrl.parse("hf://buckets/lab/train/models/straight"), steps=6)
+    assert [s for s, _ in straight.losses] == list(range(6))
+    assert straight.checkpoints[-1].endswith("checkpoints/000006")
+
+    client.fetch(BucketUrl.parse(straight.checkpoints[-1]), tmp_path / "ckpt")
+    policy = ACTPolicy.from_pretrained(tmp_path / "ckpt" / "pretrained_model")  # lerobot's own loader
+    assert policy.config.chunk_size == 5
+    lineage = json.loads((tmp_path / "ckpt" / "lineage.json").read_text())
+    assert [e["episode_index"] for e in lineage["episodes"]] == [0, 1]
+    assert all(len(f["xet_hash"]) == 64 for e in lineage["episodes"] for f in e["files"])
+    assert lineage["code"]["robotloop"] and (tmp_path / "ckpt" / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+    out = BucketUrl.parse("hf://buckets/lab/train/models/resumed")
+    _run(client, url, out, steps=3)
+    resumed = _run(client, url, out, steps=6, resume=True)
+    assert [s for s, _ in resumed.losses] == [3, 4, 5]  # step count continues
+    assert [v for _, v in resumed.losses] == [v for _, v in straight.losses[3:]]  # same losses, bit for bit
+    client.fetch(BucketUrl.parse(resumed.checkpoints[-1]) / "pretrained_model", tmp_path / "resumed")
+    a = ACTPolicy.from_pretrained(tmp_path / "ckpt" / "pretrained_model").state_dict()
+    b = ACTPolicy.from_pretrained(tmp_path / "resumed").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_episode_committed_mid_run_is_trained_on(bucket_server, tmp_path):
+    client, url, recorder = _dataset(bucket_server, tmp_path, "live", episodes=1)
+    committed = threading.Event()
+
+    def on_progress(p):
+        if p.step == 2 and not committed.is_set():
+            recorder.commit(synthetic_episode(1, frames=16))  # what the live loop does while training runs
+            committed.set()
+
+    settings = TrainSettings(steps=40, batch_size=4, log_every=1, checkpoint_every=40, seed=1)
+    data = DataSettings(decode_workers=1, refresh_every_s=0.2)
+    report = train(client, [url], BucketUrl.parse("hf://buckets/lab/train/models/live"), settings, ACTSettings(**TINY), data, on_progress)
+    client.fetch(BucketUrl.parse(report.checkpoints[-1]) / "lineage.json", tmp_path / "lineage.json")
+    lineage = json.loads((tmp_path / "lineage.json").read_text())
+    assert [e["episode_index"] for e in lineage["episodes"]] == [0, 1]

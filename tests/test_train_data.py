@@ -1,0 +1,233 @@
+"""The streaming data path: batches from episodes recorded into the real bucket server, decoded by worker processes.
+
+Episodes are tiny (24x32 h264) and carry known values per frame: in episode k at frame t the state is
+100k + t, the action 1000k + t and the image is uniformly (20t + 40k) % 250, so every sample says where it
+came from and what its action chunk must hold.
+"""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from robotloop.capture import DatasetRecorder, DatasetSpec, Episode
+from robotloop.storage import BucketClient, BucketUrl
+from robotloop.storage.cache import ReadCache
+from robotloop.train.data import DataSettings, DatasetMismatch, StreamingSampler
+
+from .conftest import WRITE_TOKEN
+
+SPEC = DatasetSpec({"top": (24, 32, 3)}, state_dim=4, action_dim=3, fps=50, vcodec="h264", with_reward=False)
+LENGTHS = [12, 30, 20]
+CHUNK = 16
+
+
+def known_episode(k: int, frames: int) -> Episode:
+    t = np.arange(frames, dtype=np.float32)
+    images = np.stack([np.full((24, 32, 3), (20 * i + 40 * k) % 250, np.uint8) for i in range(frames)])
+    state = np.tile((100 * k + t)[:, None], (1, SPEC.state_dim))
+    action = np.tile((1000 * k + t)[:, None], (1, SPEC.action_dim))
+    return Episode({"top": images}, state, action, "transfer the cube")
+
+
+def record(client: BucketClient, url: BucketUrl, lengths: list[int], staging: Path) -> DatasetRecorder:
+    recorder = DatasetRecorder(client, url, SPEC, staging=staging)
+    for k, n in enumerate(lengths):
+        recorder.commit(known_episode(k, n))
+    return recorder
+
+
+def settings(**kw) -> DataSettings:
+    return DataSettings(**{"decode_workers": 1, "chunk_size": CHUNK, "refresh_every_s": 0, "seed": 7, **kw})
+
+
+def where(batch: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(episode, frame) of each sample, read back from its state."""
+    state = batch["observation.state"][:, 0].cpu().numpy().astype(int)
+    return state // 100, state % 100
+
+
+@pytest.fixture(scope="module")
+def dataset(bucket_server, tmp_path_factory) -> BucketUrl:
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/train-data/datasets/known")
+    record(client, url, LENGTHS, tmp_path_factory.mktemp("stage"))
+    return url
+
+
+@pytest.fixture(scope="module")
+def full(bucket_server, dataset, tmp_path_factory):
+    """A sampler whose buffer holds the whole dataset; its cache shows what was downloaded."""
+    cache = ReadCache(tmp_path_factory.mktemp("cache"), 1 << 30)
+    sampler = StreamingSampler(BucketClient(bucket_server.endpoint, WRITE_TOKEN, cache), [dataset], settings())
+    sampler.wait_ready(timeout_s=120)
+    yield sampler, cache
+    sampler.close()
+
+
+def test_batches_hold_the_recorded_values(full):
+    sampler, _ = full
+    batch = sampler.next_batch(256)
+    assert batch["observation.images.top"].shape == (256, 3, 24, 32) and batch["observation.images.top"].dtype == torch.uint8
+    assert batch["observation.state"].shape == (256, 4) and batch["observation.state"].dtype == torch.float32
+    assert batch["action"].shape == (256, CHUNK, 3) and batch["action"].dtype == torch.float32
+    assert batch["action_is_pad"].shape == (256, CHUNK) and batch["action_is_pad"].dtype == torch.bool
+    k, t = where(batch)
+    assert set(k) == {0, 1, 2}  # uniform over frames: every episode shows up
+    assert (batch["observation.state"] == torch.from_numpy(100.0 * k + t)[:, None].float()).all()
+    length = np.array(LENGTHS)[k]
+    ahead = t[:, None] + np.arange(CHUNK)
+    want = 1000 * k[:, None] + np.minimum(ahead, length[:, None] - 1)  # clamped to the episode's last action
+    assert (batch["action"][:, :, 0].numpy() == want).all()
+    assert (batch["action_is_pad"].numpy() == (ahead >= length[:, None])).all()
+    pixels = batch["observation.images.top"].float().mean(dim=(1, 2, 3)).numpy()
+    assert np.abs(pixels - (20 * t + 40 * k) % 250).max() < 4  # h264 at crf 30: flat frames come back within a few levels
+
+
+def test_action_chunks_pad_exactly_as_lerobot(full, bucket_server, dataset, tmp_path):
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    sampler, _ = full
+    reference = tmp_path / "copy"  # a full copy for lerobot, through a client without the sampler's cache
+    BucketClient(bucket_server.endpoint, WRITE_TOKEN).fetch(dataset, reference)
+    lerobot = LeRobotDataset(dataset.bucket_id, root=reference, delta_timestamps={"action": [i / SPEC.fps for i in range(CHUNK)]})
+    batch = sampler.next_batch(3000)  # covers all 62 frames (seeded, so always the same draw)
+    k, t = where(batch)
+    starts = np.cumsum([0, *LENGTHS])
+    for index in [0, 5, 11, 12, 30, 41, 42, 50, 55, 61]:
+        item = lerobot[index]
+        ep, frame = int(item["episode_index"]), int(item["frame_index"])
+        b = int(np.flatnonzero((k == ep) & (t == frame))[0])
+        assert index == starts[ep] + frame
+        assert torch.equal(batch["action"][b], item["action"]), index
+        assert torch.equal(batch["action_is_pad"][b], item["action_is_pad"]), index
+        assert (batch["observation.images.top"][b].float() - item["observation.images.top"] * 255).abs().max() <= 2
+
+
+def test_same_seed_same_batches_and_resume_is_exact(full, bucket_server, dataset):
+    sampler, _ = full
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    with StreamingSampler(client, [dataset], settings()) as a:
+        a.wait_ready(timeout_s=120)
+        first = [a.next_batch(8) for _ in range(3)]
+        state = a.state_dict()
+        after = [a.next_batch(8) for _ in range(3)]
+        assert a.wait_s < 120
+    # The fixture's sampler has drawn other batches; loading the state makes it continue a's sequence.
+    sampler.load_state_dict(torch.load(_saved(state), weights_only=True))
+    resumed = [sampler.next_batch(8) for _ in range(3)]
+    for x, y in zip(after, resumed):
+        assert all(torch.equal(x[key], y[key]) for key in x)
+    with StreamingSampler(client, [dataset], settings()) as b:  # same seed, fresh: same sequence from the start
+        b.wait_ready(timeout_s=120)
+        for x, y in zip(first, [b.next_batch(8) for _ in range(3)]):
+            assert all(torch.equal(x[key], y[key]) for key in x)
+
+
+def _saved(state: dict):
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)  # the state must survive a checkpoint round trip
+    buffer.seek(0)
+    return buffer
+
+
+def test_only_the_episodes_read_are_downloaded(full):
+    sampler, cache = full
+    episode_hashes = {f["xet_hash"] for e in sampler.episodes() for f in e["files"]}
+    cached = {p.name for p in cache.root.glob("??/*")}
+    assert cached == episode_hashes  # per-episode files only: no metadata, nothing else in the dataset
+    lineage = sampler.episodes()
+    assert [e["episode_index"] for e in lineage] == [0, 1, 2]
+    assert all(f["url"].startswith(str(sampler.sources[0].url)) and len(f["xet_hash"]) == 64 for e in lineage for f in e["files"])
+
+
+def test_ranks_take_disjoint_episodes(bucket_server, dataset, tmp_path):
+    shares, caches = [], []
+    for rank in range(2):
+        cache = ReadCache(tmp_path / f"cache-{rank}", 1 << 30)
+        with StreamingSampler(BucketClient(bucket_server.endpoint, WRITE_TOKEN, cache), [dataset], settings(),
+                              rank=rank, world_size=2) as sampler:  # fmt: skip
+            sampler.wait_ready(timeout_s=120)
+            k, _ = where(sampler.next_batch(200))
+            shares.append({e["episode_index"] for e in sampler.episodes()})
+            assert set(k) == shares[-1]
+            caches.append({p.name for p in cache.root.glob("??/*")})
+            assert caches[-1] == {f["xet_hash"] for e in sampler.episodes() for f in e["files"]}
+    assert shares == [{0, 2}, {1}]
+    assert not caches[0] & caches[1]
+
+
+def test_episodes_committed_while_training_are_picked_up(bucket_server, tmp_path):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/train-data/datasets/live")
+    recorder = record(client, url, [12, 14], tmp_path / "stage")
+    with StreamingSampler(client, [url], settings()) as sampler:
+        sampler.wait_ready(timeout_s=120)
+        assert set(where(sampler.next_batch(100))[0]) == {0, 1}
+        assert sampler.refresh() == 0
+        recorder.commit(known_episode(2, 16))  # the recorder commits while the trainer samples
+        assert sampler.refresh() == 1
+        sampler.wait_ready(timeout_s=120)
+        assert set(where(sampler.next_batch(200))[0]) == {0, 1, 2}
+        assert [e["episode_index"] for e in sampler.episodes()] == [0, 1, 2]
+
+
+def test_a_small_buffer_streams_every_episode_through(bucket_server, dataset):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    with StreamingSampler(client, [dataset], settings(buffer_frames=35)) as sampler:
+        seen: set[int] = set()
+        for _ in range(2000):
+            seen |= set(where(sampler.next_batch(8))[0].tolist())
+            assert sampler.buffered_frames <= 35
+            if seen == {0, 1, 2}:
+                break
+            time.sleep(0.005)
+        assert seen == {0, 1, 2}
+
+
+def test_datasets_with_other_features_are_refused(bucket_server, dataset, tmp_path):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/train-data/datasets/bigger")
+    other = DatasetSpec({"top": (48, 64, 3)}, 4, 3, fps=50, vcodec="h264", with_reward=False)
+    episode = known_episode(0, 12)
+    episode.images = {"top": np.zeros((12, 48, 64, 3), np.uint8)}
+    DatasetRecorder(client, url, other, staging=tmp_path / "stage").commit(episode)
+    with pytest.raises(DatasetMismatch, match="one DatasetSpec"):
+        StreamingSampler(client, [dataset, url], settings())
+
+
+def test_files_shared_by_episodes_are_read_by_ranges(bucket_server, tmp_path):
+    """lerobot's own writer packs episodes into one parquet and one mp4: those files are never downloaded."""
+    from lerobot.configs.video import RGBEncoderConfig
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    url = BucketUrl.parse("hf://buckets/lab/train-data/datasets/packed")
+    writer = LeRobotDataset.create(url.bucket_id, fps=SPEC.fps, features=SPEC.features(), root=tmp_path / "ds",
+                                   rgb_encoder=RGBEncoderConfig(vcodec="h264"))  # fmt: skip
+    for k, n in enumerate([12, 20]):
+        episode = known_episode(k, n)
+        for t in range(n):
+            writer.add_frame({"observation.images.top": episode.images["top"][t], "observation.state": episode.state[t],
+                              "action": episode.action[t], "task": episode.task})  # fmt: skip
+        writer.save_episode()
+    writer.finalize()
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN, ReadCache(tmp_path / "cache", 1 << 30))
+    client.create_bucket(url)
+    client.upload(tmp_path / "ds", url)
+    with StreamingSampler(client, [url], settings()) as sampler:
+        files = {f["url"] for e in sampler.episodes() for f in e["files"]}
+        assert len(files) == 2  # one parquet and one mp4 for both episodes
+        sampler.wait_ready(timeout_s=120)
+        batch = sampler.next_batch(256)
+    k, t = where(batch)
+    assert set(k) == {0, 1}
+    length = np.array([12, 20])[k]
+    want = 1000 * k[:, None] + np.minimum(t[:, None] + np.arange(CHUNK), length[:, None] - 1)
+    assert (batch["action"][:, :, 0].numpy() == want).all()
+    pixels = batch["observation.images.top"].float().mean(dim=(1, 2, 3)).numpy()
+    assert np.abs(pixels - (20 * t + 40 * k) % 250).max() < 4
+    assert not list((tmp_path / "cache").glob("??/*"))  # nothing went through the whole-file download path
