@@ -22,7 +22,7 @@ and clip_grad_norm_ / fused AdamW never read values back to the host.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -289,6 +289,7 @@ class TrainablePolicy:
             k: _affine_from_normalizer(norm, k, ft.type) for k, ft in feats.items()
         }
         self._optimizer: torch.optim.Optimizer | None = None
+        self._params: list[nn.Parameter] = []  # the optimizer's, for grad clipping
         self._loss_fn = self._loss_eager
         if settings.compile:
             # dynamic=False: fixed batch shapes are what CUDA graphs need, and it avoids recompiles guessing
@@ -351,7 +352,8 @@ class TrainablePolicy:
         """Training loss (a 0-d device tensor) for a batch already on the device:
         {"observation.images.<cam>": uint8 [B,3,H,W], "observation.state": [B,S], "action": [B,chunk,A],
         "action_is_pad": bool [B,chunk]}. Puts the policy in train mode (dropout, VAE)."""
-        self.policy.train()
+        if not self.policy.training:  # .train() walks every module: skip it on the hot path
+            self.policy.train()
         if self.settings.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         return self._loss_fn(batch)
@@ -368,6 +370,7 @@ class TrainablePolicy:
                 weight_decay=s.weight_decay,
                 fused=self.device.type == "cuda",
             )
+            self._params = [p for g in self._optimizer.param_groups for p in g["params"]]
         return self._optimizer
 
     def train_step(self, batch: dict[str, Tensor]) -> Tensor:
@@ -378,8 +381,7 @@ class TrainablePolicy:
         opt = self.optimizer()
         loss = self.loss(batch)
         loss.backward()
-        params = [p for g in opt.param_groups for p in g["params"]]
-        torch.nn.utils.clip_grad_norm_(params, self.settings.grad_clip_norm, foreach=True)
+        torch.nn.utils.clip_grad_norm_(self._params, self.settings.grad_clip_norm, foreach=True)
         opt.step()
         # set_to_none: the graphed backward writes fresh grads; dropping ours lets its pool be reused.
         opt.zero_grad(set_to_none=True)
