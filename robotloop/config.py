@@ -68,6 +68,21 @@ class CaptureSettings(Section):
     vcodec: str = Field(default="libsvtav1", description="Video codec of the datasets it writes (h264: faster on CPU).")
 
 
+class TrainerServiceSettings(Section):
+    """The training service: jobs are `robotloop train` subprocesses, submitted and watched over HTTP."""
+
+    host: str = Field(default="127.0.0.1", description="Address the training service listens on.")
+    port: int = Field(default=8770, ge=1, le=65535, description="Port of the training service.")
+    tokens_file: Path | None = Field(
+        default=None, description="Caller tokens, one '<token> <read|write> <namespace|*>' per line (required to serve)."
+    )
+    root: Path = Field(default=CACHE_HOME / "train-jobs", description="Job directories: spec, log, progress, exit code.")
+    max_running: int = Field(default=1, ge=1, description="Jobs run at once; later ones wait as 'queued'.")
+    cancel_grace_s: float = Field(
+        default=120.0, gt=0, description="After cancel's SIGTERM, how long a job may take to checkpoint before SIGKILL."
+    )
+
+
 class Settings(BaseSettings):
     """All of robotloop's settings. Sections are added by the layers that use them."""
 
@@ -75,6 +90,7 @@ class Settings(BaseSettings):
 
     storage: StorageSettings = StorageSettings()
     capture: CaptureSettings = CaptureSettings()
+    trainer: TrainerServiceSettings = TrainerServiceSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -7,11 +7,12 @@ from typing import Annotated
 import typer
 
 from ..config import load_settings
-from . import bucket, capture, demo, record, train
+from . import bucket, capture, demo, record, train, trainer_service
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Close the robot-learning data loop.")
 app.add_typer(bucket.app, name="bucket")
 app.add_typer(capture.app, name="capture")
+app.add_typer(trainer_service.app, name="trainer")
 app.command("demo")(demo.demo)
 app.command("record")(record.record)
 app.command("train")(train.train)

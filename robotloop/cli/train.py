@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import signal
+import threading
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -29,8 +35,12 @@ def train(
     decode_workers: Annotated[int, typer.Option(min=1)] = 4,
     seed: int = 0,
     tiny: Annotated[bool, typer.Option(help="A small ACT (dim 64) for smoke tests on CPU.")] = False,
+    progress_file: Annotated[Path | None, typer.Option(help="Append one JSON line per progress report, and the final report.")] = None,
 ) -> None:
-    """Train ACT; checkpoints (LeRobot format + lineage + loss plot) land under --output every K steps."""
+    """Train ACT; checkpoints (LeRobot format + lineage + loss plot) land under --output every K steps.
+
+    SIGTERM stops the run after the current step, with a checkpoint (how the training service cancels a job).
+    """
     from ..train.data import DataSettings
     from ..train.policy import ACTSettings
     from ..train.trainer import TrainSettings, train as run
@@ -46,6 +56,9 @@ def train(
     if backbone_weights is None:
         console.print("[yellow]note:[/yellow] no --backbone-weights: the ResNet18 backbone starts from random weights (nothing is downloaded)")
     settings = TrainSettings(steps, batch_size, log_every, checkpoint_every, seed, device, resume)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # the trainer polls it each step, then checkpoints
+    write_progress = _progress_writer(progress_file)
     with Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   TextColumn("{task.fields[note]}"), console=console) as bars:  # fmt: skip
         bar = bars.add_task("train", total=steps, note="streaming first episodes")
@@ -53,12 +66,31 @@ def train(
         def on_progress(p) -> None:
             note = f"loss {p.loss:.3f}  {p.samples_per_s:.0f} samples/s  data wait {100 * p.data_wait_share:.1f}%"
             bars.update(bar, completed=p.step, note=note)
+            if not console.is_terminal:  # a log file (the training service, CI): bars would only show at the end
+                console.print(f"step {p.step}/{steps}  {note}")
+            write_progress({"event": "progress", **asdict(p)})
 
         try:
-            report = run(connect(ctx.obj), datasets, out, settings, act, DataSettings(decode_workers=decode_workers), on_progress)
+            report = run(connect(ctx.obj), datasets, out, settings, act, DataSettings(decode_workers=decode_workers),
+                         on_progress, stop.is_set)  # fmt: skip
         except (StorageError, ValueError) as error:
             console.print(f"[red]error:[/red] {error}")
             raise typer.Exit(1) from None
     console.print(f"{report.steps} steps in {report.wall_s:.1f} s: {report.samples_per_s:.1f} samples/s, "
                   f"data wait {100 * report.data_wait_share:.1f}%, final loss {report.final_loss:.4f}")  # fmt: skip
     console.print(f"last checkpoint: {report.checkpoints[-1] if report.checkpoints else 'none'}")
+    write_progress({"event": "done", **{k: v for k, v in asdict(report).items() if k != "losses"}, "stopped": stop.is_set()})
+
+
+def _progress_writer(path: Path | None):
+    """A function appending one JSON object per line to `path`; a no-op without a path, and on ranks > 0 under
+    torchrun (one writer per job). Non-finite floats become null: the file stays strict JSON."""
+    if path is None or os.environ.get("RANK", "0") != "0":
+        return lambda record: None
+
+    def write(record: dict) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        with path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(clean) + "\n")
+
+    return write

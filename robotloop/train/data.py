@@ -286,11 +286,15 @@ class _Arena:
         self.last = torch.empty(0, dtype=torch.long, device=device)  # per slot: the slot of its episode's last frame
         self.slots: dict[tuple[str, int], tuple[int, int]] = {}  # episode key -> (start, length), insertion order
 
+    def grows(self, length: int) -> bool:
+        """Whether placing an episode of `length` frames reallocates the arena."""
+        return self.write + length > self.capacity and self.capacity < self.bound
+
     def place(self, key: tuple[str, int], length: int, hint: int) -> tuple[int, list[tuple[str, int]]]:
         """Reserve `length` slots for `key`; returns the start and the episodes evicted for it."""
         if length > self.bound:
             raise DataError(f"episode {key} has {length} frames, more than the buffer holds ({self.bound}); raise buffer_frames/buffer_bytes")
-        if self.write + length > self.capacity and self.capacity < self.bound:
+        if self.grows(length):
             self._grow(min(self.bound, max(2 * self.capacity, self.write + length, min(hint, self.bound))))
         if self.write + length > self.capacity:
             self.write = 0
@@ -708,8 +712,12 @@ class StreamingSampler:
                     self._ready.notify_all()
                     return
                 done, generation = self._batch_done, self._generation
-                with self._on_side_stream(done):  # a growth copies the arena: never under the trainer's gathers
-                    start, _ = self.arena.place(key, len(episode[ACTION_KEY]), self._share_frames())
+                length = len(episode[ACTION_KEY])
+                if self.arena.grows(length):  # a growth copies the arena: after, never under, the trainer's gathers
+                    with self._on_side_stream(done):
+                        start, _ = self.arena.place(key, length, self._share_frames())
+                else:  # the usual case: only bookkeeping under the lock, the trainer is never held up by the GPU
+                    start, _ = self.arena.place(key, length, self._share_frames())
                 self._publish(exclude=key)  # evicted slots and the new one leave the view before they change
             self._fill(start, episode, done)
             with self._lock:

@@ -1,0 +1,70 @@
+"""`robotloop trainer serve`: the training service (jobs are `robotloop train` subprocesses, driven over HTTP);
+`robotloop trainer watch JOB`: a job's progress bar, from the service."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from ..config import Settings, load_settings
+
+app = typer.Typer(no_args_is_help=True, help="The training service: submit, watch and cancel training jobs over HTTP.")
+console = Console()
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str | None, typer.Option(help="Listen address. Default: trainer.host (127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port. Default: trainer.port (8770).")] = None,
+    tokens: Annotated[Path | None, typer.Option(help="Caller tokens: '<token> <read|write> <namespace|*>' per line.")] = None,
+    root: Annotated[Path | None, typer.Option(help="Job directories (log, progress). Default: trainer.root.")] = None,
+) -> None:
+    """Serve until interrupted; jobs use the storage endpoint and token (--endpoint/--token, ROBOTLOOP_STORAGE__*)."""
+    from services.trainer.app import serve as run  # the service pulls in FastAPI/uvicorn: only when serving
+
+    settings: Settings = ctx.obj or load_settings()  # set by the `robotloop` callback (--endpoint, --token)
+    try:
+        run(settings, tokens, root, host, port)
+    except (ValueError, FileNotFoundError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def watch(
+    job_id: Annotated[str, typer.Argument(help="The job's id (POST /v1/jobs answered it).")],
+    service_token: Annotated[str, typer.Option(help="A read or write token of the service.", prompt=True, hide_input=True)],
+    url: Annotated[str, typer.Option(help="The training service.")] = "http://127.0.0.1:8770",
+    every_s: Annotated[float, typer.Option(min=0.1, help="Seconds between polls.")] = 1.0,
+) -> None:
+    """Show a job's progress bar until it ends; exit 0 only if it succeeded."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {service_token}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=30) as http, Progress(
+        TextColumn("{task.fields[status]}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        TextColumn("{task.fields[note]}"), console=console,
+    ) as bars:  # fmt: skip
+        bar = bars.add_task("job", total=None, status="…", note="")
+        while True:
+            response = http.get(f"/v1/jobs/{job_id}")
+            if response.status_code != 200:
+                bars.stop()
+                console.print(f"[red]error:[/red] {response.json().get('error', response.text)}")
+                raise typer.Exit(2)
+            state = response.json()
+            note = "" if state["step"] is None else (f"loss {state['loss']:.3f}  {state['samples_per_s']:.0f} samples/s  "
+                                                     f"data wait {100 * state['data_wait_share']:.1f}%")  # fmt: skip
+            bars.update(bar, total=state["spec"]["steps"], completed=state["step"] or 0, status=state["status"], note=note)
+            if state["status"] in ("succeeded", "failed", "cancelled"):
+                break
+            time.sleep(every_s)
+    console.print(f"{state['status']}: {state['message']}; last checkpoint: {state['last_checkpoint'] or 'none'}")
+    if state["status"] != "succeeded":
+        raise typer.Exit(1)

@@ -1,0 +1,427 @@
+"""Training jobs: `robotloop train` runs as subprocesses, tracked on disk. No HTTP here (see services/trainer).
+
+Each job has a directory ``<root>/<id>/``::
+
+    job.json         the spec (without the storage token) and when it was submitted
+    log.txt          the child's stdout and stderr
+    progress.jsonl   one JSON line per progress report, then one "done" line (`robotloop train --progress-file`)
+    exit.json        how it ended: status, exit code, times, message (written once the child has exited)
+
+A job is one process group: ``python -m robotloop.cli train ...`` for one GPU (or CPU), ``python -m
+torch.distributed.run --nproc-per-node N -m robotloop.cli train ...`` for several. The storage endpoint and token
+reach the child through ``ROBOTLOOP_STORAGE__ENDPOINT`` / ``ROBOTLOOP_STORAGE__TOKEN``, never its command line
+(which `ps` shows to every user). Cancel sends SIGTERM to the leader only: the trainer checkpoints and exits; its
+decode workers must stay alive until then. SIGKILL goes to the whole group once the grace period is over.
+
+Example:
+    ```python
+    >>> jobs = JobManager(Path("/var/lib/robotloop/jobs"))
+    >>> job_id = jobs.submit(JobSpec(datasets=["hf://buckets/lab/demos/datasets/cube"],
+    ...                              output="hf://buckets/lab/demos/models/run1", steps=500))
+    >>> jobs.state(job_id).status, jobs.state(job_id).step
+    ('running', 50)
+    >>> jobs.cancel(job_id)  # checkpoints, then stops
+    ```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from ..storage import BucketUrl
+
+Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+LOG_CHUNK = 64 * 1024
+
+
+class UnknownJob(KeyError):
+    """No job with this id (HTTP 404)."""
+
+    def __str__(self) -> str:
+        return f"no job '{self.args[0]}'; GET /v1/jobs lists the jobs"
+
+
+class JobSpec(BaseModel):
+    """What to train: the `robotloop train` options a job may set, plus the storage it reads and writes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    datasets: list[str] = Field(min_length=1, max_length=64, description="hf://buckets/... dataset URLs")
+    output: str = Field(description="run URL: hf://buckets/<ns>/<bucket>/models/<run>")
+    steps: int = Field(default=1000, ge=1, le=100_000_000)
+    batch_size: int = Field(default=8, ge=1, le=65536)
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d{1,2})?)$")
+    tiny: bool = False
+    resume: bool = False
+    gpus: int = Field(default=1, ge=1, le=64, description="1: plain process; more: torchrun, one rank per GPU")
+    log_every: int = Field(default=50, ge=1)
+    checkpoint_every: int = Field(default=1000, ge=1)
+    decode_workers: int = Field(default=4, ge=1, le=64)
+    seed: int = Field(default=0, ge=0)
+    storage_endpoint: str | None = Field(default=None, pattern=r"^https?://\S+$", description="default: the service's")
+    storage_token: SecretStr | None = Field(default=None, description="default: the service's (with its endpoint only)")
+
+    @field_validator("datasets")
+    @classmethod
+    def _dataset_urls(cls, urls: list[str]) -> list[str]:
+        return [str(BucketUrl.parse(u)) for u in urls]  # BadBucketUrl is a ValueError: reported per field
+
+    @field_validator("output")
+    @classmethod
+    def _output_url(cls, url: str) -> str:
+        return str(BucketUrl.parse(url))
+
+    @model_validator(mode="after")
+    def _gpus_need_cuda(self) -> JobSpec:
+        if self.gpus > 1 and self.device != "cuda":
+            raise ValueError(f"gpus={self.gpus} needs device 'cuda' (each rank takes its own GPU)")
+        return self
+
+    def with_storage(self, endpoint: str | None, token: str | None) -> JobSpec:
+        """This spec with the service's storage filled in where the caller named none.
+
+        The service's token goes only with the service's endpoint: a caller naming its own endpoint without a
+        token must not receive the service's token there.
+        """
+        if self.storage_endpoint is not None:
+            return self
+        secret = self.storage_token or (SecretStr(token) if token else None)
+        return self.model_copy(update={"storage_endpoint": endpoint, "storage_token": secret})
+
+    def public(self) -> dict[str, Any]:
+        """The spec as JSON, without the token (what job.json and the API show)."""
+        return {**self.model_dump(exclude={"storage_token"}), "storage_token_set": self.storage_token is not None}
+
+    def command(self, progress_file: Path) -> list[str]:
+        """The child's argv. Uses this interpreter (the service's venv), so `torchrun` needs no PATH entry."""
+        launcher = [sys.executable]
+        if self.gpus > 1:
+            launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.gpus)]
+        args = ["-m", "robotloop.cli", "train", "--output", self.output, "--steps", str(self.steps),
+                "--batch-size", str(self.batch_size), "--device", self.device, "--log-every", str(self.log_every),
+                "--checkpoint-every", str(self.checkpoint_every), "--decode-workers", str(self.decode_workers),
+                "--seed", str(self.seed), "--progress-file", str(progress_file)]  # fmt: skip
+        args += [a for url in self.datasets for a in ("--dataset", url)]
+        args += ["--tiny"] * self.tiny + ["--resume"] * self.resume
+        return launcher + args
+
+    def child_env(self, base: dict[str, str], job_dir: Path) -> dict[str, str]:
+        """The child's environment: `base` with this spec's storage endpoint and token (and no other token)."""
+        env = {k: v for k, v in base.items() if k not in ("ROBOTLOOP_STORAGE__ENDPOINT", "ROBOTLOOP_STORAGE__TOKEN", "HF_TOKEN")}
+        # Without a token of its own, the child must not fall back to a Hub login saved on this machine.
+        env["HF_TOKEN_PATH"] = str(job_dir / "no-hf-token")
+        env["PYTHONUNBUFFERED"] = "1"  # log lines reach log.txt as they happen
+        if self.storage_endpoint:
+            env["ROBOTLOOP_STORAGE__ENDPOINT"] = self.storage_endpoint
+        if self.storage_token:
+            env["ROBOTLOOP_STORAGE__TOKEN"] = self.storage_token.get_secret_value()
+        return env
+
+
+@dataclass
+class JobState:
+    """A job as GET shows it. Progress fields are None until the first progress report."""
+
+    id: str
+    status: Status
+    spec: dict[str, Any]
+    created_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    step: int | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    data_wait_share: float | None = None
+    episodes: int | None = None
+    last_checkpoint: str | None = None
+    exit_code: int | None = None
+    message: str = ""
+
+
+@dataclass
+class _Job:
+    spec: JobSpec  # holds the token: in memory only
+    dir: Path
+    state: JobState
+    proc: subprocess.Popen | None = None
+    cancel_requested: bool = False
+    kill_at: float | None = None
+    progress_offset: int = 0
+    progress_tail: bytes = field(default=b"", repr=False)
+
+
+class JobManager:
+    """Runs training jobs as subprocesses under `root`, at most `max_running` at once (the rest wait queued).
+
+    A background thread reaps finished jobs, starts queued ones and SIGKILLs cancelled jobs past their grace
+    period. Jobs found under `root` from an earlier run are listed with their final state.
+    """
+
+    def __init__(self, root: Path, max_running: int = 1, cancel_grace_s: float = 120.0, poll_s: float = 0.2) -> None:
+        self.root, self.max_running, self.cancel_grace_s, self.poll_s = Path(root), max_running, cancel_grace_s, poll_s
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._jobs: dict[str, _Job] = {}
+        self._lock = threading.RLock()
+        self._closed = threading.Event()
+        for path in sorted(self.root.glob("*/job.json")):
+            self._load(path.parent)
+        self._watcher = threading.Thread(target=self._watch, name="robotloop-jobs", daemon=True)
+        self._watcher.start()
+
+    # -- public ------------------------------------------------------------------------------------------------
+    def submit(self, spec: JobSpec) -> str:
+        """Queue a job (it starts at once when a slot is free); returns its id.
+
+        Raises:
+            RuntimeError: the manager is closed. OSError: the job directory cannot be written.
+        """
+        if self._closed.is_set():
+            raise RuntimeError("the job manager is shutting down")
+        job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        job_dir = self.root / job_id
+        job_dir.mkdir()
+        state = JobState(job_id, "queued", spec.public(), time.time())
+        _write_json(job_dir / "job.json", {"id": job_id, "spec": state.spec, "created_at": state.created_at})
+        with self._lock:
+            self._jobs[job_id] = _Job(spec, job_dir, state)
+            self._pump()
+        return job_id
+
+    def state(self, job_id: str) -> JobState:
+        """The job's status and latest progress.
+
+        Raises:
+            UnknownJob: no such job.
+        """
+        with self._lock:
+            job = self._get(job_id)
+            self._read_progress(job)
+            return JobState(**asdict(job.state))
+
+    def list(self) -> list[JobState]:
+        """All jobs, oldest first."""
+        with self._lock:
+            return [self.state(job_id) for job_id in self._in_order()]
+
+    def log(self, job_id: str, offset: int = 0, limit: int = LOG_CHUNK) -> tuple[str, int]:
+        """Log text from byte `offset` (at most `limit` bytes) and the offset to ask for next.
+
+        A UTF-8 character cut by the chunk's end is left for the next call.
+
+        Raises:
+            UnknownJob: no such job. ValueError: a negative offset or limit.
+        """
+        if offset < 0 or limit <= 0:
+            raise ValueError("offset must be >= 0 and limit > 0")
+        path = self._get(job_id).dir / "log.txt"
+        try:
+            with path.open("rb") as f:
+                f.seek(offset)
+                data = f.read(limit)
+        except FileNotFoundError:  # queued: nothing written yet
+            return "", offset
+        for cut in range(min(4, len(data) + 1)):
+            try:
+                return data[: len(data) - cut].decode("utf-8"), offset + len(data) - cut
+            except UnicodeDecodeError:
+                continue
+        return data.decode("utf-8", errors="replace"), offset + len(data)  # not UTF-8 at all: show it anyway
+
+    def follow(self, job_id: str, offset: int = 0, poll_s: float = 0.5) -> Iterator[str]:
+        """Log text from `offset` as it is written, until the job has finished and the log is read to its end.
+
+        Raises:
+            UnknownJob: no such job.
+        """
+        while True:
+            finished = self.state(job_id).status in FINISHED  # read before the log: no line written after is lost
+            text, offset = self.log(job_id, offset)
+            if text:
+                yield text
+            elif finished or self._closed.is_set():  # the service is stopping: end the stream, not the job
+                return
+            else:
+                time.sleep(poll_s)
+
+    def cancel(self, job_id: str) -> JobState:
+        """Stop a job: a queued one never starts; a running one gets SIGTERM (it checkpoints, then exits) and
+        SIGKILL after the grace period. Cancelling a finished job changes nothing.
+
+        Raises:
+            UnknownJob: no such job.
+        """
+        with self._lock:
+            job = self._get(job_id)
+            if job.state.status == "queued":
+                self._finish(job, "cancelled", None, "cancelled before it started")
+            elif job.state.status == "running" and not job.cancel_requested:
+                job.cancel_requested, job.kill_at = True, time.monotonic() + self.cancel_grace_s
+                job.state.message = "cancelling: writing a checkpoint"
+                _signal(job.proc, signal.SIGTERM, group=False)  # the leader only: its decode workers must live on
+            return self.state(job_id)
+
+    def close(self, cancel_running: bool = True, timeout_s: float | None = None) -> None:
+        """Stop the watcher; with `cancel_running`, cancel running jobs and wait (up to the grace period) for them
+        to checkpoint, so no job outlives the service untracked."""
+        self._closed.set()
+        self._watcher.join()
+        with self._lock:
+            jobs = [j for j in self._jobs.values() if j.state.status in ("queued", "running")]
+            for job in jobs:
+                if cancel_running:
+                    self.cancel(job.state.id)
+        deadline = time.monotonic() + (self.cancel_grace_s if timeout_s is None else timeout_s)
+        for job in jobs:
+            if job.proc is None or not cancel_running:
+                continue
+            try:
+                job.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(job.proc, signal.SIGKILL, group=True)
+                job.proc.wait()
+            with self._lock:
+                self._reap(job)
+
+    # -- internals ---------------------------------------------------------------------------------------------
+    def _get(self, job_id: str) -> _Job:
+        try:
+            return self._jobs[job_id]
+        except KeyError:
+            raise UnknownJob(job_id) from None
+
+    def _in_order(self) -> list[str]:
+        return sorted(self._jobs, key=lambda job_id: self._jobs[job_id].state.created_at)
+
+    def _watch(self) -> None:
+        while not self._closed.wait(self.poll_s):
+            with self._lock:
+                for job in self._jobs.values():
+                    if job.state.status == "running":
+                        self._reap(job)
+                self._pump()
+
+    def _reap(self, job: _Job) -> None:
+        """Finish `job` if its process has exited; SIGKILL it once a cancel's grace period is over."""
+        code = job.proc.poll() if job.proc else None
+        if code is None:
+            if job.kill_at is not None and time.monotonic() > job.kill_at:
+                _signal(job.proc, signal.SIGKILL, group=True)
+            return
+        _signal(job.proc, signal.SIGKILL, group=True)  # leftovers of the group (orphaned workers), if any
+        self._read_progress(job)
+        if job.cancel_requested:
+            killed = code == -signal.SIGKILL
+            note = ": killed after the grace period, before its checkpoint" if killed else f" at step {job.state.step}"
+            self._finish(job, "cancelled", code, f"cancelled{note}")
+        elif code == 0:
+            self._finish(job, "succeeded", code, f"finished {job.state.step} steps")
+        else:
+            self._finish(job, "failed", code, f"exit code {code}: {_last_line(job.dir / 'log.txt')}")
+
+    def _pump(self) -> None:
+        """Start queued jobs, oldest first, while fewer than `max_running` run."""
+        running = sum(j.state.status == "running" for j in self._jobs.values())
+        for job_id in self._in_order():
+            job = self._jobs[job_id]
+            if running >= self.max_running:
+                return
+            if job.state.status == "queued":
+                self._start(job)
+                running += 1
+
+    def _start(self, job: _Job) -> None:
+        progress = job.dir / "progress.jsonl"
+        try:
+            with (job.dir / "log.txt").open("ab") as log:
+                job.proc = subprocess.Popen(job.spec.command(progress), stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=job.spec.child_env(dict(os.environ), job.dir),
+                                            start_new_session=True)  # fmt: skip  # own group: kill takes all of it
+        except OSError as error:
+            self._finish(job, "failed", None, f"could not start: {error}")
+            return
+        job.state.status, job.state.started_at = "running", time.time()
+
+    def _finish(self, job: _Job, status: Status, code: int | None, message: str) -> None:
+        job.state.status, job.state.exit_code, job.state.message, job.state.ended_at = status, code, message, time.time()
+        job.kill_at = None
+        fields = ("status", "exit_code", "message", "started_at", "ended_at", "last_checkpoint")
+        _write_json(job.dir / "exit.json", {k: getattr(job.state, k) for k in fields})
+
+    def _read_progress(self, job: _Job) -> None:
+        """Fold new complete lines of progress.jsonl into the job's state (a half-written last line waits)."""
+        try:
+            with (job.dir / "progress.jsonl").open("rb") as f:
+                f.seek(job.progress_offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        job.progress_offset += len(data)
+        *lines, job.progress_tail = (job.progress_tail + data).split(b"\n")
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a torn line from a killed child: skip it, the next report supersedes it
+            _apply(job.state, record)
+
+    def _load(self, job_dir: Path) -> None:
+        """A job from an earlier run of the service: its final state, or failed if the service died under it."""
+        meta = json.loads((job_dir / "job.json").read_text())
+        state = JobState(meta["id"], "failed", meta["spec"], meta["created_at"],
+                         message="the training service stopped while this job was queued or running")  # fmt: skip
+        spec = JobSpec.model_construct(**{k: v for k, v in meta["spec"].items() if k != "storage_token_set"})  # never rerun
+        job = _Job(spec, job_dir, state)
+        self._read_progress(job)
+        if (job_dir / "exit.json").exists():
+            for key, value in json.loads((job_dir / "exit.json").read_text()).items():
+                setattr(state, key, value)
+        self._jobs[state.id] = job
+
+
+def _apply(state: JobState, record: dict[str, Any]) -> None:
+    if record.get("event") == "progress":
+        for key in ("step", "loss", "samples_per_s", "data_wait_share", "episodes"):
+            setattr(state, key, record.get(key))
+    elif record.get("event") == "done":
+        state.step, state.loss = record.get("steps"), record.get("final_loss")
+        state.samples_per_s, state.data_wait_share = record.get("samples_per_s"), record.get("data_wait_share")
+        state.last_checkpoint = (record.get("checkpoints") or [None])[-1]
+
+
+def _signal(proc: subprocess.Popen | None, sig: int, group: bool) -> None:
+    if proc is None:
+        return
+    try:
+        os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # already gone
+
+
+def _last_line(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = [ln.strip() for ln in f.read().decode("utf-8", errors="replace").splitlines() if ln.strip()]
+    except FileNotFoundError:
+        return "no log"
+    return lines[-1] if lines else "no output"
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=1))
+    tmp.replace(path)  # readers never see half a file

@@ -1,0 +1,173 @@
+"""The robotloop training service: submit `robotloop train` jobs over HTTP, watch them, cancel them.
+
+Thin routes over :class:`robotloop.train.jobs.JobManager` (which runs the subprocesses and documents the job
+directory layout)::
+
+    GET  /v1/health                         {"status": "ok", "running": n, "queued": n}; no token needed
+    POST /v1/jobs                           JSON JobSpec -> 201 the job's state (with its "id")
+    GET  /v1/jobs                           {"jobs": [state, ...]}, oldest first
+    GET  /v1/jobs/{id}                      state: status (queued|running|succeeded|failed|cancelled), step, loss,
+                                            samples_per_s, data_wait_share, episodes, last_checkpoint, exit_code
+    GET  /v1/jobs/{id}/log?offset=N         {"text", "next_offset", "status"}: the log from byte N (64 KiB at most)
+    GET  /v1/jobs/{id}/log?follow=true      text/plain, streamed as the log grows, until the job has finished
+    POST /v1/jobs/{id}/cancel               the state; a running job writes a checkpoint, then stops
+
+Errors are JSON ``{"error": "<what is wrong>"}``: 401 missing or unknown token, 403 a read-only token (submit,
+cancel) or one scoped to another namespace, 404 unknown job, 422 a bad spec (dataset URL, steps <= 0, ...).
+
+Auth: tokens come from a tokens file in the bucket server's format, ``<token> <read|write> <namespace|*>`` (parsed
+by :class:`TokenStore`). Any listed token may read job states and logs; submitting needs a write token whose
+namespace covers the output bucket and the datasets, cancelling one that covers the job's output. Jobs read and
+write buckets with the service's storage token (``storage.token``) unless the spec names its own endpoint.
+
+Example::
+
+    python -m services.trainer --tokens tokens.txt --port 8770     # or: robotloop trainer serve --tokens tokens.txt
+    curl -H "Authorization: Bearer $T" -d '{"datasets": ["hf://buckets/lab/d/datasets/cube"],
+         "output": "hf://buckets/lab/d/models/run1", "steps": 5000, "device": "cuda"}' localhost:8770/v1/jobs
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from robotloop.config import Settings
+from robotloop.storage import BucketUrl, resolve_endpoint
+from robotloop.storage.server.auth import AuthError, Forbidden, TokenStore, Unauthorized, bearer_from_header
+from robotloop.train.jobs import JobManager, JobSpec, UnknownJob
+
+log = logging.getLogger("robotloop.trainer")
+
+
+def _token(request: Request, write: bool) -> str:
+    """The caller's token, checked against the tokens file.
+
+    Raises:
+        Unauthorized: no token, or one not in the tokens file. Forbidden: `write` and a read-only token.
+    """
+    token = bearer_from_header(request.headers.get("authorization"))
+    if not token:
+        raise Unauthorized("a token is required: send 'Authorization: Bearer <token>'")
+    if not request.app.state.tokens.principal(token).write and write:
+        raise Forbidden("this token is read-only; submitting and cancelling jobs need a 'write' token")
+    return token
+
+
+def reader(request: Request) -> str:
+    return _token(request, write=False)
+
+
+def writer(request: Request) -> str:
+    return _token(request, write=True)
+
+
+Reader = Annotated[str, Depends(reader)]
+Writer = Annotated[str, Depends(writer)]
+
+
+def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = None) -> FastAPI:
+    """The training service app; jobs live under `root` (default `settings.trainer.root`).
+
+    Raises:
+        TokensFileError: malformed tokens file. FileNotFoundError: no such file.
+    """
+    tokens = TokenStore.from_file(Path(tokens_file))
+    cfg = settings.trainer
+    jobs = JobManager(root or cfg.root, cfg.max_running, cfg.cancel_grace_s)
+    storage = resolve_endpoint(settings)  # once: a job's child gets a concrete endpoint and token, not a lookup
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await run_in_threadpool(jobs.close)  # running jobs checkpoint before the service goes
+
+    app = FastAPI(title="robotloop training service", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.jobs, app.state.tokens = jobs, tokens
+
+    @app.get("/v1/health")
+    def health() -> dict[str, Any]:
+        states = [s.status for s in jobs.list()]
+        return {"status": "ok", "running": states.count("running"), "queued": states.count("queued")}
+
+    @app.post("/v1/jobs", status_code=201)
+    def submit(body: JobSpec, token: Writer) -> dict[str, Any]:
+        for url in body.datasets:  # the caller's scope, not the service's storage token's
+            tokens.authorize(token, BucketUrl.parse(url).namespace, write=False, bucket_public=False)
+        tokens.authorize(token, BucketUrl.parse(body.output).namespace, write=True, bucket_public=False)
+        job_id = jobs.submit(body.with_storage(*storage))
+        log.info("job %s submitted: %s -> %s", job_id, body.datasets, body.output)
+        return dataclasses.asdict(jobs.state(job_id))
+
+    @app.get("/v1/jobs")
+    def list_jobs(_: Reader) -> dict[str, Any]:
+        return {"jobs": [dataclasses.asdict(s) for s in jobs.list()]}
+
+    @app.get("/v1/jobs/{job_id}")
+    def job_state(job_id: str, _: Reader) -> dict[str, Any]:
+        return dataclasses.asdict(jobs.state(job_id))
+
+    @app.get("/v1/jobs/{job_id}/log", response_model=None)
+    def job_log(job_id: str, _: Reader, offset: Annotated[int, Query(ge=0)] = 0,
+                follow: bool = False) -> dict[str, Any] | StreamingResponse:  # fmt: skip
+        status = jobs.state(job_id).status  # an unknown job is a 404 before any streaming starts
+        if follow:
+            return StreamingResponse(jobs.follow(job_id, offset), media_type="text/plain; charset=utf-8")
+        text, next_offset = jobs.log(job_id, offset)
+        return {"text": text, "next_offset": next_offset, "status": status}
+
+    @app.post("/v1/jobs/{job_id}/cancel")
+    def cancel(job_id: str, token: Writer) -> dict[str, Any]:
+        output = BucketUrl.parse(jobs.state(job_id).spec["output"])
+        tokens.authorize(token, output.namespace, write=True, bucket_public=False)
+        log.info("job %s cancelled", job_id)
+        return dataclasses.asdict(jobs.cancel(job_id))
+
+    @app.exception_handler(AuthError)
+    async def auth_error(request: Request, err: AuthError) -> JSONResponse:
+        return _error(err.status, str(err))
+
+    @app.exception_handler(UnknownJob)
+    async def unknown_job(request: Request, err: UnknownJob) -> JSONResponse:
+        return _error(404, str(err))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
+        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()[:5])
+        return _error(422, f"bad request: {where}")
+
+    return app
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def serve(settings: Settings, tokens_file: Path | None = None, root: Path | None = None, host: str | None = None,
+          port: int | None = None) -> None:  # fmt: skip
+    """Run the service with uvicorn until interrupted; arguments left None come from `settings.trainer`.
+
+    Raises:
+        ValueError: no tokens file (jobs run code on this machine: there is no open mode).
+        TokensFileError, FileNotFoundError: a malformed or missing tokens file.
+    """
+    import uvicorn
+
+    cfg = settings.trainer
+    tokens_file = tokens_file or cfg.tokens_file
+    if tokens_file is None:
+        raise ValueError("the training service needs tokens: pass --tokens FILE ('<token> write <namespace|*>' per line)")
+    host, port = host or cfg.host, port or cfg.port
+    app = create_app(settings, tokens_file, root)
+    log.warning("robotloop training service on http://%s:%d, jobs under %s", host, port, root or cfg.root)
+    # Followed logs are open requests: without a bound, shutdown would wait for the jobs they follow.
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

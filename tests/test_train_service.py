@@ -1,0 +1,163 @@
+"""The training service, end to end: a real bucket server and a real `python -m services.trainer` on 127.0.0.1;
+jobs are real `robotloop train` subprocesses training a tiny ACT on CPU.
+
+Cancel must checkpoint first (the bucket's `checkpoints/last.json` names the step the job reached); a job left
+alone runs to its last step; every refused request is a 4xx with a clear JSON message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from robotloop.capture import DatasetRecorder
+from robotloop.cli import trainer_service
+from robotloop.storage import BucketClient, BucketUrl
+
+from .conftest import WRITE_TOKEN, free_port
+from .test_capture import SPEC, synthetic_episode
+
+WRITER, READER, ELSEWHERE = "rl_trainer_w", "rl_trainer_r", "rl_trainer_elsewhere"
+DATASET = "hf://buckets/lab/trainsvc/datasets/cube"
+
+
+@dataclass
+class Trainer:
+    endpoint: str
+    root: Path
+    bucket: BucketClient
+
+    def call(self, method: str, path: str, token: str | None = WRITER, **kw) -> httpx.Response:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        return httpx.request(method, f"{self.endpoint}{path}", headers=headers, timeout=60, **kw)
+
+    def wait(self, job_id: str, until, timeout_s: float = 60) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while not until(state := self.call("GET", f"/v1/jobs/{job_id}").json()):
+            assert time.monotonic() < deadline, f"job {job_id} stuck: {state}\n{self.log(job_id)[-3000:]}"
+            time.sleep(0.2)
+        return state
+
+    def log(self, job_id: str) -> str:
+        return self.call("GET", f"/v1/jobs/{job_id}/log").json()["text"]
+
+
+@pytest.fixture(scope="module")
+def trainer(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trainer]:
+    """The service, writing to the test bucket server with its own storage token, plus a 2-episode dataset."""
+    base = tmp_path_factory.mktemp("trainer")
+    bucket = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    recorder = DatasetRecorder(bucket, BucketUrl.parse(DATASET), SPEC, staging=base / "stage")
+    for k in range(2):
+        recorder.commit(synthetic_episode(k, frames=16))
+    tokens = base / "tokens"
+    tokens.write_text(f"{WRITER} write lab\n{READER} read lab\n{ELSEWHERE} write elsewhere\n")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROBOTLOOP_", "HF_"))}
+    env.update({"ROBOTLOOP_CONFIG": str(base / "none.toml"), "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
+                "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN, "ROBOTLOOP_TRAINER__CANCEL_GRACE_S": "60",
+                "XDG_CACHE_HOME": str(base / "cache"), "HF_HOME": str(base / "hf")})  # fmt: skip
+    log = open(base / "trainer.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "services.trainer", "--host", "127.0.0.1", "--port", str(port),
+                             "--tokens", str(tokens), "--root", str(base / "jobs")],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        assert proc.poll() is None, (base / "trainer.log").read_text()[-3000:]
+        try:
+            if httpx.get(f"{endpoint}/v1/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline, "training service did not start"
+            time.sleep(0.1)
+    yield Trainer(endpoint, base / "jobs", bucket)
+    proc.terminate()
+    proc.wait(30)
+
+
+def job(output: str, steps: int, **kw) -> dict:
+    return {"datasets": [DATASET], "output": output, "steps": steps, "batch_size": 4, "device": "cpu", "tiny": True,
+            "log_every": 1, "checkpoint_every": 10, "decode_workers": 1, **kw}  # fmt: skip
+
+
+def last_checkpoint_step(trainer: Trainer, output: str) -> int:
+    return json.loads(trainer.bucket.read_range(BucketUrl.parse(output) / "checkpoints" / "last.json", 0, 4096))["step"]
+
+
+def test_cancel_checkpoints_first_and_a_queued_job_then_runs_to_the_end(trainer):
+    # A long job (it must still be running when cancelled), then a 30-step one that waits behind it (1 slot).
+    long_out, short_out = "hf://buckets/lab/trainsvc/models/cancelled", "hf://buckets/lab/trainsvc/models/done"
+    submitted = trainer.call("POST", "/v1/jobs", json=job(long_out, 100_000))
+    assert submitted.status_code == 201, submitted.text
+    first = submitted.json()["id"]
+    queued = trainer.call("POST", "/v1/jobs", json=job(short_out, 30)).json()
+    assert queued["status"] == "queued" and queued["spec"]["storage_token_set"]
+    second = queued["id"]
+    assert WRITE_TOKEN not in (trainer.root / first / "job.json").read_text()  # the storage token stays in memory
+
+    state = trainer.wait(first, lambda s: (s["step"] or 0) > 0)
+    assert state["status"] == "running" and isinstance(state["loss"], float)
+    assert state["samples_per_s"] > 0 and 0 <= state["data_wait_share"] <= 1 and state["episodes"] >= 1
+
+    page = trainer.call("GET", f"/v1/jobs/{first}/log", params={"offset": 0}).json()
+    assert "step " in page["text"] and page["next_offset"] == len(page["text"].encode())
+    more = trainer.call("GET", f"/v1/jobs/{first}/log", params={"offset": page["next_offset"]}).json()
+    assert more["next_offset"] >= page["next_offset"]
+
+    cancelled = trainer.call("POST", f"/v1/jobs/{first}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["message"].startswith("cancelling")
+    state = trainer.wait(first, lambda s: s["status"] == "cancelled")
+    assert state["exit_code"] == 0, state  # stopped by the trainer, not killed
+    assert state["last_checkpoint"].endswith(f"checkpoints/{state['step']:06d}")
+    assert last_checkpoint_step(trainer, long_out) == state["step"]  # the checkpoint was written at the step reached
+
+    streamed = trainer.call("GET", f"/v1/jobs/{second}/log", params={"follow": "true"})  # returns once it ends
+    assert "30 steps in" in streamed.text, streamed.text[-2000:]
+    state = trainer.wait(second, lambda s: s["status"] != "running")
+    assert state["status"] == "succeeded" and state["step"] == 30 and state["exit_code"] == 0, state
+    assert state["last_checkpoint"].endswith("checkpoints/000030") and last_checkpoint_step(trainer, short_out) == 30
+
+    watched = CliRunner().invoke(trainer_service.app, ["watch", second, "--url", trainer.endpoint, "--service-token", READER])
+    assert watched.exit_code == 0 and "succeeded: finished 30 steps" in watched.output, watched.output
+    listed = trainer.call("GET", "/v1/jobs", token=READER).json()["jobs"]  # a read token may watch
+    assert [(j["id"], j["status"]) for j in listed][-2:] == [(first, "cancelled"), (second, "succeeded")]
+    again = trainer.call("POST", f"/v1/jobs/{first}/cancel").json()  # cancelling a finished job changes nothing
+    assert again["status"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    "method, path, token, body, status, message",
+    [
+        ("POST", "/v1/jobs", None, job("hf://buckets/lab/x/models/a", 5), 401, "token is required"),
+        ("POST", "/v1/jobs", "rl_nobody", job("hf://buckets/lab/x/models/a", 5), 401, "Invalid credentials"),
+        ("POST", "/v1/jobs", READER, job("hf://buckets/lab/x/models/a", 5), 403, "read-only"),
+        ("POST", "/v1/jobs", ELSEWHERE, job("hf://buckets/lab/x/models/a", 5), 403, "scoped to namespace"),
+        ("POST", "/v1/jobs", WRITER, {**job("hf://buckets/lab/x/models/a", 5), "datasets": ["s3://lab/cube"]}, 422, "datasets"),
+        ("POST", "/v1/jobs", WRITER, job("hf://models/lab/a", 5), 422, "buckets"),
+        ("POST", "/v1/jobs", WRITER, job("hf://buckets/lab/x/models/a", 0), 422, "steps"),
+        ("POST", "/v1/jobs", WRITER, {**job("hf://buckets/lab/x/models/a", 5), "lr": 1}, 422, "lr"),
+        ("POST", "/v1/jobs", WRITER, job("hf://buckets/lab/x/models/a", 5, gpus=2), 422, "needs device 'cuda'"),
+        ("GET", "/v1/jobs", None, None, 401, "token is required"),
+        ("GET", "/v1/jobs/nope", READER, None, 404, "no job 'nope'"),
+        ("GET", "/v1/jobs/nope/log", READER, None, 404, "no job 'nope'"),
+        ("POST", "/v1/jobs/nope/cancel", WRITER, None, 404, "no job 'nope'"),
+        ("POST", "/v1/jobs/nope/cancel", READER, None, 403, "read-only"),
+    ],
+)
+def test_bad_requests_are_4xx_with_a_message(trainer, method, path, token, body, status, message):
+    before = len(list(trainer.root.iterdir()))
+    response = trainer.call(method, path, token=token, json=body)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]
+    assert len(list(trainer.root.iterdir())) == before  # nothing was submitted
