@@ -6,6 +6,10 @@ Records into a fresh embedded bucket server with `record_sim` (the code behind `
 Commit latency = from the moment the episode's frames are complete to the commit being visible to readers:
 lerobot's encode + finalize, then the data/video upload and the metadata upload (the server applies each
 batch atomically, so the dataset is readable when the metadata batch is acknowledged).
+
+`--realtime`: the robot case. Recorded demos are replayed frame by frame at the task's 50 Hz into a live
+episode (`DatasetRecorder.begin`), as a robot or the capture service feeds them, and latency is measured from
+the last frame to the commit being visible.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--image-size", default="480x640")
     ap.add_argument("--codec", default="libsvtav1")
+    ap.add_argument("--realtime", action="store_true", help="feed frames at 50 Hz into live episodes")
     args = ap.parse_args()
+    if args.realtime:
+        return realtime(args)
     size = tuple(int(v) for v in args.image_size.split("x"))
     with tempfile.TemporaryDirectory() as tmp:
         server = ensure_embedded_server(Path(tmp) / "server")
@@ -56,6 +63,37 @@ def main() -> None:
         "median_end_to_visible_s": statistics.median(c.encode_s + c.upload_s for c in commits),
     }  # fmt: skip
     print(json.dumps(result, indent=1), flush=True)
+
+
+def realtime(args: argparse.Namespace) -> None:
+    from robotloop.capture.sim_record import TASK_TEXT
+    from robotloop.sim import record_demo
+
+    size = tuple(int(v) for v in args.image_size.split("x"))
+    demos = [record_demo(args.task, seed, image_size=size) for seed in range(args.episodes)]
+    latencies = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = ensure_embedded_server(Path(tmp) / "server")
+        try:
+            client = BucketClient(server.endpoint, server.token)
+            url = BucketUrl.parse(f"hf://buckets/bench/realtime/datasets/{args.task}")
+            recorder = DatasetRecorder(client, url, DatasetSpec.aloha(size, args.codec), staging=Path(tmp) / "stage")
+            for demo in demos:
+                live, start = recorder.begin(TASK_TEXT[args.task]), time.perf_counter()
+                for t in range(len(demo)):
+                    time.sleep(max(0.0, start + t / 50 - time.perf_counter()))  # frames arrive at 50 Hz
+                    live.add_frame({"observation.images.top": demo.frames[t], "observation.state": demo.states[t],
+                                    "action": demo.actions[t], "next.reward": demo.rewards[t : t + 1],
+                                    "next.success": demo.rewards[t : t + 1] >= 4})  # fmt: skip
+                end = time.perf_counter()
+                report = live.commit()
+                latencies.append(time.perf_counter() - end)
+                print(f"episode {report.episode_index}: visible {latencies[-1]:.2f} s after its last frame", flush=True)
+        finally:
+            stop_embedded_server(Path(tmp) / "server")
+    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
+                      "task": args.task, "image_size": args.image_size, "codec": args.codec, "episodes": len(latencies),
+                      "median_end_to_visible_s": statistics.median(latencies), "max_end_to_visible_s": max(latencies)}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":

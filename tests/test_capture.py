@@ -121,3 +121,22 @@ def test_sigkill_of_the_recorder_loses_at_most_the_episode_in_flight(bucket_serv
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert f"({committed} were there)" in again.stdout
     assert _total_episodes(client, url) == committed + 1
+
+
+def test_a_live_episode_is_committed_or_dropped_whole(bucket_server, tmp_path):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/live")
+    recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / "stage")
+    episode = synthetic_episode(0)
+    live = recorder.begin(episode.task)
+    live.add_frame(recorder._frame(episode, 0))
+    with pytest.raises(BadEpisode, match="state has shape"):
+        live.add_frame({**recorder._frame(episode, 1), "observation.state": np.zeros(3, np.float32)})
+    live.abort()  # dropped: nothing reaches the bucket, and the lock is free again
+    assert client.ls(url) == []
+    live = recorder.begin(episode.task)
+    for t in range(len(episode)):
+        live.add_frame(recorder._frame(episode, t))
+    report = live.commit()
+    assert (report.episode_index, report.frames) == (0, 12)
+    assert recorder.committed_episodes() == 1

@@ -9,12 +9,11 @@ vector, array entries of shape (H, W, 3) are cameras, and the action is what `se
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from .episode import Episode
-from .recorder import CommitReport, DatasetRecorder, DatasetSpec
+from .recorder import ACTION_KEY, STATE_KEY, CommitReport, DatasetRecorder, DatasetSpec
 
 
 def robot_spec(robot, fps: int = 30, vcodec: str = "libsvtav1") -> DatasetSpec:
@@ -25,34 +24,42 @@ def robot_spec(robot, fps: int = 30, vcodec: str = "libsvtav1") -> DatasetSpec:
     return DatasetSpec(cameras, len(state), len(robot.action_features), fps, robot.name, vcodec, with_reward=False)
 
 
-def record_robot_episode(robot, teleop, seconds: float, fps: int, task: str,
-                         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.perf_counter) -> Episode:  # fmt: skip
-    """Teleoperate `robot` for `seconds` at `fps` and return the episode (observation before each action)."""
-    state_keys = [k for k, v in robot.observation_features.items() if not isinstance(v, tuple)]
-    camera_keys = [k for k, v in robot.observation_features.items() if isinstance(v, tuple)]
+def teleop_frames(robot, teleop, seconds: float, fps: int, sleep: Callable[[float], None] = time.sleep,
+                  clock: Callable[[], float] = time.perf_counter) -> Iterator[dict]:  # fmt: skip
+    """Teleoperate `robot` for `seconds` at `fps`, yielding one lerobot frame per step: the observation before
+    the action, and the action `send_action` actually sent."""
+    obs_features = robot.observation_features
+    state_keys = [k for k, v in obs_features.items() if not isinstance(v, tuple)]
+    camera_keys = [k for k, v in obs_features.items() if isinstance(v, tuple)]
     action_keys = list(robot.action_features)
-    images: dict[str, list[np.ndarray]] = {k: [] for k in camera_keys}
-    states, actions = [], []
     period, start = 1.0 / fps, clock()
     for step in range(round(seconds * fps)):
         obs = robot.get_observation()
         sent = robot.send_action(teleop.get_action())
-        states.append([float(obs[k]) for k in state_keys])
-        actions.append([float(sent[k]) for k in action_keys])
-        for k in camera_keys:
-            images[k].append(np.asarray(obs[k], np.uint8))
+        frame = {f"observation.images.{k}": np.asarray(obs[k], np.uint8) for k in camera_keys}
+        frame[STATE_KEY] = np.array([obs[k] for k in state_keys], np.float32)
+        frame[ACTION_KEY] = np.array([sent[k] for k in action_keys], np.float32)
+        yield frame
         sleep(max(0.0, start + (step + 1) * period - clock()))  # hold the rate without drift
-    return Episode({k: np.stack(v) for k, v in images.items()}, np.array(states, np.float32),
-                   np.array(actions, np.float32), task)  # fmt: skip
 
 
 def record_robot(recorder: DatasetRecorder, robot, teleop, episodes: int, seconds: float, task: str,
                  reset_s: float = 0.0, on_commit: Callable[[CommitReport], None] | None = None) -> list[CommitReport]:  # fmt: skip
-    """Record and commit `episodes` teleoperated episodes; `reset_s` of free teleoperation between them."""
+    """Record and commit `episodes` teleoperated episodes; `reset_s` of free teleoperation between them.
+
+    Frames are written while the episode runs (streaming encoder), so each commit follows its episode's
+    end by only the encoder's tail and the upload.
+    """
     reports = []
     for _ in range(episodes):
-        episode = record_robot_episode(robot, teleop, seconds, recorder.spec.fps, task)
-        reports.append(recorder.commit(episode))
+        live = recorder.begin(task)
+        try:
+            for frame in teleop_frames(robot, teleop, seconds, recorder.spec.fps):
+                live.add_frame(frame)
+        except BaseException:
+            live.abort()
+            raise
+        reports.append(live.commit())
         if on_commit:
             on_commit(reports[-1])
         end = time.perf_counter() + reset_s
