@@ -1,12 +1,14 @@
 """Crash-safe recording into a bucket: every finished episode is one commit of a complete LeRobot v3 dataset.
 
 LeRobot's own recorder writes the parquet footer only at `finalize()`, so a crash can cost a whole session.
-Here each episode is written with lerobot's writer (`LeRobotDataset.create/resume`, `save_episode`,
-`finalize`: videos encoded as lerobot does), then committed: its data and video files first, metadata last.
-A reader therefore always sees a dataset whose metadata names only files that exist. A crash loses at most
-the episode in flight; a restart reads the metadata back from the bucket and continues the numbering.
+Here each episode is written with lerobot's writer into a one-episode dataset of its own (videos encoded as
+lerobot does, while the episode runs), then appended to the bucket's dataset, growing its current data and
+video files as lerobot packs them (`append.py`), and committed: the grown data and video files first,
+metadata last. A reader therefore always sees a dataset whose metadata names only bytes that exist, and
+Xet dedup makes each upload cost about the episode's own bytes. A crash loses at most the episode in
+flight; a restart reads the bucket's metadata back and continues the numbering.
 
-Only `meta/` is kept locally between episodes (the bucket holds the rest), so local disk stays small.
+Locally only `meta/` and the files the next append grows are kept (checked against the bucket by Xet hash).
 Commits to one dataset are serialized by a lock file, so several recorders on one machine can share a
 dataset; recorders on different machines should use a dataset each, or the capture service.
 
@@ -24,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import hashlib
+import json
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -120,52 +124,67 @@ class DatasetRecorder:
     def begin(self, task: str) -> LiveEpisode:
         """Start an episode that is written while it happens (robots, the capture service).
 
-        Frames go to lerobot's streaming video encoder as they arrive, so when the episode ends only the
-        last frames are left to encode before the commit. Until `commit()` or `abort()`, this recorder holds
-        the dataset's lock.
+        Frames go to lerobot's streaming video encoder as they arrive, into a one-episode dataset of its own,
+        so when the episode ends only the encoder's tail is left before the commit appends it.
         """
-        lock = _FileLock(self.staging / ".lock")
-        try:
-            self._pull_meta()
-            return LiveEpisode(self, self._open(), task, lock)
-        except BaseException:
-            lock.release()
-            raise
+        from lerobot.configs.video import RGBEncoderConfig
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+        root = Path(tempfile.mkdtemp(prefix="episode-", dir=self.staging)) / "dataset"
+        # streaming_encoding: frames go straight to the encoder instead of through temporary PNG files,
+        # which cost more than the encode itself (measured: 5.8 s of a 400-frame 480x640 commit).
+        dataset = LeRobotDataset.create(self.url.bucket_id, fps=self.spec.fps, features=self.spec.features(), root=root,
+                                        robot_type=self.spec.robot_type, streaming_encoding=True,
+                                        rgb_encoder=RGBEncoderConfig(vcodec=self.spec.vcodec, preset=self.spec.vpreset))  # fmt: skip
+        return LiveEpisode(self, dataset, task)
 
     def committed_episodes(self) -> int:
         """How many episodes the bucket's dataset holds (0 when it does not exist yet)."""
         with self._lock():
-            self._pull_meta()
-            return self._read_info().get("total_episodes", 0)
+            return self._read_info().get("total_episodes", 0) if self._sync_tail() else 0
 
     # -- steps ---------------------------------------------------------------------------------------------
-    def _pull_meta(self) -> None:
-        """Make local meta/ exactly the bucket's: the bucket is the truth (another recorder may have committed)."""
-        shutil.rmtree(self.root, ignore_errors=True)
-        remote = [e for e in self.client.ls(self.url / "meta", recursive=True) if isinstance(e, Entry)] if self._exists() else []
-        for entry in remote:
-            self.client.download(entry.url, self.root / entry.url.path[len(self.url.path) :].lstrip("/"))
-
-    def _exists(self) -> bool:
-        try:
-            self.client.stat(self.url / "meta" / "info.json")
-            return True
-        except FileNotFoundError:
+    def _sync_tail(self) -> bool:
+        """Make the local copy hold the bucket's meta/ and the files the next append grows (the last
+        episode's data and video files); other recorders may have committed since. Files already here with
+        the bucket's Xet hash are kept. Returns whether the bucket holds a dataset."""
+        prefix = len(self.url.path) + 1 if self.url.path else 0
+        remote = {e.url.path[prefix:]: e for e in self.client.ls(self.url, recursive=True) if isinstance(e, Entry)}
+        if "meta/info.json" not in remote:
+            shutil.rmtree(self.root, ignore_errors=True)
             return False
+        known = self._known_hashes()
+        for rel in [r for r in remote if r.startswith("meta/")]:
+            self._ensure(rel, remote[rel], known)
+        tail = self._tail_files()
+        for rel in tail:
+            self._ensure(rel, remote[rel], known)
+        keep = set(tail) | {r for r in remote if r.startswith("meta/")}
+        for path in [p for p in self.root.rglob("*") if p.is_file()]:
+            if path.relative_to(self.root).as_posix() not in keep:
+                path.unlink()  # bounded local disk: only meta/ and the growing files
+        self._save_known({rel: known[rel] for rel in keep if rel in known})
+        return True
 
-    def _open(self):
-        from lerobot.configs.video import RGBEncoderConfig
-        from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    def _ensure(self, rel: str, entry: Entry, known: dict[str, str]) -> None:
+        if (self.root / rel).exists() and known.get(rel) == entry.xet_hash:
+            return
+        self.client.download(entry.url, self.root / rel)
+        known[rel] = entry.xet_hash
 
-        encoder = RGBEncoderConfig(vcodec=self.spec.vcodec, preset=self.spec.vpreset)
-        repo_id = f"{self.url.bucket_id}"
-        if (self.root / "meta" / "info.json").exists():
-            self._check_same_features()
-            return LeRobotDataset.resume(repo_id, root=self.root, rgb_encoder=encoder, streaming_encoding=True)
-        # streaming_encoding: frames go straight to the encoder instead of through temporary PNG files,
-        # which cost more than the encode itself (measured: 5.8 s of a 400-frame 480x640 commit).
-        return LeRobotDataset.create(repo_id, fps=self.spec.fps, features=self.spec.features(), root=self.root,
-                                     robot_type=self.spec.robot_type, rgb_encoder=encoder, streaming_encoding=True)  # fmt: skip
+    def _tail_files(self) -> list[str]:
+        from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
+
+        meta = LeRobotDatasetMetadata(self.url.bucket_id, root=self.root)
+        last = meta.total_episodes - 1
+        return [str(meta.get_data_file_path(last))] + [str(meta.get_video_file_path(last, k)) for k in meta.video_keys]
+
+    def _known_hashes(self) -> dict[str, str]:
+        path = self.staging / "hashes.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def _save_known(self, hashes: dict[str, str]) -> None:
+        (self.staging / "hashes.json").write_text(json.dumps(hashes))
 
     def _check_same_features(self) -> None:
         from lerobot.utils.constants import DEFAULT_FEATURES
@@ -176,23 +195,34 @@ class DatasetRecorder:
             raise BadEpisode(f"{self.url} holds a dataset with features {have}; this recorder writes {want}. Use another dataset URL.")
 
     def _read_info(self) -> dict:
-        import json
-
         path = self.root / "meta" / "info.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
     def _finish(self, dataset, frames: int) -> CommitReport:
-        """save_episode + finalize (the encoder's tail), then upload; only meta/ stays local afterwards."""
-        index = dataset.meta.total_episodes
+        """Flush the encoder, then append the episode to the bucket's dataset and upload what changed."""
+        from .append import append_episode
+
         t0 = time.perf_counter()
         dataset.save_episode()
         dataset.finalize()
         t1 = time.perf_counter()
-        new_files = [p for sub in ("data", "videos") for p in (self.root / sub).rglob("*") if p.is_file()]
-        sent, episode_bytes, paths = self._push(new_files)
-        t2 = time.perf_counter()
-        for sub in ("data", "videos"):  # the bucket has them now
-            shutil.rmtree(self.root / sub, ignore_errors=True)
+        episode_root = Path(dataset.root)
+        episode_bytes = sum(p.stat().st_size for sub in ("data", "videos") for p in (episode_root / sub).rglob("*") if p.is_file())
+        try:
+            with self._lock():
+                if self._sync_tail():
+                    self._check_same_features()
+                    before = _snapshot(self.root)
+                    append_episode(self.root, episode_root, self.url.bucket_id)
+                else:
+                    before = {}
+                    shutil.copytree(episode_root, self.root)
+                index = self._read_info()["total_episodes"] - 1
+                changed = [p for p, stamp in _snapshot(self.root).items() if before.get(p) != stamp and not p.startswith("meta/")]
+                sent, paths = self._push(changed)
+            t2 = time.perf_counter()
+        finally:
+            shutil.rmtree(episode_root.parent, ignore_errors=True)
         return CommitReport(index, frames, episode_bytes, sent, t1 - t0, t2 - t1, paths)
 
     def _frame(self, episode: Episode, t: int) -> dict:
@@ -206,18 +236,22 @@ class DatasetRecorder:
         frame["task"] = episode.task
         return frame
 
-    def _push(self, new_files: list[Path]) -> tuple[int, int, list[str]]:
-        """Upload data and video files, then meta/. Returns (bytes sent, episode bytes, paths)."""
+    def _push(self, changed: list[str]) -> tuple[int, list[str]]:
+        """Upload the changed data and video files, then meta/ (so readers never see metadata naming bytes
+        that are not there yet). Returns (bytes sent, paths)."""
         staged = self.staging / "push"
         shutil.rmtree(staged, ignore_errors=True)
-        for path in new_files:  # hard links: the upload sees exactly these files and nothing of meta/
-            target = staged / path.relative_to(self.root)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.hardlink_to(path)
+        for rel in changed:  # hard links: the upload sees exactly these files
+            (staged / rel).parent.mkdir(parents=True, exist_ok=True)
+            (staged / rel).hardlink_to(self.root / rel)
         data = self.client.upload(staged, self.url)
         meta = self.client.upload(self.root / "meta", self.url / "meta")
         shutil.rmtree(staged, ignore_errors=True)
-        return data.bytes_sent + meta.bytes_sent, data.bytes_total, [f.path for f in data.files + meta.files]
+        prefix = len(self.url.path) + 1 if self.url.path else 0
+        known = self._known_hashes()
+        known.update({f.path[prefix:]: f.xet_hash for f in data.files + meta.files})
+        self._save_known(known)
+        return data.bytes_sent + meta.bytes_sent, [f.path for f in data.files + meta.files]
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
@@ -228,11 +262,15 @@ class DatasetRecorder:
             lock.release()
 
 
+def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    return {p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+
+
 class LiveEpisode:
     """An episode being recorded: `add_frame` per frame, then `commit()` (or `abort()` to drop it)."""
 
-    def __init__(self, recorder: DatasetRecorder, dataset, task: str, lock: _FileLock) -> None:
-        self.recorder, self.dataset, self.task, self._lock = recorder, dataset, task, lock
+    def __init__(self, recorder: DatasetRecorder, dataset, task: str) -> None:
+        self.recorder, self.dataset, self.task = recorder, dataset, task
         self.frames = 0
 
     def add_frame(self, frame: dict) -> None:
@@ -254,19 +292,18 @@ class LiveEpisode:
         Raises:
             BadEpisode: no frames were added. robotloop.storage.StorageError: the upload failed.
         """
-        try:
-            if self.frames == 0:
-                raise BadEpisode("the episode has no frames")
-            return self.recorder._finish(self.dataset, self.frames)
-        finally:
-            self._lock.release()
+        if self.frames == 0:
+            self.abort()
+            raise BadEpisode("the episode has no frames")
+        return self.recorder._finish(self.dataset, self.frames)
 
     def abort(self) -> None:
         """Drop the episode: nothing of it reaches the bucket."""
         try:
             self.dataset.clear_episode_buffer()
+            self.dataset.finalize()
         finally:
-            self._lock.release()
+            shutil.rmtree(Path(self.dataset.root).parent, ignore_errors=True)
 
 
 class _FileLock:

@@ -1,0 +1,60 @@
+"""Append a one-episode LeRobot v3 dataset to another, growing its current data and video files in place.
+
+LeRobot's `resume` starts new data and video files for every session; lerobot 0.6.1's
+StreamingLeRobotDataset, however, reads a camera's frames at `index / fps` inside one mp4, so it only reads
+datasets whose episodes are packed into one file per camera and chunk, as lerobot's writer packs them within
+a session. Appending each committed episode into the current files keeps that layout (and Xet dedup makes
+re-uploading a grown file cost about the episode's bytes). The packing itself is lerobot's aggregation code
+(`lerobot.datasets.aggregate`), started from the destination's last file instead of from empty.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+
+
+def append_episode(dst_root: Path, src_root: Path, repo_id: str) -> None:
+    """Append the dataset at `src_root` (lerobot-written, one episode) to the dataset at `dst_root`.
+
+    `dst_root` must hold meta/ and the data and video files of its last episode (the ones that grow).
+
+    Raises:
+        FileNotFoundError: a file the append grows is missing locally.
+        ValueError: the datasets differ in features or fps (lerobot's own check).
+    """
+    from lerobot.datasets.aggregate import aggregate_data, aggregate_metadata, aggregate_videos, finalize_aggregation, validate_all_metadata
+    from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
+
+    dst = LeRobotDatasetMetadata(repo_id, root=dst_root)
+    src = LeRobotDatasetMetadata(repo_id, root=src_root)
+    validate_all_metadata([dst, src])
+    before = SimpleNamespace(total_episodes=dst.total_episodes, total_frames=dst.total_frames, stats=dst.stats)
+    new_tasks = [t for t in src.tasks.index if t not in dst.tasks.index]
+    if new_tasks:
+        added = pd.DataFrame({"task_index": range(len(dst.tasks), len(dst.tasks) + len(new_tasks))},
+                             index=pd.Index(new_tasks, name="task"))  # fmt: skip
+        dst.tasks = pd.concat([dst.tasks, added])
+
+    last = dst.episodes[dst.total_episodes - 1]
+    _require(dst_root / dst.get_data_file_path(dst.total_episodes - 1))
+    videos_idx = {}
+    for key in dst.video_keys:
+        _require(dst_root / dst.get_video_file_path(dst.total_episodes - 1, key))
+        chunk, file, end = last[f"videos/{key}/chunk_index"], last[f"videos/{key}/file_index"], last[f"videos/{key}/to_timestamp"]
+        videos_idx[key] = {"chunk": chunk, "file": file, "latest_duration": end, "episode_duration": 0,
+                           "dst_file_durations": {(chunk, file): end}}  # fmt: skip
+    data_idx = {"chunk": last["data/chunk_index"], "file": last["data/file_index"]}
+    meta_idx = {"chunk": last["meta/episodes/chunk_index"], "file": last["meta/episodes/file_index"]}
+    info = dst.info
+    aggregate_videos(src, dst, videos_idx, info.video_files_size_in_mb, info.chunks_size)
+    data_idx = aggregate_data(src, dst, data_idx, info.data_files_size_in_mb, info.chunks_size)
+    aggregate_metadata(src, dst, meta_idx, data_idx, videos_idx)
+    finalize_aggregation(dst, [before, src])
+
+
+def _require(path: Path) -> None:
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: the file this append grows is not in the local copy")
