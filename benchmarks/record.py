@@ -71,7 +71,7 @@ def realtime(args: argparse.Namespace) -> None:
 
     size = tuple(int(v) for v in args.image_size.split("x"))
     demos = [record_demo(args.task, seed, image_size=size) for seed in range(args.episodes)]
-    latencies = []
+    latencies, sent, own = [], 0, 0
     with tempfile.TemporaryDirectory() as tmp:
         server = ensure_embedded_server(Path(tmp) / "server")
         try:
@@ -88,12 +88,14 @@ def realtime(args: argparse.Namespace) -> None:
                 end = time.perf_counter()
                 report = live.commit()
                 latencies.append(time.perf_counter() - end)
+                sent, own = sent + report.bytes_sent, own + report.episode_bytes
                 print(f"episode {report.episode_index}: visible {latencies[-1]:.2f} s after its last frame", flush=True)
         finally:
             stop_embedded_server(Path(tmp) / "server")
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
                       "task": args.task, "image_size": args.image_size, "codec": args.codec, "episodes": len(latencies),
-                      "median_end_to_visible_s": statistics.median(latencies), "max_end_to_visible_s": max(latencies)}, indent=1))  # fmt: skip
+                      "median_end_to_visible_s": statistics.median(latencies), "max_end_to_visible_s": max(latencies),
+                      "bytes_sent_per_episode_bytes": sent / own}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":
