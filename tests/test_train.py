@@ -73,3 +73,29 @@ def test_an_episode_committed_mid_run_is_trained_on(bucket_server, tmp_path):
     client.fetch(BucketUrl.parse(report.checkpoints[-1]) / "lineage.json", tmp_path / "lineage.json")
     lineage = json.loads((tmp_path / "lineage.json").read_text())
     assert [e["episode_index"] for e in lineage["episodes"]] == [0, 1]
+
+
+def test_two_ranks_under_torchrun_share_the_episodes_and_one_checkpoint(bucket_server, tmp_path):
+    """Data parallel on CPU (gloo): what `torchrun --nproc-per-node N` does on GPUs with NCCL."""
+    import os
+    import subprocess
+    import sys
+
+    client, url, _ = _dataset(bucket_server, tmp_path, "ddp", episodes=3)
+    out = BucketUrl.parse("hf://buckets/lab/train/models/ddp")
+    env = {**os.environ, "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint, "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN,
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "robotloop.cli",
+           "train", "--dataset", str(url), "--output", str(out), "--steps", "4", "--batch-size", "2", "--log-every", "2",
+           "--checkpoint-every", "4", "--tiny", "--decode-workers", "1", "--device", "cpu"]  # fmt: skip
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    client.fetch(out / "checkpoints" / "000004", tmp_path / "ckpt")
+    state = tmp_path / "ckpt" / "training_state"
+    assert {p.name for p in state.glob("sampler_state_rank*.json")} == {"sampler_state_rank0.json", "sampler_state_rank1.json"}
+    ranks = [json.loads((state / f"sampler_state_rank{r}.json").read_text())["known"] for r in (0, 1)]
+    assert sorted(k[1] for k in ranks[0]) == [0, 2] and sorted(k[1] for k in ranks[1]) == [1]  # disjoint shares
+    lineage = json.loads((tmp_path / "ckpt" / "lineage.json").read_text())
+    assert lineage["world_size"] == 2 and [e["episode_index"] for e in lineage["episodes"]] == [0, 1, 2]
+    assert json.loads(client.read_range(out / "checkpoints" / "last.json", 0, 1000))["step"] == 4
+    ACTPolicy.from_pretrained(tmp_path / "ckpt" / "pretrained_model")

@@ -33,12 +33,25 @@ def checkpoint_url(output: BucketUrl, step: int) -> BucketUrl:
 
 
 def save_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, optimizer: torch.optim.Optimizer,
-                    sampler_state: dict, lineage: dict, losses: list[tuple[int, float]]) -> BucketUrl:  # fmt: skip
-    """Write checkpoint `step` to the bucket (model first, pointer last). Returns its URL."""
+                    sampler_state: dict, lineage: dict, losses: list[tuple[int, float]], rank: int = 0,
+                    world: int = 1) -> BucketUrl:  # fmt: skip
+    """Write checkpoint `step` to the bucket (model first, pointer last). Returns its URL.
+
+    With several ranks, each writes its own sampler state; rank 0 writes the rest once every rank is done,
+    and the pointer last.
+    """
     from lerobot.optim.optimizers import save_optimizer_state
     from lerobot.utils.random_utils import save_rng_state
 
     url = checkpoint_url(output, step)
+    if world > 1:
+        with tempfile.TemporaryDirectory() as tmp:
+            _save_sampler_state(sampler_state, Path(tmp), rank)
+            client.upload(Path(tmp), url / "training_state")
+        torch.distributed.barrier()
+        if rank != 0:
+            torch.distributed.barrier()  # wait for rank 0's pointer: the checkpoint is whole when this returns
+            return url
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         policy.save_pretrained(root / "pretrained_model")
@@ -46,7 +59,8 @@ def save_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, 
         state.mkdir()
         save_optimizer_state(optimizer, state)
         save_rng_state(state)
-        _save_sampler_state(sampler_state, state)
+        if world == 1:
+            _save_sampler_state(sampler_state, state, 0)
         (state / "training_step.json").write_text(json.dumps({"step": step}))
         (root / "lineage.json").write_text(json.dumps(lineage, indent=1, default=_jsonable))
         plot_losses(losses, root / "loss.png")
@@ -55,6 +69,8 @@ def save_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, 
         pointer = Path(tmp) / "last.json"
         pointer.write_text(json.dumps({"step": step, "url": str(url)}))
         client.upload(pointer, output / "checkpoints" / "last.json")
+    if world > 1:
+        torch.distributed.barrier()
     return url
 
 
@@ -66,9 +82,10 @@ def latest_step(client: BucketClient, output: BucketUrl) -> int | None:
         return None
 
 
-def load_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, optimizer: torch.optim.Optimizer) -> dict:
-    """Load weights, optimizer and RNG state of checkpoint `step` into `policy`/`optimizer`; returns the
-    sampler state. Weights load through safetensors only.
+def load_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, optimizer: torch.optim.Optimizer,
+                    rank: int = 0) -> dict:  # fmt: skip
+    """Load weights, optimizer and RNG state of checkpoint `step` into `policy`/`optimizer`; returns this
+    rank's sampler state. Weights load through safetensors only.
     """
     from lerobot.optim.optimizers import load_optimizer_state
     from lerobot.utils.random_utils import load_rng_state
@@ -80,19 +97,19 @@ def load_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, 
         policy.policy.load_state_dict(weights)
         load_optimizer_state(optimizer, root / "training_state")
         load_rng_state(root / "training_state")
-        return _load_sampler_state(root / "training_state")
+        return _load_sampler_state(root / "training_state", rank)
 
 
-def _save_sampler_state(state: dict, directory: Path) -> None:
+def _save_sampler_state(state: dict, directory: Path, rank: int) -> None:
     tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
-    save_file({k: v.cpu() for k, v in tensors.items()}, directory / "sampler_state.safetensors")
+    save_file({k: v.cpu() for k, v in tensors.items()}, directory / f"sampler_state_rank{rank}.safetensors")
     rest = {k: v for k, v in state.items() if k not in tensors}
-    (directory / "sampler_state.json").write_text(json.dumps(rest))
+    (directory / f"sampler_state_rank{rank}.json").write_text(json.dumps(rest))
 
 
-def _load_sampler_state(directory: Path) -> dict:
-    state: dict[str, Any] = json.loads((directory / "sampler_state.json").read_text())
-    state.update(load_file(directory / "sampler_state.safetensors"))
+def _load_sampler_state(directory: Path, rank: int) -> dict:
+    state: dict[str, Any] = json.loads((directory / f"sampler_state_rank{rank}.json").read_text())
+    state.update(load_file(directory / f"sampler_state_rank{rank}.safetensors"))
     return state
 
 

@@ -509,10 +509,11 @@ class StreamingSampler:
         self._last_refresh = time.monotonic()
         return new
 
-    def episodes(self) -> list[dict]:
-        """Lineage: this rank's known episodes with their dataset, files and Xet hashes."""
+    def episodes(self, all_ranks: bool = False) -> list[dict]:
+        """Lineage: this rank's known episodes (or, `all_ranks`, every rank's) with their files and Xet hashes."""
         with self._lock:
-            refs = sorted(self._known.values(), key=lambda e: (e.dataset, e.index))
+            known = [e for source in self.sources for e in source.episodes] if all_ranks else self._known.values()
+            refs = sorted(known, key=lambda e: (e.dataset, e.index))
         out = []
         for e in refs:
             files = [{"url": e.data.url, "xet_hash": e.data.xet_hash}]

@@ -21,6 +21,8 @@ and clip_grad_norm_ / fused AdamW never read values back to the host.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -289,6 +291,7 @@ class TrainablePolicy:
             k: _affine_from_normalizer(norm, k, ft.type) for k, ft in feats.items()
         }
         self._optimizer: torch.optim.Optimizer | None = None
+        self.grad_sync: Callable[[list[Tensor]], None] | None = None  # set by the trainer under torchrun
         self._params: list[nn.Parameter] = []  # the optimizer's, for grad clipping
         self._loss_fn = self._loss_eager
         if settings.compile:
@@ -381,6 +384,8 @@ class TrainablePolicy:
         opt = self.optimizer()
         loss = self.loss(batch)
         loss.backward()
+        if self.grad_sync is not None:  # data parallel: average gradients across ranks before clipping
+            self.grad_sync(self._params)
         torch.nn.utils.clip_grad_norm_(self._params, self.settings.grad_clip_norm, foreach=True)
         opt.step()
         # set_to_none: the graphed backward writes fresh grads; dropping ours lets its pool be reused.

@@ -11,11 +11,13 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from ..storage import BucketClient, BucketUrl
 from .checkpoint import code_version, latest_step, load_checkpoint, save_checkpoint
@@ -81,19 +83,24 @@ def train(
     Raises:
         robotloop.storage.NotFound: a dataset does not exist. ValueError: bad settings or mismatched datasets.
     """
-    torch.manual_seed(settings.seed)
+    rank, world, device = _distributed(settings.device)
+    torch.manual_seed(settings.seed)  # the same initial weights on every rank
     act = act or ACTSettings()
     data = data or DataSettings()
-    data.device, data.seed, data.chunk_size = settings.device, settings.seed, act.chunk_size
+    data.device, data.seed, data.chunk_size = device, settings.seed, act.chunk_size
     client.create_bucket(output)
-    with StreamingSampler(client, datasets, data) as sampler:
-        policy = build_policy(sampler.features, sampler.stats, act, settings.device)
+    with StreamingSampler(client, datasets, data, rank, world) as sampler:
+        policy = build_policy(sampler.features, sampler.stats, act, device)
         optimizer = policy.optimizer()
+        if world > 1:
+            policy.grad_sync = _average_gradients
         start = 0
         if settings.resume and (last := latest_step(client, output)) is not None:
-            sampler.load_state_dict(load_checkpoint(client, output, last, policy, optimizer))
+            sampler.load_state_dict(load_checkpoint(client, output, last, policy, optimizer, rank))
             start = last
             log.info("resumed from step %d", last)
+        if world > 1:  # dropout and VAE noise differ across ranks (one RNG state is saved: resume is not bitwise)
+            torch.manual_seed(settings.seed + start + 1000 * rank)
         if settings.deterministic:
             sampler.wait_ready()
         report = _loop(client, sampler, policy, optimizer, output, settings, act, data, start, on_progress, should_stop)
@@ -107,9 +114,12 @@ def _loop(client, sampler, policy, optimizer, output, settings, act, data, start
     t0, wait0, step = time.perf_counter(), sampler.wait_s, start
 
     def checkpoint(at: int) -> None:
-        lineage = {"step": at, "datasets": [str(u) for u in sampler_urls(sampler)], "episodes": sampler.episodes(),
+        world = sampler.world_size
+        lineage = {"step": at, "datasets": [str(u) for u in sampler_urls(sampler)], "world_size": world,
+                   "episodes": sampler.episodes(all_ranks=world > 1),
                    "train": asdict(settings), "act": asdict(act), "data": asdict(data), "code": code_version()}  # fmt: skip
-        checkpoints.append(str(save_checkpoint(client, output, at, policy, optimizer, sampler.state_dict(), lineage, losses)))
+        url = save_checkpoint(client, output, at, policy, optimizer, sampler.state_dict(), lineage, losses, sampler.rank, world)
+        checkpoints.append(str(url))
 
     while step < settings.steps:
         batch = sampler.next_batch(settings.batch_size)
@@ -139,3 +149,33 @@ def _loop(client, sampler, policy, optimizer, output, settings, act, data, start
 
 def sampler_urls(sampler: StreamingSampler) -> list[BucketUrl]:
     return [source.url for source in sampler.sources]
+
+
+def _distributed(device: str) -> tuple[int, int, str]:
+    """(rank, world size, this rank's device). Under torchrun (WORLD_SIZE > 1) this joins the process group:
+    NCCL between GPUs, gloo on CPU; each rank takes the GPU of its LOCAL_RANK."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, device
+    cuda = device.startswith("cuda")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    if cuda:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(device)
+    return dist.get_rank(), world, device
+
+
+def _average_gradients(params: list[torch.Tensor]) -> None:
+    """Average gradients over ranks in one flat all-reduce. Done by hand rather than with DDP's wrapper so
+    that it composes with the compiled, CUDA-graphed step: the collective runs between backward and the
+    optimizer, outside the graph."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for p, synced in zip(params, torch._utils._unflatten_dense_tensors(flat, grads)):
+        if p.grad is None:
+            p.grad = synced
+        else:
+            p.grad.copy_(synced)
