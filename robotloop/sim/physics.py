@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import mujoco
-import numpy as np
 
 from robotloop.sim.constants import DT
 
