@@ -21,12 +21,27 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from robotloop.capture import DatasetRecorder, DatasetSpec
 from robotloop.capture.sim_record import record_sim
 from robotloop.storage import BucketClient, BucketUrl
 from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
+
+
+@contextmanager
+def fresh_recorder(name: str, args: argparse.Namespace, size: tuple[int, int]) -> Iterator[DatasetRecorder]:
+    """A recorder writing into a fresh embedded bucket server, stopped afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        server = ensure_embedded_server(Path(tmp) / "server")
+        try:
+            client = BucketClient(server.endpoint, server.token)
+            url = BucketUrl.parse(f"hf://buckets/bench/{name}/datasets/{args.task}")
+            yield DatasetRecorder(client, url, DatasetSpec.aloha(size, args.codec), staging=Path(tmp) / "stage")
+        finally:
+            stop_embedded_server(Path(tmp) / "server")
 
 
 def main() -> None:
@@ -41,15 +56,8 @@ def main() -> None:
     if args.realtime:
         return realtime(args)
     size = tuple(int(v) for v in args.image_size.split("x"))
-    with tempfile.TemporaryDirectory() as tmp:
-        server = ensure_embedded_server(Path(tmp) / "server")
-        try:
-            client = BucketClient(server.endpoint, server.token)
-            url = BucketUrl.parse(f"hf://buckets/bench/record/datasets/{args.task}")
-            recorder = DatasetRecorder(client, url, DatasetSpec.aloha(size, args.codec), staging=Path(tmp) / "stage")
-            report = record_sim(recorder, args.task, args.episodes, args.workers, size)
-        finally:
-            stop_embedded_server(Path(tmp) / "server")
+    with fresh_recorder("record", args, size) as recorder:
+        report = record_sim(recorder, args.task, args.episodes, args.workers, size)
     commits = report.committed
     result = {
         "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
@@ -72,26 +80,19 @@ def realtime(args: argparse.Namespace) -> None:
     size = tuple(int(v) for v in args.image_size.split("x"))
     demos = [record_demo(args.task, seed, image_size=size) for seed in range(args.episodes)]
     latencies, sent, own = [], 0, 0
-    with tempfile.TemporaryDirectory() as tmp:
-        server = ensure_embedded_server(Path(tmp) / "server")
-        try:
-            client = BucketClient(server.endpoint, server.token)
-            url = BucketUrl.parse(f"hf://buckets/bench/realtime/datasets/{args.task}")
-            recorder = DatasetRecorder(client, url, DatasetSpec.aloha(size, args.codec), staging=Path(tmp) / "stage")
-            for demo in demos:
-                live, start = recorder.begin(TASK_TEXT[args.task]), time.perf_counter()
-                for t in range(len(demo)):
-                    time.sleep(max(0.0, start + t / 50 - time.perf_counter()))  # frames arrive at 50 Hz
-                    live.add_frame({"observation.images.top": demo.frames[t], "observation.state": demo.states[t],
-                                    "action": demo.actions[t], "next.reward": demo.rewards[t : t + 1],
-                                    "next.success": demo.rewards[t : t + 1] >= 4})  # fmt: skip
-                end = time.perf_counter()
-                report = live.commit()
-                latencies.append(time.perf_counter() - end)
-                sent, own = sent + report.bytes_sent, own + report.episode_bytes
-                print(f"episode {report.episode_index}: visible {latencies[-1]:.2f} s after its last frame", flush=True)
-        finally:
-            stop_embedded_server(Path(tmp) / "server")
+    with fresh_recorder("realtime", args, size) as recorder:
+        for demo in demos:
+            live, start = recorder.begin(TASK_TEXT[args.task]), time.perf_counter()
+            for t in range(len(demo)):
+                time.sleep(max(0.0, start + t / 50 - time.perf_counter()))  # frames arrive at 50 Hz
+                live.add_frame({"observation.images.top": demo.frames[t], "observation.state": demo.states[t],
+                                "action": demo.actions[t], "next.reward": demo.rewards[t : t + 1],
+                                "next.success": demo.rewards[t : t + 1] >= 4})  # fmt: skip
+            end = time.perf_counter()
+            report = live.commit()
+            latencies.append(time.perf_counter() - end)
+            sent, own = sent + report.bytes_sent, own + report.episode_bytes
+            print(f"episode {report.episode_index}: visible {latencies[-1]:.2f} s after its last frame", flush=True)
     print(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
                       "task": args.task, "image_size": args.image_size, "codec": args.codec, "episodes": len(latencies),
                       "median_end_to_visible_s": statistics.median(latencies), "max_end_to_visible_s": max(latencies),

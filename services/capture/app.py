@@ -48,7 +48,7 @@ from robotloop.capture import BadEpisode
 from robotloop.capture.sessions import EpisodeSessions, Limits, SpecConflict, TooLarge, TooManyEpisodes, UnknownEpisode
 from robotloop.config import Settings
 from robotloop.storage import BadBucketUrl, BucketClient, BucketUrl, StorageError, connect
-from robotloop.storage.server.auth import AuthError, Forbidden, TokenStore, Unauthorized, bearer_from_header
+from robotloop.storage.server.auth import AuthError, TokenStore
 from services.bucket.app import BodyLimit
 
 log = logging.getLogger("robotloop.capture")
@@ -98,11 +98,8 @@ def calling_robot(request: Request) -> Robot:
         Unauthorized: no token, or one not in the tokens file.
         Forbidden: a read-only token.
     """
-    token = bearer_from_header(request.headers.get("authorization"))
-    if not token:
-        raise Unauthorized("a robot token is required: send 'Authorization: Bearer <token>'")
-    if not request.app.state.tokens.principal(token).write:
-        raise Forbidden("this token is read-only; recording needs a 'write' robot token")
+    tokens = request.app.state.tokens
+    token = tokens.require(request.headers.get("authorization"), True, "recording needs a 'write' robot token", "a robot token")
     return Robot(robot_id(token), token)
 
 

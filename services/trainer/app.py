@@ -43,7 +43,7 @@ from starlette.concurrency import run_in_threadpool
 
 from robotloop.config import Settings
 from robotloop.storage import BucketUrl, resolve_endpoint
-from robotloop.storage.server.auth import AuthError, Forbidden, TokenStore, Unauthorized, bearer_from_header
+from robotloop.storage.server.auth import AuthError, TokenStore
 from robotloop.train.jobs import JobManager, JobSpec, UnknownJob
 
 log = logging.getLogger("robotloop.trainer")
@@ -55,12 +55,8 @@ def _token(request: Request, write: bool) -> str:
     Raises:
         Unauthorized: no token, or one not in the tokens file. Forbidden: `write` and a read-only token.
     """
-    token = bearer_from_header(request.headers.get("authorization"))
-    if not token:
-        raise Unauthorized("a token is required: send 'Authorization: Bearer <token>'")
-    if not request.app.state.tokens.principal(token).write and write:
-        raise Forbidden("this token is read-only; submitting and cancelling jobs need a 'write' token")
-    return token
+    why = "submitting and cancelling jobs need a 'write' token"
+    return request.app.state.tokens.require(request.headers.get("authorization"), write, why)
 
 
 def reader(request: Request) -> str:

@@ -199,6 +199,20 @@ class TokenStore:
         name = DEFAULT_NAMESPACE if entry.namespace == WILDCARD else entry.namespace
         return Principal(name=name, namespace=entry.namespace, write=entry.write, anonymous=False)
 
+    def require(self, authorization: str | None, write: bool, why: str, who: str = "a token") -> str:
+        """The bearer token of an ``Authorization`` header, known and (if ``write``) allowed to write; the
+        services' gate. ``why`` ends the read-only message, e.g. "recording needs a 'write' token".
+
+        Raises:
+            Unauthorized: no token, or an unknown one. Forbidden: ``write`` and a read-only token.
+        """
+        token = bearer_from_header(authorization)
+        if not token:
+            raise Unauthorized(f"{who} is required: send 'Authorization: Bearer <token>'")
+        if write and not self.principal(token).write:
+            raise Forbidden(f"this token is read-only; {why}")
+        return token
+
     def authorize(self, bearer: str | None, namespace: str, write: bool, bucket_public: bool) -> Principal:
         """Check that ``bearer`` may read (or write) in ``namespace``.
 
