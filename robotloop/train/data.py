@@ -11,7 +11,8 @@ pool of decode worker processes:
   downloaded: the parquet rows and the video frames of the episode are read with ranged requests
   (`BucketClient.open`), only the byte ranges the decoders ask for.
 
-Workers decode every frame of an episode once (torchcodec, uint8 [T,3,H,W]) and hand the tensors back
+Workers decode every frame of an episode once (torchcodec, or PyAV where FFmpeg's libraries are missing;
+uint8 [T,3,H,W]) and hand the tensors back
 through shared memory (torch.multiprocessing: local IPC only, nothing crosses a network). A background
 thread copies them into a ring buffer ("arena") of preallocated tensors on the sampler's device (GPU
 memory on CUDA), evicting the oldest episodes when full, and schedules more decode jobs. `next_batch`
@@ -41,10 +42,11 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -84,6 +86,12 @@ class DataSettings:
     device: str = "cpu"
     max_inflight: int | None = None  # decode jobs submitted but not yet in the buffer; None: 2 per worker
     retries: int = 3  # per episode, inside the worker: reads cross a network
+    # "auto": torchcodec when its FFmpeg libraries load, else PyAV (whose wheel bundles FFmpeg), as lerobot does.
+    video_backend: Literal["auto", "torchcodec", "pyav"] = "auto"
+
+    def __post_init__(self) -> None:
+        if self.video_backend not in ("auto", "torchcodec", "pyav"):
+            raise ValueError(f"video_backend must be 'auto', 'torchcodec' or 'pyav', got {self.video_backend!r}")
 
 
 # -- metadata ------------------------------------------------------------------------------------------------
@@ -199,20 +207,21 @@ class DatasetSource:
 
 
 # -- decode workers ------------------------------------------------------------------------------------------
-def _decode_worker(endpoint: str, token: str | None, cache: tuple[str, int] | None, retries: int,
+def _decode_worker(endpoint: str, token: str | None, cache: tuple[str, int] | None, retries: int, backend: str,
                    jobs: mp.Queue, results: mp.Queue) -> None:  # fmt: skip
     """Worker process: decode episodes until a None job arrives. Opens its own client (nothing is shared)."""
     from ..storage.cache import ReadCache
 
     torch.set_num_threads(1)  # one episode per process; the pool is the parallelism
     client = BucketClient(endpoint, token, ReadCache(Path(cache[0]), cache[1]) if cache else None)
+    frames_at = _FRAME_READERS[backend]
     scratch = Path(tempfile.mkdtemp(prefix="robotloop-decode-"))
     try:
         while (job := jobs.get()) is not None:
             seq, episode, fps = job
             for attempt in range(retries):
                 try:
-                    results.put((seq, _decode_episode(client, episode, fps, scratch), None))
+                    results.put((seq, _decode_episode(client, episode, fps, scratch, frames_at), None))
                     break
                 except Exception as error:  # noqa: BLE001 - reported to the main process, which raises it
                     if attempt == retries - 1:
@@ -222,7 +231,8 @@ def _decode_worker(endpoint: str, token: str | None, cache: tuple[str, int] | No
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _decode_episode(client: BucketClient, ep: EpisodeRef, fps: int, scratch: Path) -> dict[str, torch.Tensor]:
+def _decode_episode(client: BucketClient, ep: EpisodeRef, fps: int, scratch: Path,
+                    frames_at: FrameReader) -> dict[str, torch.Tensor]:  # fmt: skip
     """Rows and every video frame of one episode: state/action float32 [T,D], frames uint8 [T,3,H,W]."""
     columns = [STATE_KEY, ACTION_KEY, "index", "timestamp"]
     rows = (("index", ">=", ep.from_index), ("index", "<", ep.to_index))
@@ -240,7 +250,7 @@ def _decode_episode(client: BucketClient, ep: EpisodeRef, fps: int, scratch: Pat
     out = {STATE_KEY: _matrix(table[STATE_KEY]), ACTION_KEY: _matrix(table[ACTION_KEY])}
     timestamps = table["timestamp"].to_numpy()
     for key, (file, from_ts) in ep.videos.items():
-        out[key] = _decode_video(client, file, [from_ts + float(ts) for ts in timestamps], scratch)
+        out[key] = _decode_video(client, file, [from_ts + float(ts) for ts in timestamps], scratch, frames_at)
     return out
 
 
@@ -249,27 +259,73 @@ def _matrix(column: pa.ChunkedArray) -> torch.Tensor:
     return torch.from_numpy(flat.reshape(len(column), -1).astype("float32"))  # a copy: arrow buffers are read-only
 
 
-def _decode_video(client: BucketClient, file: FileRef, timestamps: list[float], scratch: Path) -> torch.Tensor:
-    from torchcodec.decoders import VideoDecoder
-
+def _decode_video(client: BucketClient, file: FileRef, timestamps: list[float], scratch: Path,
+                  frames_at: FrameReader) -> torch.Tensor:  # fmt: skip
     url = BucketUrl.parse(file.url)
-    if file.shared:
-        # "approximate" seeks from the container index instead of scanning every packet, so only the ranges
-        # around this episode's frames are fetched.
+    if file.shared:  # ranged reads: the decoder seeks, so only the ranges around this episode's frames are fetched
         with client.open(url) as f:
-            decoder = VideoDecoder(f, seek_mode="approximate")
-            return _frames_at(decoder, timestamps)
+            return frames_at(f, timestamps, True)
     path = client.download(url, scratch / f"{os.getpid()}-{url.name}")
     try:
-        return _frames_at(VideoDecoder(str(path), seek_mode="exact"), timestamps)
+        return frames_at(str(path), timestamps, False)
     finally:
         path.unlink(missing_ok=True)
 
 
-def _frames_at(decoder, timestamps: list[float]) -> torch.Tensor:
-    # The frame lerobot's torchcodec backend returns for a timestamp: index round(ts * average_fps).
+FrameReader = Callable[[str | IO[bytes], list[float], bool], torch.Tensor]
+
+
+def _frames_torchcodec(source: str | IO[bytes], timestamps: list[float], shared: bool) -> torch.Tensor:
+    """The frames lerobot's torchcodec backend returns for these timestamps: index round(ts * average_fps).
+    In a shared file, "approximate" seeks from the container index instead of scanning every packet."""
+    from torchcodec.decoders import VideoDecoder
+
+    decoder = VideoDecoder(source, seek_mode="approximate" if shared else "exact")
     fps = decoder.metadata.average_fps
     return decoder.get_frames_at([round(ts * fps) for ts in timestamps]).data.contiguous()
+
+
+def _frames_pyav(source: str | IO[bytes], timestamps: list[float], shared: bool) -> torch.Tensor:
+    """The same frames through PyAV: seek to the keyframe before the first one, decode forward to the last.
+    Written here rather than calling lerobot's `decode_video_frames_pyav`, which keeps every decoded frame
+    (400 frames of 480x640 are 370 MB) and matches by time tolerance instead of frame index."""
+    import av
+
+    with av.open(source) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"  # frame threads inside the codec; one episode per worker process
+        fps = float(stream.average_rate or stream.guessed_rate)
+        wanted = [round(ts * fps) for ts in timestamps]
+        slots: dict[int, list[int]] = {}
+        for slot, index in enumerate(wanted):
+            slots.setdefault(index, []).append(slot)
+        first, last = min(wanted), max(wanted)
+        container.seek(int(first / fps / stream.time_base), stream=stream, backward=True, any_frame=False)
+        out = torch.empty((len(wanted), 3, stream.height, stream.width), dtype=torch.uint8)
+        for frame in container.decode(stream):
+            index = round(float(frame.time) * fps) if frame.time is not None else -1
+            for slot in slots.pop(index, ()):
+                out[slot] = torch.from_numpy(frame.to_ndarray(format="rgb24")).permute(2, 0, 1)
+            if index >= last:
+                break
+    if slots:
+        raise DataError(f"frames {sorted(slots)[:5]} are missing from the video (it ends at frame {index})")
+    return out
+
+
+_FRAME_READERS: dict[str, FrameReader] = {"torchcodec": _frames_torchcodec, "pyav": _frames_pyav}
+
+
+def resolve_video_backend(backend: str = "auto") -> str:
+    """`auto` -> "torchcodec" when it loads (it needs FFmpeg's shared libraries on the system), else "pyav"."""
+    if backend != "auto":
+        return backend
+    try:
+        from torchcodec.decoders import VideoDecoder  # noqa: F401 - loading it is the check
+    except (ImportError, OSError, RuntimeError) as error:
+        log.warning("torchcodec cannot load (%s): decoding video with PyAV", str(error).splitlines()[0][:200])
+        return "pyav"
+    return "torchcodec"
 
 
 # -- the buffer ----------------------------------------------------------------------------------------------
@@ -417,11 +473,12 @@ class StreamingSampler:
         for d, source in enumerate(self.sources):
             self._add(source.episodes, d)
 
+        self.video_backend = resolve_video_backend(s.video_backend)
         ctx = mp.get_context("spawn")  # fork would copy CUDA state and the caller's threads
         self._jobs, self._results = ctx.Queue(), ctx.Queue()
         cache = (str(client.cache.root), client.cache.max_bytes) if client.cache else None
         self._workers = [
-            ctx.Process(target=_decode_worker, args=(client.endpoint, client.token, cache, s.retries, self._jobs, self._results),
+            ctx.Process(target=_decode_worker, args=(client.endpoint, client.token, cache, s.retries, self.video_backend, self._jobs, self._results),
                         daemon=True, name=f"robotloop-decode-{i}")  # fmt: skip
             for i in range(max(1, s.decode_workers))
         ]
