@@ -1,0 +1,8 @@
+"""Deploy: signed releases of LeRobot checkpoints, the deploy service's registry, and the robot runtime that
+pulls only the bytes it lacks, verifies, hot-swaps between action chunks and rolls back by itself.
+
+Modules, one concern each: `keys` (ed25519 deploy keys), `manifest` (signed release manifests), `fetch`
+(ranged hf_xet reads), `store` (the robot's local release store), `registry` (the service's SQLite state),
+`client` (HTTP client of the service), `publish`, `runtime` (the robot's control loop) and `runner`
+(a loaded policy).
+"""

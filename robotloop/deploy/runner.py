@@ -1,0 +1,341 @@
+"""`PolicyRunner`: a saved LeRobot ACT checkpoint driving the ALOHA sim (or a robot) one action at a time.
+
+The runner loads what `TrainablePolicy.save_pretrained` wrote (lerobot's `ACTPolicy.from_pretrained` plus
+the saved pre/post processors), maps an `AlohaSim` observation to the features the policy was trained on,
+and hands back one 14-d joint command per control step:
+
+    obs["pixels"][cam]  uint8 [H, W, 3]  ->  observation.images.<cam>  float32 [1, 3, H, W] in [0, 1]
+    obs["agent_pos"]    float64 [14]     ->  observation.state          float32 [1, 14]
+
+which is what training sees for a recorded frame: the recorder stores the sim's uint8 RGB frame and the
+float32 state, the trainer decodes the frame to uint8 [3, H, W] and divides by 255 (lerobot's datasets and
+`lerobot.envs.utils.preprocess_observation` do the same), and the saved preprocessor then normalizes
+(ImageNet mean/std for cameras, dataset mean/std for the state).
+
+Action chunks: ACT predicts `chunk_size` actions per forward pass and executes the first `n_action_steps`
+of them. The runner keeps that queue itself, so `at_chunk_boundary` says when the next `act()` runs the
+model: the one point where swapping weights never cuts a chunk in half. With temporal ensembling
+(`temporal_ensemble_coeff` set in the saved config, `n_action_steps` 1) the model runs every step, so
+every step is a boundary; a swap then starts the new policy with an empty ensemble, exactly as the first
+step of an episode does.
+
+Example:
+    ```python
+    >>> runner = PolicyRunner.load(Path("run1/checkpoints/002000/pretrained_model"))
+    >>> sim = AlohaSim("transfer_cube", image_size=runner.image_size)
+    >>> obs = sim.reset(seed=0)
+    >>> runner.reset(); runner.warmup(obs)
+    >>> obs, reward, success, truncated, info = sim.step(runner.act(obs))
+    ```
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+STATE_KEY, IMAGE_PREFIX = "observation.state", "observation.images."
+# What `save_pretrained` of the policy and of lerobot's processors writes; all must be there to load.
+REQUIRED_FILES = (
+    "config.json",
+    "model.safetensors",
+    "policy_preprocessor.json",
+    "policy_postprocessor.json",
+)
+
+
+class PolicyLoadError(RuntimeError):
+    """A checkpoint directory cannot be loaded as an ACT policy; the message names the file and the cause."""
+
+
+class NonFiniteAction(RuntimeError):
+    """The policy produced NaN or infinite actions (bad weights, or stats with zero std); nothing was executed."""
+
+
+class PolicyRunner:
+    """One loaded policy: observation in, one action out, chunk by chunk.
+
+    Not thread-safe: one runner per control loop. Build it with `PolicyRunner.load`.
+
+    Attributes:
+        policy: lerobot's ACTPolicy (eval mode). preprocessor / postprocessor: lerobot's saved pipelines.
+        device: where the model runs. path: the directory it was loaded from.
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        preprocessor: Any,
+        postprocessor: Any,
+        device: torch.device,
+        path: Path,
+    ) -> None:
+        self.policy, self.preprocessor, self.postprocessor = (
+            policy,
+            preprocessor,
+            postprocessor,
+        )
+        self.device, self.path = device, path
+        cfg = policy.config
+        self.image_keys: list[str] = list(cfg.image_features)
+        self.image_shapes: dict[str, tuple[int, int, int]] = {
+            k: tuple(cfg.image_features[k].shape) for k in self.image_keys
+        }
+        self.state_dim: int | None = (
+            cfg.robot_state_feature.shape[0] if cfg.robot_state_feature else None
+        )
+        self.action_dim: int = cfg.action_feature.shape[0]
+        self.ensembling: bool = cfg.temporal_ensemble_coeff is not None
+        self._queue: deque[np.ndarray] = deque()
+
+    # -- loading -----------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, pretrained_dir: str | Path, device: str = "cpu") -> PolicyRunner:
+        """Load a LeRobot ACT checkpoint directory (`.../checkpoints/<step>/pretrained_model`), offline.
+
+        The saved config's `pretrained_backbone_weights` is cleared before the model is built: those weights
+        are overwritten by `model.safetensors` anyway, and building with them set makes torchvision download.
+
+        Raises:
+            PolicyLoadError: the directory or one of its files is missing, the config is not an ACT config,
+                or the weights or processors cannot be read (corrupt file, keys or shapes that do not match).
+        """
+        from lerobot.configs.policies import PreTrainedConfig
+        from lerobot.policies.act.modeling_act import ACTPolicy
+        from lerobot.policies.factory import make_pre_post_processors
+
+        path = Path(pretrained_dir)
+        _check_files(path)
+        try:
+            cfg = PreTrainedConfig.from_pretrained(path)
+        # draccus/json errors: report them all as one kind of failure
+        except Exception as error:
+            raise PolicyLoadError(
+                f"{path / 'config.json'}: not a readable lerobot policy config: {error}"
+            ) from error
+        if cfg.type != "act":
+            raise PolicyLoadError(
+                f"{path}: a {cfg.type!r} policy; the runner loads ACT policies only"
+            )
+        cfg.pretrained_backbone_weights = None
+        cfg.device = str(torch.device(device))
+        try:
+            # lerobot prints "Loading weights from local directory" to stdout; keep CLI output clean.
+            with contextlib.redirect_stdout(io.StringIO()):
+                policy = ACTPolicy.from_pretrained(path, config=cfg, strict=True)
+        # safetensors' HeaderTooLarge, torch's size mismatch, ...
+        except Exception as error:
+            raise PolicyLoadError(
+                f"{path / 'model.safetensors'}: cannot load the weights: {error}"
+            ) from error
+        try:
+            pre, post = make_pre_post_processors(
+                cfg,
+                pretrained_path=str(path),
+                preprocessor_overrides={"device_processor": {"device": cfg.device}},
+            )
+        except Exception as error:
+            raise PolicyLoadError(
+                f"{path}: cannot load the saved pre/post processors: {error}"
+            ) from error
+        return cls(policy, pre, post, torch.device(cfg.device), path)
+
+    # -- properties --------------------------------------------------------------------------------------
+    @property
+    def image_size(self) -> tuple[int, int] | None:
+        """(height, width) of the first camera the policy reads, e.g. for `AlohaSim(image_size=...)`."""
+        return self.image_shapes[self.image_keys[0]][1:] if self.image_keys else None
+
+    @property
+    def at_chunk_boundary(self) -> bool:
+        """True when the next `act()` runs the model and starts a new chunk: a safe point to swap policies.
+
+        Always True with temporal ensembling (the model runs every step)."""
+        return self.ensembling or not self._queue
+
+    # -- control -----------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Start a new episode: drop the queued actions (and the temporal ensemble)."""
+        self._queue.clear()
+        self.policy.reset()
+
+    def warmup(self, obs: dict) -> None:
+        """Run one forward pass on `obs` and throw it away, so the first real `act()` pays no first-call
+        cost (allocator, kernel selection). The action queue is left as it was.
+
+        Raises:
+            ValueError: `obs` does not fit the policy's features (see `to_batch`).
+        """
+        self._predict_chunk(self.to_batch(obs))
+
+    def act(self, obs: dict) -> np.ndarray:
+        """The action for this step, float32 (action_dim,). Runs the model at chunk boundaries only.
+
+        Raises:
+            ValueError: `obs` does not fit the policy's features (see `to_batch`).
+            NonFiniteAction: the model produced NaN/inf; checked for the whole chunk before any of it is used.
+        """
+        if self.ensembling:
+            with torch.inference_mode():
+                action = self.policy.select_action(
+                    self.preprocessor(self.to_batch(obs))
+                )
+            return _finite(self.postprocessor(action)[0].cpu().numpy())
+        if not self._queue:
+            chunk = self._predict_chunk(self.to_batch(obs))
+            self._queue.extend(chunk[: self.policy.config.n_action_steps])
+        return self._queue.popleft()
+
+    def _predict_chunk(self, batch: dict[str, torch.Tensor]) -> np.ndarray:
+        """Unnormalized float32 [chunk_size, action_dim] for one observation, checked finite."""
+        with torch.inference_mode():
+            chunk = self.policy.predict_action_chunk(self.preprocessor(batch))
+            chunk = self.postprocessor(chunk)
+        return _finite(chunk[0].float().cpu().numpy())
+
+    # -- observations ------------------------------------------------------------------------------------
+    def to_batch(self, obs: dict) -> dict[str, torch.Tensor]:
+        """An AlohaSim observation as the policy's input features, before normalization (batch of one).
+
+        Images: uint8 [H, W, 3] -> float32 [1, 3, H, W] / 255; state: [S] -> float32 [1, S]. Extra
+        cameras in `obs` are ignored.
+
+        Raises:
+            ValueError: a camera or the state is missing, or has the wrong shape, dtype or non-finite values.
+        """
+        batch: dict[str, torch.Tensor] = {}
+        pixels = obs.get("pixels") or {}
+        for key, (c, h, w) in self.image_shapes.items():
+            cam = key.removeprefix(IMAGE_PREFIX)
+            if cam not in pixels:
+                raise ValueError(
+                    f"the policy reads camera {cam!r}; the observation has {sorted(pixels) or 'no images'}"
+                )
+            img = np.asarray(pixels[cam])
+            if img.shape != (h, w, c) or img.dtype != np.uint8:
+                raise ValueError(
+                    f"camera {cam!r}: the policy was trained on uint8 {h}x{w}x{c} images, got "
+                    f"{img.dtype} {'x'.join(map(str, img.shape))} (run the sim with image_size=({h}, {w}))"
+                )
+            chw = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)
+            batch[key] = (chw.to(torch.float32) / 255.0).unsqueeze(0).contiguous()
+        if self.state_dim is not None:
+            state = np.asarray(obs.get("agent_pos", ()), dtype=np.float64)
+            if state.shape != (self.state_dim,) or not np.all(np.isfinite(state)):
+                raise ValueError(
+                    f"agent_pos must be {self.state_dim} finite values, got {state}"
+                )
+            batch[STATE_KEY] = torch.from_numpy(state.astype(np.float32)).unsqueeze(0)
+        return batch
+
+
+def _check_files(path: Path) -> None:
+    if not path.is_dir():
+        raise PolicyLoadError(f"{path}: no such checkpoint directory")
+    missing = [name for name in REQUIRED_FILES if not (path / name).is_file()]
+    if missing:
+        raise PolicyLoadError(
+            f"{path}: not a LeRobot pretrained_model directory, missing {', '.join(missing)}"
+        )
+
+
+def _finite(actions: np.ndarray) -> np.ndarray:
+    if not np.all(np.isfinite(actions)):
+        bad = np.argwhere(~np.isfinite(actions))[0].tolist()
+        raise NonFiniteAction(
+            f"the policy produced a non-finite action (first at index {bad}); the checkpoint's "
+            f"weights or normalization stats hold NaN/inf or zero std"
+        )
+    return actions.astype(np.float32, copy=False)
+
+
+def make_tiny_checkpoint(
+    directory: str | Path,
+    image_size: tuple[int, int] = (48, 64),
+    seed: int = 0,
+    chunk_size: int = 10,
+) -> Path:
+    """Save a small random-weight ACT for the ALOHA features (one `top` camera, 14-d state and action), for
+    tests and benchmarks. Stats centre actions on the sim's start pose (std 0.05), so its commands stay near it.
+
+    Example:
+        ```python
+        >>> runner = PolicyRunner.load(make_tiny_checkpoint(tmp / "tiny"))
+        ```
+    Returns `directory`, which then holds config.json, model.safetensors and the processors.
+    """
+    from ..capture.recorder import DatasetSpec
+    from ..sim.constants import START_ARM_POSE
+    from ..sim.env import joint_state
+    from ..train.policy import ACTSettings, build_policy
+
+    torch.manual_seed(seed)
+    start = joint_state(START_ARM_POSE).astype(np.float32)
+    vec = {
+        "mean": start,
+        "std": np.full(14, 0.05, np.float32),
+        "min": start - 1,
+        "max": start + 1,
+    }
+    settings = ACTSettings(
+        dim_model=64,
+        n_heads=4,
+        dim_feedforward=128,
+        n_encoder_layers=1,
+        n_vae_encoder_layers=1,
+        chunk_size=chunk_size,
+        n_action_steps=chunk_size,
+        dropout=0.0,
+    )
+    features = DatasetSpec.aloha(image_size).features()
+    # build_policy's "random backbone" warning is expected here
+    with _quiet("robotloop.train.policy"):
+        policy = build_policy(
+            features, {"observation.state": vec, "action": vec}, settings
+        )
+    return policy.save_pretrained(directory)
+
+
+@contextlib.contextmanager
+def _quiet(logger: str):
+    target = logging.getLogger(logger)
+    level = target.level
+    target.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        target.setLevel(level)
+
+
+def read_config(pretrained_dir: str | Path) -> dict:
+    """The checkpoint's config.json as a dict (chunk_size, n_action_steps, input_features, ...).
+
+    Raises:
+        PolicyLoadError: no readable config.json.
+    """
+    path = Path(pretrained_dir) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise PolicyLoadError(
+            f"{path}: cannot read the policy config: {error}"
+        ) from error
+
+
+__all__ = [
+    "NonFiniteAction",
+    "PolicyLoadError",
+    "PolicyRunner",
+    "make_tiny_checkpoint",
+    "read_config",
+]

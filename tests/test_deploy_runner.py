@@ -1,0 +1,252 @@
+"""robotloop.deploy.runner: a saved ACT checkpoint drives AlohaSim, chunk by chunk, seeing what training saw.
+
+CPU only: a tiny random-weight ACT (dim 64, chunk 10) on 48x64 images.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from robotloop.capture import DatasetRecorder, DatasetSpec, Episode
+from robotloop.deploy.runner import (
+    NonFiniteAction,
+    PolicyLoadError,
+    PolicyRunner,
+    make_tiny_checkpoint,
+)
+from robotloop.sim import AlohaSim, record_demo
+from robotloop.storage import BucketClient, BucketUrl
+
+from .conftest import WRITE_TOKEN
+
+SIZE = (48, 64)
+CHUNK = 10
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint(
+        tmp_path_factory.mktemp("policy") / "pretrained_model", SIZE, chunk_size=CHUNK
+    )
+
+
+@pytest.fixture(scope="module")
+def sim() -> AlohaSim:
+    with AlohaSim("transfer_cube", image_size=SIZE, shadows=False) as s:
+        yield s
+
+
+def _copy(src: Path, dest: Path) -> Path:
+    return Path(shutil.copytree(src, dest))
+
+
+def _forward_counter(runner: PolicyRunner) -> list[int]:
+    calls = [0]
+    runner.policy.model.register_forward_hook(
+        lambda *_: calls.__setitem__(0, calls[0] + 1)
+    )
+    return calls
+
+
+def test_runner_acts_chunk_by_chunk(tiny: Path, sim: AlohaSim) -> None:
+    runner = PolicyRunner.load(tiny)
+    assert (
+        runner.image_size == SIZE and runner.action_dim == 14 and not runner.ensembling
+    )
+    obs = sim.reset(seed=0)
+    runner.reset()
+    runner.warmup(obs)
+    assert runner.at_chunk_boundary  # warmup leaves the queue alone
+    calls = _forward_counter(runner)
+    boundaries, actions = [], []
+    for _ in range(2 * CHUNK + 1):
+        boundaries.append(runner.at_chunk_boundary)
+        action = runner.act(obs)
+        assert (
+            action.shape == (14,)
+            and action.dtype == np.float32
+            and np.isfinite(action).all()
+        )
+        actions.append(action)
+        obs, *_ = sim.step(action)
+    assert [i for i, b in enumerate(boundaries) if b] == [0, CHUNK, 2 * CHUNK]
+    assert calls[0] == 3  # the model runs at boundaries only
+    # a chunk of distinct actions, not one action repeated
+    assert np.abs(np.stack(actions) - actions[0]).max() > 0
+    runner.act(obs)
+    assert not runner.at_chunk_boundary
+    runner.reset()
+    assert runner.at_chunk_boundary
+
+
+def test_temporal_ensembling_runs_every_step(
+    tiny: Path, sim: AlohaSim, tmp_path: Path
+) -> None:
+    ckpt = _copy(tiny, tmp_path / "ensembled")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(
+        json.dumps({**cfg, "temporal_ensemble_coeff": 0.01, "n_action_steps": 1})
+    )
+    plain, ensembled = PolicyRunner.load(tiny), PolicyRunner.load(ckpt)
+    assert ensembled.ensembling
+    obs = sim.reset(seed=1)
+    first = plain.act(obs)
+    calls = _forward_counter(ensembled)
+    for step in range(3):
+        assert ensembled.at_chunk_boundary
+        action = ensembled.act(obs)
+        if step == 0:  # an ensemble of one chunk is that chunk's first action
+            np.testing.assert_allclose(action, first, rtol=1e-5, atol=1e-6)
+        obs, *_ = sim.step(action)
+    assert calls[0] == 3
+
+
+def _drop_a_weight(ckpt: Path) -> None:
+    weights = load_file(ckpt / "model.safetensors")
+    weights.pop(next(iter(weights)))
+    save_file(weights, ckpt / "model.safetensors")
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (lambda d: shutil.rmtree(d), "no such checkpoint directory"),
+        (lambda d: (d / "model.safetensors").unlink(), "missing model.safetensors"),
+        (
+            lambda d: (d / "policy_preprocessor.json").unlink(),
+            "missing policy_preprocessor.json",
+        ),
+        (
+            lambda d: (d / "model.safetensors").write_bytes(
+                b"\x10\x00\x00\x00\x00\x00\x00\x00not a header"
+            ),
+            "cannot load the weights",
+        ),
+        (_drop_a_weight, "cannot load the weights"),
+        (lambda d: (d / "config.json").write_text("{not json"), "config"),
+    ],
+    ids=[
+        "no-dir",
+        "no-weights",
+        "no-processor",
+        "corrupt-safetensors",
+        "missing-key",
+        "bad-config",
+    ],
+)
+def test_load_errors_say_what_is_wrong(
+    tiny: Path, tmp_path: Path, breakage, message: str
+) -> None:
+    ckpt = _copy(tiny, tmp_path / "broken")
+    breakage(ckpt)
+    with pytest.raises(PolicyLoadError, match=message):
+        PolicyRunner.load(ckpt)
+
+
+def test_non_finite_weights_raise_before_acting(
+    tiny: Path, sim: AlohaSim, tmp_path: Path
+) -> None:
+    ckpt = _copy(tiny, tmp_path / "nan")
+    weights = load_file(ckpt / "model.safetensors")
+    weights["model.action_head.bias"] = torch.full_like(
+        weights["model.action_head.bias"], float("nan")
+    )
+    save_file(weights, ckpt / "model.safetensors")
+    runner = PolicyRunner.load(ckpt)
+    with pytest.raises(NonFiniteAction, match="non-finite"):
+        runner.act(sim.reset(seed=0))
+    assert runner.at_chunk_boundary  # nothing of the bad chunk was queued
+
+
+def test_bad_observations_are_refused(tiny: Path) -> None:
+    runner = PolicyRunner.load(tiny)
+    state = np.zeros(14)
+    with pytest.raises(ValueError, match="48x64"):
+        runner.act(
+            {"pixels": {"top": np.zeros((96, 128, 3), np.uint8)}, "agent_pos": state}
+        )
+    with pytest.raises(ValueError, match="uint8"):
+        runner.act(
+            {"pixels": {"top": np.zeros((48, 64, 3), np.float32)}, "agent_pos": state}
+        )
+    with pytest.raises(ValueError, match="camera 'top'"):
+        runner.act({"agent_pos": state})
+    with pytest.raises(ValueError, match="agent_pos"):
+        runner.act(
+            {
+                "pixels": {"top": np.zeros((48, 64, 3), np.uint8)},
+                "agent_pos": np.full(14, np.nan),
+            }
+        )
+
+
+def test_runner_sees_what_the_recorder_stored(
+    tiny: Path, bucket_server, tmp_path: Path
+) -> None:
+    """A recorded demo read back with LeRobotDataset vs the runner's conversion of the same sim observations."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+    from lerobot.envs.utils import preprocess_observation
+
+    steps = 12
+    demo = record_demo("transfer_cube", seed=3, image_size=SIZE, max_steps=steps)
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/deploy-runner/datasets/demo")
+    recorder = DatasetRecorder(
+        client, url, DatasetSpec.aloha(SIZE), staging=tmp_path / "stage"
+    )
+    recorder.commit(
+        Episode(
+            {"top": demo.frames},
+            demo.states,
+            demo.actions,
+            "cube",
+            demo.rewards,
+            demo.rewards >= 4,
+        )
+    )
+    client.fetch(url, tmp_path / "read")
+    dataset = LeRobotDataset(url.bucket_id, root=tmp_path / "read")
+
+    runner = PolicyRunner.load(tiny)
+    # shadows on: as the recorder renders
+    with AlohaSim("transfer_cube", image_size=SIZE) as sim:
+        obs = sim.reset(seed=3)
+        for t in range(steps):
+            mine = runner.to_batch(obs)
+            stored = dataset[t]
+            assert mine["observation.state"].dtype == torch.float32
+            # Exact at t=0; later the replay steps with the stored float32 actions where the demo stepped with
+            # float64 ones, which moves the joints by ~1e-7.
+            torch.testing.assert_close(
+                mine["observation.state"][0],
+                stored["observation.state"],
+                rtol=0,
+                atol=0 if t == 0 else 1e-6,
+            )
+            # Exactly lerobot's own env -> policy conversion, and exactly the frame handed to the recorder.
+            lerobot_batch = preprocess_observation(obs)
+            for key in mine:
+                torch.testing.assert_close(
+                    mine[key], lerobot_batch[key], rtol=0, atol=0
+                )
+            raw = torch.from_numpy(demo.frames[t]).permute(2, 0, 1).float() / 255
+            torch.testing.assert_close(
+                mine["observation.images.top"][0], raw, rtol=0, atol=0
+            )
+            # The stored video frame is a lossy copy of it: close, and closer than a BGR or transposed mix-up.
+            image, decoded = (
+                mine["observation.images.top"][0],
+                stored["observation.images.top"],
+            )
+            assert image.shape == decoded.shape == (3, *SIZE)
+            error = (image - decoded).abs().mean().item()
+            assert error < 0.03, (t, error)
+            assert error < (image.flip(0) - decoded).abs().mean().item()
+            obs, *_ = sim.step(demo.actions[t])
