@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 from collections import deque
 from pathlib import Path
@@ -317,25 +316,9 @@ def _quiet(logger: str):
         target.setLevel(level)
 
 
-def read_config(pretrained_dir: str | Path) -> dict:
-    """The checkpoint's config.json as a dict (chunk_size, n_action_steps, input_features, ...).
-
-    Raises:
-        PolicyLoadError: no readable config.json.
-    """
-    path = Path(pretrained_dir) / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise PolicyLoadError(
-            f"{path}: cannot read the policy config: {error}"
-        ) from error
-
-
 __all__ = [
     "NonFiniteAction",
     "PolicyLoadError",
     "PolicyRunner",
     "make_tiny_checkpoint",
-    "read_config",
 ]

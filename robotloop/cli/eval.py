@@ -1,0 +1,157 @@
+"""`robotloop eval`: success rate (95% Wilson interval), rewards, videos and a JSON report for a policy in sim."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from ..storage import StorageError, connect
+
+console = Console()
+
+
+def eval_policy(
+    ctx: typer.Context,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="hf://buckets/<ns>/<b>/models/<run> (or .../checkpoints/<step>), or a local "
+            "pretrained_model, checkpoint or run directory."
+        ),
+    ],
+    sim: Annotated[
+        str, typer.Option(help="Sim task: transfer_cube or insertion.")
+    ] = "transfer_cube",
+    episodes: Annotated[int, typer.Option(min=1)] = 50,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Sim worker processes, each with its own copy of the policy."
+        ),
+    ] = 1,
+    image_size: Annotated[
+        str | None, typer.Option(help="Camera HxW; must be the policy's (the default).")
+    ] = None,
+    seed: Annotated[
+        int,
+        typer.Option(
+            help="Episode i uses seed SEED+i (lerobot-eval's default start, 1000)."
+        ),
+    ] = 1000,
+    max_steps: Annotated[
+        int | None,
+        typer.Option(min=1, help="Steps per episode (default: the task's, 400)."),
+    ] = None,
+    videos: Annotated[
+        int, typer.Option(min=0, help="Record the first N episodes as mp4.")
+    ] = 3,
+    output_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Videos and eval_report.json (default: outputs/eval/<time>_<task>)."
+        ),
+    ] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+) -> None:
+    """Evaluate a trained policy in the ALOHA sim: episodes run in parallel, seeded, with rollout videos."""
+    from ..deploy.evaluate import evaluate, resolve_policy
+    from ..deploy.runner import NonFiniteAction, PolicyLoadError
+    from ..sim.env import parse_image_size
+
+    try:
+        size = parse_image_size(image_size)
+    except ValueError:
+        raise typer.BadParameter(
+            f"{image_size!r}: expected HxW, e.g. 480x640", param_hint="--image-size"
+        ) from None
+    out = (
+        output_dir
+        or Path("outputs/eval") / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{sim}"
+    )
+    try:
+        local = resolve_policy(
+            policy,
+            lambda: connect(ctx.obj),
+            ctx.obj.storage.cache_dir.parent / "policies",
+        )
+        with Progress(
+            TextColumn("evaluating"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[note]}"),
+            console=console,
+        ) as bars:
+            bar = bars.add_task("eval", total=episodes, note="starting workers")
+            done: list[bool] = []
+
+            def on_episode(result) -> None:
+                done.append(result.success)
+                bars.update(bar, advance=1, note=f"{sum(done)}/{len(done)} solved")
+
+            report = evaluate(
+                local,
+                sim,
+                episodes,
+                workers,
+                seed=seed,
+                max_steps=max_steps,
+                image_size=size,
+                videos=videos,
+                output_dir=out,
+                device=device,
+                on_episode=on_episode,
+            )
+    except (
+        PolicyLoadError,
+        NonFiniteAction,
+        StorageError,
+        ValueError,
+        KeyError,
+    ) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(1) from None
+    console.print(_episode_table(report))
+    lo, hi = report.success_ci95
+    console.print(
+        f"success {report.successes}/{len(report.episodes)} = {100 * report.success_rate:.1f}% "
+        f"(95% CI {100 * lo:.1f}-{100 * hi:.1f}%), mean max reward {report.mean_max_reward:.2f}, "
+        f"mean sum reward {report.mean_sum_reward:.1f}, {report.wall_s:.1f} s"
+    )
+    for video in report.videos:
+        console.print(f"video: {video}")
+    console.print(f"report: {out / 'eval_report.json'}")
+
+
+def _episode_table(report) -> Table:
+    table = Table(
+        "episode",
+        "seed",
+        "success",
+        "max reward",
+        "sum reward",
+        "steps",
+        title=f"{report.task}: {report.policy}",
+    )
+    for e in report.episodes:
+        table.add_row(
+            str(e.index),
+            str(e.seed),
+            "yes" if e.success else "no",
+            f"{e.max_reward:g}",
+            f"{e.sum_reward:g}",
+            str(e.steps),
+        )
+    return table

@@ -1,0 +1,445 @@
+"""Evaluate a saved policy in the ALOHA sim: success rate with a confidence interval, rewards, videos.
+
+Episodes run in parallel worker processes, each with its own `AlohaSim` and `PolicyRunner`. Episode `i`
+uses seed `seed + i` (lerobot-eval's scheme; its default start seed 1000 keeps evaluation clear of the
+seeds `robotloop record` starts its demos from, 0 upwards), so a report is reproducible and two policies
+evaluated with the same seed face the same object placements.
+
+An episode ends when the task is solved (reward reaches the task's max reward, gym-aloha's `is_success`)
+or after `max_steps` steps. Per episode the report keeps the max reward (0..4, the furthest stage reached)
+and the sum of rewards (as lerobot-eval's `avg_max_reward` / `avg_sum_reward`).
+
+Example:
+    ```python
+    >>> report = evaluate(Path("ckpt/pretrained_model"), "transfer_cube", episodes=50, workers=8,
+    ...                   videos=3, output_dir=Path("outputs/eval/run1"))
+    >>> report.success_rate, report.success_ci95
+    (0.82, (0.69, 0.90))
+    ```
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .runner import PolicyLoadError, PolicyRunner
+
+DEFAULT_SEED = 1000  # lerobot-eval's default start seed
+REPORT_FILE = "eval_report.json"
+Z_95 = 1.959963984540054  # two-sided 95% normal quantile
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """One evaluation episode."""
+
+    index: int
+    seed: int
+    success: bool  # reward reached the task's max reward (the episode stops there)
+    max_reward: float  # furthest reward stage reached, 0..max_reward
+    sum_reward: float  # rewards summed over the steps run
+    steps: int
+    wall_s: float
+    video: str | None = None  # path of its mp4, when recorded
+
+
+@dataclass
+class EvalReport:
+    """All episodes of one evaluation, with the aggregates lerobot-eval reports plus a 95% Wilson interval."""
+
+    policy: str
+    task: str
+    seed: int
+    max_steps: int
+    image_size: tuple[int, int] | None
+    workers: int
+    episodes: list[EpisodeResult] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def successes(self) -> int:
+        return sum(e.success for e in self.episodes)
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / len(self.episodes) if self.episodes else 0.0
+
+    @property
+    def success_ci95(self) -> tuple[float, float]:
+        """95% Wilson score interval of the success rate (sound at 0%, 100% and small n, unlike p ± 1.96 SE)."""
+        return wilson_interval(self.successes, len(self.episodes))
+
+    @property
+    def mean_max_reward(self) -> float:
+        return (
+            float(np.mean([e.max_reward for e in self.episodes]))
+            if self.episodes
+            else 0.0
+        )
+
+    @property
+    def mean_sum_reward(self) -> float:
+        return (
+            float(np.mean([e.sum_reward for e in self.episodes]))
+            if self.episodes
+            else 0.0
+        )
+
+    @property
+    def videos(self) -> list[str]:
+        return [e.video for e in self.episodes if e.video]
+
+    def to_dict(self) -> dict:
+        lo, hi = self.success_ci95
+        summary = {
+            "successes": self.successes,
+            "n_episodes": len(self.episodes),
+            "success_rate": self.success_rate,
+            "success_ci95": [lo, hi],
+            "mean_max_reward": self.mean_max_reward,
+            "mean_sum_reward": self.mean_sum_reward,
+        }
+        return {**asdict(self), "summary": summary}
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1))
+        return path
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion; (0, 1) when n is 0.
+
+    Example:
+        ```python
+        >>> wilson_interval(8, 10)
+        (0.49015..., 0.94332...)
+        ```
+    """
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    # At 0 and n successes the bounds are exactly 0 and 1; rounding would leave them a hair inside.
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return lo, hi
+
+
+# -- workers -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Job:
+    """What every worker needs to build its sim and runner (picklable)."""
+
+    policy_dir: str
+    task: str
+    image_size: tuple[int, int] | None
+    max_steps: int
+    device: str
+    video_dir: str | None
+    torch_threads: int
+
+
+_worker: dict = {}  # per process: the job, its AlohaSim and PolicyRunner, built once
+
+
+def _init_worker(job: _Job, runner: PolicyRunner | None = None) -> None:
+    import torch
+
+    from ..sim import AlohaSim
+
+    # N workers share the cores: without this each torch grabs all of them and they thrash.
+    torch.set_num_threads(job.torch_threads)
+    runner = runner or PolicyRunner.load(Path(job.policy_dir), job.device)
+    sim = AlohaSim(job.task, image_size=job.image_size, max_episode_steps=job.max_steps)
+    _worker.update(job=job, runner=runner, sim=sim)
+
+
+def _run_episode(index: int, seed: int, record: bool) -> EpisodeResult:
+    """One episode in this worker's sim. Raises NonFiniteAction (the policy is broken) to the caller."""
+    import torch
+
+    job, runner, sim = _worker["job"], _worker["runner"], _worker["sim"]
+    torch.manual_seed(
+        seed
+    )  # ACT's eval forward is deterministic; this covers policies that sample
+    record = (
+        record and job.image_size is not None
+    )  # a state-only policy: the sim renders nothing
+    start = time.perf_counter()
+    obs = sim.reset(seed=seed)
+    runner.reset()
+    frames = [obs["pixels"]["top"]] if record else []
+    rewards: list[float] = []
+    success = False
+    while not success and len(rewards) < job.max_steps:
+        obs, reward, success, _, _ = sim.step(runner.act(obs))
+        rewards.append(reward)
+        if record:
+            frames.append(obs["pixels"]["top"])
+    video = None
+    if record and job.video_dir:
+        video = str(
+            write_video(
+                Path(job.video_dir) / f"episode_{index:03d}_seed{seed}.mp4", frames
+            )
+        )
+    return EpisodeResult(
+        index,
+        seed,
+        bool(success),
+        max(rewards, default=0.0),
+        float(sum(rewards)),
+        len(rewards),
+        time.perf_counter() - start,
+        video,
+    )
+
+
+def write_video(path: Path, frames: list[np.ndarray], fps: int = 50) -> Path:
+    """Write uint8 [H, W, 3] RGB frames as an H.264 mp4 with PyAV (odd sizes are padded by one pixel)."""
+    import av
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    h, w = frames[0].shape[:2]
+    ph, pw = h + h % 2, w + w % 2  # yuv420p needs even sizes
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = pw, ph, "yuv420p"
+        for frame in frames:
+            if (ph, pw) != (h, w):
+                frame = np.pad(frame, ((0, ph - h), (0, pw - w), (0, 0)), mode="edge")
+            container.mux(
+                stream.encode(
+                    av.VideoFrame.from_ndarray(
+                        np.ascontiguousarray(frame), format="rgb24"
+                    )
+                )
+            )
+        container.mux(stream.encode())
+    return path
+
+
+# -- evaluation ----------------------------------------------------------------------------------------
+def evaluate(
+    policy_dir: Path,
+    task: str,
+    episodes: int,
+    workers: int = 1,
+    *,
+    seed: int = DEFAULT_SEED,
+    max_steps: int | None = None,
+    image_size: tuple[int, int] | None = None,
+    videos: int = 0,
+    output_dir: Path | None = None,
+    device: str = "cpu",
+    on_episode: Callable[[EpisodeResult], None] | None = None,
+) -> EvalReport:
+    """Run `episodes` sim episodes of `task` with the policy in `policy_dir`, `workers` processes in parallel.
+
+    Args:
+        policy_dir: a LeRobot `pretrained_model` directory (see `resolve_policy` for URLs and run dirs).
+        seed: episode i uses seed `seed + i`.
+        max_steps: steps per episode (default: the task's 400).
+        image_size: rendered camera size; must be the policy's (the default) since the policy sees pixels.
+        videos: record the first `videos` episodes as mp4 under `output_dir/videos/`.
+        output_dir: where videos and `eval_report.json` go; None writes nothing.
+        on_episode: called in this process as each episode finishes (progress bars).
+
+    Raises:
+        ValueError: bad arguments, unknown task, or an image size the policy was not trained on.
+        PolicyLoadError: the checkpoint cannot be loaded. NonFiniteAction: the policy produced NaN/inf.
+    """
+    from ..sim import get_task
+
+    spec = get_task(task)  # KeyError/ValueError for an unknown task
+    if episodes < 1 or workers < 1 or videos < 0:
+        raise ValueError(
+            f"episodes and workers must be >= 1 and videos >= 0, got {episodes}, {workers}, {videos}"
+        )
+    if videos and output_dir is None:
+        raise ValueError("videos need an output_dir to be written to")
+    # Load once here: a broken checkpoint fails now, with its own error, not as a broken worker pool.
+    runner = PolicyRunner.load(Path(policy_dir), device)
+    if set(runner.image_keys) - {"observation.images.top"}:
+        raise ValueError(
+            f"the policy reads cameras {runner.image_keys}; the ALOHA sim renders only 'top'"
+        )
+    trained = runner.image_size
+    if image_size is not None and tuple(image_size) != trained:
+        raise ValueError(
+            f"the policy was trained on {_fmt(trained)} images; it cannot be evaluated at {_fmt(image_size)}"
+        )
+    steps = max_steps or spec.episode_length
+    workers = min(workers, episodes)
+    video_dir = str(Path(output_dir) / "videos") if videos else None
+    job = _Job(
+        str(policy_dir),
+        spec.name,
+        trained,
+        steps,
+        device,
+        video_dir,
+        max(1, (os.cpu_count() or 1) // workers),
+    )
+    report = EvalReport(str(policy_dir), spec.name, seed, steps, trained, workers)
+    start = time.perf_counter()
+    args = [(i, seed + i, i < videos) for i in range(episodes)]
+    for result in _run_all(job, args, workers, runner):
+        report.episodes.append(result)
+        if on_episode is not None:
+            on_episode(result)
+    report.episodes.sort(key=lambda e: e.index)
+    report.wall_s = time.perf_counter() - start
+    if output_dir is not None:
+        report.save(Path(output_dir) / REPORT_FILE)
+    return report
+
+
+def _run_all(
+    job: _Job, args: list[tuple[int, int, bool]], workers: int, runner: PolicyRunner
+):
+    """Yield EpisodeResults as they finish: in this process (with `runner`) for one worker, else in a spawn pool."""
+    if workers == 1:
+        _init_worker(job, runner)
+        try:
+            for a in args:
+                yield _run_episode(*a)
+        finally:
+            _worker.pop("sim").close()
+            _worker.clear()
+        return
+    # spawn, not fork: MuJoCo's EGL context must be created in the worker, never inherited.
+    with ProcessPoolExecutor(
+        workers,
+        mp_context=mp.get_context("spawn"),
+        initializer=_init_worker,
+        initargs=(job,),
+    ) as pool:
+        futures = [pool.submit(_run_episode, *a) for a in args]
+        try:
+            for future in as_completed(futures):
+                yield future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+
+def _fmt(size: tuple[int, int] | None) -> str:
+    return "no" if size is None else f"{size[0]}x{size[1]}"
+
+
+# -- resolving --policy --------------------------------------------------------------------------------
+def resolve_policy(
+    spec: str,
+    client_factory: Callable[[], object] | None = None,
+    cache_dir: Path | None = None,
+) -> Path:
+    """Turn `--policy` into a local LeRobot `pretrained_model` directory.
+
+    Accepted:
+        - a local `pretrained_model` dir, a checkpoint dir (`.../checkpoints/<step>`), or a run dir (the
+          step named in `checkpoints/last.json`);
+        - a bucket URL of the same three kinds: `hf://buckets/<ns>/<b>/models/<run>[/checkpoints/<step>]`,
+          downloaded through `robotloop.storage` (the read cache makes a second download free).
+    Release names (the deploy service's) are the seam left for later: `resolve_release` below.
+
+    Args:
+        client_factory: makes the BucketClient (called only for URLs), e.g. `lambda: connect(settings)`.
+        cache_dir: where downloaded checkpoints go (default: robotloop's cache dir).
+
+    Raises:
+        PolicyLoadError: nothing there, no complete checkpoint in the run, or not a policy at all.
+    """
+    if spec.startswith("hf://"):
+        return _resolve_bucket(spec, client_factory, cache_dir)
+    local = Path(spec).expanduser()
+    if local.exists():
+        return _resolve_local(local)
+    return resolve_release(spec)
+
+
+def resolve_release(name: str) -> Path:
+    """Seam for release names (e.g. `cube@v3`): to be resolved through the deploy service's registry.
+
+    Raises:
+        PolicyLoadError: always, for now.
+    """
+    raise PolicyLoadError(
+        f"{name!r} is neither a local checkpoint directory nor an hf://buckets/... URL "
+        "(release names are not resolved here yet)"
+    )
+
+
+def _resolve_local(path: Path) -> Path:
+    from ..train.checkpoint import STEP_DIR
+
+    if (path / "config.json").is_file():
+        return path
+    if (path / "pretrained_model").is_dir():
+        return path / "pretrained_model"
+    last = path / "checkpoints" / "last.json"
+    if last.is_file():
+        step = json.loads(last.read_text())["step"]
+        return path / "checkpoints" / STEP_DIR.format(step) / "pretrained_model"
+    raise PolicyLoadError(
+        f"{path}: neither a pretrained_model directory, a checkpoint directory nor a run directory"
+    )
+
+
+def _resolve_bucket(
+    spec: str, client_factory: Callable[[], object] | None, cache_dir: Path | None
+) -> Path:
+    from ..config import CACHE_HOME
+    from ..storage import BadBucketUrl, BucketUrl, connect
+    from ..train.checkpoint import STEP_DIR, checkpoint_url, latest_step
+
+    try:
+        url = BucketUrl.parse(spec)
+    except BadBucketUrl as error:
+        raise PolicyLoadError(str(error)) from None
+    client = client_factory() if client_factory else connect()
+    if url.name == "pretrained_model":
+        model = url
+    elif url.path.rsplit("/", 2)[-2:-1] == ["checkpoints"] and url.name.isdigit():
+        model = (
+            BucketUrl(url.bucket_id, url.path.rsplit("/", 1)[0])
+            / STEP_DIR.format(int(url.name))
+            / "pretrained_model"
+        )
+    else:
+        step = latest_step(client, url)
+        if step is None:
+            raise PolicyLoadError(
+                f"{url}: no checkpoints/last.json, so no complete checkpoint to evaluate"
+            )
+        model = checkpoint_url(url, step) / "pretrained_model"
+    key = hashlib.sha256(f"{client.endpoint}|{model}".encode()).hexdigest()[:16]
+    dest = Path(cache_dir or CACHE_HOME / "policies") / key
+    if not client.download_tree(model, dest):
+        raise PolicyLoadError(f"{model}: no files there")
+    return dest
+
+
+__all__ = [
+    "EpisodeResult",
+    "EvalReport",
+    "evaluate",
+    "resolve_policy",
+    "resolve_release",
+    "wilson_interval",
+    "write_video",
+]

@@ -1,0 +1,170 @@
+"""robotloop.deploy.evaluate and `robotloop eval`: seeded parallel sim episodes, Wilson interval, videos, report.
+
+A tiny random-weight ACT on 48x64 images, episodes cut to a few steps: it never solves the task, which is
+fine here; what is checked is the machinery around it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from robotloop.deploy.evaluate import evaluate, resolve_policy, wilson_interval
+from robotloop.deploy.runner import PolicyLoadError, make_tiny_checkpoint
+from robotloop.storage import BucketClient, BucketUrl
+
+from .conftest import WRITE_TOKEN
+
+SIZE = (48, 64)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_checkpoint(
+        tmp_path_factory.mktemp("policy") / "pretrained_model", SIZE
+    )
+
+
+def _decode(path: str) -> list:
+    import av
+
+    with av.open(path) as container:
+        return [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+
+
+def test_wilson_interval() -> None:
+    lo, hi = wilson_interval(8, 10)
+    assert (round(lo, 4), round(hi, 4)) == (0.4902, 0.9433)
+    assert wilson_interval(0, 20)[0] == 0.0 and wilson_interval(20, 20)[1] == 1.0
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    lo, hi = wilson_interval(1, 50)
+    assert lo < 0.02 < hi < 0.11
+
+
+def test_parallel_eval_gives_a_sane_report(tiny: Path, tmp_path: Path) -> None:
+    seen = []
+    report = evaluate(
+        tiny,
+        "transfer_cube",
+        episodes=3,
+        workers=2,
+        max_steps=12,
+        videos=1,
+        seed=7,
+        output_dir=tmp_path / "out",
+        on_episode=seen.append,
+    )
+    assert sorted(e.index for e in seen) == [0, 1, 2]
+    assert [(e.index, e.seed) for e in report.episodes] == [(0, 7), (1, 8), (2, 9)]
+    assert report.image_size == SIZE and report.workers == 2 and report.max_steps == 12
+    assert 0.0 <= report.success_rate <= 1.0
+    lo, hi = report.success_ci95
+    assert lo <= report.success_rate <= hi
+    for e in report.episodes:
+        assert (
+            1 <= e.steps <= 12
+            and 0 <= e.max_reward <= 4
+            and 0 <= e.sum_reward <= 4 * e.steps
+        )
+        assert e.success == (e.max_reward == 4)
+    assert len(report.videos) == 1 and report.episodes[0].video == report.videos[0]
+    frames = _decode(report.videos[0])
+    assert len(frames) == report.episodes[0].steps + 1 and frames[0].shape == (*SIZE, 3)
+    saved = json.loads((tmp_path / "out" / "eval_report.json").read_text())
+    assert saved["summary"]["n_episodes"] == 3 and saved["summary"]["success_ci95"] == [
+        lo,
+        hi,
+    ]
+    assert [e["seed"] for e in saved["episodes"]] == [7, 8, 9]
+
+
+def test_bad_arguments_are_refused(tiny: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="trained on 48x64"):
+        evaluate(tiny, "transfer_cube", episodes=1, image_size=(96, 128))
+    with pytest.raises(ValueError, match="output_dir"):
+        evaluate(tiny, "transfer_cube", episodes=1, videos=1)
+    with pytest.raises(PolicyLoadError, match="missing"):
+        evaluate(tmp_path, "transfer_cube", episodes=1)
+
+
+def test_resolve_policy_local_forms(tiny: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    step = run / "checkpoints" / "000020"
+    step.mkdir(parents=True)
+    (step / "pretrained_model").symlink_to(tiny)
+    (run / "checkpoints" / "last.json").write_text(json.dumps({"step": 20}))
+    assert resolve_policy(str(tiny)) == tiny
+    assert resolve_policy(str(step)) == step / "pretrained_model"
+    assert resolve_policy(str(run)) == step / "pretrained_model"
+    with pytest.raises(PolicyLoadError, match="neither"):
+        resolve_policy(str(tmp_path))
+    with pytest.raises(PolicyLoadError, match="release names"):
+        resolve_policy("cube@v3")
+
+
+def test_cli_evaluates_a_checkpoint_in_a_bucket(
+    tiny: Path, bucket_server, tmp_path: Path
+) -> None:
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    run = BucketUrl.parse("hf://buckets/lab/eval/models/run1")
+    client.create_bucket(run)
+    client.upload(tiny, run / "checkpoints" / "000005" / "pretrained_model")
+    (tmp_path / "last.json").write_text(json.dumps({"step": 5}))
+    client.upload(tmp_path / "last.json", run / "checkpoints" / "last.json")
+    # Library: every URL form lands on the same files; a run without checkpoints is a clear error.
+    cache = tmp_path / "policies"
+    for form in (
+        str(run),
+        f"{run}/checkpoints/5",
+        f"{run}/checkpoints/000005/pretrained_model",
+    ):
+        local = resolve_policy(form, lambda: client, cache)
+        assert (local / "model.safetensors").read_bytes() == (
+            tiny / "model.safetensors"
+        ).read_bytes()
+    with pytest.raises(PolicyLoadError, match="no checkpoints/last.json"):
+        resolve_policy("hf://buckets/lab/eval/models/nothing", lambda: client, cache)
+
+    env = {
+        **os.environ,
+        "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
+        "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN,
+        "ROBOTLOOP_STORAGE__CACHE_DIR": str(tmp_path / "cache" / "read-cache"),
+        "COLUMNS": "200",
+    }
+    out = tmp_path / "eval"
+    args = [
+        "--policy",
+        str(run),
+        "--episodes",
+        "2",
+        "--workers",
+        "1",
+        "--max-steps",
+        "8",
+        "--videos",
+        "1",
+        "--output-dir",
+        str(out),
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "robotloop.cli", "eval", *args],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "success 0/2 = 0.0% (95% CI 0.0-65.8%)" in done.stdout
+    saved = json.loads((out / "eval_report.json").read_text())
+    assert saved["summary"]["n_episodes"] == 2 and saved["image_size"] == list(SIZE)
+    assert len(_decode(saved["episodes"][0]["video"])) == 9
+    assert (
+        tmp_path / "cache" / "policies"
+    ).is_dir()  # downloaded beside the read cache, not into ~/.cache
