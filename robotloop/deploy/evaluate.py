@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..storage import BadBucketUrl, BucketClient, BucketUrl, connect
 from .runner import PolicyLoadError, PolicyRunner
 
 DEFAULT_SEED = 1000  # lerobot-eval's default start seed
@@ -82,19 +83,15 @@ class EvalReport:
 
     @property
     def mean_max_reward(self) -> float:
-        return (
-            float(np.mean([e.max_reward for e in self.episodes]))
-            if self.episodes
-            else 0.0
-        )
+        return self._mean("max_reward")
 
     @property
     def mean_sum_reward(self) -> float:
-        return (
-            float(np.mean([e.sum_reward for e in self.episodes]))
-            if self.episodes
-            else 0.0
-        )
+        return self._mean("sum_reward")
+
+    def _mean(self, name: str) -> float:
+        values = [getattr(e, name) for e in self.episodes]
+        return float(np.mean(values)) if values else 0.0
 
     @property
     def videos(self) -> list[str]:
@@ -157,13 +154,15 @@ _worker: dict = {}  # per process: the job, its AlohaSim and PolicyRunner, built
 
 
 def _init_worker(job: _Job, runner: PolicyRunner | None = None) -> None:
+    """Build this process's sim and runner; `runner` given: the caller's process, whose threads stay as set."""
     import torch
 
     from ..sim import AlohaSim
 
-    # N workers share the cores: without this each torch grabs all of them and they thrash.
-    torch.set_num_threads(job.torch_threads)
-    runner = runner or PolicyRunner.load(Path(job.policy_dir), job.device)
+    if runner is None:
+        # N workers share the cores: without this each torch grabs all of them and they thrash.
+        torch.set_num_threads(job.torch_threads)
+        runner = PolicyRunner.load(Path(job.policy_dir), job.device)
     sim = AlohaSim(job.task, image_size=job.image_size, max_episode_steps=job.max_steps)
     _worker.update(job=job, runner=runner, sim=sim)
 
@@ -173,12 +172,10 @@ def _run_episode(index: int, seed: int, record: bool) -> EpisodeResult:
     import torch
 
     job, runner, sim = _worker["job"], _worker["runner"], _worker["sim"]
-    torch.manual_seed(
-        seed
-    )  # ACT's eval forward is deterministic; this covers policies that sample
-    record = (
-        record and job.image_size is not None
-    )  # a state-only policy: the sim renders nothing
+    # ACT's eval forward is deterministic; seeding covers policies that sample.
+    torch.manual_seed(seed)
+    # A state-only policy: the sim renders nothing, so there is nothing to film.
+    record = record and job.image_size is not None
     start = time.perf_counter()
     obs = sim.reset(seed=seed)
     runner.reset()
@@ -345,7 +342,7 @@ def _fmt(size: tuple[int, int] | None) -> str:
 # -- resolving --policy --------------------------------------------------------------------------------
 def resolve_policy(
     spec: str,
-    client_factory: Callable[[], object] | None = None,
+    client_factory: Callable[[], BucketClient] | None = None,
     cache_dir: Path | None = None,
 ) -> Path:
     """Turn `--policy` into a local LeRobot `pretrained_model` directory.
@@ -401,10 +398,9 @@ def _resolve_local(path: Path) -> Path:
 
 
 def _resolve_bucket(
-    spec: str, client_factory: Callable[[], object] | None, cache_dir: Path | None
+    spec: str, client_factory: Callable[[], BucketClient] | None, cache_dir: Path | None
 ) -> Path:
     from ..config import CACHE_HOME
-    from ..storage import BadBucketUrl, BucketUrl, connect
     from ..train.checkpoint import STEP_DIR, checkpoint_url, latest_step
 
     try:
