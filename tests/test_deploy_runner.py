@@ -250,3 +250,25 @@ def test_runner_sees_what_the_recorder_stored(
             assert error < 0.03, (t, error)
             assert error < (image.flip(0) - decoded).abs().mean().item()
             obs, *_ = sim.step(demo.actions[t])
+
+
+def test_load_never_downloads_backbone_weights(
+    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config saved by lerobot-train names ImageNet weights; building it as-is makes torchvision download."""
+    import torchvision
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("tried to download weights")
+
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", no_network)
+    monkeypatch.setattr(
+        torchvision.models._api, "load_state_dict_from_url", no_network, raising=False
+    )
+    ckpt = _copy(tiny, tmp_path / "imagenet-config")
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["pretrained_backbone_weights"] = "ResNet18_Weights.IMAGENET1K_V1"
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    loaded = PolicyRunner.load(ckpt).policy.state_dict()
+    for key, value in load_file(tiny / "model.safetensors").items():
+        torch.testing.assert_close(loaded[key], value, rtol=0, atol=0)
