@@ -36,10 +36,13 @@ import io
 import logging
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from ..train.policy import ACTSettings
 
 log = logging.getLogger(__name__)
 
@@ -263,9 +266,13 @@ def make_tiny_checkpoint(
     image_size: tuple[int, int] = (48, 64),
     seed: int = 0,
     chunk_size: int = 10,
+    settings: ACTSettings | None = None,
 ) -> Path:
     """Save a small random-weight ACT for the ALOHA features (one `top` camera, 14-d state and action), for
     tests and benchmarks. Stats centre actions on the sim's start pose (std 0.05), so its commands stay near it.
+
+    `settings` replaces the tiny architecture (dim 64, one encoder layer, `chunk_size` actions per chunk),
+    e.g. `ACTSettings()` for lerobot's full-size ACT in latency benchmarks.
 
     Example:
         ```python
@@ -278,15 +285,7 @@ def make_tiny_checkpoint(
     from ..sim.env import joint_state
     from ..train.policy import ACTSettings, build_policy
 
-    torch.manual_seed(seed)
-    start = joint_state(START_ARM_POSE).astype(np.float32)
-    vec = {
-        "mean": start,
-        "std": np.full(14, 0.05, np.float32),
-        "min": start - 1,
-        "max": start + 1,
-    }
-    settings = ACTSettings(
+    settings = settings or ACTSettings(
         dim_model=64,
         n_heads=4,
         dim_feedforward=128,
@@ -296,6 +295,14 @@ def make_tiny_checkpoint(
         n_action_steps=chunk_size,
         dropout=0.0,
     )
+    torch.manual_seed(seed)
+    start = joint_state(START_ARM_POSE).astype(np.float32)
+    vec = {
+        "mean": start,
+        "std": np.full(14, 0.05, np.float32),
+        "min": start - 1,
+        "max": start + 1,
+    }
     features = DatasetSpec.aloha(image_size).features()
     # build_policy's "random backbone" warning is expected here
     with _quiet("robotloop.train.policy"):
