@@ -272,3 +272,11 @@ def test_load_never_downloads_backbone_weights(
     loaded = PolicyRunner.load(ckpt).policy.state_dict()
     for key, value in load_file(tiny / "model.safetensors").items():
         torch.testing.assert_close(loaded[key], value, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_unavailable_device_is_a_load_error(tiny: Path) -> None:
+    with pytest.raises(PolicyLoadError, match="CUDA is not available"):
+        PolicyRunner.load(tiny, "cuda")
+    with pytest.raises(PolicyLoadError, match="device 'gpu'"):
+        PolicyRunner.load(tiny, "gpu")

@@ -110,7 +110,8 @@ class PolicyRunner:
 
         Raises:
             PolicyLoadError: the directory or one of its files is missing, the config is not an ACT config,
-                or the weights or processors cannot be read (corrupt file, keys or shapes that do not match).
+                the device does not exist here, or the weights or processors cannot be read (corrupt file,
+                keys or shapes that do not match).
         """
         from lerobot.configs.policies import PreTrainedConfig
         from lerobot.policies.act.modeling_act import ACTPolicy
@@ -130,7 +131,7 @@ class PolicyRunner:
                 f"{path}: a {cfg.type!r} policy; the runner loads ACT policies only"
             )
         cfg.pretrained_backbone_weights = None
-        cfg.device = str(torch.device(device))
+        cfg.device = _check_device(device)
         try:
             # lerobot prints "Loading weights from local directory" to stdout; keep CLI output clean.
             with contextlib.redirect_stdout(io.StringIO()):
@@ -249,6 +250,18 @@ def _check_files(path: Path) -> None:
         raise PolicyLoadError(
             f"{path}: not a LeRobot pretrained_model directory, missing {', '.join(missing)}"
         )
+
+
+def _check_device(device: str) -> str:
+    try:
+        dev = torch.device(device)
+    except RuntimeError as error:
+        raise PolicyLoadError(f"device {device!r}: {error}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise PolicyLoadError(
+            f"device {device!r}: CUDA is not available on this machine (use 'cpu')"
+        )
+    return str(dev)
 
 
 def _finite(actions: np.ndarray) -> np.ndarray:
