@@ -83,6 +83,38 @@ class TrainerServiceSettings(Section):
     )
 
 
+class DeploySettings(Section):
+    """The deploy service and publishing: releases, channels, robots and their assignments."""
+
+    host: str = Field(default="127.0.0.1", description="Address the deploy service listens on.")
+    port: int = Field(default=8780, ge=1, le=65535, description="Port of the deploy service.")
+    url: str = Field(default="http://127.0.0.1:8780", description="Where publishers and robots reach the deploy service.")
+    tokens_file: Path | None = Field(
+        default=None, description="Operator tokens, one '<token> <read|write> *' per line (required to serve)."
+    )
+    token: SecretStr | None = Field(default=None, description="Operator token used by `robotloop deploy` commands.")
+    db: Path = Field(default=CACHE_HOME / "deploy" / "deploy.sqlite", description="The service's SQLite state.")
+    key_file: Path = Field(default=CACHE_HOME / "deploy" / "deploy.key", description="Private ed25519 key that signs releases.")
+
+
+class RobotSettings(Section):
+    """The robot runtime: where releases come from, which keys it trusts, how it judges a new release."""
+
+    robot_id: str | None = Field(default=None, description="This robot's id, as registered with the deploy service.")
+    token: SecretStr | None = Field(default=None, description="This robot's deploy token (issued at registration).")
+    trusted_keys: list[Path] = Field(default_factory=list, description="Public key files of trusted release signers.")
+    store_dir: Path = Field(default=CACHE_HOME / "robot", description="Local release store (verified releases, staging).")
+    device: str = Field(default="cpu", description="Where the policy runs.")
+    poll_wait_s: float = Field(default=30.0, gt=0, le=60, description="Long-poll length for assignment changes.")
+    heartbeat_s: float = Field(default=2.0, gt=0, description="Seconds between heartbeats.")
+    health_window: int = Field(default=5, ge=1, description="Episodes of a new release judged against the previous one.")
+    health_margin: float = Field(
+        default=0.0, ge=0, description="Roll back when the new release's mean episode score is below the previous "
+        "release's by more than this."
+    )
+    keep_releases: int = Field(default=3, ge=2, description="Releases kept on disk (the running and previous never pruned).")
+
+
 class Settings(BaseSettings):
     """All of robotloop's settings. Sections are added by the layers that use them."""
 
@@ -91,6 +123,8 @@ class Settings(BaseSettings):
     storage: StorageSettings = StorageSettings()
     capture: CaptureSettings = CaptureSettings()
     trainer: TrainerServiceSettings = TrainerServiceSettings()
+    deploy: DeploySettings = DeploySettings()
+    robot: RobotSettings = RobotSettings()
 
     @classmethod
     def settings_customise_sources(

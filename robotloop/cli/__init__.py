@@ -8,12 +8,16 @@ import typer
 
 from ..config import load_settings
 from . import bucket, capture, demo, record, train, trainer_service
+from . import deploy as deploy_cli
+from . import robot as robot_cli
 from .eval import eval_policy
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Close the robot-learning data loop.")
 app.add_typer(bucket.app, name="bucket")
 app.add_typer(capture.app, name="capture")
 app.add_typer(trainer_service.app, name="trainer")
+app.add_typer(deploy_cli.app, name="deploy")
+app.add_typer(robot_cli.app, name="robot")
 app.command("demo")(demo.demo)
 app.command("record")(record.record)
 app.command("train")(train.train)

@@ -1,0 +1,207 @@
+"""`robotloop deploy ...`: deploy keys, signed releases, the deploy service, channels, robots, rollbacks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..config import Settings, load_settings
+
+app = typer.Typer(no_args_is_help=True, help="Ship checkpoints to robots: signed releases, channels, rollbacks.")
+console = Console()
+
+DeployUrl = Annotated[str | None, typer.Option("--deploy-url", help="Deploy service. Default: deploy.url.")]
+DeployToken = Annotated[str | None, typer.Option("--deploy-token", help="Operator token. Default: deploy.token "
+                                                 "(ROBOTLOOP_DEPLOY__TOKEN).")]  # fmt: skip
+
+
+def _settings(ctx: typer.Context) -> Settings:
+    return ctx.obj or load_settings()
+
+
+def _fail(error: Exception) -> typer.Exit:
+    console.print(f"[red]error:[/red] {error}")
+    return typer.Exit(2)
+
+
+def _client(ctx: typer.Context, url: str | None, token: str | None):
+    from ..deploy.client import DeployClient, DeployError
+
+    cfg = _settings(ctx).deploy
+    token = token or (cfg.token.get_secret_value() if cfg.token else None)
+    try:
+        return DeployClient(url or cfg.url, token)
+    except DeployError as error:
+        raise _fail(error) from None
+
+
+@app.command()
+def keygen(
+    ctx: typer.Context,
+    key: Annotated[Path | None, typer.Option(help="Private key file to write. Default: deploy.key_file.")] = None,
+    force: Annotated[bool, typer.Option(help="Overwrite an existing key (releases it signed stop verifying).")] = False,
+) -> None:
+    """Make an ed25519 deploy key: KEY (private, 0600) and KEY.pub (copy it to robots' trusted keys)."""
+    from ..deploy.keys import generate_keypair, public_path
+
+    key = key or _settings(ctx).deploy.key_file
+    try:
+        key_id = generate_keypair(key, overwrite=force)
+    except FileExistsError as error:
+        raise _fail(error) from None
+    console.print(f"deploy key {key_id}: private {key}, public {public_path(key)}")
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    host: Annotated[str | None, typer.Option(help="Listen address. Default: deploy.host (127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port. Default: deploy.port (8780).")] = None,
+    tokens: Annotated[Path | None, typer.Option(help="Operator tokens: '<token> <read|write> *' per line.")] = None,
+    db: Annotated[Path | None, typer.Option(help="SQLite state. Default: deploy.db.")] = None,
+) -> None:
+    """Serve the deploy service until interrupted."""
+    from services.deploy.app import serve as run  # FastAPI/uvicorn only when serving
+
+    try:
+        run(_settings(ctx), tokens, db, host, port)
+    except (ValueError, FileNotFoundError) as error:
+        raise _fail(error) from None
+
+
+@app.command()
+def publish(
+    ctx: typer.Context,
+    checkpoint: Annotated[str, typer.Option(help="hf://buckets/.../models/<run>[/checkpoints/<step>] (run: latest).")],
+    name: Annotated[str, typer.Option(help="Release name, e.g. v7 (immutable).")],
+    channel: Annotated[str | None, typer.Option(help="Point this channel (canary, stable, ...) at the release.")] = None,
+    key: Annotated[Path | None, typer.Option(help="Private deploy key. Default: deploy.key_file.")] = None,
+    register: Annotated[bool, typer.Option(help="Register with the deploy service (else only store the manifest).")] = True,
+    deploy_url: DeployUrl = None,
+    deploy_token: DeployToken = None,
+) -> None:
+    """Sign a release manifest of a checkpoint, store it in the bucket and register it with the deploy service."""
+    from ..deploy.client import DeployError
+    from ..deploy.keys import DeployKeyError, load_private_key
+    from ..deploy.manifest import BadManifest
+    from ..deploy.publish import PublishError, manifest_url
+    from ..deploy.publish import publish as run
+    from ..storage import BadBucketUrl, StorageError, connect
+
+    settings = _settings(ctx)
+    try:
+        signer = load_private_key(key or settings.deploy.key_file)
+        deploy = _client(ctx, deploy_url, deploy_token) if register else None
+        signed = run(connect(settings), checkpoint, name, signer, deploy, channel)
+    except (FileNotFoundError, DeployKeyError, BadManifest, PublishError, BadBucketUrl, StorageError,
+            DeployError) as error:  # fmt: skip
+        raise _fail(error) from None
+    m = signed.manifest
+    console.print(f"release {m.name}: {len(m.files)} files, {m.total_bytes / 1e6:.1f} MB, signed by {signed.key_id}, "
+                  f"manifest {manifest_url(m.bucket, m.name)}" + (f", channel {channel}" if channel else ""))  # fmt: skip
+
+
+@app.command()
+def promote(
+    ctx: typer.Context,
+    release: Annotated[str, typer.Argument(help="Release name.")],
+    channel: Annotated[str, typer.Option(help="Channel to point at it.")] = "stable",
+    reason: Annotated[str, typer.Option(help="Recorded in the history.")] = "",
+    deploy_url: DeployUrl = None,
+    deploy_token: DeployToken = None,
+) -> None:
+    """Point a channel at a release; robots on that channel pick it up within one long-poll."""
+    _run(ctx, deploy_url, deploy_token, lambda c: c.promote(channel, release, reason))
+
+
+@app.command()
+def rollback(
+    ctx: typer.Context,
+    channel: Annotated[str | None, typer.Option(help="Roll this channel back to its previous release.")] = None,
+    robot: Annotated[str | None, typer.Option(help="Pin this robot to the release it ran before.")] = None,
+    reason: Annotated[str, typer.Option(help="Recorded in the history.")] = "",
+    deploy_url: DeployUrl = None,
+    deploy_token: DeployToken = None,
+) -> None:
+    """Roll a channel (or one robot) back to the release before the current one."""
+    if (channel is None) == (robot is None):
+        raise typer.BadParameter("give exactly one of --channel or --robot")
+    _run(ctx, deploy_url, deploy_token,
+         lambda c: c.rollback_channel(channel, reason) if channel else c.rollback_robot(robot, reason))  # fmt: skip
+
+
+@app.command()
+def register(
+    ctx: typer.Context,
+    robot: Annotated[str, typer.Argument(help="Robot id.")],
+    channel: Annotated[str, typer.Option(help="Channel it follows.")] = "stable",
+    rotate: Annotated[bool, typer.Option(help="Issue a new token to a registered robot (the old one stops).")] = False,
+    deploy_url: DeployUrl = None,
+    deploy_token: DeployToken = None,
+) -> None:
+    """Register a robot; prints its token once (give it to the robot as ROBOTLOOP_ROBOT__TOKEN)."""
+    _run(ctx, deploy_url, deploy_token, lambda c: {"robot": robot, "token": c.register_robot(robot, channel, rotate)})
+
+
+@app.command()
+def assign(
+    ctx: typer.Context,
+    robot: Annotated[str, typer.Argument(help="Robot id.")],
+    channel: Annotated[str | None, typer.Option(help="Channel to follow.")] = None,
+    release: Annotated[str | None, typer.Option(help="Pin to this release.")] = None,
+    unpin: Annotated[bool, typer.Option(help="Follow the channel again.")] = False,
+    deploy_url: DeployUrl = None,
+    deploy_token: DeployToken = None,
+) -> None:
+    """Move a robot to a channel, or pin it to a release."""
+    _run(ctx, deploy_url, deploy_token, lambda c: c.assign(robot, channel, release, unpin))
+
+
+@app.command()
+def status(ctx: typer.Context, deploy_url: DeployUrl = None, deploy_token: DeployToken = None) -> None:
+    """Channels and robots: what each is assigned, what it runs, its control rate and health."""
+    client = _client(ctx, deploy_url, deploy_token)
+    state = _call(lambda: client.status())
+    console.print("channels: " + ", ".join(f"{k} -> {v or '-'}" for k, v in state["channels"].items()))
+    table = Table("robot", "channel", "assigned", "running", "Hz", "health", "last seen")
+    for r in state["robots"]:
+        s = r["status"] or {}
+        table.add_row(r["id"], r["channel"], r["assigned"] or "-", r["running"] or "-", str(s.get("control_hz", "-")),
+                      json.dumps(s.get("health", {})), f"{r['last_seen']:.0f}" if r["last_seen"] else "never")  # fmt: skip
+    console.print(table)
+
+
+@app.command()
+def history(
+    ctx: typer.Context,
+    robot: Annotated[str | None, typer.Option(help="Only this robot.")] = None,
+    channel: Annotated[str | None, typer.Option(help="Only this channel.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    deploy_url: DeployUrl = None,
+    deploy_token: DeployToken = None,
+) -> None:
+    """Publishes, promotions, swaps, rollbacks (with reasons), newest first."""
+    client = _client(ctx, deploy_url, deploy_token)
+    for e in _call(lambda: client.history(robot, channel, limit)):
+        who = e["robot"] or e["channel"] or ""
+        console.print(f"{e['at']:.0f} {e['kind']:<16} {who:<10} {e['release'] or '-'} (was {e['previous'] or '-'}) "
+                      f"{e['detail'] or ''}")  # fmt: skip
+
+
+def _call(fn):
+    from ..deploy.client import DeployError
+
+    try:
+        return fn()
+    except DeployError as error:
+        raise _fail(error) from None
+
+
+def _run(ctx: typer.Context, url: str | None, token: str | None, fn) -> None:
+    client = _client(ctx, url, token)
+    console.print_json(json.dumps(_call(lambda: fn(client))))

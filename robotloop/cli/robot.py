@@ -1,0 +1,95 @@
+"""`robotloop robot run`: the robot runtime (sim or LeRobot hardware), following its deploy assignment."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from ..config import load_settings
+from .record import _image_size
+
+app = typer.Typer(no_args_is_help=True, help="The robot side: run released policies, hot-swap and roll back.")
+console = Console()
+
+
+@app.command()
+def run(
+    ctx: typer.Context,
+    robot_id: Annotated[str | None, typer.Option("--robot-id", help="Registered robot id. Default: robot.robot_id.")] = None,
+    deploy_url: Annotated[str | None, typer.Option("--deploy-url", help="Deploy service. Default: deploy.url.")] = None,
+    token: Annotated[str | None, typer.Option("--robot-token", help="This robot's token. Default: robot.token "
+                                              "(ROBOTLOOP_ROBOT__TOKEN).")] = None,  # fmt: skip
+    trusted_key: Annotated[list[Path] | None, typer.Option("--trusted-key", help="Public key(s) of release signers. "
+                                                           "Default: robot.trusted_keys.")] = None,  # fmt: skip
+    store: Annotated[Path | None, typer.Option(help="Local release store. Default: robot.store_dir.")] = None,
+    sim: Annotated[str | None, typer.Option(help="Sim task (transfer_cube, insertion).")] = None,
+    image_size: Annotated[str, typer.Option(help="Sim camera HxW; must match the policy's.")] = "96x128",
+    episode_steps: Annotated[int, typer.Option(min=1, help="Sim: steps per episode.")] = 400,
+    robot_type: Annotated[str | None, typer.Option("--robot.type", help="LeRobot robot type (hardware).")] = None,
+    robot_port: Annotated[str | None, typer.Option("--robot.port")] = None,
+    robot_hw_id: Annotated[str | None, typer.Option("--robot.id", help="LeRobot calibration id.")] = None,
+    fps: Annotated[float, typer.Option(min=1, help="Hardware: control rate.")] = 30.0,
+    episode_time_s: Annotated[float, typer.Option(min=0.1, help="Hardware: seconds per episode.")] = 30.0,
+    duration_s: Annotated[float | None, typer.Option(min=0.1, help="Stop after this long (default: run until ^C).")] = None,
+    device: Annotated[str | None, typer.Option(help="Where the policy runs. Default: robot.device.")] = None,
+) -> None:
+    """Run the assigned release at the task's rate (50 Hz for ALOHA); pull, verify and hot-swap new releases."""
+    from ..deploy.client import DeployClient, DeployError
+    from ..deploy.fetch import XetFetcher
+    from ..deploy.keys import DeployKeyError, load_public_keys
+    from ..deploy.runtime import RobotRuntime, RuntimeOptions
+    from ..deploy.store import ReleaseStore
+    from ..storage import resolve_endpoint
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    settings = ctx.obj or load_settings()
+    cfg = settings.robot
+    robot_id = robot_id or cfg.robot_id
+    if not robot_id:
+        raise typer.BadParameter("give --robot-id (or robot.robot_id)", param_hint="--robot-id")
+    if (sim is None) == (robot_type is None):
+        raise typer.BadParameter("give exactly one of --sim TASK or --robot.type TYPE")
+    try:
+        trusted = load_public_keys(trusted_key or cfg.trusted_keys)
+        deploy = DeployClient(deploy_url or settings.deploy.url, token or (cfg.token.get_secret_value() if cfg.token else None))
+    except (FileNotFoundError, DeployKeyError, DeployError) as error:
+        console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(2) from None
+    endpoint, storage_token = resolve_endpoint(settings)
+    env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fps, episode_time_s)
+    options = RuntimeOptions(robot_id, device or cfg.device, cfg.poll_wait_s, cfg.heartbeat_s, cfg.health_window,
+                             cfg.health_margin, cfg.keep_releases)  # fmt: skip
+    runtime = RobotRuntime(env, deploy, ReleaseStore(store or cfg.store_dir), trusted, options,
+                           lambda bucket: XetFetcher(endpoint, storage_token, bucket))  # fmt: skip
+    console.print(f"robot {robot_id}: {sim or robot_type} at {env.rate_hz:g} Hz, following {deploy.url}")
+    try:
+        stats = runtime.run(duration_s)
+    except KeyboardInterrupt:
+        runtime.stop()
+        stats = runtime.stats
+    finally:
+        env.close()
+    console.print(f"ran {stats.steps} steps, {len(stats.episodes)} whole episodes; swaps {len(stats.swaps)}, "
+                  f"rollbacks {len(stats.rollbacks)}, refused {len(stats.refused)}; running {runtime.running}")  # fmt: skip
+
+
+def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fps, episode_time_s):
+    from ..deploy.envs import HardwareControlEnv, SimControlEnv
+
+    if sim:
+        try:
+            return SimControlEnv(sim, _image_size(image_size), episode_steps)
+        except (KeyError, ValueError) as error:
+            raise typer.BadParameter(str(error), param_hint="--sim") from None
+    from ..capture.robot_record import make_hardware
+
+    try:
+        robot = make_hardware("robot", robot_type, robot_port, robot_hw_id)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--robot.type") from None
+    robot.connect()
+    return HardwareControlEnv(robot, fps, episode_time_s)

@@ -1,0 +1,101 @@
+"""HTTP client of the deploy service, for operators (publish, promote, rollback, status) and robots
+(assignment long-poll, heartbeats, events). JSON only.
+
+Example:
+    ```python
+    >>> ops = DeployClient("http://127.0.0.1:8780", token="ops-write-token")
+    >>> robot_token = ops.register_robot("r1", channel="stable")
+    >>> robot = DeployClient("http://127.0.0.1:8780", robot_token)
+    >>> robot.assignment("r1", known=None, wait_s=30)["release"]
+    ```
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from .manifest import SignedManifest
+
+
+class DeployError(RuntimeError):
+    """The deploy service refused a request or could not be reached; `status` is the HTTP code (0: no answer)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class DeployClient:
+    def __init__(self, url: str, token: str | None, timeout_s: float = 30.0) -> None:
+        if not token:
+            raise DeployError("the deploy service needs a token (--deploy-token, ROBOTLOOP_DEPLOY__TOKEN or "
+                              "ROBOTLOOP_ROBOT__TOKEN)")  # fmt: skip
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {token}"}, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, timeout_s: float | None = None, **kwargs: Any) -> dict[str, Any]:
+        """Raises DeployError with the service's own message."""
+        try:
+            extra = {"timeout": timeout_s} if timeout_s is not None else {}
+            response = self._http.request(method, path, **kwargs, **extra)
+        except httpx.HTTPError as error:
+            raise DeployError(f"cannot reach the deploy service at {self.url}: {error}") from None
+        if response.status_code >= 400:
+            try:
+                message = response.json().get("error", response.text)
+            except ValueError:
+                message = response.text
+            raise DeployError(f"deploy service: {message} (HTTP {response.status_code})", response.status_code)
+        return response.json()
+
+    # -- operators -------------------------------------------------------------------------------------------
+    def publish(self, signed: SignedManifest, channel: str | None = None) -> dict[str, Any]:
+        return self._call("POST", "/v1/releases", json={"manifest": signed.to_dict(), "channel": channel})
+
+    def promote(self, channel: str, release: str, reason: str = "") -> dict[str, Any]:
+        return self._call("POST", f"/v1/channels/{channel}/promote", json={"release": release, "reason": reason})
+
+    def rollback_channel(self, channel: str, reason: str = "") -> dict[str, Any]:
+        return self._call("POST", f"/v1/channels/{channel}/rollback", json={"reason": reason})
+
+    def rollback_robot(self, robot: str, reason: str = "") -> dict[str, Any]:
+        return self._call("POST", f"/v1/robots/{robot}/rollback", json={"reason": reason})
+
+    def register_robot(self, robot: str, channel: str = "stable", rotate: bool = False) -> str:
+        return self._call("POST", "/v1/robots", json={"robot": robot, "channel": channel, "rotate": rotate})["token"]
+
+    def assign(self, robot: str, channel: str | None = None, release: str | None = None,
+               unpin: bool = False) -> dict[str, Any]:  # fmt: skip
+        return self._call("PUT", f"/v1/robots/{robot}/assignment",
+                          json={"channel": channel, "release": release, "unpin": unpin})  # fmt: skip
+
+    def status(self) -> dict[str, Any]:
+        """Channels, releases and robots in one answer (for `robotloop deploy status`)."""
+        return {"channels": self._call("GET", "/v1/channels")["channels"],
+                "releases": self._call("GET", "/v1/releases")["releases"],
+                "robots": self._call("GET", "/v1/robots")["robots"]}  # fmt: skip
+
+    def history(self, robot: str | None = None, channel: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        params = {k: v for k, v in {"robot": robot, "channel": channel, "limit": limit}.items() if v is not None}
+        return self._call("GET", "/v1/history", params=params)["events"]
+
+    # -- robots ----------------------------------------------------------------------------------------------
+    def robot(self, robot: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/robots/{robot}")
+
+    def assignment(self, robot: str, known: str | None = None, wait_s: float = 0.0) -> dict[str, Any]:
+        """The robot's assignment, long-polled: answers when it differs from `known`, or after `wait_s`."""
+        params = {"wait_s": wait_s, **({"known": known} if known else {})}
+        return self._call("GET", f"/v1/robots/{robot}/assignment", params=params, timeout_s=wait_s + 30)
+
+    def heartbeat(self, robot: str, running: str | None, status: dict[str, Any]) -> None:
+        self._call("POST", f"/v1/robots/{robot}/heartbeat", json={"running": running, "status": status})
+
+    def event(self, robot: str, kind: str, release: str | None, previous: str | None, detail: str = "") -> None:
+        self._call("POST", f"/v1/robots/{robot}/events",
+                   json={"kind": kind, "release": release, "previous": previous, "detail": detail})  # fmt: skip

@@ -1,0 +1,89 @@
+"""What the robot runtime drives: the ALOHA sim, or LeRobot hardware through its `Robot` interface.
+
+Both give observations in the `AlohaSim` layout the policy runner reads (``{"pixels": {cam: uint8 HxWx3},
+"agent_pos": float [S]}``) and take one action vector per control step.
+
+Example:
+    ```python
+    >>> env = SimControlEnv("transfer_cube", image_size=(96, 128), episode_steps=400)
+    >>> obs = env.reset()
+    >>> obs, step = env.step(action)        # step.reward, step.done, step.success
+    ```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """`reward` and `success` are None where the environment cannot measure them (hardware)."""
+
+    reward: float | None
+    done: bool
+    success: bool | None
+
+
+class SimControlEnv:
+    """An `AlohaSim` task at its control rate (50 Hz for ALOHA); episodes end at success or `episode_steps`."""
+
+    rate_hz = 50.0
+
+    def __init__(self, task: str, image_size: tuple[int, int] = (96, 128), episode_steps: int = 400,
+                 seed: int = 0) -> None:  # fmt: skip
+        from ..sim import AlohaSim
+
+        self.sim = AlohaSim(task, image_size=image_size)
+        self.episode_steps, self.seed = episode_steps, seed
+        self._steps = 0
+
+    def reset(self) -> dict[str, Any]:
+        self._steps, self.seed = 0, self.seed + 1
+        return self.sim.reset(seed=self.seed)
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, Any], StepResult]:
+        obs, reward, success, _truncated, _info = self.sim.step(action)
+        self._steps += 1
+        return obs, StepResult(float(reward), bool(success) or self._steps >= self.episode_steps, bool(success))
+
+    def close(self) -> None:
+        self.sim.close()
+
+
+class HardwareControlEnv:
+    """A connected LeRobot `Robot`. Scalar observation entries form `agent_pos` (in the robot's order), array
+    entries are cameras; the action vector maps onto `robot.action_features` in order. Hardware has no reward:
+    episodes are `episode_s` long and the health check uses only load failures and non-finite actions.
+    """
+
+    def __init__(self, robot: Any, rate_hz: float = 30.0, episode_s: float = 30.0) -> None:
+        self.robot, self.rate_hz = robot, rate_hz
+        features = robot.observation_features
+        self.state_keys = [k for k, v in features.items() if not isinstance(v, tuple)]
+        self.camera_keys = [k for k, v in features.items() if isinstance(v, tuple)]
+        self.action_keys = list(robot.action_features)
+        self.episode_steps = max(1, round(episode_s * rate_hz))
+        self._steps = 0
+
+    def _obs(self) -> dict[str, Any]:
+        raw = self.robot.get_observation()
+        return {"pixels": {k: np.asarray(raw[k], np.uint8) for k in self.camera_keys},
+                "agent_pos": np.array([raw[k] for k in self.state_keys], np.float64)}  # fmt: skip
+
+    def reset(self) -> dict[str, Any]:
+        self._steps = 0
+        return self._obs()
+
+    def step(self, action: np.ndarray) -> tuple[dict[str, Any], StepResult]:
+        if len(action) != len(self.action_keys):
+            raise ValueError(f"the policy gives {len(action)} actions; the robot takes {len(self.action_keys)}")
+        self.robot.send_action({k: float(v) for k, v in zip(self.action_keys, action)})
+        self._steps += 1
+        return self._obs(), StepResult(None, self._steps >= self.episode_steps, None)
+
+    def close(self) -> None:
+        self.robot.disconnect()

@@ -1,0 +1,154 @@
+"""ed25519 deploy keys: the publisher signs release manifests, robots trust only configured public keys.
+
+Files:
+    deploy.key   the private key, PKCS#8 PEM, mode 0600 (keep it where releases are published from)
+    deploy.pub   one line ``ed25519 <base64 raw public key> <key id>``; copy it to every robot
+
+The key id is the first 16 hex digits of the SHA-256 of the raw public key: manifests name the key that signed
+them, so a robot can hold several trusted keys (e.g. during a key rotation).
+
+Example:
+    ```python
+    >>> key_id = generate_keypair(Path("deploy.key"))      # writes deploy.key and deploy.pub
+    >>> signer = load_private_key(Path("deploy.key"))
+    >>> trusted = load_public_keys([Path("deploy.pub")])
+    >>> verify(trusted, signer.key_id, signer.sign(b"data"), b"data")
+    ```
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+
+class DeployKeyError(ValueError):
+    """A key file is missing, malformed or not an ed25519 key; the message names the file."""
+
+
+class BadSignature(RuntimeError):
+    """A signature does not verify, or was made by a key the robot does not trust."""
+
+
+def key_id(public: Ed25519PublicKey) -> str:
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Signer:
+    """A loaded private deploy key."""
+
+    private: Ed25519PrivateKey
+
+    @property
+    def key_id(self) -> str:
+        return key_id(self.private.public_key())
+
+    def sign(self, data: bytes) -> bytes:
+        return self.private.sign(data)
+
+
+def generate_keypair(private_path: Path, overwrite: bool = False) -> str:
+    """Write a new private key to `private_path` (0600) and its public key next to it (`.pub`). Returns the key id.
+
+    Raises:
+        FileExistsError: the key file exists and `overwrite` is False (a lost key cannot be recovered).
+    """
+    private_path = Path(private_path)
+    if private_path.exists() and not overwrite:
+        raise FileExistsError(f"{private_path} exists; refusing to overwrite a deploy key (pass overwrite)")
+    private_path.parent.mkdir(parents=True, exist_ok=True)
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    private_path.unlink(missing_ok=True)
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    public_path(private_path).write_text(public_line(key.public_key()) + "\n")
+    return key_id(key.public_key())
+
+
+def public_path(private_path: Path) -> Path:
+    return Path(private_path).with_suffix(".pub")
+
+
+def public_line(public: Ed25519PublicKey) -> str:
+    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return f"ed25519 {base64.b64encode(raw).decode()} {key_id(public)}"
+
+
+def load_private_key(path: Path) -> Signer:
+    """Load a private deploy key written by `generate_keypair`.
+
+    Raises:
+        FileNotFoundError: no such file. DeployKeyError: not a PEM ed25519 private key.
+    """
+    data = Path(path).read_bytes()
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as error:
+        raise DeployKeyError(f"{path}: not a PEM private key ({error}); make one with `robotloop deploy keygen`") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise DeployKeyError(f"{path}: a {type(key).__name__}, not an ed25519 key")
+    return Signer(key)
+
+
+def parse_public_line(line: str, source: str = "<public key>") -> Ed25519PublicKey:
+    """Parse ``ed25519 <base64> [key id]``.
+
+    Raises:
+        DeployKeyError: malformed line, or a key id that does not match the key (a hand-edited file).
+    """
+    fields = line.split()
+    if len(fields) not in (2, 3) or fields[0] != "ed25519":
+        raise DeployKeyError(f"{source}: expected 'ed25519 <base64 public key> [key id]'")
+    try:
+        raw = base64.b64decode(fields[1], validate=True)
+        public = Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError as error:
+        raise DeployKeyError(f"{source}: bad ed25519 public key ({error})") from None
+    if len(fields) == 3 and fields[2] != key_id(public):
+        raise DeployKeyError(f"{source}: key id {fields[2]} does not match the key ({key_id(public)})")
+    return public
+
+
+def load_public_keys(paths: list[Path]) -> dict[str, Ed25519PublicKey]:
+    """Trusted public keys by key id, from files of `ed25519 ...` lines (`#` comments allowed).
+
+    Raises:
+        FileNotFoundError: a file is missing. DeployKeyError: a malformed line, or no key at all.
+    """
+    keys: dict[str, Ed25519PublicKey] = {}
+    for path in paths:
+        for n, line in enumerate(Path(path).read_text().splitlines(), start=1):
+            line = line.split("#", 1)[0].strip()
+            if line:
+                public = parse_public_line(line, f"{path}:{n}")
+                keys[key_id(public)] = public
+    if not keys:
+        raise DeployKeyError(f"no trusted public key in {', '.join(map(str, paths)) or '(no files)'}: a robot loads only "
+                        "releases signed by a key it trusts")  # fmt: skip
+    return keys
+
+
+def verify(trusted: dict[str, Ed25519PublicKey], signer_id: str, signature: bytes, data: bytes) -> None:
+    """Check that `signature` over `data` was made by the trusted key `signer_id`.
+
+    Raises:
+        BadSignature: unknown key id, or the signature does not verify.
+    """
+    public = trusted.get(signer_id)
+    if public is None:
+        raise BadSignature(f"signed by key {signer_id}, which this robot does not trust (trusted: {sorted(trusted)})")
+    try:
+        public.verify(signature, data)
+    except InvalidSignature:
+        raise BadSignature(f"the signature by key {signer_id} does not verify: the manifest was altered") from None

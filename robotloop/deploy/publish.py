@@ -1,0 +1,111 @@
+"""`publish`: turn a checkpoint in a bucket into a signed release, stored next to it and registered.
+
+Accepts the checkpoint step folder (``<run>/checkpoints/000200``), its ``pretrained_model`` folder, or the run
+(``<run>``, meaning its latest complete checkpoint per ``checkpoints/last.json``). The manifest lists the files
+of ``pretrained_model/`` by the Xet hash the bucket holds for them, so robots fetch exactly the signed content.
+
+Example:
+    ```python
+    >>> signed = publish(connect(), "hf://buckets/lab/demos/models/run1", "v2", load_private_key(key_path),
+    ...                  deploy=DeployClient(url, token), channel="canary")
+    ```
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from ..storage import BucketClient, BucketUrl, Entry, NotFound
+from ..train.checkpoint import checkpoint_url, latest_step
+from .client import DeployClient
+from .keys import Signer
+from .manifest import SignedManifest, build_manifest, check_release_name
+
+
+class PublishError(RuntimeError):
+    """The checkpoint cannot be published (not found, incomplete, or the release name is taken)."""
+
+
+def manifest_url(bucket_id: str, name: str) -> BucketUrl:
+    return BucketUrl(bucket_id, f"releases/{check_release_name(name)}/manifest.json")
+
+
+def resolve_checkpoint(client: BucketClient, url: BucketUrl) -> BucketUrl:
+    """The checkpoint step folder `url` means (see the module docstring).
+
+    Raises:
+        PublishError: no checkpoint there.
+    """
+    parts = url.path.split("/")
+    if parts[-1] == "pretrained_model":
+        return BucketUrl(url.bucket_id, "/".join(parts[:-1]))
+    if len(parts) >= 2 and parts[-2] == "checkpoints" and parts[-1].isdigit():
+        return url
+    step = latest_step(client, url)
+    if step is None:
+        raise PublishError(f"{url}: neither a checkpoint folder (<run>/checkpoints/<step>) nor a run with a complete "
+                           "checkpoint (no checkpoints/last.json)")  # fmt: skip
+    return checkpoint_url(url, step)
+
+
+def publish(client: BucketClient, checkpoint: str, name: str, signer: Signer, deploy: DeployClient | None = None,
+            channel: str | None = None) -> SignedManifest:  # fmt: skip
+    """Build, sign and store the release manifest of `checkpoint`, then register it (and point `channel` at it).
+
+    Raises:
+        BadBucketUrl: `checkpoint` is not a bucket URL. PublishError: no checkpoint, no pretrained_model, or
+        `name` already names another release in this bucket. DeployError: the deploy service refused it.
+        BadManifest: a bad release name.
+    """
+    check_release_name(name)
+    step_url = resolve_checkpoint(client, BucketUrl.parse(checkpoint))
+    model_url = step_url / "pretrained_model"
+    entries = [e for e in client.ls(model_url, recursive=True) if isinstance(e, Entry)] if _exists(client, model_url) else []
+    if not entries:
+        raise PublishError(f"{model_url}: no pretrained_model files; is the checkpoint complete?")
+    hashes = {e.url.path[len(model_url.path) + 1 :]: e.xet_hash for e in entries}
+    with tempfile.TemporaryDirectory() as tmp:
+        client.download_tree(model_url, Path(tmp))
+        manifest = build_manifest(Path(tmp), name, step_url.bucket_id, str(step_url), hashes, _lineage(client, step_url))
+    signed = _store(client, SignedManifest.sign(manifest, signer))
+    if deploy is not None:
+        deploy.publish(signed, channel)
+    return signed
+
+
+def _exists(client: BucketClient, url: BucketUrl) -> bool:
+    try:
+        client.ls(url)
+        return True
+    except NotFound:
+        return False
+
+
+def _lineage(client: BucketClient, step_url: BucketUrl) -> dict:
+    try:
+        entry = client.stat(step_url / "lineage.json")
+        return json.loads(client.read_range(entry.url, 0, entry.size))
+    except (NotFound, ValueError):
+        return {}
+
+
+def _store(client: BucketClient, signed: SignedManifest) -> SignedManifest:
+    """Store the manifest; publishing the same files under the same name again keeps the first manifest."""
+    url = manifest_url(signed.manifest.bucket, signed.manifest.name)
+    try:
+        existing = client.read_range(url, 0, client.stat(url).size)
+    except NotFound:
+        existing = None
+    if existing is not None:
+        old = SignedManifest.from_json(existing)
+        if old.manifest.files != signed.manifest.files:
+            raise PublishError(f"release {signed.manifest.name!r} already exists in {url} with other files; "
+                               "release names are immutable, pick a new one")  # fmt: skip
+        return old
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "manifest.json"
+        path.write_bytes(signed.to_json())
+        client.upload(path, url)
+    return signed

@@ -1,0 +1,388 @@
+"""The robot runtime: run the assigned release at the control rate, hot-swap new ones, roll back on trouble.
+
+Three threads:
+- control (the caller's): one action per tick at `env.rate_hz`. At a chunk boundary of the running policy it
+  swaps in a loaded standby policy (a pointer swap: no tick is skipped), and it rolls back by itself when the
+  running release produces a non-finite action or fails its health check.
+- updater: long-polls the deploy service for this robot's assignment; on a change it pulls the release into the
+  local store (signature, then hashes, checked before anything is loaded; only missing bytes travel), verifies
+  it again, loads it with `PolicyRunner.load` and runs one warm-up pass, then hands it to the control thread.
+- reporter: heartbeats (running release, control rate, longest tick gap, health) and swap/rollback/refused
+  events, so the control thread never waits on the network.
+
+Health check (plain): every finished episode gets a score, by default its highest staged sim reward (0-4 for
+ALOHA; 4 = success). A new release is on probation for its first `health_window` whole episodes (episodes that a
+swap cut in two count for neither release); if their mean score is below the previous release's mean over its
+last `health_window` episodes by more than `health_margin`, the robot rolls back. With no score (hardware
+without a reward) only load failures and non-finite actions trigger a rollback.
+
+A refused or rolled-back release is not tried again by this robot (the list survives restarts, in
+`<store>/runtime.json`); publish a fixed one under a new name.
+
+Example:
+    ```python
+    >>> runtime = RobotRuntime(SimControlEnv("transfer_cube", (48, 64)), DeployClient(url, robot_token),
+    ...                        ReleaseStore(store_dir), load_public_keys([Path("deploy.pub")]),
+    ...                        RuntimeOptions(robot_id="r1"), fetcher_for=lambda bucket: XetFetcher(ep, tok, bucket))
+    >>> runtime.run(duration_s=60)
+    ```
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..storage import StorageError
+from .client import DeployClient, DeployError
+from .envs import StepResult
+from .fetch import XetFetcher
+from .keys import BadSignature
+from .manifest import BadManifest, SignedManifest
+from .store import IntegrityError, PullReport, ReleaseStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EpisodeResult:
+    """One whole episode of one release. `max_reward`/`success` are None on hardware."""
+
+    release: str
+    steps: int
+    max_reward: float | None
+    success: bool | None
+    action_jerk: float  # mean |a_t - a_{t-1}| over the episode: how smooth the commands were
+
+
+def default_score(result: EpisodeResult) -> float | None:
+    """The episode's highest staged reward (ALOHA: 0-4, 4 = success); None without a reward."""
+    return result.max_reward
+
+
+@dataclass
+class RuntimeOptions:
+    robot_id: str
+    device: str = "cpu"
+    poll_wait_s: float = 30.0
+    heartbeat_s: float = 2.0
+    health_window: int = 5
+    health_margin: float = 0.0
+    keep_releases: int = 3
+
+
+@dataclass
+class _Loaded:
+    release: str
+    runner: Any  # PolicyRunner
+
+
+@dataclass
+class RuntimeStats:
+    """What the runtime did; read it from another thread for tests and benchmarks."""
+
+    steps: int = 0
+    episodes: list[EpisodeResult] = field(default_factory=list)
+    swaps: list[dict[str, Any]] = field(default_factory=list)  # release, previous, at (monotonic), gap_s
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)  # release (back to), previous, reason
+    refused: list[dict[str, Any]] = field(default_factory=list)  # release, reason
+    pulls: list[PullReport] = field(default_factory=list)
+    assigned_at: dict[str, float] = field(default_factory=dict)  # release -> monotonic time the assignment arrived
+    max_gap_s: float = 0.0  # longest interval between two actions within an episode
+
+
+class RobotRuntime:
+    def __init__(self, env: Any, deploy: DeployClient, store: ReleaseStore, trusted: dict, options: RuntimeOptions,
+                 fetcher_for: Callable[[str], XetFetcher],
+                 score: Callable[[EpisodeResult], float | None] = default_score) -> None:  # fmt: skip
+        self.env, self.deploy, self.store, self.trusted, self.options = env, deploy, store, trusted, options
+        self.fetcher_for, self.score = fetcher_for, score
+        self.stats = RuntimeStats()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._active: _Loaded | None = None
+        self._previous: _Loaded | None = None
+        self._standby: _Loaded | None = None
+        self._probation = False
+        self._latest_obs: dict | None = None
+        self._outbox: queue.Queue[tuple[str, str | None, str | None, str]] = queue.Queue()
+        self._scores: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=options.health_window))
+        self._state_path = store.root / "runtime.json"
+        self._refused: set[str] = set(self._load_state().get("refused", []))
+        self._fetchers: dict[str, XetFetcher] = {}
+
+    # -- public ----------------------------------------------------------------------------------------------
+    @property
+    def running(self) -> str | None:
+        active = self._active
+        return active.release if active else None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, duration_s: float | None = None) -> RuntimeStats:
+        """Run until `stop()` (or `duration_s`); starts and joins the updater and reporter threads."""
+        threads = [threading.Thread(target=self._updater, name="robotloop-updater", daemon=True),
+                   threading.Thread(target=self._reporter, name="robotloop-reporter", daemon=True)]  # fmt: skip
+        self._resume_installed()
+        for thread in threads:
+            thread.start()
+        try:
+            self._control(time.monotonic() + duration_s if duration_s else None)
+        finally:
+            self._stop.set()
+            for thread in threads:  # a long-poll in flight is not waited for: the threads are daemons
+                thread.join(timeout=2.0)
+        return self.stats
+
+    # -- control thread --------------------------------------------------------------------------------------
+    def _control(self, deadline: float | None) -> None:
+        period = 1.0 / self.env.rate_hz
+        obs, episode = self._new_episode()
+        tick, last_action = time.monotonic(), None
+        while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            swapped = self._maybe_swap(last_action)
+            if swapped:
+                episode["mixed"] = True
+            active = self._active
+            if active is None:  # nothing to run yet: hold still, keep the camera fresh for warm-ups
+                tick = _sleep_until(tick + period)
+                continue
+            try:
+                action = active.runner.act(obs)
+            except Exception as error:  # NonFiniteAction, or a policy that cannot take this observation
+                self._rollback(f"{type(error).__name__}: {error}")
+                episode["mixed"] = True
+                continue
+            obs, result = self.env.step(action)
+            now = time.monotonic()
+            if last_action is not None:
+                self.stats.max_gap_s = max(self.stats.max_gap_s, now - last_action)
+                if swapped:
+                    self.stats.swaps[-1]["gap_s"] = now - last_action
+            last_action = now
+            self._latest_obs = obs
+            self.stats.steps += 1
+            self._track(episode, action, result)
+            if result.done:
+                self._finish(episode)
+                obs, episode = self._new_episode()
+                last_action = None  # an episode reset is not a control gap
+                tick = time.monotonic()
+            tick = _sleep_until(tick + period)
+
+    def _new_episode(self) -> tuple[dict, dict]:
+        obs = self.env.reset()
+        self._latest_obs = obs
+        active = self._active
+        if active is not None:
+            active.runner.reset()
+        return obs, {"release": active.release if active else None, "steps": 0, "max_reward": None, "success": None,
+                     "jerk": 0.0, "last": None, "mixed": active is None}  # fmt: skip
+
+    @staticmethod
+    def _track(episode: dict, action: np.ndarray, result: StepResult) -> None:
+        episode["steps"] += 1
+        if episode["last"] is not None:
+            episode["jerk"] += float(np.abs(action - episode["last"]).mean())
+        episode["last"] = np.array(action, copy=True)
+        if result.reward is not None:
+            episode["max_reward"] = max(episode["max_reward"] or 0.0, result.reward)
+            episode["success"] = bool(episode["success"]) or bool(result.success)
+
+    def _finish(self, episode: dict) -> None:
+        if episode["mixed"] or episode["release"] is None:
+            return
+        result = EpisodeResult(episode["release"], episode["steps"], episode["max_reward"], episode["success"],
+                               episode["jerk"] / max(1, episode["steps"] - 1))  # fmt: skip
+        self.stats.episodes.append(result)
+        score = self.score(result)
+        if score is None:
+            return
+        self._scores[result.release].append(score)
+        self._judge(result.release)
+
+    def _judge(self, release: str) -> None:
+        """End the probation of a new release: keep it, or roll back if it scores below the previous one."""
+        if not self._probation or self._previous is None or release != self.running:
+            return
+        mine, theirs = self._scores[release], self._scores.get(self._previous.release)
+        if len(mine) < self.options.health_window:
+            return
+        self._probation = False
+        if theirs:
+            new, old = float(np.mean(mine)), float(np.mean(theirs))
+            if new < old - self.options.health_margin:
+                self._rollback(f"health check: mean episode score {new:.3f} over {len(mine)} episodes is below the "
+                               f"previous release's {old:.3f} (margin {self.options.health_margin})")  # fmt: skip
+                return
+        self._previous = None  # passed: the old policy's memory can go
+
+    def _maybe_swap(self, last_action: float | None) -> bool:
+        with self._lock:
+            standby, active = self._standby, self._active
+            if standby is None or (active is not None and not active.runner.at_chunk_boundary):
+                return False
+            self._standby = None
+            self._previous, self._active = active, standby
+            # Probation only for a release new to this robot: going back to one it ran (an operator's
+            # rollback) is not judged against the release the operator just left.
+            self._probation = active is not None and standby.release not in self._scores
+        self.stats.swaps.append({"release": standby.release, "previous": active.release if active else None,
+                                 "at": time.monotonic(), "gap_s": None})  # fmt: skip
+        self._outbox.put(("swap", standby.release, active.release if active else None, ""))
+        log.warning("running release %s (was %s)", standby.release, active.release if active else None)
+        return True
+
+    def _rollback(self, reason: str) -> None:
+        with self._lock:
+            bad, back = self._active, self._previous
+            self._active, self._previous, self._probation = back, None, False
+        bad_name = bad.release if bad else None
+        if back is not None:
+            back.runner.reset()
+        self._refuse(bad_name, reason, kind="rollback", back=back.release if back else None)
+
+    # -- updater thread --------------------------------------------------------------------------------------
+    def _updater(self) -> None:
+        known, backoff = None, 0.5
+        while not self._stop.is_set():
+            try:
+                answer = self.deploy.assignment(self.options.robot_id, known=known, wait_s=self.options.poll_wait_s)
+            except DeployError as error:
+                if error.status in (401, 403, 404):
+                    log.error("deploy service refuses this robot: %s", error)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+                continue
+            backoff = 0.5
+            known = answer["release"]
+            if known and self._wanted(known):
+                self.stats.assigned_at.setdefault(known, time.monotonic())
+                if not self._prepare(known, answer["manifest"]):
+                    known = None  # transient failure: ask again (answered at once) after a pause
+                    self._stop.wait(2.0)
+
+    def _wanted(self, release: str) -> bool:
+        with self._lock:
+            standby = self._standby.release if self._standby else None
+        return release not in self._refused and release not in (self.running, standby)
+
+    def _prepare(self, release: str, manifest: dict | None) -> bool:
+        """Pull, verify, load and warm up `release`, then offer it to the control thread. False: try again later."""
+        from .runner import PolicyRunner
+
+        previous = self._previous
+        if previous is not None and previous.release == release:  # rollback by command: still loaded
+            with self._lock:
+                self._standby = previous
+            return True
+        try:
+            signed = SignedManifest.from_dict(manifest or {})
+            if signed.manifest.name != release:
+                raise BadManifest(f"the service assigned {release!r} with the manifest of {signed.manifest.name!r}")
+            report = self.store.pull(signed, self.trusted, self._fetcher(signed.manifest.bucket))
+            self.stats.pulls.append(report)
+            self.store.verify(release, self.trusted)  # again, right before loading: the disk is not trusted either
+        except (BadSignature, BadManifest, IntegrityError) as error:
+            self._refuse(release, f"{type(error).__name__}: {error}", kind="refused", back=self.running)
+            return True
+        except (StorageError, OSError) as error:
+            log.warning("pull of %s failed, will retry: %s", release, error)
+            return False
+        try:
+            runner = PolicyRunner.load(self.store.model_dir(release), self.options.device)
+            obs = self._latest_obs
+            if obs is not None:
+                runner.warmup(obs)
+        except Exception as error:  # PolicyLoadError, NonFiniteAction in the warm-up, a shape that does not fit
+            self._refuse(release, f"load failed: {type(error).__name__}: {error}", kind="rollback", back=self.running)
+            return True
+        with self._lock:
+            self._standby = _Loaded(release, runner)
+        keep = {r for r in (self.running, release, previous.release if previous else None) if r}
+        self.store.prune(keep, self.options.keep_releases)
+        return True
+
+    def _fetcher(self, bucket: str) -> XetFetcher:
+        if bucket not in self._fetchers:
+            self._fetchers[bucket] = self.fetcher_for(bucket)
+        return self._fetchers[bucket]
+
+    def _refuse(self, release: str | None, reason: str, kind: str, back: str | None) -> None:
+        log.error("%s %s: %s", "refused" if kind == "refused" else "rolled back from", release, reason)
+        entry = {"release": release, "back_to": back, "reason": reason}
+        (self.stats.refused if kind == "refused" else self.stats.rollbacks).append(entry)
+        if release:
+            self._refused.add(release)
+            self._save_state()
+        # Events name the release now running and the one left behind, as the registry records them.
+        self._outbox.put((kind, back, release, reason) if kind == "rollback" else (kind, release, back, reason))
+
+    def _resume_installed(self) -> None:
+        """After a restart: nothing runs until the service answers; staged pulls resume on the next pull."""
+        stale = [n for n in self.store.installed() if n in self._refused]
+        for name in stale:  # never load a refused release again
+            self.store.remove(name)
+
+    # -- reporter thread -------------------------------------------------------------------------------------
+    def _reporter(self) -> None:
+        last_steps, last_t = 0, time.monotonic()
+        while not self._stop.wait(self.options.heartbeat_s) or not self._outbox.empty():
+            self._flush_events()
+            now, steps = time.monotonic(), self.stats.steps
+            status = {"control_hz": round((steps - last_steps) / max(now - last_t, 1e-6), 1),
+                      "max_gap_ms": round(1000 * self.stats.max_gap_s, 1), "episodes": len(self.stats.episodes),
+                      "health": {r: round(float(np.mean(s)), 3) for r, s in self._scores.items() if s},
+                      "probation": self._probation, "refused": sorted(self._refused),
+                      "last_pull": asdict(self.stats.pulls[-1]) if self.stats.pulls else None}  # fmt: skip
+            last_steps, last_t = steps, now
+            try:
+                self.deploy.heartbeat(self.options.robot_id, self.running, status)
+            except DeployError as error:
+                log.warning("heartbeat failed: %s", error)
+            if self._stop.is_set():
+                break
+
+    def _flush_events(self) -> None:
+        while True:
+            try:
+                kind, release, previous, detail = self._outbox.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self.deploy.event(self.options.robot_id, kind, release, previous, detail)
+            except DeployError as error:
+                log.warning("could not report %s of %s (will retry): %s", kind, release, error)
+                self._outbox.put((kind, release, previous, detail))
+                return
+
+    # -- persisted state -------------------------------------------------------------------------------------
+    def _load_state(self) -> dict:
+        try:
+            return json.loads(self._state_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _save_state(self) -> None:
+        tmp = self._state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"refused": sorted(self._refused)}))
+        tmp.replace(self._state_path)
+
+
+def _sleep_until(t: float) -> float:
+    """Sleep until monotonic time `t`; if already late, resynchronize instead of bursting to catch up."""
+    delay = t - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+        return t
+    return time.monotonic()

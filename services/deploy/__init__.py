@@ -1,0 +1,1 @@
+"""The robotloop deploy service (see app.py)."""

@@ -1,0 +1,246 @@
+"""The robotloop deploy service: releases, channels, robots and their assignments, heartbeats, history.
+
+Thin routes over :class:`robotloop.deploy.registry.Registry` (SQLite; it documents the state)::
+
+    GET  /v1/health                               {"status": "ok"}; no token needed
+    POST /v1/releases                             {"manifest": <signed manifest>, "channel"?: "canary"} -> 201
+    GET  /v1/releases                             {"releases": [...]}
+    GET  /v1/releases/{name}                      the release with its signed manifest
+    GET  /v1/channels                             {"channels": {"canary": "v3", "stable": "v2"}}
+    POST /v1/channels/{channel}/promote           {"release": "v3", "reason"?} -> {"channel", "release", "previous"}
+    POST /v1/channels/{channel}/rollback          {"reason"?} -> the channel back on its previous release
+    POST /v1/robots                               {"robot": "r1", "channel"?: "stable", "rotate"?: false}
+                                                  -> 201 {"robot", "token"}: the robot's token, shown once
+    GET  /v1/robots                               {"robots": [...]}: assignment, running release, last status
+    GET  /v1/robots/{id}                          one robot (operators, or that robot itself)
+    PUT  /v1/robots/{id}/assignment               {"channel"?, "release"?, "unpin"?} -> the assignment
+    GET  /v1/robots/{id}/assignment?known=v1&wait_s=30   long-poll: answers when the assignment differs from
+                                                  `known` or after wait_s (<= 60) -> {"release", "manifest", ...}
+    POST /v1/robots/{id}/heartbeat                {"running", "status": {control_hz, health, ...}} (the robot)
+    POST /v1/robots/{id}/events                   {"kind": swap|rollback|refused, "release", "previous", "detail"}
+    POST /v1/robots/{id}/rollback                 {"reason"?}: pin the robot to the release it ran before
+    GET  /v1/history?robot=&channel=&limit=       events, newest first
+
+Auth: operators use tokens from a tokens file (``<token> <read|write> *``, :class:`TokenStore`): read tokens may
+GET, write tokens may also change things. Robots use the token issued at registration (only its SHA-256 is
+stored) and may only read their own robot and assignment and post their own heartbeats and events; another
+robot's routes answer 403. Errors are JSON ``{"error": "..."}`` (401, 403, 404, 409 name reuse, 422 bad body).
+Only JSON travels: no pickle on any route.
+
+Example::
+
+    python -m services.deploy --tokens ops.tokens --db deploy.sqlite --port 8780   # or: robotloop deploy serve
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Body, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from robotloop.config import Settings
+from robotloop.deploy.manifest import BadManifest, SignedManifest
+from robotloop.deploy.registry import Registry, RegistryError
+from robotloop.storage.server.auth import AuthError, Forbidden, TokenStore, bearer_from_header
+
+log = logging.getLogger("robotloop.deploy")
+MAX_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An operator (tokens file) or a robot (its registration token)."""
+
+    name: str
+    robot: str | None = None
+    write: bool = False
+
+    def may_touch(self, robot: str) -> None:
+        """Raises Forbidden for a robot acting on another robot's routes."""
+        if self.robot is not None and self.robot != robot:
+            raise Forbidden(f"robot {self.robot!r} may not read or change robot {robot!r}")
+
+    def operator(self, write: bool) -> None:
+        """Raises Forbidden unless an operator (with a write token if `write`)."""
+        if self.robot is not None:
+            raise Forbidden("robot tokens may only use their own robot's routes")
+        if write and not self.write:
+            raise Forbidden("this token is read-only; changing releases, channels and robots needs a 'write' token")
+
+
+def caller(request: Request) -> Caller:
+    """Who is calling. Raises Unauthorized (no or unknown token)."""
+    header = request.headers.get("authorization")
+    token = bearer_from_header(header)
+    robot = request.app.state.registry.robot_for_token(token) if token else None
+    if robot:
+        return Caller(f"robot:{robot}", robot=robot)
+    tokens: TokenStore = request.app.state.tokens
+    token = tokens.require(header, write=False, why="")
+    return Caller("operator", write=tokens.principal(token).write)
+
+
+Who = Annotated[Caller, Depends(caller)]
+
+
+def create_app(tokens_file: Path | str, db: Path) -> FastAPI:
+    """The deploy service app over the SQLite registry at `db`.
+
+    Raises:
+        TokensFileError: malformed tokens file. FileNotFoundError: no such file.
+    """
+    tokens = TokenStore.from_file(Path(tokens_file))
+    registry = Registry(db)
+    app = FastAPI(title="robotloop deploy service", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.registry, app.state.tokens = registry, tokens
+
+    @app.get("/v1/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok"}
+
+    @app.post("/v1/releases", status_code=201)
+    def publish(who: Who, manifest: Annotated[dict, Body()], channel: Annotated[str | None, Body()] = None) -> dict:
+        who.operator(write=True)
+        signed = SignedManifest.from_dict(manifest)
+        registry.add_release(signed, by=who.name)
+        previous = registry.promote(channel, signed.manifest.name, by=who.name, reason="publish") if channel else None
+        log.info("release %s published%s", signed.manifest.name, f" to {channel}" if channel else "")
+        return {"release": signed.manifest.name, "channel": channel, "previous": previous}
+
+    @app.get("/v1/releases")
+    def releases(who: Who) -> dict:
+        who.operator(write=False)
+        return {"releases": registry.releases()}
+
+    @app.get("/v1/releases/{name}")
+    def release(name: str, who: Who) -> dict:
+        who.operator(write=False)
+        return registry.release(name)
+
+    @app.get("/v1/channels")
+    def channels(who: Who) -> dict:
+        who.operator(write=False)
+        return {"channels": registry.channels()}
+
+    @app.post("/v1/channels/{channel}/promote")
+    def promote(channel: str, who: Who, release: Annotated[str, Body()],
+                reason: Annotated[str, Body()] = "") -> dict:  # fmt: skip
+        who.operator(write=True)
+        previous = registry.promote(channel, release, by=who.name, reason=reason)
+        return {"channel": channel, "release": release, "previous": previous}
+
+    @app.post("/v1/channels/{channel}/rollback")
+    def rollback_channel(channel: str, who: Who, reason: Annotated[str, Body(embed=True)] = "") -> dict:
+        who.operator(write=True)
+        current = registry.channels().get(channel)
+        target = registry.rollback_channel(channel, by=who.name, reason=reason)
+        return {"channel": channel, "release": target, "previous": current}
+
+    @app.post("/v1/robots", status_code=201)
+    def register(who: Who, robot: Annotated[str, Body()], channel: Annotated[str, Body()] = "stable",
+                 rotate: Annotated[bool, Body()] = False) -> dict:  # fmt: skip
+        who.operator(write=True)
+        return {"robot": robot, "token": registry.register_robot(robot, channel, rotate, by=who.name)}
+
+    @app.get("/v1/robots")
+    def robots(who: Who) -> dict:
+        who.operator(write=False)
+        return {"robots": registry.robots()}
+
+    @app.get("/v1/robots/{robot}")
+    def robot(robot: str, who: Who) -> dict:
+        who.may_touch(robot)
+        return registry.robot(robot)
+
+    @app.put("/v1/robots/{robot}/assignment")
+    def assign(robot: str, who: Who, channel: Annotated[str | None, Body()] = None,
+               release: Annotated[str | None, Body()] = None, unpin: Annotated[bool, Body()] = False) -> dict:  # fmt: skip
+        who.operator(write=True)
+        return asdict(registry.assign(robot, channel, release, unpin, by=who.name))
+
+    @app.get("/v1/robots/{robot}/assignment")
+    def assignment(robot: str, who: Who, known: str | None = None,
+                   wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0) -> dict:  # fmt: skip
+        who.may_touch(robot)
+        return asdict(registry.wait_assignment(robot, known, wait_s))
+
+    @app.post("/v1/robots/{robot}/heartbeat")
+    def heartbeat(robot: str, who: Who, running: Annotated[str | None, Body()] = None,
+                  status: Annotated[dict, Body()] = {}) -> dict:  # noqa: B006 (FastAPI copies defaults)  # fmt: skip
+        _robot_itself(who, robot)
+        registry.heartbeat(robot, running, status)
+        return {"ok": True}
+
+    @app.post("/v1/robots/{robot}/events")
+    def event(robot: str, who: Who, kind: Annotated[str, Body()], release: Annotated[str | None, Body()] = None,
+              previous: Annotated[str | None, Body()] = None, detail: Annotated[str, Body()] = "") -> dict:  # fmt: skip
+        _robot_itself(who, robot)
+        registry.robot_event(robot, kind, release, previous, detail)
+        log.warning("robot %s: %s %s (from %s) %s", robot, kind, release, previous, detail)
+        return {"ok": True}
+
+    @app.post("/v1/robots/{robot}/rollback")
+    def rollback_robot(robot: str, who: Who, reason: Annotated[str, Body(embed=True)] = "") -> dict:
+        who.operator(write=True)
+        return asdict(registry.rollback_robot(robot, by=who.name, reason=reason))
+
+    @app.get("/v1/history")
+    def history(who: Who, robot: str | None = None, channel: str | None = None,
+                limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:  # fmt: skip
+        if who.robot is not None:
+            who.may_touch(robot or "")
+        return {"events": registry.history(robot, channel, limit)}
+
+    @app.exception_handler(AuthError)
+    async def auth_error(request: Request, err: AuthError) -> JSONResponse:
+        return _error(err.status, str(err))
+
+    @app.exception_handler(RegistryError)
+    async def registry_error(request: Request, err: RegistryError) -> JSONResponse:
+        return _error(err.status, str(err))
+
+    @app.exception_handler(BadManifest)
+    async def bad_manifest(request: Request, err: BadManifest) -> JSONResponse:
+        return _error(422, str(err))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
+        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()[:5])
+        return _error(422, f"bad request: {where}")
+
+    return app
+
+
+def _robot_itself(who: Caller, robot: str) -> None:
+    if who.robot != robot:
+        raise Forbidden(f"only robot {robot!r} itself reports its heartbeats and events")
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def serve(settings: Settings, tokens_file: Path | None = None, db: Path | None = None, host: str | None = None,
+          port: int | None = None) -> None:  # fmt: skip
+    """Run the service with uvicorn until interrupted; arguments left None come from `settings.deploy`.
+
+    Raises:
+        ValueError: no tokens file (there is no open mode: the service decides what robots run).
+        TokensFileError, FileNotFoundError: a malformed or missing tokens file.
+    """
+    import uvicorn
+
+    cfg = settings.deploy
+    tokens_file = tokens_file or cfg.tokens_file
+    if tokens_file is None:
+        raise ValueError("the deploy service needs operator tokens: pass --tokens FILE ('<token> write *' per line)")
+    host, port, db = host or cfg.host, port or cfg.port, db or cfg.db
+    app = create_app(tokens_file, db)
+    log.warning("robotloop deploy service on http://%s:%d, state in %s", host, port, db)
+    # Long-polls are open requests: bound the shutdown wait.
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)

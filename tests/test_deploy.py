@@ -1,0 +1,350 @@
+"""Deploy, end to end: a real bucket server and a real `python -m services.deploy` on 127.0.0.1, real hf_xet
+transfers, real MuJoCo, and tiny ACT checkpoints (48x64 images). Robot hardware is the one test double
+(`FakeAloha`, LeRobot's `Robot` interface).
+
+Checked: signed manifests (tampering and untrusted keys refused), robot token isolation, update bytes (only
+changed tensors travel), a pull killed with SIGKILL mid-download resumes and never exposes a partial release,
+and the runtime: v1 runs, v2 runs within 10 s of its publish, bad releases are refused while the good one keeps
+running, rollback by command and automatically (non-finite actions, failed health check).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from robotloop.deploy.client import DeployClient, DeployError
+from robotloop.deploy.envs import SimControlEnv
+from robotloop.deploy.fetch import XetFetcher
+from robotloop.deploy.keys import BadSignature, generate_keypair, load_private_key, load_public_keys, public_path
+from robotloop.deploy.manifest import BadManifest, Manifest, SignedManifest
+from robotloop.deploy.publish import publish
+from robotloop.deploy.runner import make_tiny_checkpoint
+from robotloop.deploy.runtime import RobotRuntime, RuntimeOptions
+from robotloop.deploy.store import IntegrityError, ReleaseStore
+from robotloop.storage import BucketClient, BucketUrl
+
+from .conftest import WRITE_TOKEN, free_port
+
+OPS, OPS_READ = "rl_deploy_ops", "rl_deploy_ops_read"
+RUN = "hf://buckets/lab/deploy/models/run"
+IMAGE = (48, 64)
+
+
+@dataclass
+class Deploy:
+    url: str
+    bucket: BucketClient
+    key: Path
+    trusted: dict
+    ckpts: dict[str, Path]
+    proc: subprocess.Popen
+
+    def ops(self, token: str = OPS) -> DeployClient:
+        return DeployClient(self.url, token)
+
+    def release(self, name: str, ckpt: str, channel: str | None = "stable", step: int | None = None) -> SignedManifest:
+        """Upload checkpoint `ckpt` as a LeRobot step folder and publish it as release `name`."""
+        step = step or len(self.ckpts) * 100 + hash(name) % 97
+        url = BucketUrl.parse(f"{RUN}/{name}/checkpoints/{step:06d}")
+        self.bucket.upload(self.ckpts[ckpt], url / "pretrained_model")
+        return publish(self.bucket, str(url), name, load_private_key(self.key), self.ops(), channel)
+
+
+def _perturbed(src: Path, dst: Path, keep: tuple[str, ...] = (), scale: float = 1e-3, nan: bool = False) -> Path:
+    """A copy of checkpoint `src` with every tensor except those starting with `keep` nudged (or one set to NaN)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    weights = load_file(src / "model.safetensors")
+    generator = torch.Generator().manual_seed(1)
+    for name, tensor in weights.items():
+        if tensor.is_floating_point() and not name.startswith(keep):
+            weights[name] = tensor + scale * torch.randn(tensor.shape, generator=generator)
+    if nan:
+        weights["model.action_head.bias"][:] = float("nan")
+    save_file(weights, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def _jerky(src: Path, dst: Path) -> Path:
+    """Same weights, action std x100 in the saved unnormalizer: same policy, far larger, jumpier commands."""
+    _perturbed(src, dst, keep=("",))
+    stats_file = next(dst.glob("policy_postprocessor_step_*.safetensors"))
+    stats = load_file(stats_file)
+    stats = {k: v * 100 if k.endswith(".std") else v for k, v in stats.items()}
+    save_file(stats, stats_file)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def deploy(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deploy]:
+    base = tmp_path_factory.mktemp("deploy")
+    tokens = base / "ops.tokens"
+    tokens.write_text(f"{OPS} write *\n{OPS_READ} read *\n")
+    port = free_port()
+    log = open(base / "deploy.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "services.deploy", "--tokens", str(tokens), "--db",
+                             str(base / "deploy.sqlite"), "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        assert proc.poll() is None, (base / "deploy.log").read_text()[-3000:]
+        try:
+            httpx.get(f"{url}/v1/health").raise_for_status()
+            break
+        except httpx.HTTPError:
+            assert time.monotonic() < deadline, "deploy service did not start"
+            time.sleep(0.1)
+    generate_keypair(base / "keys" / "deploy.key")
+    v1 = make_tiny_checkpoint(base / "ckpt" / "v1", image_size=IMAGE)
+    ckpts = {"v1": v1,
+             "finetune": _perturbed(v1, base / "ckpt" / "finetune", keep=("model.backbone.",)),
+             "retrain": _perturbed(v1, base / "ckpt" / "retrain"),
+             "nan": _perturbed(v1, base / "ckpt" / "nan", keep=("",), nan=True),
+             "jerky": _jerky(v1, base / "ckpt" / "jerky")}  # fmt: skip
+    bucket = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    bucket.create_bucket(BucketUrl.parse(RUN))
+    yield Deploy(url, bucket, base / "keys" / "deploy.key", load_public_keys([public_path(base / "keys" / "deploy.key")]),
+                 ckpts, proc)  # fmt: skip
+    proc.terminate()
+    proc.wait(10)
+
+
+def _fetcher(deploy: Deploy):
+    return lambda bucket: XetFetcher(deploy.bucket.endpoint, WRITE_TOKEN, bucket)
+
+
+# -- manifests and keys ------------------------------------------------------------------------------------------
+def test_manifest_signature_refuses_tampering_and_untrusted_keys(tmp_path):
+    generate_keypair(tmp_path / "a.key")
+    generate_keypair(tmp_path / "b.key")
+    ckpt = tmp_path / "m"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    from robotloop.deploy.manifest import build_manifest
+
+    manifest = build_manifest(ckpt, "v1", "lab/x", "hf://buckets/lab/x/c", {"config.json": "0" * 64})
+    signed = SignedManifest.sign(manifest, load_private_key(tmp_path / "a.key"))
+    trusted = load_public_keys([tmp_path / "a.pub"])
+    assert SignedManifest.from_json(signed.to_json()).verify(trusted) == manifest
+
+    raw = json.loads(signed.to_json())
+    raw["manifest"]["files"][0]["xet_hash"] = "1" * 64
+    with pytest.raises(BadSignature, match="altered"):
+        SignedManifest.from_dict(raw).verify(trusted)
+    other = SignedManifest.sign(manifest, load_private_key(tmp_path / "b.key"))
+    with pytest.raises(BadSignature, match="does not trust"):
+        other.verify(trusted)
+    raw = json.loads(signed.to_json())
+    raw["manifest"]["files"][0]["path"] = "../../etc/passwd"
+    with pytest.raises(BadManifest, match="unsafe"):
+        SignedManifest.from_dict(raw)
+    with pytest.raises(BadManifest, match="release name"):
+        Manifest.from_dict({**raw["manifest"], "name": "a/b"})
+    with pytest.raises(FileExistsError):
+        generate_keypair(tmp_path / "a.key")
+
+
+# -- the service ---------------------------------------------------------------------------------------------------
+def test_robot_tokens_are_isolated_and_writes_need_operator_write_tokens(deploy):
+    ops = deploy.ops()
+    t1, t2 = ops.register_robot("iso1"), ops.register_robot("iso2")
+    r1 = DeployClient(deploy.url, t1)
+    assert r1.assignment("iso1")["robot"] == "iso1"
+    r1.heartbeat("iso1", None, {"control_hz": 50})
+    for call in (lambda: r1.assignment("iso2"), lambda: r1.robot("iso2"), lambda: r1.heartbeat("iso2", "x", {}),
+                 lambda: r1.event("iso2", "swap", None, None), lambda: r1.status(),
+                 lambda: r1.assign("iso2", channel="canary"), lambda: r1.promote("stable", "v1"),
+                 lambda: r1.register_robot("iso3"), lambda: r1.history(robot="iso2")):  # fmt: skip
+        with pytest.raises(DeployError) as error:
+            call()
+        assert error.value.status == 403, error.value
+    with pytest.raises(DeployError) as error:
+        deploy.ops(OPS_READ).assign("iso1", channel="canary")
+    assert error.value.status == 403 and "read-only" in str(error.value)
+    with pytest.raises(DeployError) as error:
+        DeployClient(deploy.url, "rlr_not_a_token").assignment("iso1")
+    assert error.value.status == 401
+    with pytest.raises(DeployError) as error:
+        ops.register_robot("iso1")
+    assert error.value.status == 409
+    assert DeployClient(deploy.url, t2).robot("iso2")["id"] == "iso2"
+    rotated = ops.register_robot("iso2", rotate=True)
+    with pytest.raises(DeployError):
+        DeployClient(deploy.url, t2).robot("iso2")
+    assert DeployClient(deploy.url, rotated).robot("iso2")["id"] == "iso2"
+    assert httpx.post(f"{deploy.url}/v1/releases", json={"manifest": {}}).status_code == 401
+
+
+# -- the store -----------------------------------------------------------------------------------------------------
+def test_update_moves_only_changed_tensors_and_tampered_content_is_refused(deploy, bucket_server, tmp_path):
+    v1 = deploy.release("store-v1", "v1", channel=None)
+    ft = deploy.release("store-ft", "finetune", channel=None)
+    store = ReleaseStore(tmp_path / "store")
+    fetch = XetFetcher(bucket_server.endpoint, WRITE_TOKEN, v1.manifest.bucket)
+    first = store.pull(v1, deploy.trusted, fetch)
+    assert first.bytes_fetched == v1.manifest.total_bytes and first.bytes_reused == 0
+
+    old = {s.sha256 for f in v1.manifest.files for s in f.segments}
+    changed = sum(s.length for f in ft.manifest.files for s in f.segments if s.sha256 not in old)
+    served = bucket_server.stats()["bytes_served"]
+    second = store.pull(ft, deploy.trusted, fetch)
+    served = bucket_server.stats()["bytes_served"] - served
+    assert second.bytes_fetched == changed and second.bytes_reused == ft.manifest.total_bytes - changed
+    assert served <= 1.1 * changed + 1_000_000, f"server sent {served} bytes for {changed} changed"
+    assert changed < 0.2 * ft.manifest.total_bytes  # the backbone (most bytes) did not travel
+    store.verify("store-ft", deploy.trusted)
+
+    # Content that is not what was signed: the manifest names another file's Xet hash (e.g. a swapped object).
+    raw = json.loads(ft.to_json())
+    model = next(f for f in raw["manifest"]["files"] if f["path"] == "model.safetensors")
+    retrain = deploy.release("store-rt", "retrain", channel=None)
+    model["xet_hash"] = next(f.xet_hash for f in retrain.manifest.files if f.path == "model.safetensors")
+    raw["manifest"]["name"] = "store-tampered"
+    forged = SignedManifest.sign(Manifest.from_dict(raw["manifest"]), load_private_key(deploy.key))
+    with pytest.raises(IntegrityError, match="does not match the signed manifest"):  # fetched bytes checked
+        ReleaseStore(tmp_path / "fresh").pull(forged, deploy.trusted, fetch)
+    with pytest.raises(IntegrityError, match="Xet hash .* differs"):  # all segments local: the Xet hash catches it
+        store.pull(forged, deploy.trusted, fetch)
+    assert not store.has("store-tampered") and not ReleaseStore(tmp_path / "fresh").installed()
+
+
+CRASHING_PULL = """
+import os, sys, time
+from robotloop.deploy.fetch import XetFetcher
+from robotloop.deploy.keys import load_public_keys
+from robotloop.deploy.manifest import SignedManifest
+from robotloop.deploy.store import ReleaseStore
+import robotloop.deploy.store as store_module
+store_module.PIECE_BYTES = 4 * 2**20
+signed = SignedManifest.from_json(open(sys.argv[1], "rb").read())
+def hang(path, start, end):
+    if path == "model.safetensors":
+        print("piece", path, start, end, flush=True)
+        time.sleep(3600)  # the parent kills us here, mid-download
+ReleaseStore(sys.argv[2]).pull(signed, load_public_keys([sys.argv[3]]), XetFetcher(sys.argv[4], sys.argv[5], signed.manifest.bucket), on_piece=hang)
+"""
+
+
+def test_pull_killed_mid_download_resumes_and_never_exposes_a_partial_release(deploy, bucket_server, tmp_path):
+    signed = deploy.release("crash-v1", "retrain", channel=None)
+    (tmp_path / "m.json").write_bytes(signed.to_json())
+    root = tmp_path / "store"
+    child = subprocess.Popen([sys.executable, "-c", CRASHING_PULL, str(tmp_path / "m.json"), str(root),
+                              str(public_path(deploy.key)), bucket_server.endpoint, WRITE_TOKEN],
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert child.stdout.readline().startswith("piece model.safetensors 0 ")
+    child.send_signal(signal.SIGKILL)
+    child.wait(10)
+    store = ReleaseStore(root)
+    assert store.installed() == [] and any((root / "staging" / "crash-v1" / "parts").iterdir())
+    report = store.pull(signed, deploy.trusted, XetFetcher(bucket_server.endpoint, WRITE_TOKEN, signed.manifest.bucket))
+    before = 4 * 2**20 + next(f.size for f in signed.manifest.files if f.path == "config.json")  # files go in order
+    assert report.bytes_resumed == before and report.bytes_fetched == signed.manifest.total_bytes - before
+    assert store.installed() == ["crash-v1"] and not (root / "staging" / "crash-v1").exists()
+    store.verify("crash-v1", deploy.trusted)
+
+
+# -- the robot runtime ---------------------------------------------------------------------------------------------
+def _wait(predicate, timeout_s: float, what: str) -> float:
+    """Seconds until `predicate()` held; fails after `timeout_s`."""
+    t0 = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - t0 < timeout_s, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+@pytest.fixture
+def robot(deploy, tmp_path) -> Iterator[RobotRuntime]:
+    """Robot `r1` on channel `e2e`, in a thread: ALOHA TransferCube at 48x64, 15-step episodes. Its health score is
+    smoothness (minus the mean action change), so a jerky release fails the check deterministically."""
+    token = deploy.ops().register_robot("r1", channel="e2e")
+    options = RuntimeOptions("r1", poll_wait_s=10, heartbeat_s=0.5, health_window=2)
+    made: list[RobotRuntime] = []
+
+    def control_thread() -> None:  # MuJoCo's EGL context belongs to the thread that made it
+        env = SimControlEnv("transfer_cube", IMAGE, episode_steps=15)
+        made.append(RobotRuntime(env, DeployClient(deploy.url, token), ReleaseStore(tmp_path / "store"), deploy.trusted,
+                                 options, _fetcher(deploy), score=lambda episode: -episode.action_jerk))  # fmt: skip
+        try:
+            made[0].run()
+        finally:
+            env.close()
+
+    thread = threading.Thread(target=control_thread, daemon=True)
+    thread.start()
+    _wait(lambda: made, 30, "the robot to start")
+    yield made[0]
+    made[0].stop()
+    thread.join(10)
+
+
+def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot):
+    ops, stats = deploy.ops(), robot.stats
+    deploy.release("e2e-v1", "v1", channel="e2e")
+    _wait(lambda: robot.running == "e2e-v1", 60, "v1 to run")
+
+    t0 = time.monotonic()
+    deploy.release("e2e-v2", "finetune", channel="e2e")
+    _wait(lambda: robot.running == "e2e-v2", 10 - (time.monotonic() - t0), "v2 to run within 10 s of its publish")
+    swap = stats.swaps[-1]
+    _wait(lambda: swap["gap_s"] is not None, 5, "the first action of v2")
+    assert swap["gap_s"] < 0.25, f"the control loop paused {swap['gap_s']:.3f} s at the swap"
+    assert stats.pulls[-1].bytes_fetched < 0.2 * stats.pulls[-1].bytes_total  # the backbone was already here
+
+    pulls = len(stats.pulls)
+    ops.rollback_channel("e2e", reason="operator")  # by command: back to v1, still loaded as the previous policy
+    _wait(lambda: robot.running == "e2e-v1", 10, "the channel rollback to v1")
+    assert len(stats.pulls) == pulls or stats.pulls[-1].bytes_fetched == 0
+    ops.promote("e2e", "e2e-v2")
+    _wait(lambda: robot.running == "e2e-v2", 10, "v2 again")
+    _wait(lambda: len(robot._scores["e2e-v2"]) >= 2, 20, "v2 to finish two episodes")
+
+    # A release signed by a key the robot does not trust, and one whose content is not what was signed.
+    generate_keypair(deploy.key.parent / "rogue.key")
+    v2 = SignedManifest.from_json(ops._call("GET", "/v1/releases/e2e-v2")["manifest"] and
+                                  json.dumps(ops._call("GET", "/v1/releases/e2e-v2")["manifest"]))  # fmt: skip
+    rogue = SignedManifest.sign(Manifest.from_dict({**json.loads(v2.to_json())["manifest"], "name": "e2e-rogue"}),
+                                load_private_key(deploy.key.parent / "rogue.key"))  # fmt: skip
+    ops.publish(rogue, "e2e")
+    _wait(lambda: any(r["release"] == "e2e-rogue" for r in stats.refused), 10, "the rogue release to be refused")
+    assert "does not trust" in stats.refused[-1]["reason"]
+    retrain = deploy.release("e2e-retrain", "retrain", channel=None)
+    raw = json.loads(v2.to_json())["manifest"]
+    raw["files"] = [dict(f, xet_hash=next(r.xet_hash for r in retrain.manifest.files if r.path == f["path"]))
+                    for f in raw["files"]]  # fmt: skip
+    ops.publish(SignedManifest.sign(Manifest.from_dict({**raw, "name": "e2e-tampered"}), load_private_key(deploy.key)),
+                "e2e")  # fmt: skip
+    _wait(lambda: any(r["release"] == "e2e-tampered" for r in stats.refused), 10, "the tampered release to be refused")
+    assert robot.running == "e2e-v2" and not robot.store.has("e2e-tampered")
+
+    deploy.release("e2e-nan", "nan", channel="e2e")  # NaN weights: caught before it ever drives the robot
+    _wait(lambda: any(r["release"] == "e2e-nan" for r in stats.rollbacks), 15, "the NaN release to be rolled back")
+    assert "NonFiniteAction" in stats.rollbacks[-1]["reason"] and robot.running == "e2e-v2"
+
+    deploy.release("e2e-jerky", "jerky", channel="e2e")  # runs, then fails the health check against v2
+    _wait(lambda: any(r["release"] == "e2e-jerky" for r in stats.rollbacks), 20, "the health-check rollback")
+    assert "health check" in stats.rollbacks[-1]["reason"] and robot.running == "e2e-v2"
+    assert any(s["release"] == "e2e-jerky" for s in stats.swaps)
+
+    _wait(lambda: (ops.robot("r1")["status"] or {}).get("refused") == sorted(
+        ["e2e-jerky", "e2e-nan", "e2e-rogue", "e2e-tampered"]), 5, "the heartbeat")  # fmt: skip
+    assert ops.robot("r1")["running"] == "e2e-v2"
+    kinds = {(e["kind"], e["previous"] if e["kind"] == "rollback" else e["release"]) for e in ops.history(robot="r1")}
+    assert {("refused", "e2e-rogue"), ("refused", "e2e-tampered"), ("rollback", "e2e-nan"),
+            ("rollback", "e2e-jerky"), ("swap", "e2e-v2")} <= kinds  # fmt: skip
