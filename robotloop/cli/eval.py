@@ -113,6 +113,7 @@ def eval_policy(
                 output_dir=out,
                 device=device,
                 on_episode=on_episode,
+                source=policy,
             )
     except (
         PolicyLoadError,
@@ -143,7 +144,7 @@ def _episode_table(report) -> Table:
         "max reward",
         "sum reward",
         "steps",
-        title=f"{report.task}: {report.policy}",
+        title=f"{report.task}: {report.source or report.policy}",
     )
     for e in report.episodes:
         table.add_row(

@@ -20,7 +20,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import math
 import multiprocessing as mp
@@ -67,6 +69,9 @@ class EvalReport:
     workers: int
     episodes: list[EpisodeResult] = field(default_factory=list)
     wall_s: float = 0.0
+    source: str | None = (
+        None  # what the policy was resolved from (a bucket URL), when not `policy` itself
+    )
 
     @property
     def successes(self) -> int:
@@ -162,9 +167,17 @@ def _init_worker(job: _Job, runner: PolicyRunner | None = None) -> None:
     if runner is None:
         # N workers share the cores: without this each torch grabs all of them and they thrash.
         torch.set_num_threads(job.torch_threads)
-        runner = PolicyRunner.load(Path(job.policy_dir), job.device)
+        runner = _load_quietly(Path(job.policy_dir), job.device)
     sim = AlohaSim(job.task, image_size=job.image_size, max_episode_steps=job.max_steps)
     _worker.update(job=job, runner=runner, sim=sim)
+
+
+def _load_quietly(path: Path, device: str) -> PolicyRunner:
+    """PolicyRunner.load without lerobot's "Loading weights" stdout line (once per worker, amid progress bars).
+
+    Swapping sys.stdout is process-wide: fine in an evaluation, which runs nothing else meanwhile."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return PolicyRunner.load(path, device)
 
 
 def _run_episode(index: int, seed: int, record: bool) -> EpisodeResult:
@@ -244,6 +257,7 @@ def evaluate(
     output_dir: Path | None = None,
     device: str = "cpu",
     on_episode: Callable[[EpisodeResult], None] | None = None,
+    source: str | None = None,
 ) -> EvalReport:
     """Run `episodes` sim episodes of `task` with the policy in `policy_dir`, `workers` processes in parallel.
 
@@ -255,6 +269,7 @@ def evaluate(
         videos: record the first `videos` episodes as mp4 under `output_dir/videos/`.
         output_dir: where videos and `eval_report.json` go; None writes nothing.
         on_episode: called in this process as each episode finishes (progress bars).
+        source: recorded in the report: where `policy_dir` came from (e.g. the checkpoint's bucket URL).
 
     Raises:
         ValueError: bad arguments, unknown task, or an image size the policy was not trained on.
@@ -270,7 +285,7 @@ def evaluate(
     if videos and output_dir is None:
         raise ValueError("videos need an output_dir to be written to")
     # Load once here: a broken checkpoint fails now, with its own error, not as a broken worker pool.
-    runner = PolicyRunner.load(Path(policy_dir), device)
+    runner = _load_quietly(Path(policy_dir), device)
     if set(runner.image_keys) - {"observation.images.top"}:
         raise ValueError(
             f"the policy reads cameras {runner.image_keys}; the ALOHA sim renders only 'top'"
@@ -292,7 +307,9 @@ def evaluate(
         video_dir,
         max(1, (os.cpu_count() or 1) // workers),
     )
-    report = EvalReport(str(policy_dir), spec.name, seed, steps, trained, workers)
+    report = EvalReport(
+        str(policy_dir), spec.name, seed, steps, trained, workers, source=source
+    )
     start = time.perf_counter()
     args = [(i, seed + i, i < videos) for i in range(episodes)]
     for result in _run_all(job, args, workers, runner):

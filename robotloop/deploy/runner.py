@@ -32,7 +32,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 from collections import deque
 from pathlib import Path
@@ -133,9 +132,9 @@ class PolicyRunner:
         cfg.pretrained_backbone_weights = None
         cfg.device = _check_device(device)
         try:
-            # lerobot prints "Loading weights from local directory" to stdout; keep CLI output clean.
-            with contextlib.redirect_stdout(io.StringIO()):
-                policy = ACTPolicy.from_pretrained(path, config=cfg, strict=True)
+            # It prints "Loading weights from local directory" to stdout. Not silenced here: swapping
+            # sys.stdout is process-wide, and robots load a standby policy while the control thread runs.
+            policy = ACTPolicy.from_pretrained(path, config=cfg, strict=True)
         # safetensors' HeaderTooLarge, torch's size mismatch, ...
         except Exception as error:
             raise PolicyLoadError(
