@@ -164,10 +164,9 @@ def test_cli_evaluates_a_checkpoint_in_a_bucket(
     assert "success 0/2 = 0.0% (95% CI 0.0-65.8%)" in done.stdout
     saved = json.loads((out / "eval_report.json").read_text())
     assert saved["summary"]["n_episodes"] == 2 and saved["image_size"] == list(SIZE)
-    assert saved["source"] == str(run) and Path(saved["policy"]).is_relative_to(
+    # downloaded beside the read cache, not into ~/.cache
+    downloaded = Path(saved["policy"])
+    assert saved["source"] == str(run) and downloaded.is_relative_to(
         tmp_path / "cache" / "policies"
     )
     assert len(_decode(saved["episodes"][0]["video"])) == 9
-    assert (
-        tmp_path / "cache" / "policies"
-    ).is_dir()  # downloaded beside the read cache, not into ~/.cache
