@@ -81,12 +81,11 @@ class PolicyRunner:
         device: torch.device,
         path: Path,
     ) -> None:
-        self.policy, self.preprocessor, self.postprocessor = (
-            policy,
-            preprocessor,
-            postprocessor,
-        )
-        self.device, self.path = device, path
+        self.policy = policy
+        self.preprocessor = preprocessor
+        self.postprocessor = postprocessor
+        self.device = device
+        self.path = path
         cfg = policy.config
         self.image_keys: list[str] = list(cfg.image_features)
         self.image_shapes: dict[str, tuple[int, int, int]] = {
