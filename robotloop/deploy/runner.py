@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +64,7 @@ class NonFiniteAction(RuntimeError):
     """The policy produced NaN or infinite actions (bad weights, or stats with zero std); nothing was executed."""
 
 
+@dataclass(eq=False, repr=False)  # repr would print the whole ACT module tree
 class PolicyRunner:
     """One loaded policy: observation in, one action out, chunk by chunk.
 
@@ -73,27 +75,20 @@ class PolicyRunner:
         device: where the model runs. path: the directory it was loaded from.
     """
 
-    def __init__(
-        self,
-        policy: Any,
-        preprocessor: Any,
-        postprocessor: Any,
-        device: torch.device,
-        path: Path,
-    ) -> None:
-        self.policy = policy
-        self.preprocessor = preprocessor
-        self.postprocessor = postprocessor
-        self.device = device
-        self.path = path
-        cfg = policy.config
+    policy: Any  # lerobot ACTPolicy
+    preprocessor: Any  # lerobot PolicyProcessorPipeline
+    postprocessor: Any
+    device: torch.device
+    path: Path
+
+    def __post_init__(self) -> None:
+        cfg = self.policy.config
         self.image_keys: list[str] = list(cfg.image_features)
         self.image_shapes: dict[str, tuple[int, int, int]] = {
             k: tuple(cfg.image_features[k].shape) for k in self.image_keys
         }
-        self.state_dim: int | None = (
-            cfg.robot_state_feature.shape[0] if cfg.robot_state_feature else None
-        )
+        state = cfg.robot_state_feature
+        self.state_dim: int | None = state.shape[0] if state else None
         self.action_dim: int = cfg.action_feature.shape[0]
         self.ensembling: bool = cfg.temporal_ensemble_coeff is not None
         self._queue: deque[np.ndarray] = deque()
