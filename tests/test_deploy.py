@@ -11,7 +11,6 @@ running, rollback by command and automatically (non-finite actions, failed healt
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,11 +24,19 @@ import httpx
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from typer.testing import CliRunner
 
+from robotloop.cli import app
 from robotloop.deploy.client import DeployClient, DeployError
 from robotloop.deploy.envs import SimControlEnv
 from robotloop.deploy.fetch import XetFetcher
-from robotloop.deploy.keys import BadSignature, generate_keypair, load_private_key, load_public_keys, public_path
+from robotloop.deploy.keys import (
+    BadSignature,
+    generate_keypair,
+    load_private_key,
+    load_public_keys,
+    public_path,
+)
 from robotloop.deploy.manifest import BadManifest, Manifest, SignedManifest
 from robotloop.deploy.publish import publish
 from robotloop.deploy.runner import make_tiny_checkpoint
@@ -38,6 +45,7 @@ from robotloop.deploy.store import IntegrityError, ReleaseStore
 from robotloop.storage import BucketClient, BucketUrl
 
 from .conftest import WRITE_TOKEN, free_port
+from .fakealoha import FakeAloha
 
 OPS, OPS_READ = "rl_deploy_ops", "rl_deploy_ops_read"
 RUN = "hf://buckets/lab/deploy/models/run"
@@ -96,9 +104,9 @@ def deploy(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     tokens = base / "ops.tokens"
     tokens.write_text(f"{OPS} write *\n{OPS_READ} read *\n")
     port = free_port()
-    log = open(base / "deploy.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "services.deploy", "--tokens", str(tokens), "--db",
-                             str(base / "deploy.sqlite"), "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    with open(base / "deploy.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "services.deploy", "--tokens", str(tokens), "--db",
+                                 str(base / "deploy.sqlite"), "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -348,3 +356,39 @@ def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot):
     kinds = {(e["kind"], e["previous"] if e["kind"] == "rollback" else e["release"]) for e in ops.history(robot="r1")}
     assert {("refused", "e2e-rogue"), ("refused", "e2e-tampered"), ("rollback", "e2e-nan"),
             ("rollback", "e2e-jerky"), ("swap", "e2e-v2")} <= kinds  # fmt: skip
+
+
+# -- the command line, and LeRobot hardware (test double) ------------------------------------------------------------
+def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy, bucket_server, tmp_path):
+    cli = CliRunner()
+    storage = ["--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN]
+    ops = ["--deploy-url", deploy.url, "--deploy-token", OPS]
+    key = tmp_path / "cli.key"
+    result = cli.invoke(app, ["deploy", "keygen", "--key", str(key)])
+    assert result.exit_code == 0, result.output
+    run = BucketUrl.parse(f"{RUN}/cli")
+    deploy.bucket.upload(deploy.ckpts["v1"], run / "checkpoints" / "000300" / "pretrained_model")
+    (tmp_path / "last.json").write_text(json.dumps({"step": 300}))
+    deploy.bucket.upload(tmp_path / "last.json", run / "checkpoints" / "last.json")
+
+    result = cli.invoke(app, [*storage, "deploy", "publish", "--checkpoint", str(run), "--name", "cli-v1",
+                              "--channel", "hw", "--key", str(key), *ops])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "checkpoints/000300" in deploy.ops()._call("GET", "/v1/releases/cli-v1")["checkpoint"]
+    result = cli.invoke(
+        app, ["deploy", "publish", "--checkpoint", f"{RUN}/nothing", "--name", "x", "--key", str(key), *ops]
+    )
+    assert result.exit_code == 2 and "checkpoints/last.json" in result.output
+    result = cli.invoke(app, ["deploy", "register", "hw1", "--channel", "hw", *ops])
+    token = json.loads(result.output)["token"]
+
+    result = cli.invoke(app, [*storage, "robot", "run", "--robot.type", "robotloop_fake_aloha", "--robot-id", "hw1",
+                              "--deploy-url", deploy.url, "--robot-token", token, "--trusted-key", str(key.with_suffix(".pub")),
+                              "--store", str(tmp_path / "store"), "--fps", "20", "--duration-s", "6"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "swaps 1, rollbacks 0, refused 0; running cli-v1" in result.output
+    assert FakeAloha.sent > 20  # commands reached the (double of the) hardware
+    result = cli.invoke(app, ["deploy", "status", *ops])
+    assert result.exit_code == 0 and "hw1" in result.output and "cli-v1" in result.output
+    result = cli.invoke(app, ["deploy", "rollback", "--robot", "hw1", *ops])
+    assert result.exit_code == 2 and "has not run a release before" in result.output

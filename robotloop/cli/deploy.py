@@ -79,9 +79,13 @@ def publish(
     ctx: typer.Context,
     checkpoint: Annotated[str, typer.Option(help="hf://buckets/.../models/<run>[/checkpoints/<step>] (run: latest).")],
     name: Annotated[str, typer.Option(help="Release name, e.g. v7 (immutable).")],
-    channel: Annotated[str | None, typer.Option(help="Point this channel (canary, stable, ...) at the release.")] = None,
+    channel: Annotated[
+        str | None, typer.Option(help="Point this channel (canary, stable, ...) at the release.")
+    ] = None,
     key: Annotated[Path | None, typer.Option(help="Private deploy key. Default: deploy.key_file.")] = None,
-    register: Annotated[bool, typer.Option(help="Register with the deploy service (else only store the manifest).")] = True,
+    register: Annotated[
+        bool, typer.Option(help="Register with the deploy service (else only store the manifest).")
+    ] = True,
     deploy_url: DeployUrl = None,
     deploy_token: DeployToken = None,
 ) -> None:

@@ -14,17 +14,19 @@ from .record import _image_size
 
 app = typer.Typer(no_args_is_help=True, help="The robot side: run released policies, hot-swap and roll back.")
 console = Console()
+TOKEN_HELP = "This robot's token. Default: robot.token (ROBOTLOOP_ROBOT__TOKEN)."
+KEYS_HELP = "Public key file(s) of trusted release signers. Default: robot.trusted_keys."
 
 
 @app.command()
 def run(
     ctx: typer.Context,
-    robot_id: Annotated[str | None, typer.Option("--robot-id", help="Registered robot id. Default: robot.robot_id.")] = None,
+    robot_id: Annotated[
+        str | None, typer.Option("--robot-id", help="Registered robot id. Default: robot.robot_id.")
+    ] = None,
     deploy_url: Annotated[str | None, typer.Option("--deploy-url", help="Deploy service. Default: deploy.url.")] = None,
-    token: Annotated[str | None, typer.Option("--robot-token", help="This robot's token. Default: robot.token "
-                                              "(ROBOTLOOP_ROBOT__TOKEN).")] = None,  # fmt: skip
-    trusted_key: Annotated[list[Path] | None, typer.Option("--trusted-key", help="Public key(s) of release signers. "
-                                                           "Default: robot.trusted_keys.")] = None,  # fmt: skip
+    token: Annotated[str | None, typer.Option("--robot-token", help=TOKEN_HELP)] = None,
+    trusted_key: Annotated[list[Path] | None, typer.Option("--trusted-key", help=KEYS_HELP)] = None,
     store: Annotated[Path | None, typer.Option(help="Local release store. Default: robot.store_dir.")] = None,
     sim: Annotated[str | None, typer.Option(help="Sim task (transfer_cube, insertion).")] = None,
     image_size: Annotated[str, typer.Option(help="Sim camera HxW; must match the policy's.")] = "96x128",
@@ -34,7 +36,9 @@ def run(
     robot_hw_id: Annotated[str | None, typer.Option("--robot.id", help="LeRobot calibration id.")] = None,
     fps: Annotated[float, typer.Option(min=1, help="Hardware: control rate.")] = 30.0,
     episode_time_s: Annotated[float, typer.Option(min=0.1, help="Hardware: seconds per episode.")] = 30.0,
-    duration_s: Annotated[float | None, typer.Option(min=0.1, help="Stop after this long (default: run until ^C).")] = None,
+    duration_s: Annotated[
+        float | None, typer.Option(min=0.1, help="Stop after this long (default: run until ^C).")
+    ] = None,
     device: Annotated[str | None, typer.Option(help="Where the policy runs. Default: robot.device.")] = None,
 ) -> None:
     """Run the assigned release at the task's rate (50 Hz for ALOHA); pull, verify and hot-swap new releases."""
@@ -55,7 +59,9 @@ def run(
         raise typer.BadParameter("give exactly one of --sim TASK or --robot.type TYPE")
     try:
         trusted = load_public_keys(trusted_key or cfg.trusted_keys)
-        deploy = DeployClient(deploy_url or settings.deploy.url, token or (cfg.token.get_secret_value() if cfg.token else None))
+        deploy = DeployClient(
+            deploy_url or settings.deploy.url, token or (cfg.token.get_secret_value() if cfg.token else None)
+        )
     except (FileNotFoundError, DeployKeyError, DeployError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(2) from None

@@ -32,7 +32,11 @@ class XetFetcher:
 
     def _stream_group(self):
         from huggingface_hub.utils import build_hf_headers
-        from huggingface_hub.utils._xet import XetTokenType, get_xet_session, xet_connection_info_refresh_url
+        from huggingface_hub.utils._xet import (
+            XetTokenType,
+            get_xet_session,
+            xet_connection_info_refresh_url,
+        )
 
         if self._group is None:
             refresh = xet_connection_info_refresh_url(token_type=XetTokenType.READ, repo_id=self.bucket_id,

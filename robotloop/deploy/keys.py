@@ -26,7 +26,10 @@ from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+    Ed25519PrivateKey,
+    Ed25519PublicKey,
+)
 
 
 class DeployKeyError(ValueError):
@@ -95,7 +98,9 @@ def load_private_key(path: Path) -> Signer:
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as error:
-        raise DeployKeyError(f"{path}: not a PEM private key ({error}); make one with `robotloop deploy keygen`") from None
+        raise DeployKeyError(
+            f"{path}: not a PEM private key ({error}); make one with `robotloop deploy keygen`"
+        ) from None
     if not isinstance(key, Ed25519PrivateKey):
         raise DeployKeyError(f"{path}: a {type(key).__name__}, not an ed25519 key")
     return Signer(key)

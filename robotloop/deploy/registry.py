@@ -154,7 +154,9 @@ class Registry:
         return {**dict(row), "manifest": json.loads(row["manifest"])}
 
     def releases(self) -> list[dict[str, Any]]:
-        rows = self._all("SELECT name, key_id, checkpoint, created_at, published_at FROM releases ORDER BY published_at")
+        rows = self._all(
+            "SELECT name, key_id, checkpoint, created_at, published_at FROM releases ORDER BY published_at"
+        )
         return [dict(r) for r in rows]
 
     # -- channels ------------------------------------------------------------------------------------------
@@ -172,8 +174,11 @@ class Registry:
         with self._lock:
             row = self._one("SELECT release FROM channels WHERE name = ?", (channel,))
             previous = row["release"] if row else None
-            self._tx([("INSERT INTO channels VALUES (?,?,?) ON CONFLICT(name) DO UPDATE SET release = excluded.release,"
-                       " updated_at = excluded.updated_at", (channel, release, time.time())),
+            upsert = (
+                "INSERT INTO channels VALUES (?,?,?) ON CONFLICT(name) DO UPDATE SET release = excluded.release, "
+                "updated_at = excluded.updated_at"
+            )
+            self._tx([(upsert, (channel, release, time.time())),
                       self._event("promote", channel=channel, release=release, previous=previous,
                                   detail=f"{reason} (by {by})" if by else reason)])  # fmt: skip
         return previous
@@ -237,7 +242,7 @@ class Registry:
         row = self._one("SELECT * FROM robots WHERE id = ?", (robot,))
         if row is None:
             raise NotFoundError(f"no robot {robot!r}; register it with `robotloop deploy register`")
-        out = {k: row[k] for k in row.keys() if k != "token_hash"}
+        out = {k: row[k] for k in row.keys() if k != "token_hash"}  # noqa: SIM118 (sqlite3.Row iterates values)
         out["status"] = json.loads(row["status"]) if row["status"] else None
         out["assigned"] = self.assignment(robot).release
         return out
@@ -273,8 +278,12 @@ class Registry:
             NotFoundError: unknown robot, or it never ran an earlier release.
         """
         current = self.robot(robot)["running"]
-        ran = [r["release"] for r in self._all(
-            "SELECT release FROM events WHERE robot = ? AND kind IN ('swap', 'rollback') ORDER BY id DESC", (robot,))]
+        ran = [
+            r["release"]
+            for r in self._all(
+                "SELECT release FROM events WHERE robot = ? AND kind IN ('swap', 'rollback') ORDER BY id DESC", (robot,)
+            )
+        ]
         target = next((r for r in ran if r and r != current), None)
         if target is None:
             raise NotFoundError(f"robot {robot!r} has not run a release before {current!r}")

@@ -159,7 +159,7 @@ class RobotRuntime:
                 continue
             try:
                 action = active.runner.act(obs)
-            except Exception as error:  # NonFiniteAction, or a policy that cannot take this observation
+            except Exception as error:  # noqa: BLE001 - NonFiniteAction, or a policy that cannot take this observation
                 self._rollback(f"{type(error).__name__}: {error}")
                 episode["mixed"] = True
                 continue
@@ -304,7 +304,7 @@ class RobotRuntime:
             obs = self._latest_obs
             if obs is not None:
                 runner.warmup(obs)
-        except Exception as error:  # PolicyLoadError, NonFiniteAction in the warm-up, a shape that does not fit
+        except Exception as error:  # noqa: BLE001 - PolicyLoadError, NonFiniteAction in the warm-up, a wrong shape
             self._refuse(release, f"load failed: {type(error).__name__}: {error}", kind="rollback", back=self.running)
             return True
         with self._lock:

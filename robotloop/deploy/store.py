@@ -120,7 +120,9 @@ class ReleaseStore:
     def _assemble(self, entry: ReleaseFile, index: int, local: dict[str, _Source], parts: Path, out: Path,
                   fetcher: XetFetcher, on_piece) -> tuple[int, int, int]:  # fmt: skip
         """Write one file from local segments and fetched pieces, verified. Returns (fetched, reused, resumed)."""
-        reuse = {s.name: local[s.sha256] for s in entry.segments if s.sha256 in local and _segment_ok(local[s.sha256], s)}
+        reuse = {
+            s.name: local[s.sha256] for s in entry.segments if s.sha256 in local and _segment_ok(local[s.sha256], s)
+        }
         missing = [s for s in entry.segments if s.name not in reuse]
         fetched = resumed = 0
         pieces = _plan(_ranges(missing), _staged(parts, index))
@@ -131,8 +133,7 @@ class ReleaseStore:
             piece = parts / f"{index}_{start}_{end}"
             tmp = piece.with_suffix(".tmp")
             with open(tmp, "wb") as f:
-                for data in fetcher.stream(entry.xet_hash, entry.size, start, end):
-                    f.write(data)
+                f.writelines(fetcher.stream(entry.xet_hash, entry.size, start, end))
             if tmp.stat().st_size != end - start:
                 tmp.unlink()
                 raise IntegrityError(f"{entry.path}: asked bytes {start}-{end}, got a different length")
@@ -292,4 +293,6 @@ def _check_file(path: Path, entry: ReleaseFile, sha256: str) -> None:
         raise IntegrityError(f"{entry.path}: size or SHA-256 differs from the signed manifest")
     xet = hf_xet.hash_files([str(path)])[0].hash  # the Xet hash, recomputed here: what the bucket was asked for
     if xet != entry.xet_hash:
-        raise IntegrityError(f"{entry.path}: Xet hash {xet[:12]} differs from the signed manifest's {entry.xet_hash[:12]}")
+        raise IntegrityError(
+            f"{entry.path}: Xet hash {xet[:12]} differs from the signed manifest's {entry.xet_hash[:12]}"
+        )

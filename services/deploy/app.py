@@ -46,7 +46,12 @@ from fastapi.responses import JSONResponse
 from robotloop.config import Settings
 from robotloop.deploy.manifest import BadManifest, SignedManifest
 from robotloop.deploy.registry import Registry, RegistryError
-from robotloop.storage.server.auth import AuthError, Forbidden, TokenStore, bearer_from_header
+from robotloop.storage.server.auth import (
+    AuthError,
+    Forbidden,
+    TokenStore,
+    bearer_from_header,
+)
 
 log = logging.getLogger("robotloop.deploy")
 MAX_WAIT_S = 60.0
