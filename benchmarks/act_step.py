@@ -156,6 +156,11 @@ def bench_one(
     time_steps(step, batch, args.warmup, device)
     times = time_steps(step, batch, args.steps, device)
     med = statistics.median(times)
+    if args.profile and device.type == "cuda":
+        try:
+            profile(step, batch, name, b)
+        except Exception as e:  # noqa: BLE001 - a profiler failure must not lose the timings
+            print(f"profile failed: {e!r}", file=sys.stderr)
     row = {
         "config": name,
         "batch": b,
@@ -174,6 +179,25 @@ def bench_one(
     return row
 
 
+def profile(step: Callable[[dict], Any], batch: dict, name: str, b: int, n: int = 10) -> None:
+    """Where a step's time goes: GPU busy time (sum of kernel times) against wall time, and the top kernels."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step(batch)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / n
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.device_time for e in kernels) / 1e6 / n
+    print(f"PROFILE {name} b{b}: wall {wall * 1e3:.2f} ms/step, GPU busy {busy * 1e3:.2f} ms/step, "
+          f"{len(kernels) / n:.0f} kernels/step", file=sys.stderr, flush=True)  # fmt: skip
+    print(prof.key_averages().table(sort_by="device_time_total", row_limit=25), file=sys.stderr, flush=True)
+
+
 _SPEED = ("precision", "fused_attention", "channels_last", "compile", "cuda_graphs", "autotune")
 
 
@@ -190,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny ACT, 48x64, no compile")
     ap.add_argument("--compile-on-cpu", action="store_true", help="with --quick: also the compiled configs")
     ap.add_argument("--out", default=None, help="also write the JSON table here")
+    ap.add_argument("--profile", action="store_true", help="CUDA: also profile each configuration (GPU busy vs wall)")
     args = ap.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")

@@ -256,3 +256,16 @@ def test_pyav_decodes_the_frames_torchcodec_does(bucket_server, dataset, tmp_pat
 def test_unknown_video_backend_is_refused():
     with pytest.raises(ValueError, match="video_backend"):
         DataSettings(video_backend="opencv")
+
+
+def test_a_dataset_at_a_bucket_root_streams(bucket_server, tmp_path):
+    """lerobot's bucket reader wants a dataset at the bucket's root; the sampler reads it there too."""
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/root-dataset")
+    client.create_bucket(url)
+    record(client, url, [12], tmp_path / "stage")
+    with StreamingSampler(client, [url], settings()) as sampler:
+        assert [e["episode_index"] for e in sampler.episodes()] == [0]
+        sampler.wait_ready(timeout_s=120)
+        k, t = where(sampler.next_batch(8))
+    assert set(k) == {0} and (t < 12).all()

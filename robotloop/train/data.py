@@ -132,6 +132,7 @@ class DatasetSource:
 
     def __init__(self, client: BucketClient, url: BucketUrl) -> None:
         self.client, self.url = client, url
+        self._prefix = f"{url.path}/" if url.path else ""  # bucket paths of the dataset's files start with it
         self.info = json.loads(self._read_small(url / "meta" / "info.json"))
         try:
             self.stats = json.loads(self._read_small(url / "meta" / "stats.json"))
@@ -160,7 +161,7 @@ class DatasetSource:
         metadata in this listing has its files in it too (one that does not is skipped until next time).
         """
         entries = {e.url.path: e for e in self.client.ls(self.url, recursive=True) if isinstance(e, Entry)}
-        meta_prefix = f"{self.url.path}/meta/episodes/"
+        meta_prefix = f"{self._prefix}meta/episodes/"
         for path, entry in sorted(entries.items()):
             if path.startswith(meta_prefix) and path.endswith(".parquet"):
                 if self._meta_files.get(path, ("",))[0] != entry.xet_hash:
@@ -186,12 +187,12 @@ class DatasetSource:
 
     def _paths(self, row: dict) -> dict[str, str]:
         """Bucket paths of an episode's data file and video files (key "" for data)."""
-        info, base = self.info, self.url.path
-        paths = {"": f"{base}/" + info["data_path"].format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])}
+        info, base = self.info, self._prefix
+        paths = {"": base + info["data_path"].format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])}
         for key in self.video_keys:
             rel = info["video_path"].format(video_key=key, chunk_index=row[f"videos/{key}/chunk_index"],
                                             file_index=row[f"videos/{key}/file_index"])  # fmt: skip
-            paths[key] = f"{base}/{rel}"
+            paths[key] = base + rel
         return paths
 
     def _episode(self, row: dict, entries: dict[str, Entry], users: dict[str, int]) -> EpisodeRef | None:
@@ -472,6 +473,8 @@ class StreamingSampler:
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         for d, source in enumerate(self.sources):
             self._add(source.episodes, d)
+            if not source.episodes:
+                log.warning("%s holds no committed episode yet: batches wait for the first one", source.url)
 
         self.video_backend = resolve_video_backend(s.video_backend)
         ctx = mp.get_context("spawn")  # fork would copy CUDA state and the caller's threads

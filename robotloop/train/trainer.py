@@ -52,6 +52,8 @@ class Progress:
     samples_per_s: float
     data_wait_share: float
     episodes: int
+    elapsed_s: float = 0.0  # since this run's first step (its compile included)
+    data_wait_s: float = 0.0  # of which inside next_batch; two reports give the rate and share between them
 
 
 @dataclass
@@ -129,8 +131,9 @@ def _loop(client, sampler, policy, optimizer, output, settings, act, data, start
             losses += [(s, float(v)) for s, v in pending]  # the one host sync per log interval
             pending.clear()
             elapsed = time.perf_counter() - t0
-            progress = Progress(step, losses[-1][1], (step - start) * settings.batch_size / elapsed,
-                                (sampler.wait_s - wait0) / elapsed, len(sampler.buffered_episodes))  # fmt: skip
+            waited = sampler.wait_s - wait0
+            progress = Progress(step, losses[-1][1], (step - start) * settings.batch_size / elapsed, waited / elapsed,
+                                len(sampler.buffered_episodes), elapsed, waited)  # fmt: skip
             log.info("step %d loss %.4f %.1f samples/s data wait %.1f%%", step, progress.loss, progress.samples_per_s,
                      100 * progress.data_wait_share)  # fmt: skip
             if on_progress:

@@ -1,0 +1,226 @@
+"""End-to-end training from a bucket server: robotloop's streaming trainer vs what users run today.
+
+Run (GPU machine):  python3 benchmarks/train_e2e.py --episodes 12 --batch 8 64 --steps 500 --out e2e.json
+DDP (two GPUs):     python3 benchmarks/train_e2e.py --only robotloop --batch 64 --nproc 1 2
+Smoke (CPU):        .venv/bin/python benchmarks/train_e2e.py --quick
+
+1. A bucket server on this machine (the embedded one, under --root) holds a LeRobot v3 dataset of scripted
+   TransferCube demos (one camera at --image-size), recorded with `record_sim` unless already there.
+2. robotloop: `python -m robotloop.train` (torchrun with --nproc > 1) streams the dataset from the server:
+   decode workers, frame buffer on the GPU, bf16 + compile + CUDA graphs. Its progress file gives the time
+   and data wait at each log point: the steady rate is taken between the first log point after --skip
+   steps and the last one (compile and the first decoded episodes excluded, and reported apart).
+3. lerobot (what `lerobot-train` runs): `StreamingLeRobotDataset(repo_type="bucket")` against the same server,
+   a DataLoader with lerobot-train's settings (4 spawn workers, prefetch 4, pinned memory), lerobot's
+   preprocessor and its fp32 eager ACT update (clip 10, AdamW). Data wait = time blocked in `next(loader)`
+   plus the preprocessor, as lerobot-train's own `dataloading_s` counts it. A run stops after --lerobot-max-s
+   seconds: its rate is then measured over the steps it did, and the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DATASET = "hf://buckets/bench/aloha-transfer-cube"  # at a bucket's root: lerobot's bucket reader needs that
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", type=Path, default=Path(".bench/e2e-server"), help="bucket server data (kept)")
+    ap.add_argument("--episodes", type=int, default=12)
+    ap.add_argument("--record-workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--image-size", default="480x640")
+    ap.add_argument("--batch", type=int, nargs="+", default=[8, 64])
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--skip", type=int, default=50, help="steps left out of the steady rate")
+    ap.add_argument("--nproc", type=int, nargs="+", default=[1], help="GPUs per robotloop run (torchrun when > 1)")
+    ap.add_argument("--decode-workers", type=int, default=8)
+    ap.add_argument("--only", choices=["robotloop", "lerobot"], default=None)
+    ap.add_argument("--lerobot-max-s", type=float, default=150.0)
+    ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny images, tiny ACT, few steps")
+    ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.episodes, args.image_size, args.batch, args.steps, args.skip = 2, "48x64", [4], 6, 2
+        args.decode_workers, args.lerobot_max_s, args.record_workers = 1, 60.0, 2
+
+    from robotloop.storage import BucketClient
+    from robotloop.storage.embedded import ensure_embedded_server
+
+    server = ensure_embedded_server(args.root.resolve())
+    client = BucketClient(server.endpoint, server.token)
+    record_s = ensure_dataset(client, args)
+    env = {**os.environ, "ROBOTLOOP_STORAGE__ENDPOINT": server.endpoint, "ROBOTLOOP_STORAGE__TOKEN": server.token,
+           "HF_ENDPOINT": server.endpoint, "HF_TOKEN": server.token, "HF_HUB_OFFLINE": "0"}  # fmt: skip
+    rows = []
+    for batch in args.batch:
+        if args.only != "lerobot":
+            for nproc in args.nproc:
+                rows.append(run_robotloop(args, env, batch, nproc))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        if args.only != "robotloop":
+            rows.append(run_lerobot(args, env, batch))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    result = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "dataset": DATASET, "image": args.image_size,
+              "record_s": record_s, "steps": args.steps, "skip": args.skip, "rows": rows}  # fmt: skip
+    text = json.dumps(result, indent=1)
+    print(text, flush=True)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 1 if any("error" in r for r in rows) else 0
+
+
+def machine() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name()}, {os.cpu_count()} cores"
+    except ImportError:
+        pass
+    return f"{platform.node()}, {os.cpu_count()} cores, CPU"
+
+
+def ensure_dataset(client, args) -> float | None:
+    """Record scripted demos into the server until the dataset holds --episodes; seconds spent (None: none)."""
+    from robotloop.capture import DatasetRecorder, DatasetSpec
+    from robotloop.capture.sim_record import record_sim
+    from robotloop.storage import BucketUrl
+
+    size = tuple(int(v) for v in args.image_size.split("x"))
+    url = BucketUrl.parse(DATASET)
+    client.create_bucket(url)
+    recorder = DatasetRecorder(client, url, DatasetSpec.aloha(size), staging=args.root.resolve().parent / "e2e-stage")
+    have = recorder.committed_episodes()
+    if have >= args.episodes:
+        return None
+    report = record_sim(recorder, "transfer_cube", args.episodes - have, args.record_workers, size, seed_start=1000 + have)
+    print(f"recorded {len(report.committed)} episodes in {report.wall_s:.0f} s", file=sys.stderr, flush=True)
+    return round(report.wall_s, 1)
+
+
+def run_robotloop(args, env: dict, batch: int, nproc: int) -> dict:
+    name = f"robotloop-b{batch}-g{nproc}"
+    with tempfile.TemporaryDirectory() as tmp:
+        progress = Path(tmp) / "progress.jsonl"
+        launcher = [sys.executable, "-m", "robotloop.train"]
+        if nproc > 1:
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+                        "-m", "robotloop.train"]  # fmt: skip
+        device = "cpu" if args.quick else "cuda"
+        cmd = [*launcher, "--dataset", DATASET, "--output", f"hf://buckets/bench/e2e-runs/models/{name}-{time.time_ns()}",
+               "--steps", str(args.steps), "--batch-size", str(batch), "--device", device, "--log-every", "25",
+               "--checkpoint-every", str(10 * args.steps), "--decode-workers", str(args.decode_workers),
+               "--progress-file", str(progress)] + (["--tiny", "--log-every", "1"] if args.quick else [])  # fmt: skip
+        t0 = time.perf_counter()
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if run.returncode != 0:
+            return {"run": name, "error": (run.stdout + run.stderr)[-3000:]}
+        records = [json.loads(line) for line in progress.read_text().splitlines()]
+    reports = [r for r in records if r["event"] == "progress"]
+    done = next(r for r in records if r["event"] == "done")
+    steady = [r for r in reports if r["step"] >= args.skip] or reports
+    a, b = steady[0], steady[-1]
+    span = b["elapsed_s"] - a["elapsed_s"]
+    rate = (b["step"] - a["step"]) * batch * nproc / span if span > 0 else float("nan")
+    step_s = batch * nproc / rate
+    return {
+        "run": name, "batch_per_gpu": batch, "gpus": nproc, "steps": done["steps"],
+        "steady_samples_per_s": round(rate, 1), "steady_window": [a["step"], b["step"]],
+        "steady_data_wait_share": round((b["data_wait_s"] - a["data_wait_s"]) / span, 4) if span > 0 else None,
+        "first_steps_s": round(a["elapsed_s"] - a["step"] * step_s, 1),  # compile + waiting for the first episode
+        "train_loop_s": round(done["wall_s"], 1), "process_wall_s": round(wall, 1),
+        "steady_500_steps_s": round(500 * step_s, 2), "final_loss": done["final_loss"],
+    }  # fmt: skip
+
+
+def run_lerobot(args, env: dict, batch: int) -> dict:
+    cmd = [sys.executable, __file__, "--lerobot-worker", json.dumps({"batch": batch, "steps": args.steps,
+           "max_s": args.lerobot_max_s, "skip": min(args.skip, 20), "quick": args.quick})]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**env, "HF_HOME": f"{tmp}/hf", "HF_LEROBOT_HOME": f"{tmp}/lerobot"}
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if run.returncode != 0:
+        return {"run": f"lerobot-b{batch}", "error": (run.stdout + run.stderr)[-3000:]}
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def lerobot_worker(spec: dict) -> None:
+    """lerobot-train's data path and update, timed. Runs in its own process: HF_ENDPOINT is read at import."""
+    import torch
+    from lerobot.datasets.streaming_dataset import StreamingLeRobotDataset
+    from lerobot.policies.act.configuration_act import ACTConfig
+    from lerobot.policies.act.modeling_act import ACTPolicy
+    from lerobot.policies.factory import make_pre_post_processors
+    from lerobot.utils.feature_utils import dataset_to_policy_features
+
+    device = torch.device("cpu" if spec["quick"] else "cuda")
+    torch.backends.cudnn.benchmark = True  # lerobot-train's CUDA settings
+    torch.backends.cuda.matmul.allow_tf32 = True
+    repo_id = DATASET.removeprefix("hf://buckets/")
+    probe = StreamingLeRobotDataset(repo_id, repo_type="bucket")
+    chunk = 5 if spec["quick"] else 100
+    features = dataset_to_policy_features(probe.meta.features)
+    tiny = dict(dim_model=64, dim_feedforward=128, n_encoder_layers=1, n_vae_encoder_layers=1) if spec["quick"] else {}
+    cfg = ACTConfig(device=device.type, chunk_size=chunk, n_action_steps=chunk, pretrained_backbone_weights=None,
+                    input_features={k: f for k, f in features.items() if k != "action" and "reward" not in k and "success" not in k},
+                    output_features={"action": features["action"]}, **tiny)  # fmt: skip
+    delta = {"action": [i / probe.meta.fps for i in range(chunk)]}  # what resolve_delta_timestamps gives ACT
+    dataset = StreamingLeRobotDataset(repo_id, repo_type="bucket", delta_timestamps=delta, max_num_shards=4,
+                                      return_uint8=True)  # fmt: skip
+    policy = ACTPolicy(cfg).to(device)
+    pre, _ = make_pre_post_processors(cfg, dataset_stats=probe.meta.stats)
+    opt = cfg.get_optimizer_preset().build(policy.get_optim_params())
+    loader = torch.utils.data.DataLoader(dataset, batch_size=spec["batch"], num_workers=4, pin_memory=device.type == "cuda",
+                                         drop_last=False, prefetch_factor=4, persistent_workers=True,
+                                         multiprocessing_context="spawn")  # fmt: skip
+    it, cams = iter(loader), probe.meta.camera_keys
+    marks, wait, t0 = [], 0.0, time.perf_counter()
+    for step in range(spec["steps"]):
+        start = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:  # one pass over a small dataset: start the next, as lerobot-train's cycle does
+            it = iter(loader)
+            batch = next(it)
+        for key in cams:
+            batch[key] = batch[key].to(dtype=torch.float32) / 255.0
+        batch = pre(batch)
+        wait += time.perf_counter() - start
+        policy.train()
+        loss, _ = policy.forward(batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.get_optimizer_preset().grad_clip_norm)
+        opt.step()
+        opt.zero_grad()
+        loss_value = loss.item()  # lerobot-train logs it every step
+        marks.append((step + 1, time.perf_counter() - t0, wait))
+        if time.perf_counter() - t0 > spec["max_s"]:
+            break
+    skip = min(spec["skip"], len(marks) // 2)
+    (s0, e0, w0), (s1, e1, w1) = marks[max(skip - 1, 0)], marks[-1]
+    rate = (s1 - s0) * spec["batch"] / (e1 - e0) if e1 > e0 else float("nan")
+    print(json.dumps({
+        "run": f"lerobot-b{spec['batch']}", "batch_per_gpu": spec["batch"], "gpus": 1, "steps": s1,
+        "stopped_at_max_s": s1 < spec["steps"], "steady_samples_per_s": round(rate, 1), "steady_window": [s0, s1],
+        "steady_data_wait_share": round((w1 - w0) / (e1 - e0), 4) if e1 > e0 else None,
+        "first_steps_s": round(e0 - s0 * spec["batch"] / rate, 1), "train_loop_s": round(e1, 1),
+        "steady_500_steps_s": round(500 * spec["batch"] / rate, 2), "final_loss": loss_value,
+    }), flush=True)  # fmt: skip
+    os._exit(0)  # persistent DataLoader workers: do not wait for their slow teardown
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--lerobot-worker":
+        lerobot_worker(json.loads(sys.argv[2]))
+    else:
+        raise SystemExit(main())
