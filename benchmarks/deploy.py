@@ -169,7 +169,9 @@ def publish_to_running(bench: Bench, ckpts: dict[str, Path], image_size: tuple[i
         while swap["gap_s"] is None and swap["mid_episode"]:
             time.sleep(0.01)
         pull = robot.stats.pulls[-1]
-        out[name] = {"publish_s": round(published, 2), "publish_to_running_s": round(running, 2),
+        ready = robot.stats.ready_at[name] - t0  # pulled, verified, loaded and warmed up
+        out[name] = {"publish_s": round(published, 2), "publish_to_ready_s": round(ready, 2),
+                     "publish_to_running_s": round(running, 2),
                      "pull_s": round(pull.seconds, 2), "fetched_mb": pull.bytes_fetched / MB,
                      "swap_gap_ms": None if swap["gap_s"] is None else round(1000 * swap["gap_s"], 1)}  # fmt: skip
         print(name, out[name])

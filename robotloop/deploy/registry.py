@@ -50,17 +50,12 @@ CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL
 
 
 class RegistryError(ValueError):
-    """A request the registry refuses; `status` is the HTTP code the service answers with."""
+    """A request the registry refuses; `status` is the HTTP code the service answers with: 400 a bad name or
+    request, 404 an unknown release, channel or robot, 409 a name already taken."""
 
-    status = 400
-
-
-class NotFoundError(RegistryError):
-    status = 404
-
-
-class ConflictError(RegistryError):
-    status = 409
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -96,10 +91,18 @@ class Registry:
         self._db.executescript(SCHEMA)
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
+        self._closing = False
         for channel in DEFAULT_CHANNELS:
             self._db.execute("INSERT OR IGNORE INTO channels VALUES (?, NULL, ?)", (channel, time.time()))
 
+    def release_waiters(self) -> None:
+        """Answer every long-poll now and all later ones at once (the service is shutting down)."""
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+
     def close(self) -> None:
+        self.release_waiters()
         self._db.close()
 
     def _tx(self, sql_params: list[tuple[str, tuple]]) -> None:
@@ -133,24 +136,24 @@ class Registry:
         """Register a release. The same manifest again is a no-op; another manifest under a used name is a conflict.
 
         Raises:
-            ConflictError: a different release already has this name (release names are immutable).
+            RegistryError (409): a different release already has this name (release names are immutable).
         """
         m = signed.manifest
         raw = json.dumps(signed.to_dict(), sort_keys=True)
         existing = self._one("SELECT manifest FROM releases WHERE name = ?", (m.name,))
         if existing is not None:
             if existing["manifest"] != raw:
-                raise ConflictError(f"release {m.name!r} exists with other contents; publish under a new name")
+                raise RegistryError(f"release {m.name!r} exists with other contents; publish under a new name", 409)
             return
         self._tx([("INSERT INTO releases VALUES (?,?,?,?,?,?)", (m.name, raw, signed.key_id, m.checkpoint,
                                                                   m.created_at, time.time())),
                   self._event("publish", release=m.name, detail=f"{m.checkpoint} by {by}".strip())])  # fmt: skip
 
     def release(self, name: str) -> dict[str, Any]:
-        """Raises NotFoundError."""
+        """Raises RegistryError (404)."""
         row = self._one("SELECT * FROM releases WHERE name = ?", (check_release_name(name),))
         if row is None:
-            raise NotFoundError(f"no release {name!r}; publish it with `robotloop deploy publish`")
+            raise RegistryError(f"no release {name!r}; publish it with `robotloop deploy publish`", 404)
         return {**dict(row), "manifest": json.loads(row["manifest"])}
 
     def releases(self) -> list[dict[str, Any]]:
@@ -167,7 +170,7 @@ class Registry:
         """Point `channel` (created if new) at `release`. Returns the release it pointed at before.
 
         Raises:
-            NotFoundError: no such release. RegistryError: a bad channel name.
+            RegistryError (404): no such release. RegistryError: a bad channel name.
         """
         check_name("channel", channel)
         self.release(release)
@@ -187,18 +190,18 @@ class Registry:
         """Point `channel` back at the release it had before its current one. Returns that release.
 
         Raises:
-            NotFoundError: unknown channel, or no earlier release to go back to.
+            RegistryError (404): unknown channel, or no earlier release to go back to.
         """
         with self._lock:
             current = self.channels().get(check_name("channel", channel), "<none>")
             if current == "<none>":
-                raise NotFoundError(f"no channel {channel!r}")
+                raise RegistryError(f"no channel {channel!r}", 404)
             earlier = [r["release"] for r in self._all(
                 "SELECT release FROM events WHERE channel = ? AND kind IN ('promote', 'rollback') ORDER BY id DESC",
                 (channel,))]  # fmt: skip
             target = self._previous_of(channel, current, earlier)
             if target is None:
-                raise NotFoundError(f"channel {channel!r} has no release before {current!r} to roll back to")
+                raise RegistryError(f"channel {channel!r} has no release before {current!r} to roll back to", 404)
             self._tx([("UPDATE channels SET release = ?, updated_at = ? WHERE name = ?", (target, time.time(), channel)),
                       self._event("rollback", channel=channel, release=target, previous=current,
                                   detail=f"{reason} (by {by})" if by else reason)])  # fmt: skip
@@ -216,14 +219,14 @@ class Registry:
         """Register a robot on `channel` and return its new token (shown once; only its hash is kept).
 
         Raises:
-            ConflictError: the robot exists and `rotate` is False. RegistryError: bad names.
+            RegistryError (409): the robot exists and `rotate` is False. RegistryError: bad names.
         """
         check_name("robot", robot)
         check_name("channel", channel)
         token = f"rlr_{secrets.token_urlsafe(32)}"
         exists = self._one("SELECT id FROM robots WHERE id = ?", (robot,)) is not None
         if exists and not rotate:
-            raise ConflictError(f"robot {robot!r} is registered; pass rotate to issue it a new token")
+            raise RegistryError(f"robot {robot!r} is registered; pass rotate to issue it a new token", 409)
         if exists:
             self._tx([("UPDATE robots SET token_hash = ? WHERE id = ?", (hash_token(token), robot)),
                       self._event("token_rotated", robot=robot, detail=f"by {by}")])  # fmt: skip
@@ -238,10 +241,10 @@ class Registry:
         return row["id"] if row else None
 
     def robot(self, robot: str) -> dict[str, Any]:
-        """The robot's row without its token hash, plus its assignment. Raises NotFoundError."""
+        """The robot's row without its token hash, plus its assignment. Raises RegistryError (404)."""
         row = self._one("SELECT * FROM robots WHERE id = ?", (robot,))
         if row is None:
-            raise NotFoundError(f"no robot {robot!r}; register it with `robotloop deploy register`")
+            raise RegistryError(f"no robot {robot!r}; register it with `robotloop deploy register`", 404)
         out = {k: row[k] for k in row.keys() if k != "token_hash"}  # noqa: SIM118 (sqlite3.Row iterates values)
         out["status"] = json.loads(row["status"]) if row["status"] else None
         out["assigned"] = self.assignment(robot).release
@@ -255,11 +258,11 @@ class Registry:
         """Move a robot to `channel` and/or pin it to `release` (`unpin` follows the channel again).
 
         Raises:
-            NotFoundError: unknown robot or release. RegistryError: bad names, or nothing to change.
+            RegistryError (404): unknown robot or release. RegistryError: bad names, or nothing to change.
         """
         row = self._one("SELECT channel, pinned FROM robots WHERE id = ?", (robot,))
         if row is None:
-            raise NotFoundError(f"no robot {robot!r}")
+            raise RegistryError(f"no robot {robot!r}", 404)
         if channel is None and release is None and not unpin:
             raise RegistryError("say what to assign: a channel, a release to pin, or unpin")
         new_channel = check_name("channel", channel) if channel else row["channel"]
@@ -275,7 +278,7 @@ class Registry:
         """Pin a robot to the release it ran before its current one.
 
         Raises:
-            NotFoundError: unknown robot, or it never ran an earlier release.
+            RegistryError (404): unknown robot, or it never ran an earlier release.
         """
         current = self.robot(robot)["running"]
         ran = [
@@ -286,18 +289,18 @@ class Registry:
         ]
         target = next((r for r in ran if r and r != current), None)
         if target is None:
-            raise NotFoundError(f"robot {robot!r} has not run a release before {current!r}")
+            raise RegistryError(f"robot {robot!r} has not run a release before {current!r}", 404)
         self._tx([("UPDATE robots SET pinned = ? WHERE id = ?", (target, robot)),
                   self._event("rollback_command", robot=robot, release=target, previous=current,
                               detail=f"{reason} (by {by})" if by else reason)])  # fmt: skip
         return self.assignment(robot)
 
     def assignment(self, robot: str) -> Assignment:
-        """Raises NotFoundError."""
+        """Raises RegistryError (404)."""
         row = self._one("SELECT r.channel, r.pinned, c.release FROM robots r LEFT JOIN channels c ON c.name = r.channel"
                         " WHERE r.id = ?", (robot,))  # fmt: skip
         if row is None:
-            raise NotFoundError(f"no robot {robot!r}")
+            raise RegistryError(f"no robot {robot!r}", 404)
         release = row["pinned"] or row["release"]
         manifest = self.release(release)["manifest"] if release else None
         return Assignment(robot, row["channel"], row["pinned"] is not None, release, manifest)
@@ -309,7 +312,7 @@ class Registry:
             while True:
                 current = self.assignment(robot)
                 left = deadline - time.monotonic()
-                if current.release != known or left <= 0:
+                if current.release != known or left <= 0 or self._closing:
                     return current
                 self._changed.wait(left)
 

@@ -92,11 +92,12 @@ class RuntimeStats:
 
     steps: int = 0
     episodes: list[EpisodeResult] = field(default_factory=list)
-    swaps: list[dict[str, Any]] = field(default_factory=list)  # release, previous, at (monotonic), gap_s
+    swaps: list[dict[str, Any]] = field(default_factory=list)  # release, previous, at (monotonic), gap_s, mid_episode
     rollbacks: list[dict[str, Any]] = field(default_factory=list)  # release (back to), previous, reason
     refused: list[dict[str, Any]] = field(default_factory=list)  # release, reason
     pulls: list[PullReport] = field(default_factory=list)
     assigned_at: dict[str, float] = field(default_factory=dict)  # release -> monotonic time the assignment arrived
+    ready_at: dict[str, float] = field(default_factory=dict)  # release -> loaded and warmed up, waiting to swap
     max_gap_s: float = 0.0  # longest interval between two actions within an episode
 
 
@@ -159,11 +160,11 @@ class RobotRuntime:
                 continue
             try:
                 action = active.runner.act(obs)
-            except Exception as error:  # noqa: BLE001 - NonFiniteAction, or a policy that cannot take this observation
+                obs, result = self.env.step(action)  # ValueError: an action the robot cannot take (shape, NaN)
+            except (RuntimeError, ValueError) as error:  # NonFiniteAction, or a policy that does not fit this robot
                 self._rollback(f"{type(error).__name__}: {error}")
                 episode["mixed"] = True
                 continue
-            obs, result = self.env.step(action)
             now = time.monotonic()
             if last_action is not None:
                 self.stats.max_gap_s = max(self.stats.max_gap_s, now - last_action)
@@ -232,15 +233,18 @@ class RobotRuntime:
             standby, active = self._standby, self._active
             if standby is None or (active is not None and not active.runner.at_chunk_boundary):
                 return False
+            was = active.release if active else None
+            # Recorded before the new release is visible as `running`; gap_s (set after the first action of the
+            # new release) exists only for a swap within an episode.
+            self.stats.swaps.append({"release": standby.release, "previous": was, "at": time.monotonic(),
+                                     "gap_s": None, "mid_episode": last_action is not None})  # fmt: skip
             self._standby = None
             self._previous, self._active = active, standby
             # Probation only for a release new to this robot: going back to one it ran (an operator's
             # rollback) is not judged against the release the operator just left.
             self._probation = active is not None and standby.release not in self._scores
-        self.stats.swaps.append({"release": standby.release, "previous": active.release if active else None,
-                                 "at": time.monotonic(), "gap_s": None})  # fmt: skip
-        self._outbox.put(("swap", standby.release, active.release if active else None, ""))
-        log.warning("running release %s (was %s)", standby.release, active.release if active else None)
+        self._outbox.put(("swap", standby.release, was, ""))
+        log.warning("running release %s (was %s)", standby.release, was)
         return True
 
     def _rollback(self, reason: str) -> None:
@@ -309,6 +313,7 @@ class RobotRuntime:
             return True
         with self._lock:
             self._standby = _Loaded(release, runner)
+        self.stats.ready_at[release] = time.monotonic()
         keep = {r for r in (self.running, release, previous.release if previous else None) if r}
         self.store.prune(keep, self.options.keep_releases)
         return True

@@ -247,5 +247,11 @@ def serve(settings: Settings, tokens_file: Path | None = None, db: Path | None =
     host, port, db = host or cfg.host, port or cfg.port, db or cfg.db
     app = create_app(tokens_file, db)
     log.warning("robotloop deploy service on http://%s:%d, state in %s", host, port, db)
-    # Long-polls are open requests: bound the shutdown wait.
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            # Robots' long-polls are open requests: answer them now, or shutdown would wait them out.
+            app.state.registry.release_waiters()
+            super().handle_exit(sig, frame)
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)).run()
