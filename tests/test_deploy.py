@@ -353,6 +353,8 @@ def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot):
     _wait(lambda: (ops.robot("r1")["status"] or {}).get("refused") == sorted(
         ["e2e-jerky", "e2e-nan", "e2e-rogue", "e2e-tampered"]), 5, "the heartbeat")  # fmt: skip
     assert ops.robot("r1")["running"] == "e2e-v2"
+    ops.rollback_robot("r1", reason="by command")  # pins the last good release it ran before v2, not the jerky one
+    _wait(lambda: robot.running == "e2e-v1", 10, "the robot rollback to v1")
     kinds = {(e["kind"], e["previous"] if e["kind"] == "rollback" else e["release"]) for e in ops.history(robot="r1")}
     assert {("refused", "e2e-rogue"), ("refused", "e2e-tampered"), ("rollback", "e2e-nan"),
             ("rollback", "e2e-jerky"), ("swap", "e2e-v2")} <= kinds  # fmt: skip
@@ -391,4 +393,4 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
     result = cli.invoke(app, ["deploy", "status", *ops])
     assert result.exit_code == 0 and "hw1" in result.output and "cli-v1" in result.output
     result = cli.invoke(app, ["deploy", "rollback", "--robot", "hw1", *ops])
-    assert result.exit_code == 2 and "has not run a release before" in result.output
+    assert result.exit_code == 2 and "has not run a good release before" in result.output

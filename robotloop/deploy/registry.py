@@ -275,21 +275,20 @@ class Registry:
         return self.assignment(robot)
 
     def rollback_robot(self, robot: str, by: str = "", reason: str = "") -> Assignment:
-        """Pin a robot to the release it ran before its current one.
+        """Pin a robot to the last release it ran before its current one, skipping releases it refused or rolled
+        back from by itself.
 
         Raises:
-            RegistryError (404): unknown robot, or it never ran an earlier release.
+            RegistryError (404): unknown robot, or it never ran an earlier good release.
         """
         current = self.robot(robot)["running"]
-        ran = [
-            r["release"]
-            for r in self._all(
-                "SELECT release FROM events WHERE robot = ? AND kind IN ('swap', 'rollback') ORDER BY id DESC", (robot,)
-            )
-        ]
-        target = next((r for r in ran if r and r != current), None)
+        events = self._all("SELECT kind, release, previous FROM events WHERE robot = ? AND kind IN "
+                           "('swap', 'rollback', 'refused') ORDER BY id DESC", (robot,))  # fmt: skip
+        bad = {e["previous"] if e["kind"] == "rollback" else e["release"] for e in events if e["kind"] != "swap"}
+        ran = [e["release"] for e in events if e["kind"] in ("swap", "rollback")]
+        target = next((r for r in ran if r and r != current and r not in bad), None)
         if target is None:
-            raise RegistryError(f"robot {robot!r} has not run a release before {current!r}", 404)
+            raise RegistryError(f"robot {robot!r} has not run a good release before {current!r}", 404)
         self._tx([("UPDATE robots SET pinned = ? WHERE id = ?", (target, robot)),
                   self._event("rollback_command", robot=robot, release=target, previous=current,
                               detail=f"{reason} (by {by})" if by else reason)])  # fmt: skip
