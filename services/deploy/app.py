@@ -201,17 +201,12 @@ def create_app(tokens_file: Path | str, db: Path) -> FastAPI:
             who.may_touch(robot or "")
         return {"events": registry.history(robot, channel, limit)}
 
-    @app.exception_handler(AuthError)
-    async def auth_error(request: Request, err: AuthError) -> JSONResponse:
-        return _error(err.status, str(err))
+    async def refused(request: Request, err: Exception) -> JSONResponse:
+        # AuthError and RegistryError carry their HTTP status; a malformed manifest is a 422.
+        return _error(getattr(err, "status", 422), str(err))
 
-    @app.exception_handler(RegistryError)
-    async def registry_error(request: Request, err: RegistryError) -> JSONResponse:
-        return _error(err.status, str(err))
-
-    @app.exception_handler(BadManifest)
-    async def bad_manifest(request: Request, err: BadManifest) -> JSONResponse:
-        return _error(422, str(err))
+    for kind in (AuthError, RegistryError, BadManifest):
+        app.add_exception_handler(kind, refused)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
