@@ -361,6 +361,11 @@ def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot):
 
 
 # -- the command line, and LeRobot hardware (test double) ------------------------------------------------------------
+def _flat(text: str) -> str:
+    """CLI output with rich's line wrapping undone."""
+    return " ".join(text.split())
+
+
 def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy, bucket_server, tmp_path):
     cli = CliRunner()
     storage = ["--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN]
@@ -388,8 +393,15 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
                               "--deploy-url", deploy.url, "--robot-token", token, "--trusted-key", str(key.with_suffix(".pub")),
                               "--store", str(tmp_path / "store"), "--fps", "20", "--duration-s", "6"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "swaps 1, rollbacks 0, refused 0; running cli-v1" in result.output
+    assert "pulled 45.4 MB; swaps 1, rollbacks 0, refused 0; running cli-v1" in _flat(result.output)
     assert FakeAloha.sent > 20  # commands reached the (double of the) hardware
+    # The same robot id on the sim, restarted: the release is already in its store (verified again, not fetched).
+    result = cli.invoke(app, [*storage, "robot", "run", "--sim", "transfer_cube", "--image-size", "48x64",
+                              "--episode-steps", "10", "--robot-id", "hw1", "--deploy-url", deploy.url, "--robot-token",
+                              token, "--trusted-key", str(key.with_suffix(".pub")), "--store", str(tmp_path / "store"),
+                              "--duration-s", "4"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "pulled 0.0 MB; swaps 1, rollbacks 0, refused 0; running cli-v1" in _flat(result.output)
     result = cli.invoke(app, ["deploy", "status", *ops])
     assert result.exit_code == 0 and "hw1" in result.output and "cli-v1" in result.output
     result = cli.invoke(app, ["deploy", "rollback", "--robot", "hw1", *ops])
