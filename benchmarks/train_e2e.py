@@ -123,11 +123,11 @@ def run_robotloop(args, env: dict, batch: int, nproc: int) -> dict:
         t0 = time.perf_counter()
         run = subprocess.run(cmd, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
-        if run.returncode != 0:
-            return {"run": name, "error": (run.stdout + run.stderr)[-3000:]}
-        records = [json.loads(line) for line in progress.read_text().splitlines()]
+        records = [json.loads(line) for line in progress.read_text().splitlines()] if progress.exists() else []
     reports = [r for r in records if r["event"] == "progress"]
-    done = next(r for r in records if r["event"] == "done")
+    done = next((r for r in records if r["event"] == "done"), None)
+    if run.returncode != 0 or done is None or not reports:
+        return {"run": name, "error": (run.stdout + run.stderr)[-3000:], "progress": reports}
     steady = [r for r in reports if r["step"] >= args.skip] or reports
     a, b = steady[0], steady[-1]
     span = b["elapsed_s"] - a["elapsed_s"]

@@ -99,3 +99,28 @@ def test_two_ranks_under_torchrun_share_the_episodes_and_one_checkpoint(bucket_s
     assert lineage["world_size"] == 2 and [e["episode_index"] for e in lineage["episodes"]] == [0, 1, 2]
     assert json.loads(client.read_range(out / "checkpoints" / "last.json", 0, 1000))["step"] == 4
     ACTPolicy.from_pretrained(tmp_path / "ckpt" / "pretrained_model")
+
+
+def test_channels_last_optimizer_state_checkpoints_and_keeps_its_layout(bucket_server, tmp_path):
+    """Adam's moments of a channels_last convolution are strided like its weight: saved contiguous (safetensors
+    refuses strided tensors), loaded back in the weight's layout (fused AdamW steps them together)."""
+    from robotloop.train.checkpoint import load_checkpoint, save_checkpoint
+    from robotloop.train.policy import build_policy
+
+    from .test_train_policy import FEATURES, _batch, _settings, _stats
+
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    out = BucketUrl.parse("hf://buckets/lab/train/models/channels-last")
+    client.create_bucket(out)
+    make = lambda: build_policy(FEATURES, _stats(), _settings(channels_last=True))  # noqa: E731
+    torch.manual_seed(0)
+    trained = make()
+    trained.train_step(_batch())
+    save_checkpoint(client, out, 1, trained, trained.optimizer(), {}, {"step": 1}, [(0, 1.0)])
+    fresh = make()
+    load_checkpoint(client, out, 1, fresh, fresh.optimizer())
+    conv = fresh.policy.model.backbone.conv1.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    want = trained.optimizer().state[trained.policy.model.backbone.conv1.weight]["exp_avg"]
+    got = fresh.optimizer().state[conv]["exp_avg"]
+    assert got.stride() == conv.stride() and torch.equal(got, want)

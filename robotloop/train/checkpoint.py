@@ -57,7 +57,7 @@ def save_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, 
         policy.save_pretrained(root / "pretrained_model")
         state = root / "training_state"
         state.mkdir()
-        save_optimizer_state(optimizer, state)
+        save_optimizer_state(optimizer, state, optim_state_dict=_contiguous(optimizer.state_dict()))
         save_rng_state(state)
         if world == 1:
             _save_sampler_state(sampler_state, state, 0)
@@ -96,8 +96,26 @@ def load_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, 
         weights = load_file(root / "pretrained_model" / "model.safetensors", device=str(policy.device))
         policy.policy.load_state_dict(weights)
         load_optimizer_state(optimizer, root / "training_state")
+        _match_param_layouts(optimizer)
         load_rng_state(root / "training_state")
         return _load_sampler_state(root / "training_state", rank)
+
+
+def _contiguous(state_dict: dict) -> dict:
+    """The optimizer state with contiguous tensors: safetensors refuses strided ones, and a channels_last
+    convolution's Adam moments are channels_last like its weight."""
+    state = {i: {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+             for i, s in state_dict["state"].items()}  # fmt: skip
+    return {**state_dict, "state": state}
+
+
+def _match_param_layouts(optimizer: torch.optim.Optimizer) -> None:
+    """Give each loaded moment its parameter's memory layout again (fused AdamW steps them together)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for k, v in optimizer.state.get(p, {}).items():
+                if isinstance(v, torch.Tensor) and v.shape == p.shape and v.stride() != p.stride():
+                    optimizer.state[p][k] = torch.empty_like(p, dtype=v.dtype).copy_(v)
 
 
 def _save_sampler_state(state: dict, directory: Path, rank: int) -> None:
