@@ -402,6 +402,13 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
                               "--duration-s", "4"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "pulled 0.0 MB; swaps 1, rollbacks 0, refused 0; running cli-v1" in _flat(result.output)
+    # Restarted while the deploy service is unreachable: it runs its last good release from the store.
+    result = cli.invoke(app, [*storage, "robot", "run", "--sim", "transfer_cube", "--image-size", "48x64",
+                              "--episode-steps", "10", "--robot-id", "hw1", "--deploy-url", f"http://127.0.0.1:{free_port()}",
+                              "--robot-token", token, "--trusted-key", str(key.with_suffix(".pub")), "--store",
+                              str(tmp_path / "store"), "--duration-s", "3"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "pulled 0.0 MB; swaps 1, rollbacks 0, refused 0; running cli-v1" in _flat(result.output)
     result = cli.invoke(app, ["deploy", "status", *ops])
     assert result.exit_code == 0 and "hw1" in result.output and "cli-v1" in result.output
     result = cli.invoke(app, ["deploy", "rollback", "--robot", "hw1", *ops])

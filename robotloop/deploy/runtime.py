@@ -118,7 +118,9 @@ class RobotRuntime:
         self._outbox: queue.Queue[tuple[str, str | None, str | None, str]] = queue.Queue()
         self._scores: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=options.health_window))
         self._state_path = store.root / "runtime.json"
-        self._refused: set[str] = set(self._load_state().get("refused", []))
+        state = self._load_state()
+        self._refused: set[str] = set(state.get("refused", []))
+        self._last_good: str | None = state.get("last_good")  # runs at start, before the service answers
         self._fetchers: dict[str, XetFetcher] = {}
 
     # -- public ----------------------------------------------------------------------------------------------
@@ -258,6 +260,7 @@ class RobotRuntime:
 
     # -- updater thread --------------------------------------------------------------------------------------
     def _updater(self) -> None:
+        self._start_last_good()
         known, backoff = None, 0.5
         while not self._stop.is_set():
             try:
@@ -334,10 +337,18 @@ class RobotRuntime:
         self._outbox.put((kind, back, release, reason) if kind == "rollback" else (kind, release, back, reason))
 
     def _resume_installed(self) -> None:
-        """After a restart: nothing runs until the service answers; staged pulls resume on the next pull."""
+        """After a restart: refused releases leave the store; staged pulls resume on the next pull."""
         stale = [n for n in self.store.installed() if n in self._refused]
         for name in stale:  # never load a refused release again
             self.store.remove(name)
+
+    def _start_last_good(self) -> None:
+        """Load the last release that ran well from the store, so a robot that restarts while the deploy service
+        is unreachable still runs (verified again first); the assignment, once it arrives, decides from there."""
+        name = self._last_good
+        if name and name not in self._refused and self.store.has(name):
+            manifest = json.loads((self.store.release_dir(name) / "manifest.json").read_bytes())
+            self._prepare(name, manifest)
 
     # -- reporter thread -------------------------------------------------------------------------------------
     def _reporter(self) -> None:
@@ -351,6 +362,10 @@ class RobotRuntime:
                       "probation": self._probation, "refused": sorted(self._refused),
                       "last_pull": asdict(self.stats.pulls[-1]) if self.stats.pulls else None}  # fmt: skip
             last_steps, last_t = steps, now
+            running = self.running
+            if running and not self._probation and running != self._last_good:
+                self._last_good = running
+                self._save_state()
             try:
                 self.deploy.heartbeat(self.options.robot_id, self.running, status)
             except DeployError as error:
@@ -380,7 +395,7 @@ class RobotRuntime:
 
     def _save_state(self) -> None:
         tmp = self._state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"refused": sorted(self._refused)}))
+        tmp.write_text(json.dumps({"refused": sorted(self._refused), "last_good": self._last_good}))
         tmp.replace(self._state_path)
 
 
