@@ -95,6 +95,10 @@ class DeploySettings(Section):
     token: SecretStr | None = Field(default=None, description="Operator token used by `robotloop deploy` commands.")
     db: Path = Field(default=CACHE_HOME / "deploy" / "deploy.sqlite", description="The service's SQLite state.")
     key_file: Path = Field(default=CACHE_HOME / "deploy" / "deploy.key", description="Private ed25519 key that signs releases.")
+    trusted_keys: list[Path] = Field(
+        default_factory=list, description="The service accepts only releases signed by these keys (empty: any signed "
+        "manifest; robots verify against their own trusted keys regardless)."
+    )
 
 
 class RobotSettings(Section):

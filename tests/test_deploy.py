@@ -98,25 +98,31 @@ def _jerky(src: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.fixture(scope="module")
-def deploy(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deploy]:
-    base = tmp_path_factory.mktemp("deploy")
+def start_deploy_service(base: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    """`python -m services.deploy` with the test operator tokens and a fresh database under `base`."""
     tokens = base / "ops.tokens"
     tokens.write_text(f"{OPS} write *\n{OPS_READ} read *\n")
     port = free_port()
     with open(base / "deploy.log", "ab") as log:
         proc = subprocess.Popen([sys.executable, "-m", "services.deploy", "--tokens", str(tokens), "--db",
-                                 str(base / "deploy.sqlite"), "--port", str(port)], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                                 str(base / "deploy.sqlite"), "--port", str(port), *args], stdout=log,
+                                stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
         assert proc.poll() is None, (base / "deploy.log").read_text()[-3000:]
         try:
             httpx.get(f"{url}/v1/health").raise_for_status()
-            break
+            return proc, url
         except httpx.HTTPError:
             assert time.monotonic() < deadline, "deploy service did not start"
             time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def deploy(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deploy]:
+    base = tmp_path_factory.mktemp("deploy")
+    proc, url = start_deploy_service(base)
     generate_keypair(base / "keys" / "deploy.key")
     v1 = make_tiny_checkpoint(base / "ckpt" / "v1", image_size=IMAGE)
     ckpts = {"v1": v1,
@@ -168,6 +174,26 @@ def test_manifest_signature_refuses_tampering_and_untrusted_keys(tmp_path):
 
 
 # -- the service ---------------------------------------------------------------------------------------------------
+def test_a_service_with_trusted_keys_refuses_releases_signed_by_others(tmp_path):
+    generate_keypair(tmp_path / "ours.key")
+    generate_keypair(tmp_path / "rogue.key")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    from robotloop.deploy.manifest import build_manifest
+
+    manifest = build_manifest(tmp_path / "m", "t1", "lab/x", "hf://buckets/lab/x/c", {"config.json": "0" * 64})
+    proc, url = start_deploy_service(tmp_path, "--trusted-key", str(tmp_path / "ours.pub"))
+    try:
+        ops = DeployClient(url, OPS)
+        with pytest.raises(DeployError) as error:
+            ops.publish(SignedManifest.sign(manifest, load_private_key(tmp_path / "rogue.key")))
+        assert error.value.status == 422 and "does not trust" in str(error.value)
+        assert ops.publish(SignedManifest.sign(manifest, load_private_key(tmp_path / "ours.key")))["release"] == "t1"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_robot_tokens_are_isolated_and_writes_need_operator_write_tokens(deploy):
     ops = deploy.ops()
     t1, t2 = ops.register_robot("iso1"), ops.register_robot("iso2")

@@ -15,6 +15,9 @@ from ..config import Settings, load_settings
 app = typer.Typer(no_args_is_help=True, help="Ship checkpoints to robots: signed releases, channels, rollbacks.")
 console = Console()
 
+TRUSTED_HELP = (
+    "Accept only releases signed by these public keys (robots check regardless). Default: deploy.trusted_keys."
+)
 DeployUrl = Annotated[str | None, typer.Option("--deploy-url", help="Deploy service. Default: deploy.url.")]
 DeployToken = Annotated[str | None, typer.Option("--deploy-token", help="Operator token. Default: deploy.token "
                                                  "(ROBOTLOOP_DEPLOY__TOKEN).")]  # fmt: skip
@@ -64,12 +67,13 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port. Default: deploy.port (8780).")] = None,
     tokens: Annotated[Path | None, typer.Option(help="Operator tokens: '<token> <read|write> *' per line.")] = None,
     db: Annotated[Path | None, typer.Option(help="SQLite state. Default: deploy.db.")] = None,
+    trusted_key: Annotated[list[Path] | None, typer.Option(help=TRUSTED_HELP)] = None,
 ) -> None:
     """Serve the deploy service until interrupted."""
     from services.deploy.app import serve as run  # FastAPI/uvicorn only when serving
 
     try:
-        run(_settings(ctx), tokens, db, host, port)
+        run(_settings(ctx), tokens, db, host, port, trusted_key)
     except (ValueError, FileNotFoundError) as error:
         raise _fail(error) from None
 

@@ -24,7 +24,8 @@ Thin routes over :class:`robotloop.deploy.registry.Registry` (SQLite; it documen
 Auth: operators use tokens from a tokens file (``<token> <read|write> *``, :class:`TokenStore`): read tokens may
 GET, write tokens may also change things. Robots use the token issued at registration (only its SHA-256 is
 stored) and may only read their own robot and assignment and post their own heartbeats and events; another
-robot's routes answer 403. Errors are JSON ``{"error": "..."}`` (401, 403, 404, 409 name reuse, 422 bad body).
+robot's routes answer 403. Errors are JSON ``{"error": "..."}`` (401, 403, 404, 409 name reuse, 422 bad body, or a release not signed by
+one of the service's trusted keys when it has any: ``--trusted-key``).
 Only JSON travels: no pickle on any route.
 
 Example::
@@ -44,6 +45,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from robotloop.config import Settings
+from robotloop.deploy.keys import BadSignature, load_public_keys
 from robotloop.deploy.manifest import BadManifest, SignedManifest
 from robotloop.deploy.registry import Registry, RegistryError
 from robotloop.storage.server.auth import (
@@ -93,13 +95,15 @@ def caller(request: Request) -> Caller:
 Who = Annotated[Caller, Depends(caller)]
 
 
-def create_app(tokens_file: Path | str, db: Path) -> FastAPI:
+def create_app(tokens_file: Path | str, db: Path, trusted_keys: list[Path] | None = None) -> FastAPI:
     """The deploy service app over the SQLite registry at `db`.
 
     Raises:
         TokensFileError: malformed tokens file. FileNotFoundError: no such file.
     """
     tokens = TokenStore.from_file(Path(tokens_file))
+    # Optional: refuse releases not signed by these keys at publish time. Robots check regardless.
+    trusted = load_public_keys(trusted_keys) if trusted_keys else None
     registry = Registry(db)
     app = FastAPI(title="robotloop deploy service", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.registry, app.state.tokens = registry, tokens
@@ -112,6 +116,8 @@ def create_app(tokens_file: Path | str, db: Path) -> FastAPI:
     def publish(who: Who, manifest: Annotated[dict, Body()], channel: Annotated[str | None, Body()] = None) -> dict:
         who.operator(write=True)
         signed = SignedManifest.from_dict(manifest)
+        if trusted is not None:
+            signed.verify(trusted)
         registry.add_release(signed, by=who.name)
         previous = registry.promote(channel, signed.manifest.name, by=who.name, reason="publish") if channel else None
         log.info("release %s published%s", signed.manifest.name, f" to {channel}" if channel else "")
@@ -202,10 +208,10 @@ def create_app(tokens_file: Path | str, db: Path) -> FastAPI:
         return {"events": registry.history(robot, channel, limit)}
 
     async def refused(request: Request, err: Exception) -> JSONResponse:
-        # AuthError and RegistryError carry their HTTP status; a malformed manifest is a 422.
+        # AuthError and RegistryError carry their HTTP status; a malformed or untrusted manifest is a 422.
         return _error(getattr(err, "status", 422), str(err))
 
-    for kind in (AuthError, RegistryError, BadManifest):
+    for kind in (AuthError, RegistryError, BadManifest, BadSignature):
         app.add_exception_handler(kind, refused)
 
     @app.exception_handler(RequestValidationError)
@@ -226,7 +232,7 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def serve(settings: Settings, tokens_file: Path | None = None, db: Path | None = None, host: str | None = None,
-          port: int | None = None) -> None:  # fmt: skip
+          port: int | None = None, trusted_keys: list[Path] | None = None) -> None:  # fmt: skip
     """Run the service with uvicorn until interrupted; arguments left None come from `settings.deploy`.
 
     Raises:
@@ -240,7 +246,7 @@ def serve(settings: Settings, tokens_file: Path | None = None, db: Path | None =
     if tokens_file is None:
         raise ValueError("the deploy service needs operator tokens: pass --tokens FILE ('<token> write *' per line)")
     host, port, db = host or cfg.host, port or cfg.port, db or cfg.db
-    app = create_app(tokens_file, db)
+    app = create_app(tokens_file, db, trusted_keys or cfg.trusted_keys)
     log.warning("robotloop deploy service on http://%s:%d, state in %s", host, port, db)
 
     class Server(uvicorn.Server):
