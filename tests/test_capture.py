@@ -170,3 +170,22 @@ def test_lerobot_streams_what_the_recorder_committed(bucket_server, tmp_path):
     out = sp.run([sys.executable, "-c", reader], env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "24 [0.0, 1.0] (3, 24, 32)"
+
+
+def test_an_episode_whose_encoder_dropped_frames_is_refused(bucket_server, tmp_path):
+    """lerobot's streaming encoder drops a frame when its queue stays full (a slow CPU: it happened recording
+    480x640 on 15 workers). Such an episode's video is shorter than its data; it must never be committed."""
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/dropped")
+    recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / "stage")
+    episode = synthetic_episode(0)
+    live = recorder.begin(episode.task)
+    for t in range(len(episode)):
+        live.add_frame(recorder._frame(episode, t))
+    # Simulated: the count lerobot keeps when `feed_frame` finds the queue full (a slow encoder is not
+    # reproducible on demand).
+    live.dataset.writer._streaming_encoder._dropped_frames["observation.images.top"] = 1
+    with pytest.raises(BadEpisode, match="dropped 1 frame"):
+        live.commit()
+    assert client.ls(url) == [] and recorder.committed_episodes() == 0
+    assert recorder.commit(episode).frames == 12  # whole episodes queue every frame: nothing to drop

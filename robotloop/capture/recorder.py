@@ -108,7 +108,9 @@ class DatasetRecorder:
             robotloop.storage.StorageError: the upload failed; the bucket still holds the previous commit.
         """
         episode.validate(self.spec.cameras, self.spec.state_dim, self.spec.action_dim)
-        live = self.begin(episode.task)
+        # The whole episode is in memory already: let the encoder queue hold all of it, so feeding never waits
+        # on (or, as lerobot does when its queue stays full, drops frames for) a slow encoder.
+        live = self.begin(episode.task, encoder_queue_frames=len(episode))
         t0 = time.perf_counter()
         try:
             for t in range(len(episode)):
@@ -121,11 +123,14 @@ class DatasetRecorder:
         # The whole episode was there at once: its encode time includes feeding every frame to the encoder.
         return dataclasses.replace(report, encode_s=feed_s + report.encode_s)
 
-    def begin(self, task: str) -> LiveEpisode:
+    def begin(self, task: str, encoder_queue_frames: int | None = None) -> LiveEpisode:
         """Start an episode that is written while it happens (robots, the capture service).
 
         Frames go to lerobot's streaming video encoder as they arrive, into a one-episode dataset of its own,
         so when the episode ends only the encoder's tail is left before the commit appends it.
+        `encoder_queue_frames` bounds the frames waiting for the encoder (default: 5 s of frames). lerobot drops
+        a frame that finds the queue full; such an episode is refused at commit (its video would be shorter
+        than its data).
         """
         from lerobot.configs.video import RGBEncoderConfig
         from lerobot.datasets.lerobot_dataset import LeRobotDataset
@@ -135,6 +140,7 @@ class DatasetRecorder:
         # which cost more than the encode itself (measured: 5.8 s of a 400-frame 480x640 commit).
         dataset = LeRobotDataset.create(self.url.bucket_id, fps=self.spec.fps, features=self.spec.features(), root=root,
                                         robot_type=self.spec.robot_type, streaming_encoding=True,
+                                        encoder_queue_maxsize=encoder_queue_frames or 5 * self.spec.fps,
                                         rgb_encoder=RGBEncoderConfig(vcodec=self.spec.vcodec, preset=self.spec.vpreset))  # fmt: skip
         return LiveEpisode(self, dataset, task)
 
@@ -295,7 +301,18 @@ class LiveEpisode:
         if self.frames == 0:
             self.abort()
             raise BadEpisode("the episode has no frames")
+        if dropped := self.dropped_frames():
+            self.abort()
+            raise BadEpisode(f"the video encoder fell behind and dropped {dropped} frame(s): the episode is not "
+                             "committed, since its video would be shorter than its data (record at a lower rate or "
+                             "image size, or with a faster codec)")  # fmt: skip
         return self.recorder._finish(self.dataset, self.frames)
+
+    def dropped_frames(self) -> int:
+        """Frames lerobot's streaming encoder dropped so far (it drops rather than block when its queue is full).
+        Read from lerobot 0.6.1's private encoder state: it offers no public counter."""
+        encoder = getattr(self.dataset.writer, "_streaming_encoder", None)
+        return sum(getattr(encoder, "_dropped_frames", {}).values())
 
     def abort(self) -> None:
         """Drop the episode: nothing of it reaches the bucket."""
