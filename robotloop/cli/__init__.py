@@ -10,7 +10,9 @@ from ..config import load_settings
 from . import bucket, capture, demo, record, train, trainer_service
 from . import deploy as deploy_cli
 from . import robot as robot_cli
+from .agent import agent as agent_command
 from .eval import eval_policy
+from .loop import loop
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Close the robot-learning data loop.")
 app.add_typer(bucket.app, name="bucket")
@@ -22,6 +24,8 @@ app.command("demo")(demo.demo)
 app.command("record")(record.record)
 app.command("train")(train.train)
 app.command("eval")(eval_policy)
+app.command("agent")(agent_command)
+app.command("loop")(loop)
 
 
 @app.callback()

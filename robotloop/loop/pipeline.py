@@ -1,0 +1,277 @@
+"""The whole loop in one call: record demos, train streaming from the bucket, publish, a sim robot pulls and runs
+the release, evaluate, report. Each stage is the library call the matching CLI command makes.
+
+Example:
+    ```python
+    >>> report = run_loop(LoopSettings.preset("cpu"), connect())
+    >>> report.success_rate, report.stage_s["train"]
+    ```
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..capture import DatasetRecorder, DatasetSpec
+from ..capture.sim_record import record_sim
+from ..deploy.client import DeployClient
+from ..deploy.envs import SimControlEnv
+from ..deploy.evaluate import EvalReport, evaluate
+from ..deploy.fetch import XetFetcher
+from ..deploy.keys import (
+    generate_keypair,
+    load_private_key,
+    load_public_keys,
+    public_path,
+)
+from ..deploy.local import start_local_deploy_service
+from ..deploy.publish import publish
+from ..deploy.runtime import RobotRuntime, RuntimeOptions
+from ..deploy.store import ReleaseStore
+from ..storage import BucketClient, BucketUrl
+from ..train.data import DataSettings
+from ..train.policy import ACTSettings
+from ..train.trainer import Progress, TrainReport, TrainSettings, train
+
+TINY_ACT = dict(dim_model=64, dim_feedforward=128, n_heads=4, n_encoder_layers=1, n_vae_encoder_layers=1,
+                chunk_size=20, n_action_steps=20)  # fmt: skip
+
+
+@dataclass
+class LoopSettings:
+    """One run of the loop. `preset("cpu")` finishes on a 2-core machine; `preset("h200")` is the real result."""
+
+    task: str = "transfer_cube"
+    episodes: int = 4
+    image_size: tuple[int, int] = (48, 64)
+    vcodec: str = "libsvtav1"
+    record_workers: int = 2
+    steps: int = 150
+    batch_size: int = 8
+    device: str = "cpu"
+    tiny_policy: bool = True  # a small ACT (dim 64): lerobot's default is 51.6M parameters
+    decode_workers: int = 1
+    eval_episodes: int = 4
+    eval_workers: int = 2
+    eval_max_steps: int | None = None  # default: the task's 400
+    videos: int = 2
+    bucket: str = "hf://buckets/local/loop"
+    run: str = field(default_factory=lambda: time.strftime("run-%Y%m%d-%H%M%S"))
+    report_dir: Path = Path("loop-report")
+    backbone_weights: Path | None = None
+    live: bool = False
+    live_rounds: int = 3  # live: checkpoints evaluated (and maybe promoted) while recording goes on
+    seed: int = 0
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> LoopSettings:
+        """`cpu` (the default: small images, a tiny ACT, minutes on 2 cores; the policy is not expected to succeed)
+        or `h200` (50 demos at 480x640, lerobot's default ACT with every speed option, 50 evaluation episodes).
+
+        Raises:
+            KeyError: unknown preset.
+        """
+        presets = {
+            "cpu": {},
+            "h200": dict(episodes=50, image_size=(480, 640), record_workers=15, steps=20_000, batch_size=8,
+                         device="cuda", tiny_policy=False, decode_workers=8, eval_episodes=50, eval_workers=15,
+                         videos=3),  # fmt: skip
+        }
+        if name not in presets:
+            raise KeyError(f"unknown loop preset {name!r}; choose one of {sorted(presets)}")
+        return cls(**{**presets[name], **overrides})
+
+    @property
+    def dataset_url(self) -> BucketUrl:
+        return BucketUrl.parse(f"{self.bucket}/datasets/{self.task}-{self.run}")
+
+    @property
+    def run_url(self) -> BucketUrl:
+        return BucketUrl.parse(f"{self.bucket}/models/{self.run}")
+
+    def act(self) -> ACTSettings:
+        arch = TINY_ACT if self.tiny_policy else {}
+        make = ACTSettings.fast if self.device.startswith("cuda") else ACTSettings
+        return make(backbone_weights=self.backbone_weights, **arch)
+
+
+@dataclass
+class LoopReport:
+    settings: LoopSettings
+    stage_s: dict[str, float] = field(default_factory=dict)
+    episodes: int = 0
+    bytes_recorded: int = 0  # the episodes' own files as written
+    bytes_uploaded: int = 0  # what went over the wire (after Xet dedup), metadata included
+    train: TrainReport | None = None
+    release: str | None = None
+    robot_running_after_s: float | None = None
+    bytes_pulled: int = 0
+    eval: EvalReport | None = None
+    promotions: list[dict[str, Any]] = field(default_factory=list)  # live mode: one per evaluated checkpoint
+
+    @property
+    def success_rate(self) -> float | None:
+        return self.eval.success_rate if self.eval else None
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.stage_s.values())
+
+
+Stage = Callable[[str, str], None]  # (stage, message): progress for the CLI and notebooks
+
+
+def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lambda stage, msg: None,
+             on_train: Callable[[Progress], None] | None = None) -> LoopReport:  # fmt: skip
+    """Record, train, publish, run on a sim robot, evaluate. Writes nothing outside the bucket and
+    `settings.report_dir` (keys, robot store, evaluation videos); see `robotloop.loop.report` for the report.
+
+    Raises:
+        robotloop.storage.StorageError: the bucket cannot be reached or written.
+        KeyError: unknown task. RuntimeError: the deploy service or the robot did not come up.
+    """
+    s, report = settings, LoopReport(settings)
+    s.report_dir.mkdir(parents=True, exist_ok=True)
+    recorder = DatasetRecorder(client, s.dataset_url, DatasetSpec.aloha(s.image_size, s.vcodec),
+                               staging=s.report_dir / "staging")  # fmt: skip
+    with _timed(report, "record", on_stage, f"{s.episodes} scripted {s.task} demos at {s.image_size}"):
+        _record(recorder, s, s.episodes, report)
+    service = start_local_deploy_service(s.report_dir / "deploy")
+    try:
+        deploy = DeployClient(service.url, service.token)
+        key = s.report_dir / "keys" / "deploy.key"
+        if not key.exists():
+            generate_keypair(key)
+        if s.live:
+            _live(client, recorder, deploy, key, report, on_stage, on_train)
+        else:
+            with _timed(report, "train", on_stage, f"{s.steps} steps at batch {s.batch_size} on {s.device}"):
+                report.train = _train(client, s, s.steps, on_train)
+            with _timed(report, "publish", on_stage, "signed release on channel stable"):
+                report.release = f"{s.run}-{report.train.steps}"
+                publish(client, str(s.run_url), report.release, load_private_key(key), deploy, channel="stable")
+        with _timed(report, "robot", on_stage, "a sim robot pulls, verifies and runs the release"):
+            _robot(client, deploy, key, report)
+        with _timed(report, "evaluate", on_stage, f"{s.eval_episodes} episodes, {s.eval_workers} workers"):
+            report.eval = _evaluate(s, ReleaseStore(s.report_dir / "robot-store").model_dir(report.release),
+                                    s.report_dir / "eval")  # fmt: skip
+    finally:
+        service.stop()
+    return report
+
+
+# -- stages --------------------------------------------------------------------------------------------------
+class _timed:
+    def __init__(self, report: LoopReport, stage: str, on_stage: Stage, what: str) -> None:
+        self.report, self.stage, self.on_stage, self.what = report, stage, on_stage, what
+
+    def __enter__(self) -> None:
+        self.on_stage(self.stage, self.what)
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.report.stage_s[self.stage] = self.report.stage_s.get(self.stage, 0.0) + time.perf_counter() - self.t0
+
+
+def _record(recorder: DatasetRecorder, s: LoopSettings, episodes: int, report: LoopReport) -> None:
+    seed_start = 1000 * s.seed + recorder.committed_episodes()  # a restart or a live round takes new seeds
+    rec = record_sim(recorder, s.task, episodes, s.record_workers, s.image_size, seed_start=seed_start)
+    report.episodes += len(rec.committed)
+    report.bytes_recorded += sum(c.episode_bytes for c in rec.committed)
+    report.bytes_uploaded += sum(c.bytes_sent for c in rec.committed)
+
+
+def _train(client: BucketClient, s: LoopSettings, steps: int, on_train, resume: bool = False) -> TrainReport:
+    settings = TrainSettings(steps=steps, batch_size=s.batch_size, log_every=max(1, min(50, steps // 10)),
+                             checkpoint_every=steps, seed=s.seed, device=s.device, resume=resume)  # fmt: skip
+    data = DataSettings(decode_workers=s.decode_workers, refresh_every_s=5.0 if s.live else 30.0)
+    return train(client, [s.dataset_url], s.run_url, settings, s.act(), data, on_train)
+
+
+def _robot(client: BucketClient, deploy: DeployClient, key: Path, report: LoopReport, timeout_s: float = 120.0) -> None:
+    """Register a sim robot on channel stable, run it until it runs `report.release`, then stop it."""
+    s = report.settings
+    token = deploy.register_robot("loop-sim-1", channel="stable", rotate=True)
+    trusted = load_public_keys([public_path(key)])
+    options = RuntimeOptions("loop-sim-1", device=s.device, poll_wait_s=5, heartbeat_s=1.0)
+    runtimes: list[RobotRuntime] = []
+    published = time.monotonic()
+
+    def control() -> None:  # MuJoCo's EGL context belongs to the thread that made it
+        env = SimControlEnv(s.task, s.image_size, episode_steps=s.eval_max_steps or 400)
+        runtimes.append(RobotRuntime(env, DeployClient(deploy.url, token), ReleaseStore(s.report_dir / "robot-store"),
+                                     trusted, options, lambda bucket: XetFetcher(client.endpoint, client.token, bucket)))  # fmt: skip
+        try:
+            runtimes[0].run()
+        finally:
+            env.close()
+
+    thread = threading.Thread(target=control, name="loop-robot", daemon=True)
+    thread.start()
+    try:
+        while not (runtimes and runtimes[0].running == report.release):
+            if time.monotonic() - published > timeout_s or not thread.is_alive():
+                raise RuntimeError(f"the sim robot did not run {report.release} within {timeout_s:.0f} s")
+            time.sleep(0.05)
+        report.robot_running_after_s = time.monotonic() - published
+        report.bytes_pulled = sum(p.bytes_fetched for p in runtimes[0].stats.pulls)
+    finally:
+        if runtimes:
+            runtimes[0].stop()
+        thread.join(30)
+
+
+def _evaluate(s: LoopSettings, model_dir: Path, out: Path) -> EvalReport:
+    return evaluate(model_dir, s.task, s.eval_episodes, s.eval_workers, max_steps=s.eval_max_steps,
+                    image_size=s.image_size, videos=s.videos, output_dir=out, device=s.device)  # fmt: skip
+
+
+def _live(client, recorder, deploy, key, report: LoopReport, on_stage: Stage, on_train) -> None:
+    """Recording goes on in a thread while training runs in rounds; each round's checkpoint is published to
+    canary, evaluated, and promoted to stable only when it beats the release stable runs."""
+    s = report.settings
+    stop = threading.Event()
+
+    def keep_recording() -> None:
+        while not stop.is_set():
+            _record(recorder, replace(s, record_workers=1), 1, report)
+
+    recording = threading.Thread(target=keep_recording, name="loop-record", daemon=True)
+    recording.start()
+    best: float | None = None
+    try:
+        for round_ in range(1, s.live_rounds + 1):
+            steps = s.steps * round_
+            with _timed(report, "train", on_stage, f"round {round_}: to step {steps}, episodes folded in as they land"):
+                report.train = _train(client, s, steps, on_train, resume=round_ > 1)
+            name = f"{s.run}-{steps}"
+            with _timed(report, "publish", on_stage, f"{name} to canary"):
+                publish(client, str(s.run_url), name, load_private_key(key), deploy, channel="canary")
+            with _timed(report, "evaluate", on_stage, f"{name} on {s.eval_episodes} episodes"):
+                result = _evaluate(s, _fetch_model(client, s, steps), s.report_dir / f"eval-{steps}")
+            promoted = best is None or result.success_rate > best
+            if promoted:
+                deploy.promote("stable", name, reason=f"success {result.success_rate:.0%} beats {best or 0:.0%}")
+                best, report.release = result.success_rate, name
+            report.promotions.append({"release": name, "step": steps, "success_rate": result.success_rate,
+                                      "episodes_trained_on": report.episodes, "promoted": promoted})  # fmt: skip
+    finally:
+        stop.set()
+        recording.join(600)
+
+
+def _fetch_model(client: BucketClient, s: LoopSettings, step: int) -> Path:
+    from ..train.checkpoint import checkpoint_url
+
+    dest = s.report_dir / "checkpoints" / f"{step:06d}"
+    client.download_tree(checkpoint_url(s.run_url, step) / "pretrained_model", dest)
+    return dest
+
+
+def settings_dict(settings: LoopSettings) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(settings).items()}

@@ -1,0 +1,101 @@
+"""The loop's report: Markdown with PNG plots (loss curve, stage times), plus JSON, under the report directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .pipeline import LoopReport, settings_dict
+
+
+def write_report(report: LoopReport, directory: Path | None = None) -> Path:
+    """Write `report.md`, `report.json`, `loss.png` and `stages.png` into `directory` (default: the settings'
+    report_dir). Returns the Markdown file's path."""
+    directory = directory or report.settings.report_dir
+    directory.mkdir(parents=True, exist_ok=True)
+    _plot_loss(report, directory / "loss.png")
+    _plot_stages(report, directory / "stages.png")
+    (directory / "report.json").write_text(json.dumps(summary(report), indent=1))
+    path = directory / "report.md"
+    path.write_text(markdown(report))
+    return path
+
+
+def summary(report: LoopReport) -> dict:
+    """The figures as plain JSON types."""
+    t, e = report.train, report.eval
+    low, high = e.success_ci95 if e else (None, None)
+    return {
+        "settings": settings_dict(report.settings),
+        "stage_s": {k: round(v, 1) for k, v in report.stage_s.items()},
+        "total_s": round(report.total_s, 1),
+        "episodes": report.episodes,
+        "bytes_recorded": report.bytes_recorded,
+        "bytes_uploaded": report.bytes_uploaded,
+        "train": None if t is None else {"steps": t.steps, "samples_per_s": round(t.samples_per_s, 1),
+                                         "data_wait_share": round(t.data_wait_share, 4), "final_loss": t.final_loss},
+        "release": report.release,
+        "robot_running_after_s": report.robot_running_after_s,
+        "bytes_pulled": report.bytes_pulled,
+        "eval": None if e is None else {"episodes": len(e.episodes), "success_rate": e.success_rate,
+                                        "ci95": [low, high], "mean_max_reward": _mean([x.max_reward for x in e.episodes])},
+        "promotions": report.promotions,
+    }  # fmt: skip
+
+
+def markdown(report: LoopReport) -> str:
+    s, d = report.settings, summary(report)
+    lines = [f"# robotloop loop: {s.run}", "",
+             (f"{s.task}, {s.episodes} demos at {s.image_size[0]}x{s.image_size[1]}, "
+              f"{'tiny' if s.tiny_policy else 'default'} ACT, {s.steps} steps at batch {s.batch_size} on {s.device}."), "",
+             "| stage | seconds |", "|---|---|"]  # fmt: skip
+    lines += [f"| {k} | {v:.1f} |" for k, v in report.stage_s.items()] + [f"| **total** | **{report.total_s:.1f}** |", ""]
+    ratio = report.bytes_uploaded / report.bytes_recorded if report.bytes_recorded else float("nan")
+    lines.append(f"- Episodes recorded: {report.episodes}; bytes recorded {report.bytes_recorded / 1e6:.2f} MB, "
+                 f"uploaded {report.bytes_uploaded / 1e6:.2f} MB ({ratio:.2f}x, Xet dedup and metadata included).")  # fmt: skip
+    if (t := d["train"]) is not None:
+        lines.append(f"- Training: {t['steps']} steps, {t['samples_per_s']} samples/s, data wait "
+                     f"{100 * t['data_wait_share']:.1f}%, final loss {t['final_loss']:.4f}.")  # fmt: skip
+    if report.release:
+        lines.append(f"- Release `{report.release}`: the sim robot ran it {report.robot_running_after_s:.1f} s after it "
+                     f"started (pulled {report.bytes_pulled / 1e6:.1f} MB, signature and hashes checked).")  # fmt: skip
+    if (e := d["eval"]) is not None:
+        low, high = e["ci95"]
+        lines.append(f"- Evaluation: success {100 * e['success_rate']:.0f}% over {e['episodes']} episodes "
+                     f"(95% CI {100 * low:.0f}-{100 * high:.0f}%), mean max reward {e['mean_max_reward']:.2f}.")  # fmt: skip
+        if s.tiny_policy or s.steps < 5000:
+            lines.append("  This is a short run of a small policy: it is not expected to succeed. "
+                         "`robotloop loop --preset h200` trains the real one.")  # fmt: skip
+    for p in report.promotions:
+        verdict = "promoted to stable" if p["promoted"] else "kept on canary"
+        lines.append(f"- Live: {p['release']} (step {p['step']}, {p['episodes_trained_on']} episodes recorded) "
+                     f"success {100 * p['success_rate']:.0f}%: {verdict}.")  # fmt: skip
+    lines += ["", "![loss](loss.png)", "", "![stages](stages.png)", ""]
+    return "\n".join(lines)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _plot_loss(report: LoopReport, path: Path) -> None:
+    from ..train.checkpoint import plot_losses
+
+    plot_losses(report.train.losses if report.train else [], path)
+
+
+def _plot_stages(report: LoopReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: files only
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 2.5))
+    names = list(report.stage_s)
+    ax.barh(names, [report.stage_s[n] for n in names], color="#4c72b0")
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.set_title("time per stage")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

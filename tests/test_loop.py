@@ -1,0 +1,47 @@
+"""`robotloop loop`: record, train, publish, a sim robot runs the release, evaluate, report; and its live mode.
+Real bucket server, real deploy service, real MuJoCo, tiny sizes."""
+
+import json
+import os
+import subprocess
+import sys
+
+from robotloop.loop import LoopSettings, run_loop
+from robotloop.storage import BucketClient
+
+from .conftest import WRITE_TOKEN
+
+TINY = dict(episodes=1, steps=4, batch_size=2, eval_episodes=1, eval_workers=1, record_workers=1, eval_max_steps=10,
+            videos=1)  # fmt: skip
+
+
+def test_the_loop_command_goes_from_nothing_to_a_report(bucket_server, tmp_path):
+    cmd = [sys.executable, "-m", "robotloop.cli", "--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN, "loop",
+           "--episodes", "1", "--steps", "4", "--batch-size", "2", "--eval-episodes", "1", "--eval-max-steps", "10",
+           "--workers", "1", "--bucket", "hf://buckets/lab/loop-cli", "--report-dir", str(tmp_path / "report")]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "MUJOCO_GL": "egl"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["episodes"] == 1 and report["bytes_uploaded"] > 0
+    assert report["train"]["steps"] == 4 and report["release"].endswith("-4")
+    assert report["robot_running_after_s"] < 60 and report["bytes_pulled"] > 0
+    assert report["eval"]["episodes"] == 1 and 0 <= report["eval"]["success_rate"] <= 1
+    assert set(report["stage_s"]) == {"record", "train", "publish", "robot", "evaluate"}
+    for name in ("report.md", "loss.png", "stages.png"):
+        assert (tmp_path / "report" / name).stat().st_size > 0
+    assert "not expected to succeed" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_live_mode_folds_in_new_episodes_and_promotes_only_improvements(bucket_server, tmp_path):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    settings = LoopSettings(**TINY, live=True, live_rounds=2, bucket="hf://buckets/lab/loop-live",
+                            report_dir=tmp_path / "report")  # fmt: skip
+    report = run_loop(settings, client)
+    assert [p["step"] for p in report.promotions] == [4, 8]
+    assert report.promotions[0]["promoted"]  # the first checkpoint has nothing to beat
+    assert report.episodes >= 2  # recording went on while training ran
+    promoted = [p["release"] for p in report.promotions if p["promoted"]]
+    assert report.release == promoted[-1]
+    # each later checkpoint is promoted only if it beat stable: with success 0 both times, the second is not
+    if report.promotions[1]["success_rate"] <= report.promotions[0]["success_rate"]:
+        assert not report.promotions[1]["promoted"]
