@@ -85,12 +85,10 @@ def _plot_loss(report: LoopReport, path: Path) -> None:
 
 
 def _plot_stages(report: LoopReport, path: Path) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure  # not pyplot: no global backend switch, no display needed
 
-    matplotlib.use("Agg")  # no display: files only
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 2.5))
+    fig = Figure(figsize=(6, 2.5))
+    ax = fig.subplots()
     names = list(report.stage_s)
     ax.barh(names, [report.stage_s[n] for n in names], color="#4c72b0")
     ax.invert_yaxis()
@@ -98,4 +96,3 @@ def _plot_stages(report: LoopReport, path: Path) -> None:
     ax.set_title("time per stage")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -144,12 +144,11 @@ def code_version() -> dict:
 
 
 def plot_losses(losses: list[tuple[int, float]], path: Path) -> None:
-    import matplotlib
+    # A bare Figure, not pyplot: no global backend switch (a notebook's inline plots keep working), no display.
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")  # no display anywhere we run
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    fig = Figure(figsize=(6, 3.5), dpi=100)
+    ax = fig.subplots()
     if losses:
         steps, values = zip(*losses)
         ax.plot(steps, values)
@@ -157,7 +156,6 @@ def plot_losses(losses: list[tuple[int, float]], path: Path) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def _jsonable(value: Any) -> Any:
