@@ -35,10 +35,8 @@ def _fail(error: Exception) -> typer.Exit:
 def _client(ctx: typer.Context, url: str | None, token: str | None):
     from ..deploy.client import DeployClient, DeployError
 
-    cfg = _settings(ctx).deploy
-    token = token or (cfg.token.get_secret_value() if cfg.token else None)
     try:
-        return DeployClient(url or cfg.url, token)
+        return DeployClient.from_settings(_settings(ctx), url, token)
     except DeployError as error:
         raise _fail(error) from None
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -38,33 +37,35 @@ def serve(
 
 @app.command()
 def watch(
+    ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(help="The job's id (POST /v1/jobs answered it).")],
-    service_token: Annotated[str, typer.Option(help="A read or write token of the service.", prompt=True, hide_input=True)],
-    url: Annotated[str, typer.Option(help="The training service.")] = "http://127.0.0.1:8770",
+    service_token: Annotated[str | None, typer.Option(help="A read or write token of the service. Default: "
+                                                      "trainer.token (ROBOTLOOP_TRAINER__TOKEN), else asked.")] = None,
+    url: Annotated[str | None, typer.Option(help="The training service. Default: trainer.url.")] = None,
     every_s: Annotated[float, typer.Option(min=0.1, help="Seconds between polls.")] = 1.0,
 ) -> None:
     """Show a job's progress bar until it ends; exit 0 only if it succeeded."""
-    import httpx
+    from ..train.client import TrainerClient, TrainerError
 
-    headers = {"authorization": f"Bearer {service_token}"}
-    with httpx.Client(base_url=url, headers=headers, timeout=30) as http, Progress(
-        TextColumn("{task.fields[status]}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-        TextColumn("{task.fields[note]}"), console=console,
-    ) as bars:  # fmt: skip
+    settings: Settings = ctx.obj or load_settings()
+    if not (service_token or settings.trainer.token):
+        service_token = typer.prompt("Service token", hide_input=True)
+    client = TrainerClient.from_settings(settings, url, service_token)
+    with Progress(TextColumn("{task.fields[status]}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  TextColumn("{task.fields[note]}"), console=console) as bars:  # fmt: skip
         bar = bars.add_task("job", total=None, status="…", note="")
-        while True:
-            response = http.get(f"/v1/jobs/{job_id}")
-            if response.status_code != 200:
-                bars.stop()
-                console.print(f"[red]error:[/red] {response.json().get('error', response.text)}")
-                raise typer.Exit(2)
-            state = response.json()
+
+        def show(state: dict) -> None:
             note = "" if state["step"] is None else (f"loss {state['loss']:.3f}  {state['samples_per_s']:.0f} samples/s  "
                                                      f"data wait {100 * state['data_wait_share']:.1f}%")  # fmt: skip
             bars.update(bar, total=state["spec"]["steps"], completed=state["step"] or 0, status=state["status"], note=note)
-            if state["status"] in ("succeeded", "failed", "cancelled"):
-                break
-            time.sleep(every_s)
+
+        try:
+            state = client.wait(job_id, every_s=every_s, on_state=show)
+        except TrainerError as error:
+            bars.stop()
+            console.print(f"[red]error:[/red] {error}")
+            raise typer.Exit(2) from None
     console.print(f"{state['status']}: {state['message']}; last checkpoint: {state['last_checkpoint'] or 'none'}")
     if state["status"] != "succeeded":
         raise typer.Exit(1)

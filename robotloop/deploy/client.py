@@ -14,44 +14,19 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
+from ..service_client import ServiceClient, ServiceError
 from .manifest import SignedManifest
 
 
-class DeployError(RuntimeError):
+class DeployError(ServiceError):
     """The deploy service refused a request or could not be reached; `status` is the HTTP code (0: no answer)."""
 
-    def __init__(self, message: str, status: int = 0) -> None:
-        super().__init__(message)
-        self.status = status
 
+class DeployClient(ServiceClient):
+    """Operators: `DeployClient.from_settings(settings)` (deploy.url, deploy.token); robots: their own token."""
 
-class DeployClient:
-    def __init__(self, url: str, token: str | None, timeout_s: float = 30.0) -> None:
-        if not token:
-            raise DeployError("the deploy service needs a token (--deploy-token, ROBOTLOOP_DEPLOY__TOKEN or "
-                              "ROBOTLOOP_ROBOT__TOKEN)")  # fmt: skip
-        self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {token}"}, timeout=timeout_s)
-
-    def close(self) -> None:
-        self._http.close()
-
-    def _call(self, method: str, path: str, timeout_s: float | None = None, **kwargs: Any) -> dict[str, Any]:
-        """Raises DeployError with the service's own message."""
-        try:
-            extra = {"timeout": timeout_s} if timeout_s is not None else {}
-            response = self._http.request(method, path, **kwargs, **extra)
-        except httpx.HTTPError as error:
-            raise DeployError(f"cannot reach the deploy service at {self.url}: {error}") from None
-        if response.status_code >= 400:
-            try:
-                message = response.json().get("error", response.text)
-            except ValueError:
-                message = response.text
-            raise DeployError(f"deploy service: {message} (HTTP {response.status_code})", response.status_code)
-        return response.json()
+    service, section, error = "deploy service", "deploy", DeployError
+    token_hint = "--deploy-token, ROBOTLOOP_DEPLOY__TOKEN or ROBOTLOOP_ROBOT__TOKEN"
 
     # -- operators -------------------------------------------------------------------------------------------
     def publish(self, signed: SignedManifest, channel: str | None = None) -> dict[str, Any]:
