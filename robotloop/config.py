@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import (
@@ -81,6 +81,8 @@ class TrainerServiceSettings(Section):
     cancel_grace_s: float = Field(
         default=120.0, gt=0, description="After cancel's SIGTERM, how long a job may take to checkpoint before SIGKILL."
     )
+    url: str = Field(default="http://127.0.0.1:8770", description="Where callers (watch, the agent) reach the service.")
+    token: SecretStr | None = Field(default=None, description="Caller token used by `robotloop trainer watch` and the agent.")
 
 
 class DeploySettings(Section):
@@ -119,6 +121,25 @@ class RobotSettings(Section):
     keep_releases: int = Field(default=3, ge=2, description="Releases kept on disk (the running and previous never pruned).")
 
 
+class AgentSettings(Section):
+    """`robotloop agent`: which model drives the tools. Bedrock by default; any OpenAI-compatible or Ollama endpoint."""
+
+    provider: Literal["bedrock", "openai", "ollama"] = Field(default="bedrock", description="Model provider.")
+    model_id: str | None = Field(
+        default=None, description="Model id (Bedrock model or inference profile, OpenAI/Ollama model name). "
+        "Unset: strands' Bedrock default; required for openai and ollama."
+    )
+    base_url: str | None = Field(
+        default=None, description="openai: an OpenAI-compatible endpoint (vLLM, llama.cpp, LM Studio: "
+        "http://127.0.0.1:8000/v1); ollama: the server (default http://127.0.0.1:11434); bedrock: a custom endpoint."
+    )
+    api_key: SecretStr | None = Field(default=None, description="openai: the endpoint's API key (unset: "
+                                      "OPENAI_API_KEY); bedrock: a Bedrock API key instead of AWS credentials.")
+    region: str | None = Field(default=None, description="bedrock: AWS region (unset: the AWS profile's, else us-west-2).")
+    max_tokens: int = Field(default=4096, ge=1, description="Most tokens the model may write per turn.")
+    temperature: float | None = Field(default=None, ge=0, description="Sampling temperature (unset: the provider's).")
+
+
 class Settings(BaseSettings):
     """All of robotloop's settings. Sections are added by the layers that use them."""
 
@@ -129,6 +150,7 @@ class Settings(BaseSettings):
     trainer: TrainerServiceSettings = TrainerServiceSettings()
     deploy: DeploySettings = DeploySettings()
     robot: RobotSettings = RobotSettings()
+    agent: AgentSettings = AgentSettings()
 
     @classmethod
     def settings_customise_sources(
