@@ -36,12 +36,14 @@ def train(
     seed: int = 0,
     tiny: Annotated[bool, typer.Option(help="A small ACT (dim 64) for smoke tests on CPU.")] = False,
     progress_file: Annotated[Path | None, typer.Option(help="Append one JSON line per progress report, and the final report.")] = None,
+    fp8: Annotated[str, typer.Option(help="FP8 linear layers (TorchAO): off, auto (only shapes measured faster; bf16 where there is no FP8), tensorwise, rowwise, rowwise_with_gw_hp.")] = "off",
 ) -> None:
     """Train ACT; checkpoints (LeRobot format + lineage + loss plot) land under --output every K steps.
 
     SIGTERM stops the run after the current step, with a checkpoint (how the training service cancels a job).
     """
     from ..train.data import DataSettings
+    from ..train.fp8 import FP8_MODES, FP8_RECIPES, Accelerator, Fp8Error, check_formats, float8_config
     from ..train.policy import ACTSettings
     from ..train.trainer import TrainSettings, train as run
 
@@ -50,8 +52,17 @@ def train(
         out = BucketUrl.parse(output)
     except BadBucketUrl as error:
         raise typer.BadParameter(str(error)) from None
+    if fp8 not in FP8_MODES:
+        raise typer.BadParameter(f"--fp8 must be one of {', '.join(FP8_MODES)}, got {fp8!r}")
+    if fp8 in FP8_RECIPES:  # fail now, not after the data streams in (build_policy checks again, per rank)
+        try:
+            check_formats(float8_config(fp8), Accelerator.detect(device))
+        except Fp8Error as error:
+            console.print(f"[red]error:[/red] --fp8 {fp8}: {error}")
+            raise typer.Exit(1) from None
     use_fast = device.startswith("cuda") if fast is None else fast
     arch = dict(dim_model=64, dim_feedforward=128, n_encoder_layers=1, n_vae_encoder_layers=1, chunk_size=10, n_action_steps=10) if tiny else {}
+    arch |= {"fp8": fp8, "precision": "bf16"} if fp8 != "off" else {}  # FP8 trains the other layers in bf16
     act = ACTSettings.fast(backbone_weights=backbone_weights, **arch) if use_fast else ACTSettings(backbone_weights=backbone_weights, **arch)
     if backbone_weights is None:
         console.print("[yellow]note:[/yellow] no --backbone-weights: the ResNet18 backbone starts from random weights (nothing is downloaded)")

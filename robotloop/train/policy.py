@@ -10,6 +10,8 @@ Speed options compose (torchtitan style), each a flag in `ACTSettings`:
 - channels_last: the ResNet backbone and its input images in NHWC, which cuDNN's fast convs want.
 - compile: torch.compile of normalization + forward + loss (backward is compiled by AOTAutograd).
 - cuda_graphs: mode "reduce-overhead": forward and backward replay as CUDA graphs (needs compile).
+- fp8: TorchAO float8 training of the linear layers ("tensorwise", "rowwise", "rowwise_with_gw_hp", or "auto":
+  only the shapes measured faster than bf16); see robotloop.train.fp8. Needs precision="bf16".
 The optimizer is AdamW(fused=True) on CUDA with lerobot's param groups and grad clip 10 (its preset).
 It runs eagerly after the graphed backward: fused AdamW plus foreach clipping is a handful of kernels,
 while the forward/backward is hundreds, so graphing fwd+bwd removes nearly all launch overhead.
@@ -39,6 +41,8 @@ from lerobot.policies.factory import make_pre_post_processors
 from lerobot.processor import NormalizerProcessorStep, PolicyProcessorPipeline
 from lerobot.utils.constants import ACTION, IMAGENET_STATS, OBS_IMAGES, OBS_STATE
 from lerobot.utils.feature_utils import dataset_to_policy_features
+
+from .fp8 import FP8_MODES, Accelerator, AutoFp8, Measure, gpu_measure, setup_fp8
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +85,18 @@ class ACTSettings:
     compile: bool = False
     cuda_graphs: bool = False
     autotune: bool = False  # compile with max-autotune (long compile; GEMM/conv template search)
+    fp8: str = "off"  # "off", "auto", or a TorchAO recipe: "tensorwise", "rowwise", "rowwise_with_gw_hp"
 
     def __post_init__(self) -> None:
         if self.precision not in ("bf16", "fp32"):
             raise ValueError(f"precision must be 'bf16' or 'fp32', got {self.precision!r}")
         if (self.cuda_graphs or self.autotune) and not self.compile:
             raise ValueError("cuda_graphs and autotune are torch.compile modes: set compile=True too")
+        if self.fp8 not in FP8_MODES:
+            raise ValueError(f"fp8 must be one of {FP8_MODES}, got {self.fp8!r}")
+        if self.fp8 != "off" and self.precision != "bf16":
+            # FP8 recipes are measured and tuned against bf16 autocast for everything they do not convert.
+            raise ValueError(f"fp8={self.fp8!r} needs precision='bf16'")
         if self.backbone_weights is not None:
             self.backbone_weights = Path(self.backbone_weights)
 
@@ -267,6 +277,7 @@ class TrainablePolicy:
         policy: the lerobot ACTPolicy (train it, save it, or hand it to lerobot code directly).
         preprocessor / postprocessor: lerobot's pipelines built from the same stats (saved with the policy).
         settings, device.
+        fp8_layers: names of the linear layers that train in FP8 (for "auto": known after the first batch).
     """
 
     def __init__(
@@ -276,6 +287,8 @@ class TrainablePolicy:
         postprocessor: PolicyProcessorPipeline,
         settings: ACTSettings,
         device: torch.device,
+        fp8_layers: list[str] | None = None,
+        fp8_auto: AutoFp8 | None = None,
     ) -> None:
         self.policy = policy
         self.preprocessor = preprocessor
@@ -293,6 +306,8 @@ class TrainablePolicy:
         self._optimizer: torch.optim.Optimizer | None = None
         self.grad_sync: Callable[[list[Tensor]], None] | None = None  # set by the trainer under torchrun
         self._params: list[nn.Parameter] = []  # the optimizer's, for grad clipping
+        self.fp8_layers: list[str] = list(fp8_layers or [])
+        self._fp8_auto = fp8_auto
         self._loss_fn = self._loss_eager
         if settings.compile:
             # dynamic=False: fixed batch shapes are what CUDA graphs need, and it avoids recompiles guessing
@@ -357,9 +372,24 @@ class TrainablePolicy:
         "action_is_pad": bool [B,chunk]}. Puts the policy in train mode (dropout, VAE)."""
         if not self.policy.training:  # .train() walks every module: skip it on the hot path
             self.policy.train()
+        if self._fp8_auto is not None:
+            self._apply_fp8_auto(batch)
         if self.settings.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         return self._loss_fn(batch)
+
+    def _apply_fp8_auto(self, batch: dict[str, Tensor]) -> None:
+        """fp8="auto", first batch: one eager forward records each linear layer's token count, then the
+        faster-in-FP8 layers are converted. Before the first compiled call, so compile sees the final modules;
+        the RNG is forked so this forward leaves dropout and VAE noise of the run unchanged."""
+        auto, self._fp8_auto = self._fp8_auto, None
+
+        def forward() -> None:
+            cuda = [self.device] if self.device.type == "cuda" else []
+            with torch.no_grad(), torch.random.fork_rng(devices=cuda, device_type=self.device.type):
+                self._loss_eager(batch)
+
+        self.fp8_layers = auto.apply(self.policy, forward)
 
     # ----- optimization -------------------------------------------------------------------------------
 
@@ -395,11 +425,21 @@ class TrainablePolicy:
     # ----- checkpoints --------------------------------------------------------------------------------
 
     def state_dict_fp32(self) -> dict[str, Tensor]:
-        """Policy weights as contiguous fp32 CPU tensors, under lerobot's state_dict keys."""
-        return {
-            k: v.detach().to(device="cpu", dtype=torch.float32 if v.is_floating_point() else v.dtype).contiguous()
-            for k, v in self.policy.state_dict().items()
-        }
+        """Policy weights as contiguous fp32 CPU tensors, under lerobot's state_dict keys.
+
+        FP8 layers (TorchAO Float8Linear) keep high-precision weights under the same keys; a float8 weight
+        wrapper (TorchAO's FSDP float8 all-gather, which we do not enable) is unwrapped to its plain tensor.
+
+        Raises:
+            TypeError: a weight is a tensor subclass that cannot be unwrapped (it would not load in lerobot).
+        """
+        out = {}
+        for k, v in self.policy.state_dict().items():
+            v = getattr(v, "_tensor", v) if type(v) is not Tensor else v
+            if type(v) is not Tensor:
+                raise TypeError(f"{k}: {type(v).__name__} is not a plain tensor; lerobot could not load it")
+            out[k] = v.detach().to(device="cpu", dtype=torch.float32 if v.is_floating_point() else v.dtype).contiguous()
+        return out
 
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write a lerobot checkpoint: config.json + model.safetensors (fp32) + the processors' json and
@@ -417,6 +457,9 @@ def build_policy(
     stats: dict[str, dict[str, Any]],
     settings: ACTSettings | None = None,
     device: str | torch.device = "cpu",
+    *,
+    accelerator: Accelerator | None = None,
+    fp8_measure: Measure | None = None,
 ) -> TrainablePolicy:
     """Build lerobot's ACTPolicy and its processors for these features and dataset stats.
 
@@ -426,9 +469,14 @@ def build_policy(
         stats: dataset stats (meta/stats.json style: key -> {"mean","std","min","max",...} as lists/arrays).
         settings: ACTSettings (default: lerobot's ACT defaults, fp32 eager).
         device: where the policy, stats and batches live.
+        accelerator: the device description the FP8 checks use (default: `Accelerator.detect(device)`;
+            tests pass a simulated GPU).
+        fp8_measure: fp8="auto"'s shape timer (default: timing on `device`; tests pass a fake timing table).
 
     Raises:
         ValueError: bad features or settings. FileNotFoundError / RuntimeError: bad backbone weights file.
+        robotloop.train.fp8.Fp8Unavailable: an FP8 recipe on a device without FP8.
+        robotloop.train.fp8.Fp8FormatMismatch: TorchAO's float8 formats do not match the device.
     """
     settings = settings or ACTSettings()
     device = torch.device(device)
@@ -438,12 +486,15 @@ def build_policy(
     if settings.fused_attention:
         use_fused_attention(policy)
     policy.to(device)
+    accelerator = accelerator or Accelerator.detect(device)
+    mode = settings.compile_mode if settings.compile else "default"
+    fp8_layers, fp8_auto = setup_fp8(policy, settings.fp8, accelerator, lambda: fp8_measure or gpu_measure(device, mode))
     if settings.channels_last:
         policy.model.backbone.to(memory_format=torch.channels_last)
     preprocessor, postprocessor = make_pre_post_processors(
         cfg, dataset_stats=camera_stats_for(stats, cfg, settings.use_imagenet_stats)
     )
-    return TrainablePolicy(policy, preprocessor, postprocessor, settings, device)
+    return TrainablePolicy(policy, preprocessor, postprocessor, settings, device, fp8_layers, fp8_auto)
 
 
 __all__ = [
