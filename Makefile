@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml scripts/system-deps
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/robotloop demo
+	$(BIN)/robotloop loop
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
