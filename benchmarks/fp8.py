@@ -1,0 +1,217 @@
+"""FP8 (issue 6): does TorchAO float8 keep ACT's training loss, and is it faster than bf16?
+
+Run (GPU, all of it):  .venv/bin/python benchmarks/fp8.py --out fp8.json
+    In pieces (each configuration compiles for minutes): --skip speed (parity only), --skip parity
+    --cases large-b128 (one speed case), --modes off tensorwise (some configurations).
+Smoke (CPU):           .venv/bin/python benchmarks/fp8.py --quick
+    (tiny ACT, a few steps, no compile; explicit recipes are reported as skipped and "auto" falls back to
+    bf16, since this CPU has no FP8: it checks the script's control flow, not FP8)
+
+Every configuration is robotloop's fast step (`ACTSettings.fast()`: bf16 autocast, fused attention,
+channels_last, torch.compile + CUDA graphs, fused AdamW) with `fp8` set to "off" (the bf16 baseline),
+"tensorwise", "rowwise", "rowwise_with_gw_hp" or "auto".
+
+1. Parity: `--parity-steps` steps (default 2000) at batch `--parity-batch` on the same synthetic but learnable
+   data (a fixed pool of samples whose action chunks are a fixed function of the state, sampled in the same
+   seeded order) from the same initial weights (same seed). "final loss" is the mean of the last 100 step
+   losses; the target is |fp8 - bf16| / bf16 <= 5%.
+2. Speed, side by side in one run: lerobot's default ACT (51.6M) at batch 8 and 64, and a large ACT
+   (dim_model 1024, dim_feedforward 4096, 6 encoder layers) at batch 128; one 480x640 camera, synthetic
+   batches already on the GPU (benchmarks/act_step.py's). The first step is timed alone: it holds compile (and
+   "auto"'s shape measurement, unless its cache is warm). Then `--warmup` and `--steps` timed steps; samples/s
+   is batch / median step. Target: FP8 >= 1.15x bf16 on the large ACT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from act_step import ACTION_DIM, CAM, STATE_DIM, features, make_batch, stats, time_steps
+
+from robotloop.train.fp8 import FP8_RECIPES, Fp8Unavailable
+from robotloop.train.policy import ACTSettings, TrainablePolicy, build_policy
+
+MODES = ("off", *FP8_RECIPES, "auto")
+PARITY_TOLERANCE = 0.05
+SPEED_TARGET = 1.15
+LOSS_TAIL = 100  # steps averaged into the "final loss"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model size at one batch size."""
+
+    name: str
+    batch: int
+    arch: dict
+
+
+DEFAULT_ACT: dict = {}
+LARGE_ACT = {"dim_model": 1024, "dim_feedforward": 4096, "n_encoder_layers": 6}
+TINY_ACT = {"dim_model": 64, "dim_feedforward": 128, "chunk_size": 10, "n_action_steps": 10}
+CASES = {
+    "default-b8": Case("default", 8, DEFAULT_ACT),
+    "default-b64": Case("default", 64, DEFAULT_ACT),
+    "large-b128": Case("large", 128, LARGE_ACT),
+}
+
+
+def learnable_pool(n: int, chunk: int, h: int, w: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """`n` samples whose action chunk is a fixed smooth function of the state (and the image's mean
+    brightness), so the loss falls steadily and two precisions can be compared on it."""
+    g = torch.Generator().manual_seed(1234)
+    state = torch.randn(n, STATE_DIM, generator=g)
+    brightness = torch.rand(n, generator=g)
+    images = (brightness.view(n, 1, 1, 1) * 200 + torch.rand(n, 3, h, w, generator=g) * 55).to(torch.uint8)
+    mix = torch.randn(STATE_DIM, ACTION_DIM, generator=g) / STATE_DIM**0.5
+    ramp = torch.linspace(0, 1, chunk).view(1, chunk, 1)
+    action = torch.tanh(state @ mix).unsqueeze(1) * (1 - ramp) + brightness.view(n, 1, 1) * ramp
+    pool = {CAM: images, "observation.state": state, "action": action,
+            "action_is_pad": torch.zeros(n, chunk, dtype=torch.bool)}  # fmt: skip
+    return {k: v.to(device) for k, v in pool.items()}
+
+
+def build(mode: str, arch: dict, h: int, w: int, device: torch.device, fast: bool) -> TrainablePolicy:
+    torch.manual_seed(0)  # the same initial weights in every configuration
+    base = ACTSettings.fast(**arch) if fast else ACTSettings(precision="bf16", fused_attention=True, **arch)
+    return build_policy(features(h, w), stats(), replace(base, fp8=mode), device)
+
+
+def parity_run(mode: str, args, device: torch.device, fast: bool) -> dict:
+    arch = TINY_ACT if args.quick else DEFAULT_ACT
+    chunk = arch.get("chunk_size", ACTSettings().chunk_size)
+    h, w = args.hw
+    pool = learnable_pool(args.pool, chunk, h, w, device)
+    tp = build(mode, {**arch, "lr": 1e-4, "lr_backbone": 1e-5}, h, w, device, fast)
+    order = torch.Generator().manual_seed(99)
+    losses = []
+    t0 = time.perf_counter()
+    for _ in range(args.parity_steps):
+        idx = torch.randint(0, args.pool, (args.parity_batch,), generator=order).to(device)
+        losses.append(tp.train_step({k: v[idx] for k, v in pool.items()}))
+    values = [float(x) for x in losses]  # one host sync, after the run
+    tail = values[-min(LOSS_TAIL, len(values)) :]
+    return {"mode": mode, "steps": len(values), "first_loss": round(values[0], 4),
+            "final_loss": round(statistics.fmean(tail), 4), "wall_s": round(time.perf_counter() - t0, 1),
+            "fp8_layers": len(tp.fp8_layers)}  # fmt: skip
+
+
+def speed_run(mode: str, case: Case, args, device: torch.device, fast: bool) -> dict:
+    h, w = args.hw
+    tp = build(mode, case.arch, h, w, device, fast)
+    chunk = tp.settings.chunk_size
+    batch = make_batch(case.batch, chunk, h, w, device)
+    first = time_steps(tp.train_step, batch, 1, device)[0]  # compile (and auto's measurement) included
+    time_steps(tp.train_step, batch, args.warmup, device)
+    med = statistics.median(time_steps(tp.train_step, batch, args.steps, device))
+    row = {"case": case.name, "batch": case.batch, "mode": mode, "samples_per_s": round(case.batch / med, 1),
+           "median_step_ms": round(med * 1e3, 2), "first_step_s": round(first, 1), "fp8_layers": len(tp.fp8_layers)}  # fmt: skip
+    if device.type == "cuda":
+        row["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return row
+
+
+def guarded(fn, mode: str, *rest) -> dict:
+    """Run one configuration; a device without FP8 is a skip, any other failure an error row."""
+    try:
+        return fn(mode, *rest)
+    except Fp8Unavailable as e:
+        return {"mode": mode, "skipped": str(e)}
+    except Exception as e:  # noqa: BLE001 - keep the table going; the failure is reported in it
+        return {"mode": mode, "error": f"{type(e).__name__}: {e}"[:500]}
+    finally:
+        gc.collect()
+        torch._dynamo.reset()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+
+
+def verdicts(parity: list[dict], speed: list[dict]) -> dict:
+    """Parity within 5% of bf16's final loss; speed-up over bf16 per case (target 1.15x on the large ACT)."""
+    base = next((r["final_loss"] for r in parity if r["mode"] == "off" and "final_loss" in r), None)
+    out: dict = {"parity": {}, "speedup": {}}
+    for r in parity:
+        if r["mode"] != "off" and "final_loss" in r and base:
+            rel = abs(r["final_loss"] - base) / base
+            out["parity"][r["mode"]] = {"relative_diff": round(rel, 4), "ok": rel <= PARITY_TOLERANCE}
+    bf16 = {(r["case"], r["batch"]): r["samples_per_s"] for r in speed if r.get("mode") == "off" and "samples_per_s" in r}
+    for r in speed:
+        key = (r.get("case"), r.get("batch"))
+        if r.get("mode") != "off" and "samples_per_s" in r and key in bf16:
+            x = r["samples_per_s"] / bf16[key]
+            verdict = {"x": round(x, 3)}
+            if r["case"] == "large":
+                verdict["meets_1.15x"] = x >= SPEED_TARGET
+            if r["mode"] == "auto":  # auto must never lose to bf16 beyond noise (3%)
+                verdict["not_slower"] = x >= 0.97
+            out["speedup"][f"{key[0]} b{key[1]} {r['mode']}"] = verdict
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--skip", nargs="*", default=[], choices=["parity", "speed"])
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES), help="speed cases to run")
+    ap.add_argument("--parity-steps", type=int, default=2000)
+    ap.add_argument("--parity-batch", type=int, default=8)
+    ap.add_argument("--pool", type=int, default=512, help="samples in the parity data pool")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--image", default="480x640", help="HxW of the one camera")
+    ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny ACT, 48x64, few steps, no compile")
+    ap.add_argument("--out", default=None, help="also write the JSON result here")
+    args = ap.parse_args(argv)
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
+    cases = [CASES[c] for c in args.cases]
+    if args.quick:
+        args.image, args.parity_steps, args.parity_batch, args.pool, args.steps, args.warmup = "48x64", 4, 2, 8, 2, 1
+        cases = [Case("tiny", 2, TINY_ACT)]
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+    args.hw = tuple(int(x) for x in args.image.split("x"))
+    fast = device.type == "cuda"  # compile + CUDA graphs need a GPU
+
+    parity, speed = [], []
+    if "parity" not in args.skip:
+        for mode in args.modes:
+            parity.append(row := guarded(parity_run, mode, args, device, fast))
+            print(json.dumps({"parity": row}), file=sys.stderr, flush=True)
+    if "speed" not in args.skip:
+        for case in cases:
+            for mode in args.modes:
+                speed.append(row := {"case": case.name, "batch": case.batch, **guarded(speed_run, mode, case, args, device, fast)})
+                print(json.dumps({"speed": row}), file=sys.stderr, flush=True)
+
+    result = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "torchao": __import__("torchao").__version__,
+        "image": list(args.hw),
+        "cases": [asdict(c) for c in cases],
+        "parity": parity,
+        "speed": speed,
+        "verdicts": verdicts(parity, speed),
+    }
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 1 if any("error" in r for r in parity + speed) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
