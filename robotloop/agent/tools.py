@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,20 +44,21 @@ EXPECTED = (StorageError, DeployError, TrainerError, PublishError, DeployKeyErro
 @dataclass
 class AgentContext:
     """What the tools need beyond their arguments: robotloop's settings (storage, `trainer.url`/`token`,
-    `deploy.url`/`token`/`key_file`) and where evaluation reports go."""
+    `deploy.url`/`token`/`key_file`) and where evaluation reports go. Clients are made on first use, so a
+    tool that needs no training service works without its token (the others say which token is missing)."""
 
     settings: Settings
     eval_dir: Path = Path("outputs/eval")
-    _bucket: BucketClient | None = field(default=None, repr=False)
 
+    @functools.cached_property
     def bucket(self) -> BucketClient:
-        if self._bucket is None:  # connecting may start the embedded server: once, and only when needed
-            self._bucket = connect(self.settings)
-        return self._bucket
+        return connect(self.settings)  # may start the embedded bucket server: once, and only when needed
 
+    @functools.cached_property
     def trainer(self) -> TrainerClient:
         return TrainerClient.from_settings(self.settings)
 
+    @functools.cached_property
     def deploy(self) -> DeployClient:
         return DeployClient.from_settings(self.settings)
 
@@ -118,7 +119,7 @@ class RobotloopTools:
         from ..sim.env import parse_image_size
 
         url, size = BucketUrl.parse(dataset), parse_image_size(image_size)
-        recorder = DatasetRecorder(self.ctx.bucket(), url, DatasetSpec.aloha(size, vcodec=codec))
+        recorder = DatasetRecorder(self.ctx.bucket, url, DatasetSpec.aloha(size, vcodec=codec))
         before = recorder.committed_episodes()
         report = record_sim(recorder, task, episodes, workers, size, max_steps, before, keep_failed=keep_failed)
         return {"dataset": str(url), "committed": len(report.committed), "episodes_before": before,
@@ -137,7 +138,7 @@ class RobotloopTools:
         """
         from ..capture.info import dataset_info
 
-        return asdict(dataset_info(self.ctx.bucket(), BucketUrl.parse(dataset)))
+        return asdict(dataset_info(self.ctx.bucket, BucketUrl.parse(dataset)))
 
     @tool
     @reported
@@ -169,7 +170,7 @@ class RobotloopTools:
         """
         spec = {"datasets": datasets, "output": output, "steps": steps, "batch_size": batch_size, "device": device,
                 "tiny": tiny, "resume": resume, "checkpoint_every": checkpoint_every, "log_every": log_every}  # fmt: skip
-        return _job(self.ctx.trainer().submit(spec))
+        return _job(self.ctx.trainer.submit(spec))
 
     @tool
     @reported
@@ -181,7 +182,7 @@ class RobotloopTools:
             job_id: the id start_training answered
             wait_s: wait up to this many seconds for the job to finish before answering (0: answer now)
         """
-        return _job(self.ctx.trainer().wait(job_id, timeout_s=wait_s, every_s=min(1.0, max(wait_s / 10, 0.1))))
+        return _job(self.ctx.trainer.wait(job_id, timeout_s=wait_s, every_s=min(1.0, max(wait_s / 10, 0.1))))
 
     @tool
     @reported
@@ -198,7 +199,7 @@ class RobotloopTools:
         from ..deploy.publish import manifest_url, publish
 
         signer = load_private_key(self.ctx.settings.deploy.key_file)
-        signed = publish(self.ctx.bucket(), checkpoint, name, signer, self.ctx.deploy(), channel)
+        signed = publish(self.ctx.bucket, checkpoint, name, signer, self.ctx.deploy, channel)
         m = signed.manifest
         return {"release": m.name, "files": len(m.files), "bytes": m.total_bytes, "key_id": signed.key_id,
                 "checkpoint": m.checkpoint, "manifest": str(manifest_url(m.bucket, m.name)), "channel": channel}  # fmt: skip
@@ -213,7 +214,7 @@ class RobotloopTools:
             channel: channel to point at it
             reason: recorded in the deploy history
         """
-        return self.ctx.deploy().promote(channel, release, reason)
+        return self.ctx.deploy.promote(channel, release, reason)
 
     @tool
     @reported
@@ -228,7 +229,7 @@ class RobotloopTools:
         """
         if (channel is None) == (robot is None):
             return error("rollback needs exactly one of channel or robot")
-        deploy = self.ctx.deploy()
+        deploy = self.ctx.deploy
         return deploy.rollback_channel(channel, reason) if channel else deploy.rollback_robot(robot, reason)
 
     @tool
@@ -242,7 +243,7 @@ class RobotloopTools:
             robot: only this robot (default: all)
             history: how many recent events to include
         """
-        deploy = self.ctx.deploy()
+        deploy = self.ctx.deploy
         state = deploy.status()
         robots = [_robot(r) for r in state["robots"] if robot is None or r["id"] == robot]
         if robot is not None and not robots:
@@ -281,7 +282,7 @@ class RobotloopTools:
         from ..deploy.evaluate import REPORT_FILE, evaluate, resolve_policy
 
         settings = self.ctx.settings
-        local = resolve_policy(policy, self.ctx.bucket, settings.storage.cache_dir.parent / "policies")
+        local = resolve_policy(policy, lambda: self.ctx.bucket, settings.storage.cache_dir.parent / "policies")
         out = self.ctx.eval_dir / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{task}"
         report = evaluate(local, task, episodes, workers, seed=seed, max_steps=max_steps, videos=videos,
                           output_dir=out, device=device, source=policy)  # fmt: skip
