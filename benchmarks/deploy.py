@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -44,6 +43,7 @@ from robotloop.deploy.keys import (
     load_public_keys,
     public_path,
 )
+from robotloop.deploy.local import start_local_deploy_service
 from robotloop.deploy.publish import publish
 from robotloop.deploy.runtime import RobotRuntime, RuntimeOptions
 from robotloop.deploy.store import ReleaseStore
@@ -78,18 +78,8 @@ def save_variants(work: Path, image_size: tuple[int, int]) -> dict[str, Path]:
 
 
 def start_deploy_service(work: Path) -> tuple[subprocess.Popen, str]:
-    (work / "ops.tokens").write_text(f"{OPS} write *\n")
-    port = 8780 + os.getpid() % 1000
-    proc = subprocess.Popen([sys.executable, "-m", "services.deploy", "--tokens", str(work / "ops.tokens"), "--db",
-                             str(work / "deploy.sqlite"), "--port", str(port)])  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            httpx.get(f"{url}/v1/health").raise_for_status()
-            return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError("deploy service did not start")
+    service = start_local_deploy_service(work, OPS)
+    return service.proc, service.url
 
 
 class Bench:

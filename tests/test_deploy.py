@@ -37,6 +37,7 @@ from robotloop.deploy.keys import (
     load_public_keys,
     public_path,
 )
+from robotloop.deploy.local import start_local_deploy_service
 from robotloop.deploy.manifest import BadManifest, Manifest, SignedManifest
 from robotloop.deploy.publish import publish
 from robotloop.deploy.runner import make_tiny_checkpoint
@@ -100,23 +101,8 @@ def _jerky(src: Path, dst: Path) -> Path:
 
 def start_deploy_service(base: Path, *args: str) -> tuple[subprocess.Popen, str]:
     """`python -m services.deploy` with the test operator tokens and a fresh database under `base`."""
-    tokens = base / "ops.tokens"
-    tokens.write_text(f"{OPS} write *\n{OPS_READ} read *\n")
-    port = free_port()
-    with open(base / "deploy.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "services.deploy", "--tokens", str(tokens), "--db",
-                                 str(base / "deploy.sqlite"), "--port", str(port), *args], stdout=log,
-                                stderr=subprocess.STDOUT)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        assert proc.poll() is None, (base / "deploy.log").read_text()[-3000:]
-        try:
-            httpx.get(f"{url}/v1/health").raise_for_status()
-            return proc, url
-        except httpx.HTTPError:
-            assert time.monotonic() < deadline, "deploy service did not start"
-            time.sleep(0.1)
+    service = start_local_deploy_service(base, OPS, extra_args=args, extra_tokens=(f"{OPS_READ} read *",))
+    return service.proc, service.url
 
 
 @pytest.fixture(scope="module")

@@ -37,8 +37,9 @@ class LocalDeployService:
 
 
 def start_local_deploy_service(base: Path, token: str | None = None, timeout_s: float = 30.0,
-                               extra_args: tuple[str, ...] = ()) -> LocalDeployService:  # fmt: skip
-    """Start `python -m services.deploy` on 127.0.0.1 with a fresh operator token and database under `base`.
+                               extra_args: tuple[str, ...] = (), extra_tokens: tuple[str, ...] = ()) -> LocalDeployService:  # fmt: skip
+    """Start `python -m services.deploy` on 127.0.0.1 with an operator write token (`token`, else a fresh one),
+    more tokens-file lines (`extra_tokens`, e.g. "<token> read *") and a database under `base`.
 
     Raises:
         RuntimeError: the service exited or did not answer within `timeout_s` (the message ends with its log).
@@ -47,7 +48,7 @@ def start_local_deploy_service(base: Path, token: str | None = None, timeout_s: 
     token = token or "rl_ops_" + secrets.token_urlsafe(24)
     tokens = base / "ops.tokens"
     tokens.touch(mode=0o600)
-    tokens.write_text(f"{token} write *\n")
+    tokens.write_text("".join(f"{line}\n" for line in (f"{token} write *", *extra_tokens)))
     port, log = _free_port(), base / "deploy.log"
     with open(log, "ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "services.deploy", "--tokens", str(tokens), "--db",
