@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import torch
@@ -28,6 +29,7 @@ from typer.testing import CliRunner
 from robotloop.cli import app
 from robotloop.train.fp8 import (
     FNUZ_FORMATS,
+    FP8_MODES,
     OCP_FORMATS,
     Accelerator,
     Fp8FormatMismatch,
@@ -40,6 +42,7 @@ from robotloop.train.fp8 import (
     record_linear_shapes,
     select_layers,
 )
+from robotloop.train.jobs import JobSpec
 from robotloop.train.policy import ACTSettings, build_policy
 
 from .test_train_policy import FEATURES, _batch, _settings, _stats
@@ -124,6 +127,10 @@ def test_cli_stops_before_training_without_fp8(tmp_path: Path) -> None:
     url = "hf://buckets/lab/demos/datasets/cube"
     result = CliRunner().invoke(app, ["train", "--dataset", url, "--output", url, "--fp8", "rowwise"])
     assert result.exit_code == 1 and "FP8 training needs an NVIDIA GPU of SM 8.9" in " ".join(result.output.split())
+    # The training service passes a job's fp8 to the same command; FP8_MODES and its Literal agree.
+    argv = JobSpec(datasets=[url], output=url, fp8="auto").command(tmp_path / "progress")
+    assert argv[argv.index("--fp8") + 1] == "auto"
+    assert get_args(JobSpec.model_fields["fp8"].annotation) == FP8_MODES
 
 
 def test_auto_falls_back_to_bf16_without_fp8(caplog: pytest.LogCaptureFixture) -> None:

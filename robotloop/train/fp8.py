@@ -39,6 +39,7 @@ import logging
 import os
 import statistics
 import tempfile
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,9 +311,12 @@ class TimingCache:
     def save(self, data: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".linear_timings.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)  # concurrent ranks: the last writer wins, nobody reads a half file
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(data, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)  # concurrent ranks: the last writer wins, nobody reads a half file
+        finally:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def device_key(accelerator: Accelerator, recipe: str) -> str:
@@ -335,7 +339,6 @@ def shape_timings(
             continue
         out[shape] = timing = measure(shape)
         known[shape.key], measured = dataclasses.asdict(timing), True
-        log.info("FP8 auto: measured %s: bf16 %.4f ms, fp8 %.4f ms", shape.key, timing.bf16_ms, timing.fp8_ms)
     if measured:
         cache.save({**data, key: known})
     return out
@@ -368,9 +371,12 @@ class AutoFp8:
             Fp8FormatMismatch: see `check_formats`.
         """
         shapes = record_linear_shapes(model, fp8_candidates(model), run_forward)
+        t0 = time.perf_counter()
         timings = shape_timings(
             shapes.values(), self.measure, TimingCache(self.cache_path), device_key(self.accelerator, self.recipe)
         )
+        log.info("FP8 auto: %d linear shapes timed in %.1f s (cache: %s)", len(timings), time.perf_counter() - t0,
+                 self.cache_path)  # fmt: skip
         for shape, t in timings.items():
             log.info("FP8 auto: %s bf16 %.4f ms fp8 %.4f ms (%.2fx)", shape.key, t.bf16_ms, t.fp8_ms, t.speedup)
         return convert_linears(model, self.recipe, self.accelerator, only=select_layers(shapes, timings, self.min_speedup))

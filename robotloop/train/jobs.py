@@ -67,6 +67,7 @@ class JobSpec(BaseModel):
     device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d{1,2})?)$")
     tiny: bool = False
     resume: bool = False
+    fp8: Literal["off", "auto", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = "off"  # robotloop.train.fp8.FP8_MODES
     gpus: int = Field(default=1, ge=1, le=64, description="1: plain process; more: torchrun, one rank per GPU")
     log_every: int = Field(default=50, ge=1)
     checkpoint_every: int = Field(default=1000, ge=1)
@@ -116,7 +117,7 @@ class JobSpec(BaseModel):
                 "--checkpoint-every", str(self.checkpoint_every), "--decode-workers", str(self.decode_workers),
                 "--seed", str(self.seed), "--progress-file", str(progress_file)]  # fmt: skip
         args += [a for url in self.datasets for a in ("--dataset", url)]
-        args += ["--tiny"] * self.tiny + ["--resume"] * self.resume
+        args += ["--tiny"] * self.tiny + ["--resume"] * self.resume + ["--fp8", self.fp8] * (self.fp8 != "off")
         return launcher + args
 
     def child_env(self, base: dict[str, str], job_dir: Path) -> dict[str, str]:
