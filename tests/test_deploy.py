@@ -425,3 +425,21 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
     assert result.exit_code == 0 and "hw1" in result.output and "cli-v1" in result.output
     result = cli.invoke(app, ["deploy", "rollback", "--robot", "hw1", *ops])
     assert result.exit_code == 2 and "has not run a good release before" in result.output
+
+
+def test_eval_resolves_a_release_name_and_verifies_it_as_robots_do(deploy, bucket_server, tmp_path):
+    from robotloop.deploy.evaluate import resolve_policy
+    from robotloop.deploy.store import pull_release
+
+    deploy.release("evalme", "v1", channel=None)
+    store = ReleaseStore(tmp_path / "eval-store")
+    pull = lambda name: pull_release(name, deploy.ops(OPS_READ), _fetcher(deploy), deploy.trusted, store)  # noqa: E731
+    model = resolve_policy("evalme", release_resolver=pull)
+    assert model == store.model_dir("evalme") and (model / "config.json").is_file()
+    assert (model / "model.safetensors").read_bytes() == (deploy.ckpts["v1"] / "model.safetensors").read_bytes()
+    with pytest.raises(DeployError, match="no release"):
+        resolve_policy("nosuchrelease", release_resolver=pull)
+    generate_keypair(tmp_path / "stranger.key")
+    with pytest.raises(BadSignature):
+        pull_release("evalme", deploy.ops(OPS_READ), _fetcher(deploy), load_public_keys([public_path(tmp_path / "stranger.key")]),
+                     ReleaseStore(tmp_path / "other-store"))  # fmt: skip

@@ -49,6 +49,10 @@ class DeployClient(ServiceClient):
         return self._call("PUT", f"/v1/robots/{robot}/assignment",
                           json={"channel": channel, "release": release, "unpin": unpin})  # fmt: skip
 
+    def release(self, name: str) -> dict[str, Any]:
+        """One release as registered, with its signed manifest under "manifest"."""
+        return self._call("GET", f"/v1/releases/{name}")
+
     def status(self) -> dict[str, Any]:
         """Channels, releases and robots in one answer (for `robotloop deploy status`)."""
         return {"channels": self._call("GET", "/v1/channels")["channels"],

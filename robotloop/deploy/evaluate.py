@@ -361,6 +361,7 @@ def resolve_policy(
     spec: str,
     client_factory: Callable[[], BucketClient] | None = None,
     cache_dir: Path | None = None,
+    release_resolver: Callable[[str], Path] | None = None,
 ) -> Path:
     """Turn `--policy` into a local LeRobot `pretrained_model` directory.
 
@@ -369,7 +370,8 @@ def resolve_policy(
           step named in `checkpoints/last.json`);
         - a bucket URL of the same three kinds: `hf://buckets/<ns>/<b>/models/<run>[/checkpoints/<step>]`,
           downloaded through `robotloop.storage` (the read cache makes a second download free).
-    Release names (the deploy service's) are the seam left for later: `resolve_release` below.
+    Anything else is a release name, handed to `release_resolver` (the CLI passes one that pulls the release
+    through the deploy service and verifies it as a robot would: `robotloop.deploy.store.pull_release`).
 
     Args:
         client_factory: makes the BucketClient (called only for URLs), e.g. `lambda: connect(settings)`.
@@ -383,18 +385,18 @@ def resolve_policy(
     local = Path(spec).expanduser()
     if local.exists():
         return _resolve_local(local)
-    return resolve_release(spec)
+    return (release_resolver or resolve_release)(spec)
 
 
 def resolve_release(name: str) -> Path:
-    """Seam for release names (e.g. `cube@v3`): to be resolved through the deploy service's registry.
+    """Without a deploy service to ask, a name that is not a path or URL cannot be resolved.
 
     Raises:
-        PolicyLoadError: always, for now.
+        PolicyLoadError: always.
     """
     raise PolicyLoadError(
-        f"{name!r} is neither a local checkpoint directory nor an hf://buckets/... URL "
-        "(release names are not resolved here yet)"
+        f"{name!r} is neither a local checkpoint directory, an hf://buckets/... URL, nor (with no deploy service "
+        "configured) a release name"
     )
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .client import DeployClient
 from .fetch import XetFetcher
 from .manifest import Manifest, ReleaseFile, Segment, SignedManifest, check_release_name
 
@@ -296,3 +297,23 @@ def _check_file(path: Path, entry: ReleaseFile, sha256: str) -> None:
         raise IntegrityError(
             f"{entry.path}: Xet hash {xet[:12]} differs from the signed manifest's {entry.xet_hash[:12]}"
         )
+
+
+def pull_release(name: str, deploy: DeployClient, fetcher_for: Callable[[str], XetFetcher], trusted: dict,
+                 store: ReleaseStore) -> Path:  # fmt: skip
+    """The model directory of release `name`, exactly as robots run it: its manifest from the deploy service,
+    signature checked against `trusted`, files pulled into `store` with every hash checked.
+
+    Example:
+        ```python
+        >>> model = pull_release("cube-v3", DeployClient(url, token), lambda b: XetFetcher(endpoint, tok, b),
+        ...                      load_public_keys([key]), ReleaseStore(Path("releases")))
+        ```
+
+    Raises:
+        DeployError: no such release (404) or the service refused. BadSignature: not signed by a trusted key.
+        IntegrityError: fetched bytes do not match the manifest.
+    """
+    signed = SignedManifest.from_dict(deploy.release(name)["manifest"])
+    store.pull(signed, trusted, fetcher_for(signed.manifest.bucket))
+    return store.model_dir(name)
