@@ -33,14 +33,15 @@ from .test_train_service import WRITER, trainer  # noqa: F401 (the training serv
 DATASET = "hf://buckets/lab/agent/datasets/cube"
 RUN = "hf://buckets/lab/agent/models/run1"
 
-Step = tuple[str, dict] | str | Callable[[dict | None], "tuple[str, dict] | str"]
+Call = tuple[str, dict]
+Step = Call | list[Call] | str | Callable[[dict | None], "Call | str"]
 
 
 class ScriptedModel(Model):
     """A stand-in for an LLM (the only mock in this suite): it answers each turn with the next step of its
-    script, a tool call `(name, input)` or a final text, with no network. A step may be a function of the
-    previous tool result (parsed JSON, or {"error": text}), as a model reads a job id before watching the job.
-    Every tool result the agent fed back is kept in `results`, in order."""
+    script, with no network. A step is a tool call `(name, input)`, several calls in one turn (a list), or the
+    final text; or a function of the previous tool result (parsed JSON, or {"error": text}), as a model reads a
+    job id before watching the job. Every tool result the agent fed back is kept in `results`, in order."""
 
     def __init__(self, script: list[Step]) -> None:
         self.script, self.results, self.tool_names = list(script), [], []
@@ -57,33 +58,34 @@ class ScriptedModel(Model):
 
     async def stream(self, messages, tool_specs=None, system_prompt=None, **kwargs) -> AsyncGenerator[dict, None]:
         self.tool_names = [spec["name"] for spec in tool_specs or []]
-        last = _last_tool_result(messages)
-        if last is not None:
-            self.results.append(last)
+        fed_back = _tool_results(messages[-1]) if messages else []
+        self.results += fed_back
         step = self.script.pop(0)
-        step = step(last) if callable(step) else step
+        step = step(fed_back[-1] if fed_back else None) if callable(step) else step
         yield {"messageStart": {"role": "assistant"}}
         if isinstance(step, str):
             yield {"contentBlockStart": {"start": {}}}
             yield {"contentBlockDelta": {"delta": {"text": step}}}
-            stop = "end_turn"
-        else:
-            name, args = step
-            yield {"contentBlockStart": {"start": {"toolUse": {"name": name, "toolUseId": f"call_{len(self.results)}"}}}}
+            yield {"contentBlockStop": {}}
+            yield {"messageStop": {"stopReason": "end_turn"}}
+            return
+        for name, args in step if isinstance(step, list) else [step]:
+            call_id = f"call_{len(self.results)}_{name}"
+            yield {"contentBlockStart": {"start": {"toolUse": {"name": name, "toolUseId": call_id}}}}
             yield {"contentBlockDelta": {"delta": {"toolUse": {"input": json.dumps(args)}}}}
-            stop = "tool_use"
-        yield {"contentBlockStop": {}}
-        yield {"messageStop": {"stopReason": stop}}
+            yield {"contentBlockStop": {}}
+        yield {"messageStop": {"stopReason": "tool_use"}}
 
 
-def _last_tool_result(messages: list[dict]) -> dict | None:
-    """The tool result in the last message, as the model reads it: parsed JSON, or {"error": text}."""
-    for block in messages[-1]["content"] if messages else []:
+def _tool_results(message: dict) -> list[dict]:
+    """The tool results in a message, as the model reads them: parsed JSON, or {"error": text}."""
+    results = []
+    for block in message["content"]:
         if "toolResult" in block:
             result = block["toolResult"]
             text = " ".join(c.get("text", "") for c in result["content"])
-            return {"error": text} if result["status"] == "error" else json.loads(text)
-    return None
+            results.append({"error": text} if result["status"] == "error" else json.loads(text))
+    return results
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +125,8 @@ def test_agent_records_trains_publishes_rolls_back_and_evaluates(services: Setti
                             "checkpoint_every": 2, "log_every": 1}),
         lambda job: ("watch_training", {"job_id": job["id"], "wait_s": 120}),
         ("publish_release", {"checkpoint": f"{RUN}/checkpoints/000002", "name": "v1", "channel": "stable"}),
-        ("publish_release", {"checkpoint": RUN, "name": "v2"}),
-        ("promote_release", {"release": "v2", "channel": "stable", "reason": "4 steps beat 2"}),
+        [("publish_release", {"checkpoint": RUN, "name": "v2"}),  # one turn: run in order, not raced
+         ("promote_release", {"release": "v2", "channel": "stable", "reason": "4 steps beat 2"})],
         ("rollback", {"channel": "stable", "reason": "arm1 dropped the cube"}),
         "Recorded 2 episodes, trained 4 steps, released v1 and v2, rolled stable back to v1.",
     ]  # fmt: skip

@@ -13,6 +13,7 @@ from typing import Any
 
 from strands import Agent
 from strands.models import Model
+from strands.tools.executors import SequentialToolExecutor
 
 from ..config import Settings
 from .model import build_model
@@ -37,5 +38,7 @@ def make_agent(settings: Settings, model: Model | None = None, ctx: AgentContext
         ModelUnavailable: the configured provider's client package is missing, or no model id for it.
     """
     ctx = ctx or AgentContext(settings)
+    # One tool at a time, in the order the model asked: "publish v8, then promote it" must not race.
+    agent_kwargs.setdefault("tool_executor", SequentialToolExecutor())
     return Agent(model=model or build_model(settings.agent), tools=make_tools(ctx), system_prompt=SYSTEM_PROMPT,
                  **agent_kwargs)  # fmt: skip
