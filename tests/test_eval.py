@@ -103,7 +103,7 @@ def test_resolve_policy_local_forms(tiny: Path, tmp_path: Path) -> None:
     assert resolve_policy(str(run)) == step / "pretrained_model"
     with pytest.raises(PolicyLoadError, match="neither"):
         resolve_policy(str(tmp_path))
-    with pytest.raises(PolicyLoadError, match="release names"):
+    with pytest.raises(PolicyLoadError, match="release name"):
         resolve_policy("cube@v3")
 
 

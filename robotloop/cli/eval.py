@@ -69,8 +69,8 @@ def eval_policy(
     from ..deploy.client import DeployError
     from ..deploy.evaluate import evaluate, resolve_policy
     from ..deploy.keys import BadSignature
-    from ..deploy.store import IntegrityError
     from ..deploy.runner import NonFiniteAction, PolicyLoadError
+    from ..deploy.store import IntegrityError
     from ..sim.env import parse_image_size
 
     try:
