@@ -137,6 +137,8 @@ def run_robotloop(args, env: dict, batch: int, nproc: int) -> dict:
         "run": name, "batch_per_gpu": batch, "gpus": nproc, "steps": done["steps"],
         "steady_samples_per_s": round(rate, 1), "steady_window": [a["step"], b["step"]],
         "steady_data_wait_share": round((b["data_wait_s"] - a["data_wait_s"]) / span, 4) if span > 0 else None,
+        # the data path's cost on the GPU: blocked on an empty buffer + GPU time of the sampler's gathers
+        "steady_data_gpu_share": round((b["data_gpu_s"] - a["data_gpu_s"]) / span, 4) if span > 0 else None,
         "first_steps_s": round(a["elapsed_s"] - a["step"] * step_s, 1),  # compile + waiting for the first episode
         "train_loop_s": round(done["wall_s"], 1), "process_wall_s": round(wall, 1),
         "steady_500_steps_s": round(500 * step_s, 2), "final_loss": done["final_loss"],

@@ -62,7 +62,10 @@ def test_an_episode_committed_mid_run_is_trained_on(bucket_server, tmp_path):
     client, url, recorder = _dataset(bucket_server, tmp_path, "live", episodes=1)
     committed = threading.Event()
 
+    reports = []
+
     def on_progress(p):
+        reports.append(p)
         if p.step == 2 and not committed.is_set():
             recorder.commit(synthetic_episode(1, frames=16))  # what the live loop does while training runs
             committed.set()
@@ -73,6 +76,9 @@ def test_an_episode_committed_mid_run_is_trained_on(bucket_server, tmp_path):
     client.fetch(BucketUrl.parse(report.checkpoints[-1]) / "lineage.json", tmp_path / "lineage.json")
     lineage = json.loads((tmp_path / "lineage.json").read_text())
     assert [e["episode_index"] for e in lineage["episodes"]] == [0, 1]
+    last = reports[-1]  # cumulative times: the data path's host time, and (on CPU) no GPU sampling time
+    assert 0 <= last.data_gpu_s <= last.data_wait_s <= last.elapsed_s
+    assert [r.elapsed_s for r in reports] == sorted(r.elapsed_s for r in reports)
 
 
 def test_two_ranks_under_torchrun_share_the_episodes_and_one_checkpoint(bucket_server, tmp_path):

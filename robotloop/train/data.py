@@ -470,6 +470,8 @@ class StreamingSampler:
         self._generator = torch.Generator(device=self.device).manual_seed(s.seed)
         self._chunk = torch.arange(s.chunk_size, device=self.device)
         self._batch_done: torch.cuda.Event | None = None
+        self._gpu_marks: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()  # (start, end) of each batch's gathers
+        self._gpu_s = 0.0
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         for d, source in enumerate(self.sources):
             self._add(source.episodes, d)
@@ -512,6 +514,10 @@ class StreamingSampler:
             self._raise_if_failed()
             view, arena = self._view, self.arena
             view.materialize(self.device)
+            start = None
+            if self._stream is not None:
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
             u = torch.randint(view.total, (batch_size,), generator=self._generator, device=self.device)
             episode = torch.searchsorted(view.offsets, u, right=True) - 1
             slot = view.starts[episode] + (u - view.offsets[episode])
@@ -521,12 +527,24 @@ class StreamingSampler:
             batch[STATE_KEY] = arena.tensors[STATE_KEY][slot]
             batch[ACTION_KEY] = arena.tensors[ACTION_KEY][torch.minimum(ahead, last[:, None])]
             batch["action_is_pad"] = ahead > last[:, None]
-            if self._stream is not None:  # the ingest stream must not overwrite slots these gathers still read
-                self._batch_done = torch.cuda.Event()
+            if start is not None:  # the ingest stream must not overwrite slots these gathers still read
+                self._batch_done = torch.cuda.Event(enable_timing=True)
                 self._batch_done.record()
+                self._gpu_marks.append((start, self._batch_done))
             self.batches += 1
         self.wait_s += time.perf_counter() - t0
         return batch
+
+    @property
+    def gpu_s(self) -> float:
+        """GPU seconds spent on sampling so far (CUDA; 0 on CPU): from each batch's first gather to its last, so
+        a GPU left idle while the host prepares a batch counts too. Counts batches the GPU has finished; never
+        blocks. With `blocked_s` it says what the data path costs the GPU, which `wait_s` (host time) cannot
+        when the host runs ahead of a busy GPU and waits on the launch queue inside `next_batch`."""
+        while self._gpu_marks and self._gpu_marks[0][1].query():
+            start, end = self._gpu_marks.popleft()
+            self._gpu_s += start.elapsed_time(end) / 1e3
+        return self._gpu_s
 
     def wait_ready(self, timeout_s: float = 600.0, min_frames: int | None = None) -> None:
         """Block until the buffer holds `min_frames` frames, or (None) every known episode of this rank's share

@@ -54,6 +54,7 @@ class Progress:
     episodes: int
     elapsed_s: float = 0.0  # since this run's first step (its compile included)
     data_wait_s: float = 0.0  # of which inside next_batch; two reports give the rate and share between them
+    data_gpu_s: float = 0.0  # blocked on an empty buffer + GPU time of sampling (see StreamingSampler.gpu_s)
 
 
 @dataclass
@@ -114,6 +115,7 @@ def _loop(client, sampler, policy, optimizer, output, settings, act, data, start
     checkpoints: list[str] = []
     pending: list[tuple[int, torch.Tensor]] = []  # device losses: read back only at log points (no per-step sync)
     t0, wait0, step = time.perf_counter(), sampler.wait_s, start
+    gpu0 = sampler.blocked_s + sampler.gpu_s
 
     def checkpoint(at: int) -> None:
         world = sampler.world_size
@@ -133,7 +135,8 @@ def _loop(client, sampler, policy, optimizer, output, settings, act, data, start
             elapsed = time.perf_counter() - t0
             waited = sampler.wait_s - wait0
             progress = Progress(step, losses[-1][1], (step - start) * settings.batch_size / elapsed, waited / elapsed,
-                                len(sampler.buffered_episodes), elapsed, waited)  # fmt: skip
+                                len(sampler.buffered_episodes), elapsed, waited,
+                                sampler.blocked_s + sampler.gpu_s - gpu0)  # fmt: skip
             log.info("step %d loss %.4f %.1f samples/s data wait %.1f%%", step, progress.loss, progress.samples_per_s,
                      100 * progress.data_wait_share)  # fmt: skip
             if on_progress:
