@@ -192,3 +192,20 @@ def test_no_download_and_local_backbone_weights(tmp_path: Path, monkeypatch: pyt
 
     with pytest.raises(FileNotFoundError):
         build_policy(FEATURES, _stats(), _settings(backbone_weights=tmp_path / "missing.pt"))
+
+
+def test_compile_cache_persists_under_robotloop_cache_unless_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """inductor's default cache is in /tmp (wiped by containers and reboots; a cold ACT compile took 191 s)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from robotloop.config import CACHE_HOME
+    from robotloop.train.policy import use_persistent_compile_cache
+
+    for unset_or_default in (None, default_cache_dir()):
+        if unset_or_default is None:
+            monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", unset_or_default)
+        assert use_persistent_compile_cache() == CACHE_HOME / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/srv/compile-cache")  # the user's choice stands
+    assert str(use_persistent_compile_cache()) == "/srv/compile-cache"
