@@ -161,3 +161,13 @@ def test_bad_requests_are_4xx_with_a_message(trainer, method, path, token, body,
     assert response.status_code == status, response.text
     assert message in response.json()["error"]
     assert len(list(trainer.root.iterdir())) == before  # nothing was submitted
+
+
+def test_robotloop_train_serve_is_the_training_service():
+    """Every service starts as `robotloop <X> serve`: `train serve` and `train watch` reach the trainer group."""
+    import subprocess
+    import sys
+
+    for argv in (["train", "serve", "--help"], ["--endpoint", "http://127.0.0.1:1", "train", "watch", "--help"]):
+        out = subprocess.run([sys.executable, "-m", "robotloop.cli", *argv], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and f"robotloop trainer {argv[-2]}" in out.stdout, out.stdout + out.stderr

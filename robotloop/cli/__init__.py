@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -38,5 +39,18 @@ def main(
     ctx.obj = load_settings({"storage": {"endpoint": endpoint, "token": token}})
 
 
+def run(argv: list[str] | None = None) -> None:
+    """The `robotloop` entry point. `robotloop train serve|watch` mean `robotloop trainer serve|watch`, so every
+    service starts as `robotloop <X> serve`: `train` is a command with required options, which Typer cannot
+    also make a group."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    i = 0
+    while i < len(args) and args[i].startswith("-"):  # global options come first: --endpoint URL --token T
+        i += 1 if "=" in args[i] else 2
+    if args[i : i + 1] == ["train"] and args[i + 1 : i + 2] in (["serve"], ["watch"]):
+        args[i] = "trainer"
+    app(args, prog_name="robotloop")
+
+
 if __name__ == "__main__":
-    app()
+    run()

@@ -1,3 +1,3 @@
-from . import app
+from . import run
 
-app()
+run()
