@@ -14,7 +14,7 @@ from ..storage import BadBucketUrl, BucketUrl, Entry, StorageError, connect
 app = typer.Typer(no_args_is_help=True, help="Work with Xet storage buckets (hf://buckets/<ns>/<bucket>/<path>).")
 console = Console()
 
-UrlArg = Annotated[str, typer.Argument(help="hf://buckets/<namespace>/<bucket>[/<path>]")]
+UrlArg = Annotated[str, typer.Argument(help="hf://buckets/<namespace>/<bucket>\\[/<path>]")]
 
 
 def _url(text: str) -> BucketUrl:

@@ -79,7 +79,7 @@ def serve(
 @app.command()
 def publish(
     ctx: typer.Context,
-    checkpoint: Annotated[str, typer.Option(help="hf://buckets/.../models/<run>[/checkpoints/<step>] (run: latest).")],
+    checkpoint: Annotated[str, typer.Option(help="hf://buckets/.../models/<run>\\[/checkpoints/<step>] (run: latest).")],
     name: Annotated[str, typer.Option(help="Release name, e.g. v7 (immutable).")],
     channel: Annotated[
         str | None, typer.Option(help="Point this channel (canary, stable, ...) at the release.")
