@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from robotloop.service_process import free_port
 
 WRITE_TOKEN = "rl_test_write"
 READ_TOKEN = "rl_test_read"
@@ -28,12 +29,6 @@ class Server:
 
     def stats(self) -> dict:
         return httpx.get(f"{self.endpoint}/api/robotloop/stats", headers={"authorization": f"Bearer {WRITE_TOKEN}"}).json()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(root: Path, tokens_file: Path, port: int | None = None) -> Server:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,7 +23,14 @@ from huggingface_hub import HfApi, HfFileSystem
 from huggingface_hub.errors import BucketBatchError, BucketNotFoundError, HfHubHTTPError
 from huggingface_hub.utils import disable_progress_bars
 
-from robotloop.storage.server.auth import Forbidden, TokenStore, TokensFileError, Unauthorized, parse_tokens_text
+from robotloop.service_process import free_port
+from robotloop.storage.server.auth import (
+    Forbidden,
+    TokensFileError,
+    TokenStore,
+    Unauthorized,
+    parse_tokens_text,
+)
 from robotloop.storage.server.buckets import BucketStore, InvalidPath, validate_path
 from services.bucket.app import create_app, serve
 
@@ -33,19 +39,13 @@ TOKENS = f"# test tokens\n{W} write robots\n{R} read robots  # read-only\n\n{OTH
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real server process with namespace-scoped tokens; yields its endpoint."""
     disable_progress_bars()
     base = tmp_path_factory.mktemp("hub")
     (base / "tokens").write_text(TOKENS)
-    port = _free_port()
+    port = free_port()
     log = open(base / "server.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.bucket", "--root", str(base / "root"), "--port", str(port),

@@ -279,10 +279,9 @@ class RobotloopTools:
             videos: record the first N episodes as mp4
             device: cpu or cuda
         """
-        from ..deploy.evaluate import REPORT_FILE, evaluate, resolve_policy
+        from ..deploy.evaluate import REPORT_FILE, evaluate, resolve_policy_for
 
-        settings = self.ctx.settings
-        local = resolve_policy(policy, lambda: self.ctx.bucket, settings.storage.cache_dir.parent / "policies")
+        local = resolve_policy_for(self.ctx.settings, policy, lambda: self.ctx.bucket)
         out = self.ctx.eval_dir / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{task}"
         report = evaluate(local, task, episodes, workers, seed=seed, max_steps=max_steps, videos=videos,
                           output_dir=out, device=device, source=policy)  # fmt: skip

@@ -7,9 +7,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markdown import Markdown
 from rich.markup import escape
-from rich.panel import Panel
 
 console = Console()
 PROVIDER_HELP = "bedrock, openai (any OpenAI-compatible endpoint) or ollama. Default: agent.provider (bedrock)."
@@ -23,7 +21,10 @@ def agent(
     base_url: Annotated[str | None, typer.Option(help="openai/ollama endpoint. Default: agent.base_url.")] = None,
 ) -> None:
     """Run the agent on PROMPT: it calls robotloop's tools (shown as they run) and answers."""
+    # rich's Markdown and Panel are imported here, not at module level: they cost every `robotloop` command ~20 ms.
     from pydantic import ValidationError
+    from rich.markdown import Markdown
+    from rich.panel import Panel
 
     from ..agent import ModelUnavailable, make_agent
 

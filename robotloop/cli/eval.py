@@ -17,7 +17,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from ..storage import StorageError, connect
+from ..storage import StorageError
 
 console = Console()
 
@@ -67,7 +67,7 @@ def eval_policy(
 ) -> None:
     """Evaluate a trained policy in the ALOHA sim: episodes run in parallel, seeded, with rollout videos."""
     from ..deploy.client import DeployError
-    from ..deploy.evaluate import evaluate, resolve_policy
+    from ..deploy.evaluate import evaluate, resolve_policy_for
     from ..deploy.keys import BadSignature
     from ..deploy.runner import NonFiniteAction, PolicyLoadError
     from ..deploy.store import IntegrityError
@@ -84,12 +84,7 @@ def eval_policy(
         or Path("outputs/eval") / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{sim}"
     )
     try:
-        local = resolve_policy(
-            policy,
-            lambda: connect(ctx.obj),
-            ctx.obj.storage.cache_dir.parent / "policies",
-            release_resolver=lambda name: _pull_release(ctx.obj, name),
-        )
+        local = resolve_policy_for(ctx.obj, policy)
         with Progress(
             TextColumn("evaluating"),
             BarColumn(),
@@ -163,26 +158,3 @@ def _episode_table(report) -> Table:
             str(e.steps),
         )
     return table
-
-
-def _pull_release(settings, name: str) -> Path:
-    """A release name: pulled through the deploy service (deploy.url, deploy.token) and verified as robots do,
-    with the keys robots trust (robot.trusted_keys, deploy.trusted_keys, else the deploy key's public half)."""
-    from ..deploy.client import DeployClient
-    from ..deploy.fetch import XetFetcher
-    from ..deploy.keys import load_public_keys, public_path
-    from ..deploy.runner import PolicyLoadError
-    from ..deploy.store import ReleaseStore, pull_release
-    from ..storage import resolve_endpoint
-
-    keys = settings.robot.trusted_keys or settings.deploy.trusted_keys
-    if not keys and public_path(settings.deploy.key_file).exists():
-        keys = [public_path(settings.deploy.key_file)]
-    if not keys:
-        raise PolicyLoadError(f"{name!r}: to evaluate a release, configure the keys that sign releases "
-                              "(robot.trusted_keys)")  # fmt: skip
-    token = settings.deploy.token.get_secret_value() if settings.deploy.token else None
-    endpoint, storage_token = resolve_endpoint(settings)
-    store = ReleaseStore(settings.storage.cache_dir.parent / "eval-releases")
-    return pull_release(name, DeployClient(settings.deploy.url, token), lambda b: XetFetcher(endpoint, storage_token, b),
-                        load_public_keys(keys), store)  # fmt: skip

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import Settings
 from ..storage import BadBucketUrl, BucketClient, BucketUrl, connect
 from .runner import PolicyLoadError, PolicyRunner
 
@@ -388,6 +389,43 @@ def resolve_policy(
     return (release_resolver or resolve_release)(spec)
 
 
+def resolve_policy_for(settings: Settings, spec: str, client_factory: Callable[[], BucketClient] | None = None) -> Path:
+    """`resolve_policy` with robotloop's settings, what the CLI and the agent's tool use: downloads under the cache
+    dir, release names pulled through the deploy service and verified (`pull_release_for`).
+
+    Raises:
+        PolicyLoadError, and for release names DeployError / BadSignature / IntegrityError.
+    """
+    return resolve_policy(spec, client_factory or (lambda: connect(settings)),
+                          settings.storage.cache_dir.parent / "policies",
+                          release_resolver=lambda name: pull_release_for(settings, name))  # fmt: skip
+
+
+def pull_release_for(settings: Settings, name: str) -> Path:
+    """Release `name` pulled through the deploy service (deploy.url, deploy.token) and verified as robots do, with
+    the keys robots trust (robot.trusted_keys, deploy.trusted_keys, else the deploy key's public half).
+
+    Raises:
+        PolicyLoadError: no trusted keys configured. DeployError, BadSignature, IntegrityError: see `pull_release`.
+    """
+    from ..storage import resolve_endpoint
+    from .client import DeployClient
+    from .fetch import XetFetcher
+    from .keys import load_public_keys, public_path
+    from .store import ReleaseStore, pull_release
+
+    keys = settings.robot.trusted_keys or settings.deploy.trusted_keys
+    if not keys and public_path(settings.deploy.key_file).exists():
+        keys = [public_path(settings.deploy.key_file)]
+    if not keys:
+        raise PolicyLoadError(f"{name!r}: to evaluate a release, configure the keys that sign releases "
+                              "(robot.trusted_keys)")  # fmt: skip
+    endpoint, storage_token = resolve_endpoint(settings)
+    store = ReleaseStore(settings.storage.cache_dir.parent / "eval-releases")
+    return pull_release(name, DeployClient.from_settings(settings), lambda b: XetFetcher(endpoint, storage_token, b),
+                        load_public_keys(keys), store)  # fmt: skip
+
+
 def resolve_release(name: str) -> Path:
     """Without a deploy service to ask, a name that is not a path or URL cannot be resolved.
 
@@ -420,28 +458,17 @@ def _resolve_bucket(
     spec: str, client_factory: Callable[[], BucketClient] | None, cache_dir: Path | None
 ) -> Path:
     from ..config import CACHE_HOME
-    from ..train.checkpoint import STEP_DIR, checkpoint_url, latest_step
+    from .publish import PublishError, resolve_checkpoint
 
     try:
         url = BucketUrl.parse(spec)
     except BadBucketUrl as error:
         raise PolicyLoadError(str(error)) from None
     client = client_factory() if client_factory else connect()
-    if url.name == "pretrained_model":
-        model = url
-    elif url.path.rsplit("/", 2)[-2:-1] == ["checkpoints"] and url.name.isdigit():
-        model = (
-            BucketUrl(url.bucket_id, url.path.rsplit("/", 1)[0])
-            / STEP_DIR.format(int(url.name))
-            / "pretrained_model"
-        )
-    else:
-        step = latest_step(client, url)
-        if step is None:
-            raise PolicyLoadError(
-                f"{url}: no checkpoints/last.json, so no complete checkpoint to evaluate"
-            )
-        model = checkpoint_url(url, step) / "pretrained_model"
+    try:
+        model = resolve_checkpoint(client, url) / "pretrained_model"
+    except PublishError as error:
+        raise PolicyLoadError(str(error)) from None
     key = hashlib.sha256(f"{client.endpoint}|{model}".encode()).hexdigest()[:16]
     dest = Path(cache_dir or CACHE_HOME / "policies") / key
     if not client.download_tree(model, dest):
@@ -453,7 +480,9 @@ __all__ = [
     "EpisodeResult",
     "EvalReport",
     "evaluate",
+    "pull_release_for",
     "resolve_policy",
+    "resolve_policy_for",
     "resolve_release",
     "wilson_interval",
     "write_video",

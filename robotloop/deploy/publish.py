@@ -41,8 +41,8 @@ def resolve_checkpoint(client: BucketClient, url: BucketUrl) -> BucketUrl:
     parts = url.path.split("/")
     if parts[-1] == "pretrained_model":
         return BucketUrl(url.bucket_id, "/".join(parts[:-1]))
-    if len(parts) >= 2 and parts[-2] == "checkpoints" and parts[-1].isdigit():
-        return url
+    if len(parts) >= 2 and parts[-2] == "checkpoints" and parts[-1].isdigit():  # checkpoints/2000 = .../002000
+        return checkpoint_url(BucketUrl(url.bucket_id, "/".join(parts[:-2])), int(parts[-1]))
     step = latest_step(client, url)
     if step is None:
         raise PublishError(f"{url}: neither a checkpoint folder (<run>/checkpoints/<step>) nor a run with a complete "

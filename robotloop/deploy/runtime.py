@@ -297,9 +297,10 @@ class RobotRuntime:
             signed = SignedManifest.from_dict(manifest or {})
             if signed.manifest.name != release:
                 raise BadManifest(f"the service assigned {release!r} with the manifest of {signed.manifest.name!r}")
+            # Verified either way before loading: fetched pieces as they are assembled, an installed release's files
+            # again on disk (the disk is not trusted either).
             report = self.store.pull(signed, self.trusted, self._fetcher(signed.manifest.bucket))
             self.stats.pulls.append(report)
-            self.store.verify(release, self.trusted)  # again, right before loading: the disk is not trusted either
         except (BadSignature, BadManifest, IntegrityError) as error:
             self._refuse(release, f"{type(error).__name__}: {error}", kind="refused", back=self.running)
             return True

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from ..capture import DatasetRecorder, DatasetSpec
 from ..capture.sim_record import record_sim
 from ..deploy.client import DeployClient
 from ..deploy.envs import SimControlEnv
-from ..deploy.evaluate import EvalReport, evaluate
+from ..deploy.evaluate import EvalReport, evaluate, resolve_policy
 from ..deploy.fetch import XetFetcher
 from ..deploy.keys import (
     generate_keypair,
@@ -34,6 +35,7 @@ from ..deploy.publish import publish
 from ..deploy.runtime import RobotRuntime, RuntimeOptions
 from ..deploy.store import ReleaseStore
 from ..storage import BucketClient, BucketUrl
+from ..train.checkpoint import checkpoint_url
 from ..train.data import DataSettings
 from ..train.policy import ACTSettings
 from ..train.trainer import Progress, TrainReport, TrainSettings, train
@@ -166,16 +168,15 @@ def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lam
 
 
 # -- stages --------------------------------------------------------------------------------------------------
-class _timed:
-    def __init__(self, report: LoopReport, stage: str, on_stage: Stage, what: str) -> None:
-        self.report, self.stage, self.on_stage, self.what = report, stage, on_stage, what
-
-    def __enter__(self) -> None:
-        self.on_stage(self.stage, self.what)
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        self.report.stage_s[self.stage] = self.report.stage_s.get(self.stage, 0.0) + time.perf_counter() - self.t0
+@contextmanager
+def _timed(report: LoopReport, stage: str, on_stage: Stage, what: str) -> Iterator[None]:
+    """Announce `stage`, run the block, add its seconds to `report.stage_s` (a stage may run several times)."""
+    on_stage(stage, what)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        report.stage_s[stage] = report.stage_s.get(stage, 0.0) + time.perf_counter() - t0
 
 
 def _record(recorder: DatasetRecorder, s: LoopSettings, episodes: int, report: LoopReport) -> None:
@@ -253,7 +254,8 @@ def _live(client, recorder, deploy, key, report: LoopReport, on_stage: Stage, on
             with _timed(report, "publish", on_stage, f"{name} to canary"):
                 publish(client, str(s.run_url), name, load_private_key(key), deploy, channel="canary")
             with _timed(report, "evaluate", on_stage, f"{name} on {s.eval_episodes} episodes"):
-                result = _evaluate(s, _fetch_model(client, s, steps), s.report_dir / f"eval-{steps}")
+                model = resolve_policy(str(checkpoint_url(s.run_url, steps)), lambda: client, s.report_dir / "checkpoints")
+                result = _evaluate(s, model, s.report_dir / f"eval-{steps}")
             promoted = best is None or result.success_rate > best
             if promoted:
                 deploy.promote("stable", name, reason=f"success {result.success_rate:.0%} beats {best or 0:.0%}")
@@ -263,14 +265,6 @@ def _live(client, recorder, deploy, key, report: LoopReport, on_stage: Stage, on
     finally:
         stop.set()
         recording.join(600)
-
-
-def _fetch_model(client: BucketClient, s: LoopSettings, step: int) -> Path:
-    from ..train.checkpoint import checkpoint_url
-
-    dest = s.report_dir / "checkpoints" / f"{step:06d}"
-    client.download_tree(checkpoint_url(s.run_url, step) / "pretrained_model", dest)
-    return dest
 
 
 def settings_dict(settings: LoopSettings) -> dict[str, Any]:

@@ -85,7 +85,8 @@ def _plot_loss(report: LoopReport, path: Path) -> None:
 
 
 def _plot_stages(report: LoopReport, path: Path) -> None:
-    from matplotlib.figure import Figure  # not pyplot: no global backend switch, no display needed
+    # not pyplot: no global backend switch, no display needed
+    from matplotlib.figure import Figure
 
     fig = Figure(figsize=(6, 2.5))
     ax = fig.subplots()

@@ -14,14 +14,12 @@ import fcntl
 import json
 import os
 import secrets
-import socket
-import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from ..service_process import ServiceStartError, free_port, start_service_process
 
 START_TIMEOUT_S = 60.0
 
@@ -50,7 +48,7 @@ def ensure_embedded_server(root: Path, port: int = 0) -> LocalServer:
         running = _running_server(root, token)
         if running:
             return running
-        return _start(root, token, port or _free_port())
+        return _start(root, token, port or free_port())
 
 
 def _local_token(root: Path) -> str:
@@ -86,23 +84,15 @@ def _answers(server: LocalServer) -> bool:
 
 
 def _start(root: Path, token: str, port: int) -> LocalServer:
-    log = open(root / "server.log", "ab")
-    cmd = [sys.executable, "-m", "services.bucket", "--root", str(root / "data"), "--host", "127.0.0.1",
-           "--port", str(port), "--tokens", str(root / "tokens")]  # fmt: skip
-    # A new session: the server must not die with the terminal or the command that started it.
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    server = LocalServer(f"http://127.0.0.1:{port}", token, proc.pid)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = (root / "server.log").read_text(errors="replace")[-2000:]
-            raise EmbeddedServerError(f"the embedded bucket server exited with code {proc.returncode}; {root / 'server.log'} ends:\n{tail}")
-        if _answers(server):
-            (root / "server.json").write_text(json.dumps({"endpoint": server.endpoint, "pid": proc.pid}))
-            return server
-        time.sleep(0.1)
-    proc.kill()
-    raise EmbeddedServerError(f"the embedded bucket server did not answer in {START_TIMEOUT_S:.0f} s; see {root / 'server.log'}")
+    server = LocalServer(f"http://127.0.0.1:{port}", token, None)
+    args = ["--root", str(root / "data"), "--host", "127.0.0.1", "--port", str(port), "--tokens", str(root / "tokens")]
+    try:  # detached: the server must not die with the terminal or the command that started it
+        proc = start_service_process("services.bucket", args, root / "server.log", lambda: _answers(server),
+                                     START_TIMEOUT_S, detach=True)  # fmt: skip
+    except ServiceStartError as error:
+        raise EmbeddedServerError(f"the embedded bucket server did not start: {error}") from None
+    (root / "server.json").write_text(json.dumps({"endpoint": server.endpoint, "pid": proc.pid}))
+    return LocalServer(server.endpoint, token, proc.pid)
 
 
 def stop_embedded_server(root: Path) -> bool:
@@ -114,12 +104,6 @@ def stop_embedded_server(root: Path) -> bool:
         return False
     (Path(root).expanduser() / "server.json").unlink(missing_ok=True)
     return True
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _locked:

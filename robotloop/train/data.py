@@ -12,8 +12,7 @@ pool of decode worker processes:
   (`BucketClient.open`), only the byte ranges the decoders ask for.
 
 Workers decode every frame of an episode once (torchcodec, or PyAV where FFmpeg's libraries are missing;
-uint8 [T,3,H,W]) and hand the tensors back
-through shared memory (torch.multiprocessing: local IPC only, nothing crosses a network). A background
+uint8 [T,3,H,W]) and hand the tensors back through shared memory (torch.multiprocessing: local IPC only, nothing crosses a network). A background
 thread copies them into a ring buffer ("arena") of preallocated tensors on the sampler's device (GPU
 memory on CUDA), evicting the oldest episodes when full, and schedules more decode jobs. `next_batch`
 is then pure tensor indexing on the device.
@@ -532,7 +531,7 @@ class StreamingSampler:
                 self._batch_done.record()
                 self._gpu_marks.append((start, self._batch_done))
                 if len(self._gpu_marks) > 1024:  # nobody reads gpu_s: fold finished batches in, keep the queue short
-                    self.gpu_s  # noqa: B018
+                    self._fold_gpu_marks()
             self.batches += 1
         self.wait_s += time.perf_counter() - t0
         return batch
@@ -543,10 +542,13 @@ class StreamingSampler:
         a GPU left idle while the host prepares a batch counts too. Counts batches the GPU has finished; never
         blocks. With `blocked_s` it says what the data path costs the GPU, which `wait_s` (host time) cannot
         when the host runs ahead of a busy GPU and waits on the launch queue inside `next_batch`."""
+        self._fold_gpu_marks()
+        return self._gpu_s
+
+    def _fold_gpu_marks(self) -> None:
         while self._gpu_marks and self._gpu_marks[0][1].query():
             start, end = self._gpu_marks.popleft()
             self._gpu_s += start.elapsed_time(end) / 1e3
-        return self._gpu_s
 
     def wait_ready(self, timeout_s: float = 600.0, min_frames: int | None = None) -> None:
         """Block until the buffer holds `min_frames` frames, or (None) every known episode of this rank's share
