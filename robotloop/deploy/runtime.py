@@ -110,6 +110,7 @@ class RobotRuntime:
         self.stats = RuntimeStats()
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._state_lock = threading.RLock()  # _refused and runtime.json: changed by the updater, control, reporter threads
         self._active: _Loaded | None = None
         self._previous: _Loaded | None = None
         self._standby: _Loaded | None = None
@@ -275,7 +276,12 @@ class RobotRuntime:
             known = answer["release"]
             if known and self._wanted(known):
                 self.stats.assigned_at.setdefault(known, time.monotonic())
-                if not self._prepare(known, answer["manifest"]):
+                try:
+                    prepared = self._prepare(known, answer["manifest"])
+                except Exception:  # noqa: BLE001 - a dead updater would leave the robot deaf to every later release
+                    log.exception("preparing %s failed unexpectedly; will retry", known)
+                    prepared = False
+                if not prepared:
                     known = None  # transient failure: ask again (answered at once) after a pause
                     self._stop.wait(2.0)
 
@@ -332,8 +338,9 @@ class RobotRuntime:
         entry = {"release": release, "back_to": back, "reason": reason}
         (self.stats.refused if kind == "refused" else self.stats.rollbacks).append(entry)
         if release:
-            self._refused.add(release)
-            self._save_state()
+            with self._state_lock:
+                self._refused.add(release)
+                self._save_state()
         # Events name the release now running and the one left behind, as the registry records them.
         self._outbox.put((kind, back, release, reason) if kind == "rollback" else (kind, release, back, reason))
 
@@ -360,7 +367,7 @@ class RobotRuntime:
             status = {"control_hz": round((steps - last_steps) / max(now - last_t, 1e-6), 1),
                       "max_gap_ms": round(1000 * self.stats.max_gap_s, 1), "episodes": len(self.stats.episodes),
                       "health": {r: round(float(np.mean(s)), 3) for r, s in self._scores.items() if s},
-                      "probation": self._probation, "refused": sorted(self._refused),
+                      "probation": self._probation, "refused": self._refused_sorted(),
                       "last_pull": asdict(self.stats.pulls[-1]) if self.stats.pulls else None}  # fmt: skip
             last_steps, last_t = steps, now
             running = self.running
@@ -394,10 +401,15 @@ class RobotRuntime:
         except (OSError, ValueError):
             return {}
 
+    def _refused_sorted(self) -> list[str]:
+        with self._state_lock:
+            return sorted(self._refused)
+
     def _save_state(self) -> None:
-        tmp = self._state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"refused": sorted(self._refused), "last_good": self._last_good}))
-        tmp.replace(self._state_path)
+        with self._state_lock:
+            tmp = self._state_path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"refused": sorted(self._refused), "last_good": self._last_good}))
+            tmp.replace(self._state_path)
 
 
 def _sleep_until(t: float) -> float:
