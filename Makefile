@@ -18,6 +18,7 @@ demo: $(STAMP)
 	$(BIN)/robotloop loop
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
 
 clean:

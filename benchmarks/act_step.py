@@ -32,7 +32,6 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-
 from lerobot.policies.act.modeling_act import ACTPolicy
 from lerobot.policies.factory import make_pre_post_processors
 

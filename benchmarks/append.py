@@ -19,11 +19,10 @@ from pathlib import Path
 
 import numpy as np
 from lerobot.datasets.lerobot_dataset import LeRobotDataset
+from storage import server_bytes_received  # noqa: E402  (benchmarks/ is run as a script folder)
 
 from robotloop.storage import BucketClient, BucketUrl
 from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
-
-from storage import server_bytes_received  # noqa: E402  (benchmarks/ is run as a script folder)
 
 
 def features(h: int, w: int) -> dict:

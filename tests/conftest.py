@@ -3,17 +3,33 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-import pytest
+# The suite never touches the user's ~/.cache/robotloop (caches, the embedded bucket server's data): the config
+# reads XDG_CACHE_HOME when robotloop is first imported, so this comes before that import.
+SESSION_CACHE = Path(tempfile.mkdtemp(prefix="robotloop-tests-"))
+os.environ["XDG_CACHE_HOME"] = str(SESSION_CACHE)
 
-from robotloop.service_process import free_port
+import httpx  # noqa: E402
+import pytest  # noqa: E402
+
+from robotloop.config import CACHE_HOME  # noqa: E402
+from robotloop.service_process import free_port  # noqa: E402
+from robotloop.storage.embedded import stop_embedded_server  # noqa: E402
+
+assert CACHE_HOME.is_relative_to(SESSION_CACHE), "robotloop was imported before tests/conftest.py"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    stop_embedded_server(CACHE_HOME / "buckets")  # a test that used the embedded default started it
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 WRITE_TOKEN = "rl_test_write"
 READ_TOKEN = "rl_test_read"

@@ -13,11 +13,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import hf_xet
 import httpx
 import numpy as np
 import pytest
-
-import hf_xet
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 

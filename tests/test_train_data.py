@@ -15,7 +15,7 @@ import torch
 from robotloop.capture import DatasetRecorder, DatasetSpec, Episode
 from robotloop.storage import BucketClient, BucketUrl
 from robotloop.storage.cache import ReadCache
-from robotloop.train.data import DataSettings, DatasetMismatch, StreamingSampler
+from robotloop.train.data import DatasetMismatch, DataSettings, StreamingSampler
 
 from .conftest import WRITE_TOKEN
 

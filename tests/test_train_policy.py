@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import torchvision
-
 from lerobot.policies.act.modeling_act import ACTPolicy
 from lerobot.policies.factory import make_pre_post_processors
 from lerobot.utils.constants import IMAGENET_STATS

@@ -25,7 +25,13 @@ def append_episode(dst_root: Path, src_root: Path, repo_id: str) -> None:
         FileNotFoundError: a file the append grows is missing locally.
         ValueError: the datasets differ in features or fps (lerobot's own check).
     """
-    from lerobot.datasets.aggregate import aggregate_data, aggregate_metadata, aggregate_videos, finalize_aggregation, validate_all_metadata
+    from lerobot.datasets.aggregate import (
+        aggregate_data,
+        aggregate_metadata,
+        aggregate_videos,
+        finalize_aggregation,
+        validate_all_metadata,
+    )
     from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
 
     dst = LeRobotDatasetMetadata(repo_id, root=dst_root)

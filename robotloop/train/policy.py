@@ -23,17 +23,14 @@ and clip_grad_norm_ / fused AdamW never read values back to the host.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F  # noqa: N812
-from torch import Tensor, nn
-
 from lerobot.configs import FeatureType, NormalizationMode, PolicyFeature
 from lerobot.policies.act.configuration_act import ACTConfig
 from lerobot.policies.act.modeling_act import ACTPolicy
@@ -41,8 +38,10 @@ from lerobot.policies.factory import make_pre_post_processors
 from lerobot.processor import NormalizerProcessorStep, PolicyProcessorPipeline
 from lerobot.utils.constants import ACTION, IMAGENET_STATS, OBS_IMAGES, OBS_STATE
 from lerobot.utils.feature_utils import dataset_to_policy_features
+from torch import Tensor, nn
 
-from .fp8 import FP8_MODES, Accelerator, AutoFp8, Measure, gpu_measure, setup_fp8
+from .fp8 import Accelerator, AutoFp8, Measure, gpu_measure, setup_fp8
+from .fp8 import check_mode as check_fp8_mode
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +91,7 @@ class ACTSettings:
             raise ValueError(f"precision must be 'bf16' or 'fp32', got {self.precision!r}")
         if (self.cuda_graphs or self.autotune) and not self.compile:
             raise ValueError("cuda_graphs and autotune are torch.compile modes: set compile=True too")
-        if self.fp8 not in FP8_MODES:
-            raise ValueError(f"fp8 must be one of {FP8_MODES}, got {self.fp8!r}")
+        check_fp8_mode(self.fp8)
         if self.fp8 != "off" and self.precision != "bf16":
             # FP8 recipes are measured and tuned against bf16 autocast for everything they do not convert.
             raise ValueError(f"fp8={self.fp8!r} needs precision='bf16'")
