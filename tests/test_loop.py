@@ -6,6 +6,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from robotloop.capture.info import dataset_info
 from robotloop.loop import LoopSettings, run_loop
 from robotloop.storage import BucketClient
 
@@ -45,3 +48,22 @@ def test_live_mode_folds_in_new_episodes_and_promotes_only_improvements(bucket_s
     # each later checkpoint is promoted only if it beat stable: with success 0 both times, the second is not
     if report.promotions[1]["success_rate"] <= report.promotions[0]["success_rate"]:
         assert not report.promotions[1]["promoted"]
+
+
+def test_training_starts_once_the_first_demos_land_and_folds_in_the_rest(bucket_server, tmp_path):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    settings = LoopSettings(**{**TINY, "episodes": 3, "steps": 2}, train_after=1, bucket="hf://buckets/lab/loop-overlap",
+                            report_dir=tmp_path / "report")  # fmt: skip
+    at_train_start: list[int] = []
+
+    def on_stage(stage: str, what: str) -> None:
+        if stage == "train":
+            at_train_start.append(dataset_info(client, settings.dataset_url).episodes)
+
+    report = run_loop(settings, client, on_stage)
+    assert at_train_start and 1 <= at_train_start[0] < 3  # training began before recording ended
+    assert report.episodes == 3 and dataset_info(client, settings.dataset_url).episodes == 3
+    assert report.train.steps == 2 and report.episodes_trained_on >= 1
+    assert report.eval is not None and report.release.endswith("-2")
+    with pytest.raises(ValueError, match="train_after"):
+        LoopSettings(episodes=2, train_after=0)

@@ -26,6 +26,7 @@ def loop(
     eval_episodes: Annotated[int | None, typer.Option(min=1)] = None,
     eval_max_steps: Annotated[int | None, typer.Option(min=1, help="Steps per evaluation episode (default 400).")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Sim workers for recording and evaluation.")] = None,
+    train_after: Annotated[int | None, typer.Option(min=1, help="Start training once this many demos are in; record the rest beside it.")] = None,
     live: Annotated[bool, typer.Option(help="Keep recording while training; promote checkpoints that beat stable.")] = False,
     bucket: Annotated[str, typer.Option(help="Bucket for the dataset, checkpoints and releases.")] = "hf://buckets/local/loop",
     report_dir: Annotated[Path, typer.Option(help="Where the report (Markdown, PNG, JSON) goes.")] = Path("loop-report"),
@@ -37,7 +38,8 @@ def loop(
     from ..loop import LoopSettings, run_loop, write_report
 
     overrides = {k: v for k, v in dict(task=task, episodes=episodes, steps=steps, batch_size=batch_size, device=device,
-                                       eval_episodes=eval_episodes, eval_max_steps=eval_max_steps).items() if v is not None}  # fmt: skip
+                                       eval_episodes=eval_episodes, eval_max_steps=eval_max_steps,
+                                       train_after=train_after).items() if v is not None}  # fmt: skip
     if image_size:
         overrides["image_size"] = _image_size(image_size)
     if workers:

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..capture import DatasetRecorder, DatasetSpec
 from ..capture.sim_record import record_sim
+from ..config import RobotSettings
 from ..deploy.client import DeployClient
 from ..deploy.envs import SimControlEnv
 from ..deploy.evaluate import EvalReport, evaluate, resolve_policy
@@ -32,7 +33,7 @@ from ..deploy.keys import (
 )
 from ..deploy.local import start_local_deploy_service
 from ..deploy.publish import publish
-from ..deploy.runtime import RobotRuntime, RuntimeOptions
+from ..deploy.runtime import RobotRuntime
 from ..deploy.store import ReleaseStore
 from ..storage import BucketClient, BucketUrl
 from ..train.checkpoint import checkpoint_url
@@ -66,9 +67,16 @@ class LoopSettings:
     run: str = field(default_factory=lambda: time.strftime("run-%Y%m%d-%H%M%S"))
     report_dir: Path = Path("loop-report")
     backbone_weights: Path | None = None
+    # Start training once this many demos are in the bucket; recording of the rest goes on beside it and the
+    # trainer folds each new episode in as it lands. None: train after all demos are recorded.
+    train_after: int | None = None
     live: bool = False
     live_rounds: int = 3  # live: checkpoints evaluated (and maybe promoted) while recording goes on
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.train_after is not None and self.train_after < 1:
+            raise ValueError(f"train_after must be at least 1 demo (or None), not {self.train_after}")
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> LoopSettings:
@@ -82,7 +90,7 @@ class LoopSettings:
             "cpu": {},
             "h200": dict(episodes=50, image_size=(480, 640), record_workers=15, steps=20_000, batch_size=8,
                          device="cuda", tiny_policy=False, decode_workers=8, eval_episodes=50, eval_workers=15,
-                         videos=3),  # fmt: skip
+                         videos=3, train_after=10),  # fmt: skip
         }
         if name not in presets:
             raise KeyError(f"unknown loop preset {name!r}; choose one of {sorted(presets)}")
@@ -107,6 +115,7 @@ class LoopReport:
     settings: LoopSettings
     stage_s: dict[str, float] = field(default_factory=dict)
     episodes: int = 0
+    episodes_trained_on: int = 0  # in the trainer's buffer at its last progress report
     bytes_recorded: int = 0  # the episodes' own files as written
     bytes_uploaded: int = 0  # what went over the wire (after Xet dedup), metadata included
     train: TrainReport | None = None
@@ -141,8 +150,13 @@ def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lam
     s.report_dir.mkdir(parents=True, exist_ok=True)
     recorder = DatasetRecorder(client, s.dataset_url, DatasetSpec.aloha(s.image_size, s.vcodec),
                                staging=s.report_dir / "staging")  # fmt: skip
-    with _timed(report, "record", on_stage, f"{s.episodes} scripted {s.task} demos at {s.image_size}"):
-        _record(recorder, s, s.episodes, report)
+    on_train = _counting_episodes(report, on_train)
+    overlap = not s.live and s.train_after is not None and s.train_after < s.episodes
+    if overlap:
+        recording = _start_recording(recorder, s, report, on_stage)
+    else:
+        with _timed(report, "record", on_stage, f"{s.episodes} scripted {s.task} demos at {s.image_size}"):
+            _record(recorder, s, s.episodes, report)
     service = start_local_deploy_service(s.report_dir / "deploy")
     try:
         deploy = DeployClient(service.url, service.token)
@@ -152,8 +166,12 @@ def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lam
         if s.live:
             _live(client, recorder, deploy, key, report, on_stage, on_train)
         else:
-            with _timed(report, "train", on_stage, f"{s.steps} steps at batch {s.batch_size} on {s.device}"):
-                report.train = _train(client, s, s.steps, on_train)
+            beside = ", demos folded in as they land" if overlap else ""
+            with _timed(report, "train", on_stage, f"{s.steps} steps at batch {s.batch_size} on {s.device}{beside}"):
+                report.train = _train(client, s, s.steps, on_train, fold_in=overlap)
+            if overlap:
+                with _timed(report, "record", on_stage, "waiting for the last demos"):
+                    recording.finish()
             with _timed(report, "publish", on_stage, "signed release on channel stable"):
                 report.release = f"{s.run}-{report.train.steps}"
                 publish(client, str(s.run_url), report.release, load_private_key(key), deploy, channel="stable")
@@ -179,18 +197,72 @@ def _timed(report: LoopReport, stage: str, on_stage: Stage, what: str) -> Iterat
         report.stage_s[stage] = report.stage_s.get(stage, 0.0) + time.perf_counter() - t0
 
 
-def _record(recorder: DatasetRecorder, s: LoopSettings, episodes: int, report: LoopReport) -> None:
+def _record(recorder: DatasetRecorder, s: LoopSettings, episodes: int, report: LoopReport,
+            on_event: Callable[[str, int, Any], None] | None = None) -> None:  # fmt: skip
     seed_start = 1000 * s.seed + recorder.committed_episodes()  # a restart or a live round takes new seeds
-    rec = record_sim(recorder, s.task, episodes, s.record_workers, s.image_size, seed_start=seed_start)
+    rec = record_sim(recorder, s.task, episodes, s.record_workers, s.image_size, seed_start=seed_start,
+                     on_event=on_event)  # fmt: skip
     report.episodes += len(rec.committed)
     report.bytes_recorded += sum(c.episode_bytes for c in rec.committed)
     report.bytes_uploaded += sum(c.bytes_sent for c in rec.committed)
 
 
-def _train(client: BucketClient, s: LoopSettings, steps: int, on_train, resume: bool = False) -> TrainReport:
+class _Recording:
+    """All demos recorded in a thread; `finish()` waits for them and raises what the recording raised."""
+
+    def __init__(self, recorder: DatasetRecorder, s: LoopSettings, report: LoopReport) -> None:
+        self.first = threading.Event()  # the first `s.train_after` demos are committed (or recording ended)
+        self.error: BaseException | None = None
+        self._committed = 0
+        self._thread = threading.Thread(target=self._run, args=(recorder, s, report), name="loop-record", daemon=True)
+        self._thread.start()
+
+    def _run(self, recorder: DatasetRecorder, s: LoopSettings, report: LoopReport) -> None:
+        def on_event(kind: str, seed: int, commit: Any) -> None:
+            if kind == "committed":
+                self._committed += 1
+            if self._committed >= (s.train_after or 0):
+                self.first.set()
+
+        try:
+            _record(recorder, s, s.episodes, report, on_event)
+        except BaseException as error:  # noqa: BLE001 - handed to the caller's thread by finish()
+            self.error = error
+        finally:
+            self.first.set()
+
+    def finish(self) -> None:
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _start_recording(recorder: DatasetRecorder, s: LoopSettings, report: LoopReport, on_stage: Stage) -> _Recording:
+    """Start recording every demo; return once the first `s.train_after` are in the bucket."""
+    with _timed(report, "record", on_stage, f"first {s.train_after} of {s.episodes} scripted {s.task} demos at "
+                f"{s.image_size}; the rest are recorded while training runs"):  # fmt: skip
+        recording = _Recording(recorder, s, report)
+        recording.first.wait()
+        if recording.error is not None:
+            recording.finish()
+    return recording
+
+
+def _counting_episodes(report: LoopReport, on_train: Callable[[Progress], None] | None) -> Callable[[Progress], None]:
+    def on_progress(p: Progress) -> None:
+        report.episodes_trained_on = p.episodes
+        if on_train is not None:
+            on_train(p)
+
+    return on_progress
+
+
+def _train(client: BucketClient, s: LoopSettings, steps: int, on_train, resume: bool = False,
+           fold_in: bool = False) -> TrainReport:  # fmt: skip
     settings = TrainSettings(steps=steps, batch_size=s.batch_size, log_every=max(1, min(50, steps // 10)),
                              checkpoint_every=steps, seed=s.seed, device=s.device, resume=resume)  # fmt: skip
-    data = DataSettings(decode_workers=s.decode_workers, refresh_every_s=5.0 if s.live else 30.0)
+    # While demos still land (live mode, or training beside recording) the trainer looks for them often.
+    data = DataSettings(decode_workers=s.decode_workers, refresh_every_s=5.0 if s.live or fold_in else 30.0)
     return train(client, [s.dataset_url], s.run_url, settings, s.act(), data, on_train)
 
 
@@ -199,7 +271,7 @@ def _robot(client: BucketClient, deploy: DeployClient, key: Path, report: LoopRe
     s = report.settings
     token = deploy.register_robot("loop-sim-1", channel="stable", rotate=True)
     trusted = load_public_keys([public_path(key)])
-    options = RuntimeOptions("loop-sim-1", device=s.device, poll_wait_s=5, heartbeat_s=1.0)
+    options = RobotSettings(robot_id="loop-sim-1", device=s.device, poll_wait_s=5, heartbeat_s=1.0)
     runtimes: list[RobotRuntime] = []
     published = time.monotonic()
 

@@ -30,6 +30,7 @@ def summary(report: LoopReport) -> dict:
         "stage_s": {k: round(v, 1) for k, v in report.stage_s.items()},
         "total_s": round(report.total_s, 1),
         "episodes": report.episodes,
+        "episodes_trained_on": report.episodes_trained_on,
         "bytes_recorded": report.bytes_recorded,
         "bytes_uploaded": report.bytes_uploaded,
         "train": None if t is None else {"steps": t.steps, "samples_per_s": round(t.samples_per_s, 1),
@@ -55,7 +56,8 @@ def markdown(report: LoopReport) -> str:
                  f"uploaded {report.bytes_uploaded / 1e6:.2f} MB ({ratio:.2f}x, Xet dedup and metadata included).")  # fmt: skip
     if (t := d["train"]) is not None:
         lines.append(f"- Training: {t['steps']} steps, {t['samples_per_s']} samples/s, data wait "
-                     f"{100 * t['data_wait_share']:.1f}%, final loss {t['final_loss']:.4f}.")  # fmt: skip
+                     f"{100 * t['data_wait_share']:.1f}%, final loss {t['final_loss']:.4f}; {report.episodes_trained_on} "
+                     f"episodes in its buffer at the end.")  # fmt: skip
     if report.release:
         lines.append(f"- Release `{report.release}`: the sim robot ran it {report.robot_running_after_s:.1f} s after it "
                      f"started (pulled {report.bytes_pulled / 1e6:.1f} MB, signature and hashes checked).")  # fmt: skip
