@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from robotloop.capture.recorder import DatasetSpec
+from robotloop.config import RobotSettings
 from robotloop.deploy.client import DeployClient
 from robotloop.deploy.envs import SimControlEnv
 from robotloop.deploy.fetch import XetFetcher
@@ -45,7 +46,7 @@ from robotloop.deploy.keys import (
 )
 from robotloop.deploy.local import start_local_deploy_service
 from robotloop.deploy.publish import publish
-from robotloop.deploy.runtime import RobotRuntime, RuntimeOptions
+from robotloop.deploy.runtime import RobotRuntime
 from robotloop.deploy.store import ReleaseStore
 from robotloop.sim.constants import START_ARM_POSE
 from robotloop.sim.env import joint_state
@@ -138,7 +139,7 @@ def publish_to_running(bench: Bench, ckpts: dict[str, Path], image_size: tuple[i
     def control() -> None:  # MuJoCo's EGL context belongs to this thread
         env = SimControlEnv("transfer_cube", image_size, episode_steps=400)
         made.append(RobotRuntime(env, DeployClient(bench.deploy_url, token), ReleaseStore(bench.work / "robot"),
-                                 bench.trusted, RuntimeOptions("bench-robot", poll_wait_s=30), bench.fetcher))  # fmt: skip
+                                 bench.trusted, RobotSettings(robot_id="bench-robot", poll_wait_s=30), bench.fetcher))  # fmt: skip
         made[0].run()
         env.close()
 

@@ -68,10 +68,26 @@ class CaptureSettings(Section):
     vcodec: str = Field(default="libsvtav1", description="Video codec of the datasets it writes (h264: faster on CPU).")
 
 
-class TrainerServiceSettings(Section):
+class ServiceSection(Section):
+    """A service's section: where it listens (`host`, `port`) and where callers reach it (`url`)."""
+
+    host: str = Field(default="127.0.0.1", description="Address the service listens on.")
+    port: int = Field(ge=1, le=65535, description="Port of the service (each service has its own default).")
+    url: str | None = Field(default=None, description="Where callers reach the service. Unset: http://host:port "
+                            "(127.0.0.1 when it listens on every address).")  # fmt: skip
+
+    @property
+    def client_url(self) -> str:
+        """`url`, or the address this machine reaches the service on from `host` and `port`."""
+        if self.url:
+            return self.url
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+
+class TrainerServiceSettings(ServiceSection):
     """The training service: jobs are `robotloop train` subprocesses, submitted and watched over HTTP."""
 
-    host: str = Field(default="127.0.0.1", description="Address the training service listens on.")
     port: int = Field(default=8770, ge=1, le=65535, description="Port of the training service.")
     tokens_file: Path | None = Field(
         default=None, description="Caller tokens, one '<token> <read|write> <namespace|*>' per line (required to serve)."
@@ -81,16 +97,13 @@ class TrainerServiceSettings(Section):
     cancel_grace_s: float = Field(
         default=120.0, gt=0, description="After cancel's SIGTERM, how long a job may take to checkpoint before SIGKILL."
     )
-    url: str = Field(default="http://127.0.0.1:8770", description="Where callers (watch, the agent) reach the service.")
     token: SecretStr | None = Field(default=None, description="Caller token used by `robotloop trainer watch` and the agent.")
 
 
-class DeploySettings(Section):
+class DeploySettings(ServiceSection):
     """The deploy service and publishing: releases, channels, robots and their assignments."""
 
-    host: str = Field(default="127.0.0.1", description="Address the deploy service listens on.")
     port: int = Field(default=8780, ge=1, le=65535, description="Port of the deploy service.")
-    url: str = Field(default="http://127.0.0.1:8780", description="Where publishers and robots reach the deploy service.")
     tokens_file: Path | None = Field(
         default=None, description="Operator tokens, one '<token> <read|write> *' per line (required to serve)."
     )

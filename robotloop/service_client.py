@@ -50,7 +50,7 @@ class ServiceClient:
             the subclass's error: no token anywhere.
         """
         cfg = getattr(settings, cls.section)
-        return cls(url or cfg.url, token or (cfg.token.get_secret_value() if cfg.token else None))
+        return cls(url or cfg.client_url, token or (cfg.token.get_secret_value() if cfg.token else None))
 
     def close(self) -> None:
         self._http.close()

@@ -187,6 +187,8 @@ def test_bad_arguments_are_error_results_the_agent_reads(services: Settings, tmp
         ("record_episodes", {"dataset": DATASET, "episodes": 0}),
         ("record_episodes", {"dataset": DATASET, "task": "juggling", "image_size": "48x64"}),
         ("start_training", {"datasets": [DATASET], "output": "hf://buckets/elsewhere/x/models/a", "steps": 1}),
+        ("start_training", {"datasets": [DATASET], "output": RUN, "fp8": "fp4"}),  # refused before it is sent
+        ("start_training", {"datasets": [DATASET], "output": RUN, "gpus": 2}),
         ("watch_training", {"job_id": "no-such-job"}),
         ("evaluate_policy", {"policy": "hf://buckets/lab/agent/models/never-trained"}),
         lambda last: f"I could not do that: {last['error']}",
@@ -195,7 +197,8 @@ def test_bad_arguments_are_error_results_the_agent_reads(services: Settings, tmp
     errors = [r.get("error", "") for r in model.results]
     assert all(errors), model.results  # every call was refused, none crashed the agent
     expected = ["exactly one of channel or robot", "v404", "nothing-here/meta/info.json", "hf://buckets/", "episodes",
-                "unknown sim task 'juggling'", "403", "no job 'no-such-job'", "no checkpoints/last.json"]  # fmt: skip
+                "unknown sim task 'juggling'", "403", "fp8", "needs device 'cuda'", "no job 'no-such-job'",
+                "no checkpoints/last.json"]  # fmt: skip
     for text, want in zip(errors, expected, strict=True):
         assert want in text, (want, text)
         assert "Traceback" not in text

@@ -40,3 +40,12 @@ def test_example_config_loads(monkeypatch):
     example = Path(__file__).parents[1] / "configs" / "robotloop.example.toml"
     monkeypatch.setenv("ROBOTLOOP_CONFIG", str(example))
     assert load_settings().storage.cache_max_bytes == 20 * 2**30
+
+
+def test_service_urls_follow_host_and_port_unless_set(monkeypatch):
+    monkeypatch.delenv("ROBOTLOOP_CONFIG", raising=False)
+    settings = load_settings({"trainer": {"port": 9100}, "deploy": {"host": "0.0.0.0", "port": 9200}})
+    assert settings.trainer.client_url == "http://127.0.0.1:9100"  # one port setting moves callers too
+    assert settings.deploy.client_url == "http://127.0.0.1:9200"  # listening everywhere: reach it locally
+    monkeypatch.setenv("ROBOTLOOP_DEPLOY__URL", "https://deploy.lab.internal")
+    assert load_settings().deploy.client_url == "https://deploy.lab.internal"

@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from robotloop.cli import app
+from robotloop.config import RobotSettings
 from robotloop.deploy.client import DeployClient, DeployError
 from robotloop.deploy.envs import SimControlEnv
 from robotloop.deploy.fetch import XetFetcher
@@ -41,7 +42,7 @@ from robotloop.deploy.local import start_local_deploy_service
 from robotloop.deploy.manifest import BadManifest, Manifest, SignedManifest
 from robotloop.deploy.publish import publish
 from robotloop.deploy.runner import make_tiny_checkpoint
-from robotloop.deploy.runtime import RobotRuntime, RuntimeOptions
+from robotloop.deploy.runtime import RobotRuntime
 from robotloop.deploy.store import IntegrityError, ReleaseStore
 from robotloop.storage import BucketClient, BucketUrl
 
@@ -157,6 +158,41 @@ def test_manifest_signature_refuses_tampering_and_untrusted_keys(tmp_path):
         Manifest.from_dict({**raw["manifest"], "name": "a/b"})
     with pytest.raises(FileExistsError):
         generate_keypair(tmp_path / "a.key")
+
+
+def test_long_polls_wake_for_assignment_changes_not_for_heartbeats(tmp_path):
+    from robotloop.deploy.manifest import build_manifest
+    from robotloop.deploy.registry import Registry
+
+    generate_keypair(tmp_path / "k.key")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    registry = Registry(tmp_path / "deploy.sqlite")
+    registry.register_robot("r1", channel="stable")
+    manifest = build_manifest(tmp_path / "m", "v1", "lab/x", "hf://buckets/lab/x/c", {"config.json": "0" * 64})
+    registry.add_release(SignedManifest.sign(manifest, load_private_key(tmp_path / "k.key")))
+    looks, assigned = [], registry._assigned
+
+    def counted(robot):  # each wake-up of a long-poll looks at the robot's assignment once
+        looks.append(robot)
+        return assigned(robot)
+
+    registry._assigned = counted
+    answers: list = []
+    poll = threading.Thread(target=lambda: answers.append(registry.wait_assignment("r1", None, 10.0)))
+    poll.start()
+    time.sleep(0.2)
+    for _ in range(20):  # heartbeats and robot events arrive every few seconds from every robot
+        registry.heartbeat("r1", None, {"control_hz": 50})
+        registry.robot_event("r1", "refused", "v0", None, "test")
+    time.sleep(0.2)
+    assert poll.is_alive() and len(looks) == 1
+    t0 = time.monotonic()
+    registry.promote("stable", "v1")
+    poll.join(5)
+    assert time.monotonic() - t0 < 1 and answers[0].release == "v1"
+    assert SignedManifest.from_dict(answers[0].manifest).manifest.name == "v1"
+    registry.close()
 
 
 # -- the service ---------------------------------------------------------------------------------------------------
@@ -294,7 +330,7 @@ def robot(deploy, tmp_path) -> Iterator[RobotRuntime]:
     """Robot `r1` on channel `e2e`, in a thread: ALOHA TransferCube at 48x64, 15-step episodes. Its health score is
     smoothness (minus the mean action change), so a jerky release fails the check deterministically."""
     token = deploy.ops().register_robot("r1", channel="e2e")
-    options = RuntimeOptions("r1", poll_wait_s=10, heartbeat_s=0.5, health_window=2)
+    options = RobotSettings(robot_id="r1", poll_wait_s=10, heartbeat_s=0.5, health_window=2)
     made: list[RobotRuntime] = []
 
     def control_thread() -> None:  # MuJoCo's EGL context belongs to the thread that made it

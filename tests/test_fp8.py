@@ -127,6 +127,8 @@ def test_cli_stops_before_training_without_fp8(tmp_path: Path) -> None:
     url = "hf://buckets/lab/demos/datasets/cube"
     result = CliRunner().invoke(app, ["train", "--dataset", url, "--output", url, "--fp8", "rowwise"])
     assert result.exit_code == 1 and "FP8 training needs an NVIDIA GPU of SM 8.9" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, ["train", "--dataset", url, "--output", url, "--fp8", "fp4"])
+    assert result.exit_code == 2 and "fp8 must be one of off, auto, tensorwise" in " ".join(result.output.split())
     # The training service passes a job's fp8 to the same command; FP8_MODES and its Literal agree.
     argv = JobSpec(datasets=[url], output=url, fp8="auto").command(tmp_path / "progress")
     assert argv[argv.index("--fp8") + 1] == "auto"

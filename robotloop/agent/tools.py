@@ -34,6 +34,7 @@ from ..deploy.publish import PublishError
 from ..deploy.runner import NonFiniteAction, PolicyLoadError
 from ..storage import BucketClient, BucketUrl, StorageError, connect
 from ..train.client import TrainerClient, TrainerError
+from ..train.jobs import JobSpec
 
 # What a tool may fail with because of its input or a service's answer: reported to the model as an error
 # result. ValueError covers bad URLs (BadBucketUrl), bad sizes and pydantic validation; KeyError unknown tasks.
@@ -153,6 +154,9 @@ class RobotloopTools:
         resume: bool = False,
         checkpoint_every: int = Field(1000, ge=1),
         log_every: int = Field(50, ge=1),
+        fp8: str = "off",
+        gpus: int = Field(1, ge=1),
+        seed: int = Field(0, ge=0),
     ) -> dict[str, Any]:
         """Submit an ACT training job to the training service; it streams the datasets from the bucket and writes
         checkpoints under output/checkpoints/<step>. Answers the job id: follow it with watch_training.
@@ -167,10 +171,15 @@ class RobotloopTools:
             resume: continue the run from its last checkpoint
             checkpoint_every: steps between checkpoints (the last step always checkpoints)
             log_every: steps between progress reports
+            fp8: off, auto, tensorwise, rowwise or rowwise_with_gw_hp (FP8 training on GPUs that support it)
+            gpus: GPUs for the job (more than one: DDP through torchrun; needs device cuda)
+            seed: seed for weights and sampling
         """
-        spec = {"datasets": datasets, "output": output, "steps": steps, "batch_size": batch_size, "device": device,
-                "tiny": tiny, "resume": resume, "checkpoint_every": checkpoint_every, "log_every": log_every}  # fmt: skip
-        return _job(self.ctx.trainer.submit(spec))
+        # The service's own model: a bad option fails here, naming the field, before anything is sent.
+        spec = JobSpec(datasets=datasets, output=output, steps=steps, batch_size=batch_size, device=device, tiny=tiny,
+                       resume=resume, checkpoint_every=checkpoint_every, log_every=log_every, fp8=fp8, gpus=gpus,
+                       seed=seed)  # fmt: skip
+        return _job(self.ctx.trainer.submit(spec.model_dump(mode="json", exclude_none=True)))
 
     @tool
     @reported

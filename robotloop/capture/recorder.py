@@ -175,7 +175,7 @@ class DatasetRecorder:
     def _ensure(self, rel: str, entry: Entry, known: dict[str, str]) -> None:
         if (self.root / rel).exists() and known.get(rel) == entry.xet_hash:
             return
-        self.client.download(entry.url, self.root / rel)
+        self.client.download(entry, self.root / rel)
         known[rel] = entry.xet_hash
 
     def _tail_files(self) -> list[str]:

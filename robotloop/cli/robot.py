@@ -45,7 +45,7 @@ def run(
     from ..deploy.client import DeployClient, DeployError
     from ..deploy.fetch import XetFetcher
     from ..deploy.keys import DeployKeyError, load_public_keys
-    from ..deploy.runtime import RobotRuntime, RuntimeOptions
+    from ..deploy.runtime import RobotRuntime
     from ..deploy.store import ReleaseStore
     from ..storage import resolve_endpoint
 
@@ -60,15 +60,14 @@ def run(
     try:
         trusted = load_public_keys(trusted_key or cfg.trusted_keys)
         deploy = DeployClient(
-            deploy_url or settings.deploy.url, token or (cfg.token.get_secret_value() if cfg.token else None)
+            deploy_url or settings.deploy.client_url, token or (cfg.token.get_secret_value() if cfg.token else None)
         )
     except (FileNotFoundError, DeployKeyError, DeployError) as error:
         console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(2) from None
     endpoint, storage_token = resolve_endpoint(settings)
     env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fps, episode_time_s)
-    options = RuntimeOptions(robot_id, device or cfg.device, cfg.poll_wait_s, cfg.heartbeat_s, cfg.health_window,
-                             cfg.health_margin, cfg.keep_releases)  # fmt: skip
+    options = cfg.model_copy(update={"robot_id": robot_id, "device": device or cfg.device})
     runtime = RobotRuntime(env, deploy, ReleaseStore(store or cfg.store_dir), trusted, options,
                            lambda bucket: XetFetcher(endpoint, storage_token, bucket))  # fmt: skip
     console.print(f"robot {robot_id}: {sim or robot_type} at {env.rate_hz:g} Hz, following {deploy.url}")

@@ -43,23 +43,24 @@ def train(
     SIGTERM stops the run after the current step, with a checkpoint (how the training service cancels a job).
     """
     from ..train.data import DataSettings
-    from ..train.fp8 import FP8_MODES, FP8_RECIPES, Accelerator, Fp8Error, check_formats, float8_config
+    from ..train.fp8 import Fp8Error
+    from ..train.fp8 import preflight as preflight_fp8
     from ..train.policy import ACTSettings
-    from ..train.trainer import TrainSettings, train as run
+    from ..train.trainer import TrainSettings
+    from ..train.trainer import train as run
 
     try:
         datasets = [BucketUrl.parse(d) for d in dataset]
         out = BucketUrl.parse(output)
     except BadBucketUrl as error:
         raise typer.BadParameter(str(error)) from None
-    if fp8 not in FP8_MODES:
-        raise typer.BadParameter(f"--fp8 must be one of {', '.join(FP8_MODES)}, got {fp8!r}")
-    if fp8 in FP8_RECIPES:  # fail now, not after the data streams in (build_policy checks again, per rank)
-        try:
-            check_formats(float8_config(fp8), Accelerator.detect(device))
-        except Fp8Error as error:
-            console.print(f"[red]error:[/red] --fp8 {fp8}: {error}")
-            raise typer.Exit(1) from None
+    try:  # fail now, not after the data streams in (build_policy checks again, per rank)
+        preflight_fp8(fp8, device)
+    except Fp8Error as error:
+        console.print(f"[red]error:[/red] --fp8 {fp8}: {error}")
+        raise typer.Exit(1) from None
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--fp8") from None
     use_fast = device.startswith("cuda") if fast is None else fast
     arch = dict(dim_model=64, dim_feedforward=128, n_encoder_layers=1, n_vae_encoder_layers=1, chunk_size=10, n_action_steps=10) if tiny else {}
     arch |= {"fp8": fp8, "precision": "bf16"} if fp8 != "off" else {}  # FP8 trains the other layers in bf16

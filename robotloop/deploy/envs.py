@@ -37,18 +37,20 @@ class SimControlEnv:
                  seed: int = 0) -> None:  # fmt: skip
         from ..sim import AlohaSim
 
-        self.sim = AlohaSim(task, image_size=image_size)
-        self.episode_steps, self.seed = episode_steps, seed
-        self._steps = 0
+        self.sim = AlohaSim(task, image_size=image_size, max_episode_steps=episode_steps)
+        self.seed = seed
+
+    @property
+    def episode_steps(self) -> int:
+        return self.sim.max_episode_steps
 
     def reset(self) -> dict[str, Any]:
-        self._steps, self.seed = 0, self.seed + 1
+        self.seed += 1
         return self.sim.reset(seed=self.seed)
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], StepResult]:
-        obs, reward, success, _truncated, _info = self.sim.step(action)
-        self._steps += 1
-        return obs, StepResult(float(reward), bool(success) or self._steps >= self.episode_steps, bool(success))
+        obs, reward, success, truncated, _info = self.sim.step(action)  # the sim counts steps: truncated at the limit
+        return obs, StepResult(float(reward), bool(success) or truncated, bool(success))
 
     def close(self) -> None:
         self.sim.close()

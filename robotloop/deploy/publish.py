@@ -62,14 +62,15 @@ def publish(client: BucketClient, checkpoint: str, name: str, signer: Signer, de
     check_release_name(name)
     step_url = resolve_checkpoint(client, BucketUrl.parse(checkpoint))
     model_url = step_url / "pretrained_model"
-    entries = (
-        [e for e in client.ls(model_url, recursive=True) if isinstance(e, Entry)] if _exists(client, model_url) else []
-    )
+    try:  # listed once: the manifest's Xet hashes and the download come from the same listing
+        entries = [e for e in client.ls(model_url, recursive=True) if isinstance(e, Entry)]
+    except NotFound:
+        entries = []
     if not entries:
         raise PublishError(f"{model_url}: no pretrained_model files; is the checkpoint complete?")
     hashes = {e.url.path[len(model_url.path) + 1 :]: e.xet_hash for e in entries}
     with tempfile.TemporaryDirectory() as tmp:
-        client.download_tree(model_url, Path(tmp))
+        client.download_tree(model_url, Path(tmp), entries)
         manifest = build_manifest(
             Path(tmp), name, step_url.bucket_id, str(step_url), hashes, _lineage(client, step_url)
         )
@@ -77,14 +78,6 @@ def publish(client: BucketClient, checkpoint: str, name: str, signer: Signer, de
     if deploy is not None:
         deploy.publish(signed, channel)
     return signed
-
-
-def _exists(client: BucketClient, url: BucketUrl) -> bool:
-    try:
-        client.ls(url)
-        return True
-    except NotFound:
-        return False
 
 
 def _lineage(client: BucketClient, step_url: BucketUrl) -> dict:

@@ -105,7 +105,9 @@ class Registry:
         self.release_waiters()
         self._db.close()
 
-    def _tx(self, sql_params: list[tuple[str, tuple]]) -> None:
+    def _tx(self, sql_params: list[tuple[str, tuple]], wakes_polls: bool = True) -> None:
+        """Run the statements as one transaction. `wakes_polls`: it may change an assignment, so long-polls look
+        again (heartbeats and robot events do not: they would wake every waiting robot every few seconds)."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -115,7 +117,8 @@ class Registry:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            self._changed.notify_all()
+            if wakes_polls:
+                self._changed.notify_all()
 
     def _one(self, sql: str, params: tuple = ()) -> sqlite3.Row | None:
         with self._lock:
@@ -296,29 +299,36 @@ class Registry:
 
     def assignment(self, robot: str) -> Assignment:
         """Raises RegistryError (404)."""
+        channel, pinned, release = self._assigned(robot)
+        manifest = self.release(release)["manifest"] if release else None
+        return Assignment(robot, channel, pinned, release, manifest)
+
+    def _assigned(self, robot: str) -> tuple[str, bool, str | None]:
+        """(channel, pinned, release) without the manifest: what a long-poll compares on each wake-up."""
         row = self._one("SELECT r.channel, r.pinned, c.release FROM robots r LEFT JOIN channels c ON c.name = r.channel"
                         " WHERE r.id = ?", (robot,))  # fmt: skip
         if row is None:
             raise RegistryError(f"no robot {robot!r}", 404)
-        release = row["pinned"] or row["release"]
-        manifest = self.release(release)["manifest"] if release else None
-        return Assignment(robot, row["channel"], row["pinned"] is not None, release, manifest)
+        return row["channel"], row["pinned"] is not None, row["pinned"] or row["release"]
 
     def wait_assignment(self, robot: str, known: str | None, wait_s: float) -> Assignment:
-        """The robot's assignment as soon as it differs from `known`, or after `wait_s` (long-poll)."""
+        """The robot's assignment as soon as it differs from `known`, or after `wait_s` (long-poll).
+
+        Raises RegistryError (404).
+        """
         deadline = time.monotonic() + wait_s
         with self._changed:
             while True:
-                current = self.assignment(robot)
+                release = self._assigned(robot)[2]
                 left = deadline - time.monotonic()
-                if current.release != known or left <= 0 or self._closing:
-                    return current
+                if release != known or left <= 0 or self._closing:
+                    return self.assignment(robot)
                 self._changed.wait(left)
 
     def heartbeat(self, robot: str, running: str | None, status: dict[str, Any]) -> None:
         """Record what a robot runs now and its figures (control rate, health, ...)."""
         self._tx([("UPDATE robots SET last_seen = ?, running = ?, status = ? WHERE id = ?",
-                   (time.time(), running, json.dumps(status), robot))])  # fmt: skip
+                   (time.time(), running, json.dumps(status), robot))], wakes_polls=False)  # fmt: skip
 
     def robot_event(self, robot: str, kind: str, release: str | None, previous: str | None, detail: str) -> None:
         """A robot's own report: swap, rollback (automatic, with the reason), refused (bad release)."""
@@ -327,7 +337,7 @@ class Registry:
         sets = [self._event(kind, robot=robot, release=release, previous=previous, detail=detail[:2000])]
         if kind in ("swap", "rollback"):
             sets.append(("UPDATE robots SET running = ?, last_seen = ? WHERE id = ?", (release, time.time(), robot)))
-        self._tx(sets)
+        self._tx(sets, wakes_polls=False)
 
     def history(self, robot: str | None = None, channel: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         where, params = [], []

@@ -23,7 +23,7 @@ Example:
     ```python
     >>> runtime = RobotRuntime(SimControlEnv("transfer_cube", (48, 64)), DeployClient(url, robot_token),
     ...                        ReleaseStore(store_dir), load_public_keys([Path("deploy.pub")]),
-    ...                        RuntimeOptions(robot_id="r1"), fetcher_for=lambda bucket: XetFetcher(ep, tok, bucket))
+    ...                        RobotSettings(robot_id="r1"), fetcher_for=lambda bucket: XetFetcher(ep, tok, bucket))
     >>> runtime.run(duration_s=60)
     ```
 """
@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import RobotSettings
 from ..storage import StorageError
 from .client import DeployClient, DeployError
 from .envs import StepResult
@@ -70,17 +71,6 @@ def default_score(result: EpisodeResult) -> float | None:
 
 
 @dataclass
-class RuntimeOptions:
-    robot_id: str
-    device: str = "cpu"
-    poll_wait_s: float = 30.0
-    heartbeat_s: float = 2.0
-    health_window: int = 5
-    health_margin: float = 0.0
-    keep_releases: int = 3
-
-
-@dataclass
 class _Loaded:
     release: str
     runner: Any  # PolicyRunner
@@ -102,9 +92,11 @@ class RuntimeStats:
 
 
 class RobotRuntime:
-    def __init__(self, env: Any, deploy: DeployClient, store: ReleaseStore, trusted: dict, options: RuntimeOptions,
+    def __init__(self, env: Any, deploy: DeployClient, store: ReleaseStore, trusted: dict, options: RobotSettings,
                  fetcher_for: Callable[[str], XetFetcher],
                  score: Callable[[EpisodeResult], float | None] = default_score) -> None:  # fmt: skip
+        if not options.robot_id:
+            raise ValueError("a robot runtime needs RobotSettings.robot_id (the id registered with the deploy service)")
         self.env, self.deploy, self.store, self.trusted, self.options = env, deploy, store, trusted, options
         self.fetcher_for, self.score = fetcher_for, score
         self.stats = RuntimeStats()

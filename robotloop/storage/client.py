@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -198,13 +199,15 @@ class BucketClient:
         with _explained(url, "read"):
             return self._fresh_fs().cat_file(self._fs_path(url), start=start, end=end)
 
-    def download(self, url: BucketUrl, dest: str | Path) -> Path:
-        """Download one file to `dest` (a file path, or an existing folder), through the read cache.
+    def download(self, src: BucketUrl | Entry, dest: str | Path) -> Path:
+        """Download one file to `dest` (a file path, or an existing folder), through the read cache. `src` is its
+        URL, or its `Entry` from `ls` (which saves asking for its size and hash again).
 
         Raises:
-            NotFound: no file at `url`.
+            NotFound: no file at `src`.
         """
-        entry = self.stat(url)
+        entry = src if isinstance(src, Entry) else self.stat(src)
+        url = entry.url
         dest = Path(dest)
         if dest.is_dir():
             dest = dest / url.name
@@ -215,7 +218,10 @@ class BucketClient:
             try:
                 with _explained(url, "download"):
                     self.api.download_bucket_files(url.bucket_id, [(url.path, str(tmp))], raise_on_missing_files=True)
-                cached = self.cache.put(entry.xet_hash, tmp) if self.cache else tmp
+                # A file rewritten since it was listed stays out of the cache (caught by its size; the cache is keyed
+                # by the listed hash).
+                unchanged = tmp.stat().st_size == entry.size
+                cached = self.cache.put(entry.xet_hash, tmp) if self.cache and unchanged else tmp
                 if cached == tmp:
                     os.replace(tmp, dest)
                     return dest
@@ -234,13 +240,15 @@ class BucketClient:
                 pass
         return self.download_tree(url, dest)
 
-    def download_tree(self, url: BucketUrl, dest: str | Path) -> list[Path]:
-        """Download every file under `url` into folder `dest`, keeping relative paths."""
+    def download_tree(self, url: BucketUrl, dest: str | Path, entries: list[Entry] | None = None) -> list[Path]:
+        """Download every file under `url` into folder `dest`, keeping relative paths. `entries`: the files under
+        `url` as a recursive `ls` already listed them (not listed again)."""
+        if entries is None:
+            entries = [e for e in self.ls(url, recursive=True) if isinstance(e, Entry)]
         out = []
-        for entry in self.ls(url, recursive=True):
-            if isinstance(entry, Entry):
-                rel = entry.url.path[len(url.path) :].lstrip("/") or entry.url.name
-                out.append(self.download(entry.url, Path(dest) / rel))
+        for entry in entries:
+            rel = entry.url.path[len(url.path) :].lstrip("/") or entry.url.name
+            out.append(self.download(entry, Path(dest) / rel))
         return out
 
 
@@ -257,8 +265,9 @@ def _files_to_upload(local: Path, url: BucketUrl) -> list[tuple[Path, BucketUrl]
 
 
 def _link_or_copy(src: Path, dest: Path) -> None:
-    # A hard link makes a cache hit free; across file systems fall back to a copy.
-    tmp = dest.with_name(f".{dest.name}.tmp")
+    # A hard link makes a cache hit free; across file systems fall back to a copy. The temp name is per thread:
+    # two readers of one cached file must not replace each other's temp file.
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}-{threading.get_ident()}.tmp")
     tmp.unlink(missing_ok=True)
     try:
         os.link(src, tmp)

@@ -382,6 +382,34 @@ class AutoFp8:
         return convert_linears(model, self.recipe, self.accelerator, only=select_layers(shapes, timings, self.min_speedup))
 
 
+def check_mode(mode: str) -> None:
+    """The one check of an fp8 option's value (settings, CLI and `setup_fp8` call it).
+
+    Raises:
+        ValueError: `mode` is not one of FP8_MODES.
+    """
+    if mode not in FP8_MODES:
+        raise ValueError(f"fp8 must be one of {', '.join(FP8_MODES)}, got {mode!r}")
+
+
+def preflight(mode: str, device: str) -> None:
+    """Fail before any data streams in: an unknown mode, or a recipe whose float8 formats do not fit `device`
+    ("auto" never fails here: it falls back to bf16 on a device without FP8).
+
+    Example:
+        ```python
+        >>> preflight("rowwise", "cpu")
+        Fp8Unavailable: ...
+        ```
+
+    Raises:
+        ValueError: unknown mode. Fp8Unavailable / Fp8FormatMismatch (both Fp8Error): see `check_formats`.
+    """
+    check_mode(mode)
+    if mode in FP8_RECIPES:
+        check_formats(float8_config(mode), Accelerator.detect(device))
+
+
 def setup_fp8(
     model: nn.Module, mode: str, accelerator: Accelerator, measure: Callable[[], Measure]
 ) -> tuple[list[str], AutoFp8 | None]:
@@ -392,12 +420,11 @@ def setup_fp8(
         ValueError: unknown mode. Fp8Unavailable: a recipe on a device without FP8.
         Fp8FormatMismatch: TorchAO's formats do not fit the device (a recipe, or "auto" on an FP8 device).
     """
+    check_mode(mode)
     if mode == "off":
         return [], None
     if mode in FP8_RECIPES:
         return convert_linears(model, mode, accelerator), None
-    if mode != "auto":
-        raise ValueError(f"fp8 must be one of {FP8_MODES}, got {mode!r}")
     try:
         check_formats(float8_config(AUTO_RECIPE), accelerator)
     except Fp8Unavailable:
@@ -461,6 +488,8 @@ def time_linear(
 
 __all__ = [
     "FP8_MODES",
+    "check_mode",
+    "preflight",
     "FP8_RECIPES",
     "Accelerator",
     "AutoFp8",
