@@ -10,6 +10,7 @@ import pytest
 
 from robotloop.capture.info import dataset_info
 from robotloop.loop import LoopSettings, run_loop
+from robotloop.loop.report import markdown
 from robotloop.storage import BucketClient
 
 from .conftest import WRITE_TOKEN
@@ -43,6 +44,8 @@ def test_live_mode_folds_in_new_episodes_and_promotes_only_improvements(bucket_s
     assert [p["step"] for p in report.promotions] == [4, 8]
     assert report.promotions[0]["promoted"]  # the first checkpoint has nothing to beat
     assert report.episodes >= 2  # recording went on while training ran
+    assert 1 <= report.promotions[0]["episodes_trained_on"] <= report.promotions[-1]["episodes_recorded"]
+    assert "episodes in training" in markdown(report)
     promoted = [p["release"] for p in report.promotions if p["promoted"]]
     assert report.release == promoted[-1]
     # each later checkpoint is promoted only if it beat stable: with success 0 both times, the second is not

@@ -57,6 +57,7 @@ def record_sim(
     max_attempts: int | None = None,
     keep_failed: bool = False,
     on_event: Callable[[str, int, CommitReport | None], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> RecordReport:
     """Record `episodes` successful scripted demos of `task` into `recorder`'s dataset.
 
@@ -64,6 +65,8 @@ def record_sim(
     `keep_failed` committed marked as failed (`next.success` never true) and counted as an episode; the
     next seed is tried, up to `max_attempts` seeds (default 2 x episodes).
     `on_event(kind, seed, report)` is called with kind "committed" or "failed" (for progress bars).
+    `should_stop()` is asked after each finished demo: once True, no new demo starts; demos already running
+    finish and are committed (so stopping waits for them).
 
     Raises:
         KeyError: unknown task.
@@ -97,7 +100,9 @@ def record_sim(
                 if success or keep_failed:
                     report.committed.append(recorder.commit(episode))
                     _notify(on_event, "committed", seed, report.committed[-1])
-                if len(report.committed) + len(pending) < episodes and next_seed - seed_start < max_attempts:
+                if should_stop():
+                    pending = {f for f in pending if not f.cancel()}  # queued demos go; running ones finish
+                elif len(report.committed) + len(pending) < episodes and next_seed - seed_start < max_attempts:
                     submit()
         for future in pending:
             future.cancel()

@@ -152,6 +152,7 @@ def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lam
                                staging=s.report_dir / "staging")  # fmt: skip
     on_train = _counting_episodes(report, on_train)
     overlap = not s.live and s.train_after is not None and s.train_after < s.episodes
+    recording = None
     if overlap:
         recording = _start_recording(recorder, s, report, on_stage)
     else:
@@ -181,6 +182,8 @@ def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lam
             report.eval = _evaluate(s, ReleaseStore(s.report_dir / "robot-store").model_dir(report.release),
                                     s.report_dir / "eval")  # fmt: skip
     finally:
+        if recording is not None:  # a stage failed while demos were still being recorded
+            recording.stop()
         service.stop()
     return report
 
@@ -198,26 +201,36 @@ def _timed(report: LoopReport, stage: str, on_stage: Stage, what: str) -> Iterat
 
 
 def _record(recorder: DatasetRecorder, s: LoopSettings, episodes: int, report: LoopReport,
-            on_event: Callable[[str, int, Any], None] | None = None) -> None:  # fmt: skip
+            on_event: Callable[[str, int, Any], None] | None = None,
+            should_stop: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
+    def count(kind: str, seed: int, commit: Any) -> None:  # as each demo lands: live mode reads them meanwhile
+        if kind == "committed":
+            report.episodes += 1
+            report.bytes_recorded += commit.episode_bytes
+            report.bytes_uploaded += commit.bytes_sent
+        if on_event is not None:
+            on_event(kind, seed, commit)
+
     seed_start = 1000 * s.seed + recorder.committed_episodes()  # a restart or a live round takes new seeds
-    rec = record_sim(recorder, s.task, episodes, s.record_workers, s.image_size, seed_start=seed_start,
-                     on_event=on_event)  # fmt: skip
-    report.episodes += len(rec.committed)
-    report.bytes_recorded += sum(c.episode_bytes for c in rec.committed)
-    report.bytes_uploaded += sum(c.bytes_sent for c in rec.committed)
+    record_sim(recorder, s.task, episodes, s.record_workers, s.image_size, seed_start=seed_start, on_event=count,
+               should_stop=should_stop)  # fmt: skip
 
 
 class _Recording:
-    """All demos recorded in a thread; `finish()` waits for them and raises what the recording raised."""
+    """All demos recorded in a thread; `finish()` waits for them and raises what the recording raised, `stop()`
+    ends it early (demos in progress finish but are not committed)."""
 
-    def __init__(self, recorder: DatasetRecorder, s: LoopSettings, report: LoopReport) -> None:
+    def __init__(self, recorder: DatasetRecorder, s: LoopSettings, report: LoopReport, episodes: int | None) -> None:
+        """Record `episodes` demos (None: until stopped)."""
         self.first = threading.Event()  # the first `s.train_after` demos are committed (or recording ended)
         self.error: BaseException | None = None
+        self._stop = threading.Event()
         self._committed = 0
-        self._thread = threading.Thread(target=self._run, args=(recorder, s, report), name="loop-record", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(recorder, s, report, episodes), name="loop-record",
+                                        daemon=True)  # fmt: skip
         self._thread.start()
 
-    def _run(self, recorder: DatasetRecorder, s: LoopSettings, report: LoopReport) -> None:
+    def _run(self, recorder: DatasetRecorder, s: LoopSettings, report: LoopReport, episodes: int | None) -> None:
         def on_event(kind: str, seed: int, commit: Any) -> None:
             if kind == "committed":
                 self._committed += 1
@@ -225,7 +238,7 @@ class _Recording:
                 self.first.set()
 
         try:
-            _record(recorder, s, s.episodes, report, on_event)
+            _record(recorder, s, episodes or 1_000_000, report, on_event, self._stop.is_set)
         except BaseException as error:  # noqa: BLE001 - handed to the caller's thread by finish()
             self.error = error
         finally:
@@ -236,12 +249,16 @@ class _Recording:
         if self.error is not None:
             raise self.error
 
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
 
 def _start_recording(recorder: DatasetRecorder, s: LoopSettings, report: LoopReport, on_stage: Stage) -> _Recording:
     """Start recording every demo; return once the first `s.train_after` are in the bucket."""
     with _timed(report, "record", on_stage, f"first {s.train_after} of {s.episodes} scripted {s.task} demos at "
                 f"{s.image_size}; the rest are recorded while training runs"):  # fmt: skip
-        recording = _Recording(recorder, s, report)
+        recording = _Recording(recorder, s, report, s.episodes)
         recording.first.wait()
         if recording.error is not None:
             recording.finish()
@@ -308,14 +325,7 @@ def _live(client, recorder, deploy, key, report: LoopReport, on_stage: Stage, on
     """Recording goes on in a thread while training runs in rounds; each round's checkpoint is published to
     canary, evaluated, and promoted to stable only when it beats the release stable runs."""
     s = report.settings
-    stop = threading.Event()
-
-    def keep_recording() -> None:
-        while not stop.is_set():
-            _record(recorder, replace(s, record_workers=1), 1, report)
-
-    recording = threading.Thread(target=keep_recording, name="loop-record", daemon=True)
-    recording.start()
+    recording = _Recording(recorder, replace(s, record_workers=1), report, episodes=None)  # one worker: CPU for training
     best: float | None = None
     try:
         for round_ in range(1, s.live_rounds + 1):
@@ -333,10 +343,10 @@ def _live(client, recorder, deploy, key, report: LoopReport, on_stage: Stage, on
                 deploy.promote("stable", name, reason=f"success {result.success_rate:.0%} beats {best or 0:.0%}")
                 best, report.release = result.success_rate, name
             report.promotions.append({"release": name, "step": steps, "success_rate": result.success_rate,
-                                      "episodes_trained_on": report.episodes, "promoted": promoted})  # fmt: skip
+                                      "episodes_trained_on": report.episodes_trained_on,
+                                      "episodes_recorded": report.episodes, "promoted": promoted})  # fmt: skip
     finally:
-        stop.set()
-        recording.join(600)
+        recording.stop()
 
 
 def settings_dict(settings: LoopSettings) -> dict[str, Any]:

@@ -70,7 +70,8 @@ def markdown(report: LoopReport) -> str:
                          "`robotloop loop --preset h200` trains the real one.")  # fmt: skip
     for p in report.promotions:
         verdict = "promoted to stable" if p["promoted"] else "kept on canary"
-        lines.append(f"- Live: {p['release']} (step {p['step']}, {p['episodes_trained_on']} episodes recorded) "
+        lines.append(f"- Live: {p['release']} (step {p['step']}, {p['episodes_trained_on']} episodes in training, "
+                     f"{p['episodes_recorded']} recorded) "
                      f"success {100 * p['success_rate']:.0f}%: {verdict}.")  # fmt: skip
     lines += ["", "![loss](loss.png)", "", "![stages](stages.png)", ""]
     return "\n".join(lines)
