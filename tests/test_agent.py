@@ -10,6 +10,8 @@ Sizes are tiny (48x64 images, episodes of 30 steps, 4 training steps of a tiny A
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import AsyncGenerator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -231,3 +233,11 @@ def test_models_from_settings_and_missing_packages():
                 build_model(AgentSettings(provider=provider, model_id="m", base_url="http://127.0.0.1:1/v1"))
         else:  # installed: the model is built without contacting the endpoint
             assert build_model(AgentSettings(provider=provider, model_id="m", base_url="http://127.0.0.1:1/v1"))
+
+
+def test_the_agent_and_publishing_start_without_torch():
+    # torch takes seconds to import: the agent's tools and `robotloop deploy publish` find checkpoints and catch
+    # policy errors without it (evaluation imports it when it runs).
+    code = "import sys, robotloop.agent.tools, robotloop.deploy.publish; print(sorted(m for m in sys.modules if m == 'torch'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -28,10 +28,10 @@ from strands import tool
 
 from ..config import Settings
 from ..deploy.client import DeployClient, DeployError
+from ..deploy.errors import NonFiniteAction, PolicyLoadError
 from ..deploy.keys import DeployKeyError
 from ..deploy.manifest import BadManifest
 from ..deploy.publish import PublishError
-from ..deploy.runner import NonFiniteAction, PolicyLoadError
 from ..storage import BucketClient, BucketUrl, StorageError, connect
 from ..train.client import TrainerClient, TrainerError
 from ..train.jobs import JobSpec

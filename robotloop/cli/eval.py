@@ -67,9 +67,9 @@ def eval_policy(
 ) -> None:
     """Evaluate a trained policy in the ALOHA sim: episodes run in parallel, seeded, with rollout videos."""
     from ..deploy.client import DeployError
+    from ..deploy.errors import NonFiniteAction, PolicyLoadError
     from ..deploy.evaluate import evaluate, resolve_policy_for
     from ..deploy.keys import BadSignature
-    from ..deploy.runner import NonFiniteAction, PolicyLoadError
     from ..deploy.store import IntegrityError
     from ..sim.env import parse_image_size
 

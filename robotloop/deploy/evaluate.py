@@ -37,7 +37,8 @@ import numpy as np
 
 from ..config import Settings
 from ..storage import BadBucketUrl, BucketClient, BucketUrl, connect
-from .runner import PolicyLoadError, PolicyRunner
+from .errors import PolicyLoadError
+from .runner import PolicyRunner
 
 DEFAULT_SEED = 1000  # lerobot-eval's default start seed
 REPORT_FILE = "eval_report.json"
@@ -439,7 +440,7 @@ def resolve_release(name: str) -> Path:
 
 
 def _resolve_local(path: Path) -> Path:
-    from ..train.checkpoint import STEP_DIR
+    from ..train.layout import STEP_DIR
 
     if (path / "config.json").is_file():
         return path

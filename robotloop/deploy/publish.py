@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from ..storage import BucketClient, BucketUrl, Entry, NotFound
-from ..train.checkpoint import checkpoint_url, latest_step
+from ..train.layout import checkpoint_url, latest_step
 from .client import DeployClient
 from .keys import Signer
 from .manifest import SignedManifest, build_manifest, check_release_name

@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .errors import NonFiniteAction, PolicyLoadError  # noqa: F401 - also importable from here
+
 if TYPE_CHECKING:
     from ..train.policy import ACTSettings
 
@@ -54,14 +56,6 @@ REQUIRED_FILES = (
     "policy_preprocessor.json",
     "policy_postprocessor.json",
 )
-
-
-class PolicyLoadError(RuntimeError):
-    """A checkpoint directory cannot be loaded as an ACT policy; the message names the file and the cause."""
-
-
-class NonFiniteAction(RuntimeError):
-    """The policy produced NaN or infinite actions (bad weights, or stats with zero std); nothing was executed."""
 
 
 @dataclass(eq=False, repr=False)  # repr would print the whole ACT module tree

@@ -36,8 +36,8 @@ from ..deploy.publish import publish
 from ..deploy.runtime import RobotRuntime
 from ..deploy.store import ReleaseStore
 from ..storage import BucketClient, BucketUrl
-from ..train.checkpoint import checkpoint_url
 from ..train.data import DataSettings
+from ..train.layout import checkpoint_url
 from ..train.policy import ACTSettings
 from ..train.trainer import Progress, TrainReport, TrainSettings, train
 

@@ -23,13 +23,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .. import __version__
-from ..storage import BucketClient, BucketUrl, NotFound
-
-STEP_DIR = "{:06d}"
-
-
-def checkpoint_url(output: BucketUrl, step: int) -> BucketUrl:
-    return output / "checkpoints" / STEP_DIR.format(step)
+from ..storage import BucketClient, BucketUrl
+from .layout import checkpoint_url
 
 
 def save_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, optimizer: torch.optim.Optimizer,
@@ -72,14 +67,6 @@ def save_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, 
     if world > 1:
         torch.distributed.barrier()
     return url
-
-
-def latest_step(client: BucketClient, output: BucketUrl) -> int | None:
-    """The step of the last complete checkpoint under `output`, or None."""
-    try:
-        return json.loads(client.read_range(output / "checkpoints" / "last.json", 0, 1 << 16))["step"]
-    except NotFound:
-        return None
 
 
 def load_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, optimizer: torch.optim.Optimizer,

@@ -20,8 +20,9 @@ import torch
 import torch.distributed as dist
 
 from ..storage import BucketClient, BucketUrl
-from .checkpoint import code_version, latest_step, load_checkpoint, save_checkpoint
+from .checkpoint import code_version, load_checkpoint, save_checkpoint
 from .data import DataSettings, StreamingSampler
+from .layout import latest_step
 from .policy import ACTSettings, build_policy
 
 log = logging.getLogger(__name__)
