@@ -20,7 +20,15 @@ import numpy as np
 import pytest
 
 from robotloop.capture.client import CaptureClient, CaptureError
-from robotloop.capture.sessions import EpisodeSessions, Limits, TooManyEpisodes, UnknownEpisode, encode_frames
+from robotloop.capture.recorder import DatasetSpec
+from robotloop.capture.sessions import (
+    EpisodeSessions,
+    Limits,
+    TooManyEpisodes,
+    UnknownEpisode,
+    decode_frames,
+    encode_frames,
+)
 from robotloop.storage import BucketClient, BucketUrl, Entry, NotFound
 
 from .conftest import WRITE_TOKEN, free_port
@@ -148,6 +156,16 @@ def _raw(n: int = 3, start: int = 0, **change) -> bytes:
     """A frame batch in the wire format, with fields replaced by `change` (to make it wrong)."""
     fields = {**frames(n, start), **change}
     return encode_frames(fields["timestamp"], fields["state"], fields["action"], fields["images"])
+
+
+def test_decoded_images_do_not_keep_the_request_body_alive():
+    # The episode's byte limit counts image bytes: a body padded with JSON whitespace must not stay in memory.
+    line, _, images = _raw(n=2).partition(b"\n")
+    body = line[:-1] + b" " * 100_000 + b"}\n" + images
+    spec = DatasetSpec(cameras={"top": (H, W, 3)}, state_dim=STATE, action_dim=ACTION)
+    decoded = decode_frames(body, spec)
+    assert decoded.images["top"].shape == (2, H, W, 3)
+    assert not np.shares_memory(decoded.images["top"], np.frombuffer(body, np.uint8))
 
 
 def _nan_state() -> np.ndarray:

@@ -244,6 +244,16 @@ def test_robot_tokens_are_isolated_and_writes_need_operator_write_tokens(deploy)
         DeployClient(deploy.url, t2).robot("iso2")
     assert DeployClient(deploy.url, rotated).robot("iso2")["id"] == "iso2"
     assert httpx.post(f"{deploy.url}/v1/releases", json={"manifest": {}}).status_code == 401
+    # Sizes: a huge body is refused before anyone reads it, token or not; robots cannot store unbounded figures.
+    huge = httpx.post(f"{deploy.url}/v1/releases", content=b"{" + b" " * (9 * 2**20) + b"}",
+                      headers={"content-type": "application/json"})  # fmt: skip
+    assert huge.status_code == 413 and "limit" in huge.json()["error"]
+    for call, want in ((lambda: r1.heartbeat("iso1", None, {"log": "x" * 20_000}), "at most"),
+                       (lambda: r1.heartbeat("iso1", "../../etc", {}), "bad release name"),
+                       (lambda: r1.event("iso1", "swap", "x" * 500, None), "bad release name")):  # fmt: skip
+        with pytest.raises(DeployError) as error:
+            call()
+        assert error.value.status == 422 and want in str(error.value), error.value
 
 
 # -- the store -----------------------------------------------------------------------------------------------------

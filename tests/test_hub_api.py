@@ -356,6 +356,18 @@ def test_body_limit(tmp_path: Path) -> None:
     with TestClient(create_app(tmp_path / "root", tmp_path / "tokens", max_body_bytes=1000)) as client:
         r = client.post("/api/buckets/robots/b/batch", content=b"x" * 5000, headers={"authorization": f"Bearer {W}"})
         assert r.status_code == 413
+    with TestClient(create_app(tmp_path / "root", tmp_path / "tokens")) as client:
+        many = b'{"type":"deleteFile","path":"x"}\n' * 10_001
+        # No token: refused before the body is read. With one: too many operations, refused before parsing.
+        assert client.post("/api/buckets/robots/b/batch", content=many).status_code == 401
+        r = client.post("/api/buckets/robots/b/batch", content=many, headers={"authorization": f"Bearer {W}"})
+        assert r.status_code == 413 and "at most 10000 operations" in r.headers["X-Error-Message"]
+        r = client.post("/api/buckets/robots/b/paths-info", json={"paths": ["p"] * 10_001},
+                        headers={"authorization": f"Bearer {W}"})  # fmt: skip
+        assert r.status_code == 413
+        r = client.post("/api/buckets/robots/b2", content=b"{" + b" " * (5 * 2**20) + b"}",
+                        headers={"authorization": f"Bearer {W}"})  # fmt: skip
+        assert r.status_code == 413
 
 
 _WRITER = textwrap.dedent("""

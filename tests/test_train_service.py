@@ -163,6 +163,12 @@ def test_bad_requests_are_4xx_with_a_message(trainer, method, path, token, body,
     assert len(list(trainer.root.iterdir())) == before  # nothing was submitted
 
 
+def test_a_huge_body_is_refused_before_anyone_reads_it(trainer):
+    response = httpx.post(f"{trainer.endpoint}/v1/jobs", content=b"[" + b" " * (2 * 2**20) + b"]",
+                          headers={"content-type": "application/json"})  # no token: refused by size first
+    assert response.status_code == 413 and "limit" in response.json()["error"]
+
+
 def test_robotloop_train_serve_is_the_training_service():
     """Every service starts as `robotloop <X> serve`: `train serve` and `train watch` reach the trainer group."""
     import subprocess

@@ -180,13 +180,14 @@ def _check_finite(array: np.ndarray, name: str) -> None:
 
 
 def _images(raw: memoryview, n: int, spec: DatasetSpec) -> dict[str, np.ndarray]:
-    """Split the raw bytes into uint8 [n, H, W, 3] per camera (views: no copy until the episode is closed)."""
+    """Split the raw bytes into uint8 [n, H, W, 3] per camera. Copied out of the request body: views would keep
+    the whole body (JSON line included, which the episode's byte limit does not count) alive with the episode."""
     per_frame = frame_bytes(spec)
     if len(raw) != n * per_frame:
         shapes = ", ".join(f"{k} {h}x{w}x{c}" for k, (h, w, c) in sorted(spec.cameras.items()))
         raise BadEpisode(f"got {len(raw)} image bytes; {n} frames of uint8 images ({shapes}) are "
                          f"{n} x {per_frame} = {n * per_frame} bytes")  # fmt: skip
-    flat = np.frombuffer(raw, np.uint8).reshape(n, per_frame)
+    flat = np.frombuffer(raw, np.uint8).reshape(n, per_frame).copy()
     out, offset = {}, 0
     for name in sorted(spec.cameras):
         h, w, c = spec.cameras[name]

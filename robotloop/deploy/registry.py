@@ -33,10 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .manifest import SignedManifest, check_release_name
+from .manifest import BadManifest, SignedManifest, check_release_name
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DEFAULT_CHANNELS = ("canary", "stable")
+MAX_STATUS_BYTES = 16 * 1024  # a heartbeat's figures; every robot sends one every few seconds
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS releases (name TEXT PRIMARY KEY, manifest TEXT NOT NULL, key_id TEXT NOT NULL,
@@ -326,14 +327,21 @@ class Registry:
                 self._changed.wait(left)
 
     def heartbeat(self, robot: str, running: str | None, status: dict[str, Any]) -> None:
-        """Record what a robot runs now and its figures (control rate, health, ...)."""
+        """Record what a robot runs now and its figures (control rate, health, ...).
+
+        Raises RegistryError (422): a status over MAX_STATUS_BYTES or a malformed release name.
+        """
+        raw = json.dumps(status)
+        if len(raw) > MAX_STATUS_BYTES:
+            raise RegistryError(f"heartbeat status is {len(raw)} bytes of JSON; at most {MAX_STATUS_BYTES}", 422)
         self._tx([("UPDATE robots SET last_seen = ?, running = ?, status = ? WHERE id = ?",
-                   (time.time(), running, json.dumps(status), robot))], wakes_polls=False)  # fmt: skip
+                   (time.time(), _release_name(running), raw, robot))], wakes_polls=False)  # fmt: skip
 
     def robot_event(self, robot: str, kind: str, release: str | None, previous: str | None, detail: str) -> None:
         """A robot's own report: swap, rollback (automatic, with the reason), refused (bad release)."""
         if kind not in ("swap", "rollback", "refused"):
             raise RegistryError(f"unknown event kind {kind!r}: swap, rollback or refused")
+        release, previous = _release_name(release), _release_name(previous)
         sets = [self._event(kind, robot=robot, release=release, previous=previous, detail=detail[:2000])]
         if kind in ("swap", "rollback"):
             sets.append(("UPDATE robots SET running = ?, last_seen = ? WHERE id = ?", (release, time.time(), robot)))
@@ -349,3 +357,13 @@ class Registry:
             params.append(channel)
         sql = "SELECT * FROM events" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC LIMIT ?"
         return [dict(r) for r in self._all(sql, (*params, limit))]
+
+
+def _release_name(name: str | None) -> str | None:
+    """A release name a robot reports (None: nothing running). Raises RegistryError (422) for a malformed one."""
+    if name is None:
+        return None
+    try:
+        return check_release_name(name)
+    except BadManifest as error:
+        raise RegistryError(str(error), 422) from None

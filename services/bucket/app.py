@@ -31,46 +31,11 @@ from robotloop.storage.server.cas import CasStore
 from robotloop.storage.server.files import read_file_range, server_stats
 from services.bucket.cas_api import cas_router
 from services.bucket.hub_api import error_response, hub_router
+from services.limits import BodyLimit
 
 log = logging.getLogger("robotloop.bucket")
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024  # a xorb is at most 64 MiB; leave headroom for shards
-
-
-class BodyLimit:
-    """ASGI middleware: refuse request bodies over ``max_bytes`` with 413 (declared or streamed)."""
-
-    def __init__(self, app: Any, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._too_large(scope, receive, send)
-        seen = 0
-
-        async def limited_receive() -> dict:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:  # chunked upload without Content-Length
-                raise _BodyTooLarge
-            return message
-
-        try:
-            await self.app(scope, limited_receive, send)
-        except _BodyTooLarge:
-            await self._too_large(scope, receive, send)
-
-    async def _too_large(self, scope: dict, receive: Any, send: Any) -> None:
-        response = error_response(413, f"request body over the server limit of {self.max_bytes} bytes")
-        await response(scope, receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
 
 
 def _cas_authorize(tokens: TokenStore):
@@ -121,7 +86,7 @@ def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int 
             return error_response(401, "stats need a token")
         return JSONResponse(server_stats(cas, buckets))
 
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, respond=error_response)
     return app
 
 

@@ -65,6 +65,10 @@ CasUrlFn = Callable[[Request], str]
 """Base URL that hf_xet must use for the CAS API, given the incoming request."""
 
 _RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+# huggingface_hub sends at most 1,000 operations (or paths) per request; ten times that is plenty.
+MAX_BATCH_OPS = 10_000
+MAX_BATCH_BYTES = 16 * 2**20
+MAX_JSON_BYTES = 4 * 2**20
 
 
 class HubError(Exception):
@@ -155,7 +159,10 @@ def parse_batch(body: bytes) -> list[Operation]:
 
     Raises:
         HubError(400): invalid JSON, unknown ``type``, or missing fields (message names the line).
+        HubError(413): more than MAX_BATCH_OPS lines.
     """
+    if body.count(b"\n") >= MAX_BATCH_OPS:  # counted before any parsing: each line becomes Python objects
+        raise HubError(413, f"a batch holds at most {MAX_BATCH_OPS} operations; split it")
     ops: list[Operation] = []
     for lineno, line in enumerate(body.splitlines(), start=1):
         if not line.strip():
@@ -385,6 +392,8 @@ def hub_router(
         paths = body.get("paths")
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
             raise HubError(400, "paths-info body must be {\"paths\": [str, ...]}")
+        if len(paths) > MAX_BATCH_OPS:
+            raise HubError(413, f"paths-info takes at most {MAX_BATCH_OPS} paths; split the request")
         return await run_in_threadpool(_paths_info, request, namespace, name, paths)
 
     def _paths_info(request: Request, namespace: str, name: str, paths: list[str]) -> Any:
@@ -394,8 +403,11 @@ def hub_router(
     @router.post("/api/buckets/{namespace}/{name}/batch")
     @_hub_errors
     async def batch(request: Request, namespace: str, name: str) -> Any:
-        # Parsed here (async) because reading the body needs the event loop; the store call is sync.
-        return await run_in_threadpool(_batch, request, namespace, name, parse_batch(await request.body()))
+        # Parsed here (async) because reading the body needs the event loop; the store call is sync. The token is
+        # checked first, so nobody without write access makes the server read and parse a large batch.
+        access.write(request, namespace)
+        body = await _read_limited(request, MAX_BATCH_BYTES)
+        return await run_in_threadpool(_batch, request, namespace, name, parse_batch(body))
 
     def _batch(request: Request, namespace: str, name: str, ops: list[Operation]) -> Any:
         access.write(request, namespace)
@@ -459,13 +471,24 @@ def hub_router(
     return router
 
 
+async def _read_limited(request: Request, limit: int) -> bytes:
+    """The request body, read in pieces and refused (413) as soon as it passes `limit` bytes."""
+    parts, size = [], 0
+    async for piece in request.stream():
+        size += len(piece)
+        if size > limit:
+            raise HubError(413, f"request body over {limit} bytes for this endpoint")
+        parts.append(piece)
+    return b"".join(parts)
+
+
 async def _json_body(request: Request) -> dict[str, Any]:
     """Request body as a JSON object ({} when empty).
 
     Raises:
         HubError(400): not a JSON object.
     """
-    raw = await request.body()
+    raw = await _read_limited(request, MAX_JSON_BYTES)
     if not raw.strip():
         return {}
     try:

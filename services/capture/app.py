@@ -49,7 +49,7 @@ from robotloop.capture.sessions import EpisodeSessions, Limits, SpecConflict, To
 from robotloop.config import Settings
 from robotloop.storage import BadBucketUrl, BucketClient, BucketUrl, StorageError, connect
 from robotloop.storage.server.auth import AuthError, TokenStore
-from services.bucket.app import BodyLimit
+from services.limits import BodyLimit
 
 log = logging.getLogger("robotloop.capture")
 

@@ -54,6 +54,7 @@ from robotloop.storage.server.auth import (
     TokenStore,
     bearer_from_header,
 )
+from services.limits import BodyLimit
 
 log = logging.getLogger("robotloop.deploy")
 MAX_WAIT_S = 60.0
@@ -95,6 +96,10 @@ def caller(request: Request) -> Caller:
 Who = Annotated[Caller, Depends(caller)]
 
 
+# A signed manifest lists every file and tensor segment (about 0.2 MB for lerobot's ACT); heartbeats are small.
+MAX_BODY_BYTES = 8 * 2**20
+
+
 def create_app(tokens_file: Path | str, db: Path, trusted_keys: list[Path] | None = None) -> FastAPI:
     """The deploy service app over the SQLite registry at `db`.
 
@@ -107,6 +112,7 @@ def create_app(tokens_file: Path | str, db: Path, trusted_keys: list[Path] | Non
     registry = Registry(db)
     app = FastAPI(title="robotloop deploy service", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.registry, app.state.tokens = registry, tokens
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
     @app.get("/v1/health")
     def health() -> dict[str, Any]:

@@ -45,6 +45,7 @@ from robotloop.config import Settings
 from robotloop.storage import BucketUrl, resolve_endpoint
 from robotloop.storage.server.auth import AuthError, TokenStore
 from robotloop.train.jobs import JobManager, JobSpec, UnknownJob
+from services.limits import BodyLimit
 
 log = logging.getLogger("robotloop.trainer")
 
@@ -71,6 +72,9 @@ Reader = Annotated[str, Depends(reader)]
 Writer = Annotated[str, Depends(writer)]
 
 
+MAX_BODY_BYTES = 2**20  # a job spec is a few hundred bytes
+
+
 def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = None) -> FastAPI:
     """The training service app; jobs live under `root` (default `settings.trainer.root`).
 
@@ -89,6 +93,7 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
 
     app = FastAPI(title="robotloop training service", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.jobs, app.state.tokens = jobs, tokens
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
     @app.get("/v1/health")
     def health() -> dict[str, Any]:
