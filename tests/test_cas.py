@@ -192,10 +192,14 @@ def test_dedup_query_returns_loadable_shard(server, tmp_path):
     r = httpx.get(f"{endpoint}/v1/chunks/default-merkledb/{chunk}", headers=READ)
     assert r.status_code == 200
     shard = xf.parse_shard(r.content)
-    assert any(xf.hash_to_hex(c.hash) == chunk for x in shard.xorbs for c in x.chunks)
-    # The footer the client loads lookup tables from sits at the very end.
+    # The footer the client loads lookup tables from sits at the very end; it carries the chunk hash key.
     footer = xf.SHARD_FOOTER.unpack_from(r.content, len(r.content) - xf.SHARD_FOOTER.size)
     assert footer[0] == xf.FOOTER_VERSION and footer[-1] == len(r.content) - xf.SHARD_FOOTER.size
+    key, listed = footer[9], {c.hash for x in shard.xorbs for c in x.chunks}
+    assert key != xf.ZERO_HASH and xf.hex_to_hash(chunk) not in listed  # no chunk hash in the clear
+    assert xf.keyed_chunk_hash(xf.hex_to_hash(chunk), key) in listed  # the asker, who holds it, can match it
+    again = httpx.get(f"{endpoint}/v1/chunks/default-merkledb/{chunk}", headers=READ).content
+    assert xf.SHARD_FOOTER.unpack_from(again, len(again) - xf.SHARD_FOOTER.size)[9] != key  # a fresh key each time
     assert httpx.get(f"{endpoint}/v1/chunks/default/{'0' * 64}", headers=READ).status_code == 404
 
 
@@ -271,7 +275,7 @@ def test_bad_inputs(server):
         assert c.post("/v1/shards", content=b"\0" * (MAX_SHARD + 1)).status_code == 413
         assert store.xorb_size("ef" * 32) is None
         # Fetch URLs: unknown xorb 404; v2/grant endpoints 404 so hf_xet falls back to v1.
-        assert c.get(f"/v1/xorb-data/{'12' * 32}").status_code == 404
+        assert c.get(store.fetch_url("", "12" * 32)).status_code == 404
         assert c.get(f"/v2/reconstructions/{fh}").status_code == 404
         assert c.post(f"/v1/xorb-grants/default/{xh}", json={}).status_code == 404
 
@@ -282,8 +286,10 @@ def test_bad_inputs(server):
     url = httpx.get(f"{endpoint}/v1/reconstructions/{fh}", headers=READ).json()["fetch_info"][xh][0]["url"]
     assert httpx.get(url).status_code == 200 and httpx.get(url).content == body
     assert httpx.get(url.replace("sig=", "sig=0")).status_code == 403  # hf_xet refreshes on 403
-    assert httpx.get(f"{endpoint}/v1/xorb-data/{xh}").status_code == 401
-    assert httpx.get(f"{endpoint}/v1/xorb-data/{xh}", headers={"Range": "bytes=-10", **READ}).content == body[-10:]
+    assert httpx.get(url, headers={"Range": "bytes=-10"}).content == body[-10:]
+    # Without a signature, not even a CAS token reads a xorb: its hash alone must not be enough.
+    assert httpx.get(f"{endpoint}/v1/xorb-data/{xh}").status_code == 403
+    assert httpx.get(f"{endpoint}/v1/xorb-data/{xh}", headers=READ).status_code == 403
 
 
 def test_concurrent_stores_share_one_root(server, tmp_path):

@@ -277,6 +277,33 @@ def test_batch_is_all_or_nothing(hub: str) -> None:
     assert r.status_code == 400 and "line 1" in r.json()["error"]
 
 
+def test_knowing_a_private_files_hash_is_not_enough_to_read_it(hub: str, tmp_path: Path) -> None:
+    secret = os.urandom(300_000)
+    api(hub, W).create_bucket("robots/vault")  # private by default
+    api(hub, W).batch_bucket_files("robots/vault", add=[(secret, "weights.bin")])
+    leaked = next(iter(api(hub, W).get_bucket_paths_info("robots/vault", ["weights.bin"]))).xet_hash
+    other = api(hub, OTHER)
+    other.create_bucket("other/mine")
+    other.batch_bucket_files("other/mine", add=[(b"mine", "mine.txt")])
+    # 1. Another namespace's CAS token cannot reconstruct it (the same answer as for an unknown file).
+    cas = httpx.get(f"{hub}/api/buckets/other/mine/xet-read-token", headers={"authorization": f"Bearer {OTHER}"}).json()
+    r = httpx.get(f"{cas['casUrl']}/v1/reconstructions/{leaked}", headers={"authorization": f"Bearer {cas['accessToken']}"})
+    assert r.status_code == 404
+    # 2. Nor link it into its own bucket by hash, to read it from there.
+    link = _ndjson({"type": "addFile", "path": "stolen.bin", "xetHash": leaked, "mtime": 0})
+    r = httpx.post(f"{hub}/api/buckets/other/mine/batch", content=link, headers={"authorization": f"Bearer {OTHER}"})
+    assert r.status_code == 422 and "was not uploaded to namespace 'other'" in r.text
+    assert [e.path for e in other.list_bucket_tree("other/mine")] == ["mine.txt"]
+    # Who has the file may: its own upload in another namespace (real client, Xet dedup on), or a reader of it.
+    other.batch_bucket_files("other/mine", add=[(secret, "own-copy.bin")])
+    api(hub, W).create_bucket("robots/vault2")
+    r = httpx.post(f"{hub}/api/buckets/robots/vault2/batch", content=link, headers={"authorization": f"Bearer {W}"})
+    assert r.status_code == 200, r.text
+    (tmp_path / "back").mkdir()
+    other.download_bucket_files("other/mine", [("own-copy.bin", tmp_path / "back" / "c.bin")])
+    assert (tmp_path / "back" / "c.bin").read_bytes() == secret
+
+
 def test_tree_pagination_follows_link_headers(hub: str) -> None:
     w = api(hub, W)
     w.create_bucket("robots/many")

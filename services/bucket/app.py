@@ -25,7 +25,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from robotloop.storage.server.auth import AuthError, TokenStore, bearer_from_header, load_or_create_secret
+from robotloop.storage.server.auth import AuthError, CasClaims, TokenStore, bearer_from_header, load_or_create_secret
 from robotloop.storage.server.buckets import BucketStore
 from robotloop.storage.server.cas import CasStore
 from robotloop.storage.server.files import read_file_range, server_stats
@@ -41,9 +41,9 @@ DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024  # a xorb is at most 64 MiB; leave he
 def _cas_authorize(tokens: TokenStore):
     """``authorize(request, write)`` for ``cas_router``: checks the CAS token hf_xet sends."""
 
-    def authorize(request: Request, write: bool) -> None:
+    def authorize(request: Request, write: bool) -> CasClaims:
         try:
-            tokens.verify_cas_token(bearer_from_header(request.headers.get("authorization")), write)
+            return tokens.verify_cas_token(bearer_from_header(request.headers.get("authorization")), write)
         except AuthError as err:
             raise HTTPException(err.status, str(err)) from None
 
@@ -60,7 +60,7 @@ def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int 
     root.mkdir(parents=True, exist_ok=True)
     tokens = TokenStore.from_file(tokens_file, cas_secret=load_or_create_secret(root))
     cas = CasStore(root / "cas")
-    buckets = BucketStore(root, file_size=cas.file_size)
+    buckets = BucketStore(root, file_size=cas.file_size, uploaded_by=cas.uploaded_by)
 
     app = FastAPI(title="robotloop bucket server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.buckets, app.state.tokens, app.state.cas = buckets, tokens, cas
@@ -74,7 +74,8 @@ def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int 
         return read_file_range(cas, file_hash, start, end)
 
     app.include_router(hub_router(buckets, tokens, cas_base_url, read_file=read_file))
-    app.include_router(cas_router(cas, _cas_authorize(tokens)))
+    app.include_router(cas_router(cas, _cas_authorize(tokens),
+                                  may_read=lambda claims, h: buckets.holds_hash(claims.namespace, claims.bucket, h)))
 
     @app.get("/api/robotloop/stats")
     def stats(request: Request) -> Any:

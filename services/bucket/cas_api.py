@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -25,7 +26,8 @@ from starlette.concurrency import run_in_threadpool
 
 from robotloop.storage.server import cas
 
-Authorize = Callable[[Request, bool], None]
+Authorize = Callable[[Request, bool], Any]  # returns the token's claims (whatever `MayRead` understands)
+MayRead = Callable[[Any, str], bool]
 READ_BLOCK = 1 << 20
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 XORB_PREFIXES = ("default",)
@@ -100,8 +102,11 @@ def _read_slice(s: cas.XorbSlice) -> Iterator[bytes]:
         os.close(fd)
 
 
-def cas_router(store: cas.CasStore, authorize: Authorize, public_url: str | None = None) -> APIRouter:
-    """Router with the Xet CAS endpoints; `authorize(request, write)` raises HTTPException.
+def cas_router(store: cas.CasStore, authorize: Authorize, public_url: str | None = None,
+               may_read: MayRead = lambda claims, file_hash: True) -> APIRouter:  # fmt: skip
+    """Router with the Xet CAS endpoints; `authorize(request, write)` raises HTTPException and returns the
+    token's claims, and `may_read(claims, file_hash)` says whether they cover a file (the bucket server: the
+    file is in the token's bucket). Xorb bytes are served only through the signed URLs of a reconstruction.
 
     Fetch URLs in reconstructions are built from `public_url` if given (set it behind a proxy),
     else from the request's own base URL. Mount the router at the root of the CAS URL.
@@ -118,14 +123,16 @@ def cas_router(store: cas.CasStore, authorize: Authorize, public_url: str | None
 
     @r.post("/v1/shards")
     async def upload_shard(request: Request) -> dict:
-        authorize(request, True)
+        claims = authorize(request, True)
         body = await _body(request, store.max_shard_bytes)
-        res = await _run(request, store.put_shard, body)
+        res = await _run(request, store.put_shard, body, getattr(claims, "namespace", None))
         return {"result": 1 if res.was_inserted else 0}
 
     @r.get("/v1/reconstructions/{file_hash}")
     async def reconstruction(file_hash: str, request: Request) -> dict:
-        authorize(request, False)
+        claims = authorize(request, False)
+        if not await _run(request, may_read, claims, file_hash):  # the same answer as for an unknown file
+            raise HTTPException(404, f"file {file_hash} is not registered")
         rng = _parse_range(request.headers.get("range"))
         byte_range = None
         if rng is not None:
@@ -150,16 +157,13 @@ def cas_router(store: cas.CasStore, authorize: Authorize, public_url: str | None
 
     @r.get("/v1/xorb-data/{xorb_hash}")
     async def xorb_data(xorb_hash: str, request: Request) -> Response:
-        # Reconstruction hands out signed URLs (the client sends no token to fetch URLs, like
-        # presigned S3 URLs on the Hub); unsigned requests still work with normal auth.
-        # A bad or expired signature is 403: hf_xet answers 403 by re-requesting the
-        # reconstruction for fresh URLs.
+        # Only through the signed URLs a reconstruction hands out (the client sends no token to fetch URLs,
+        # like presigned S3 URLs on the Hub): a CAS token alone would read any xorb whose hash it learned.
+        # A bad or expired signature is 403: hf_xet answers 403 by re-requesting the reconstruction.
         q = request.query_params
-        if "sig" in q:
-            if not store.check_fetch_url(xorb_hash, q.get("exp"), q.get("sig")):
-                raise HTTPException(403, f"fetch URL for xorb {xorb_hash} is expired or not validly signed")
-        else:
-            authorize(request, False)
+        if not store.check_fetch_url(xorb_hash, q.get("exp"), q.get("sig")):
+            raise HTTPException(403, f"fetch URL for xorb {xorb_hash} is missing, expired or not validly signed; "
+                                "use the URLs of a reconstruction")  # fmt: skip
         rng = _parse_range(request.headers.get("range"))
         a, b = rng if rng else (None, None)
         if a is None and b is not None:  # suffix range "bytes=-n"

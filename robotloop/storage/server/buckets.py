@@ -218,6 +218,7 @@ CREATE TABLE IF NOT EXISTS files (
     PRIMARY KEY (bucket_id, path)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS files_by_hash ON files (bucket_id, xet_hash);
+CREATE INDEX IF NOT EXISTS files_by_xet_hash ON files (xet_hash);
 """
 
 
@@ -227,11 +228,14 @@ class BucketStore:
     Thread-safe: each thread gets its own connection; SQLite serializes writers.
     """
 
-    def __init__(self, root: Path | str, file_size: FileSizeFn) -> None:
+    def __init__(self, root: Path | str, file_size: FileSizeFn,
+                 uploaded_by: Callable[[str, str], bool] = lambda namespace, xet_hash: True) -> None:  # fmt: skip
+        """``uploaded_by(namespace, xet_hash)``: whether the CAS registered that file from an upload with a token of
+        ``namespace`` (see ``apply_batch``)."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.db_path = self.root / "buckets.sqlite"
-        self._file_size = file_size
+        self._file_size, self._uploaded_by = file_size, uploaded_by
         self._local = threading.local()
         with self._conn() as conn:
             conn.executescript(_SCHEMA)
@@ -359,6 +363,14 @@ class BucketStore:
             raise EntryNotFound(f"file '{path}' not found in bucket '{namespace}/{name}'")
         return _file_from_row(row)
 
+    def holds_hash(self, namespace: str, name: str, xet_hash: str) -> bool:
+        """Whether bucket ``namespace/name`` has a file with this Xet hash (False for a missing bucket): a CAS
+        token of that bucket may reconstruct only such files."""
+        row = self._conn().execute(
+            "SELECT 1 FROM files f JOIN buckets b ON b.id = f.bucket_id WHERE b.namespace = ? AND b.name = ? "
+            "AND f.xet_hash = ? LIMIT 1", (namespace, name, xet_hash)).fetchone()  # fmt: skip
+        return row is not None
+
     def paths_info(self, namespace: str, name: str, paths: Sequence[str]) -> list[FileRecord]:
         """Files among ``paths`` that exist (missing ones are silently skipped, like the Hub).
 
@@ -472,8 +484,10 @@ class BucketStore:
         """Apply adds, copies and deletes atomically, in order (a later op on a path wins).
 
         Every operation is validated first; nothing is written unless all are valid. An added
-        hash must be known to the CAS (``file_size``), and its size must match a client-declared
-        one. A copy needs ``source_repo_type == "bucket"``, a source bucket the caller may read
+        hash must be known to the CAS (``file_size``), its size must match a client-declared
+        one, and the caller must have had the file: uploaded with a token of this namespace
+        (``uploaded_by``), or in a bucket the caller may read. Knowing a private file's hash is not
+        enough to link it into one's own bucket and read it there. A copy needs ``source_repo_type == "bucket"``, a source bucket the caller may read
         (``can_read_source(ns, name)``), and a file with that hash in it. Deleting a missing
         path is a no-op (idempotent retries).
 
@@ -549,7 +563,18 @@ class BucketStore:
             raise BucketError(f"xet hash {op.xet_hash} for {where} is unknown to the CAS: upload its shard first")
         if op.size is not None and op.size != size:
             raise BucketError(f"size mismatch for {where}: client says {op.size} bytes, CAS has {size}")
+        namespace = bucket_ref.partition("/")[0]
+        if size and not self._uploaded_by(namespace, op.xet_hash) and not self._readable_elsewhere(
+                conn, op.xet_hash, can_read_source):  # fmt: skip
+            raise BucketError(f"xet hash {op.xet_hash} for {where} was not uploaded to namespace '{namespace}' and is "
+                              "in no bucket you can read: upload the file itself")  # fmt: skip
         return size
+
+    @staticmethod
+    def _readable_elsewhere(conn: sqlite3.Connection, xet_hash: str, can_read: Callable[[str, str], bool]) -> bool:
+        rows = conn.execute("SELECT DISTINCT b.namespace, b.name FROM files f JOIN buckets b ON b.id = f.bucket_id "
+                            "WHERE f.xet_hash = ?", (xet_hash,)).fetchall()  # fmt: skip
+        return any(can_read(ns, name) for ns, name in rows)
 
     def _copy_source_size(
         self, conn: sqlite3.Connection, where: str, op: CopyFile, can_read_source: Callable[[str, str], bool]

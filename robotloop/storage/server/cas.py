@@ -119,6 +119,8 @@ CREATE TABLE IF NOT EXISTS file_terms (file TEXT NOT NULL, idx INT NOT NULL, xor
     chunk_start INT NOT NULL, chunk_end INT NOT NULL, raw_len INT NOT NULL,
     PRIMARY KEY (file, idx)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS dedup_chunks (hash BLOB PRIMARY KEY, xorb TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS file_uploaders (file TEXT NOT NULL, namespace TEXT NOT NULL,
+    PRIMARY KEY (file, namespace)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INT NOT NULL) WITHOUT ROWID;
 """
 COUNTERS = ("xorb_bytes_received", "shard_bytes_received", "bytes_served")
@@ -300,8 +302,9 @@ class CasStore:
 
     # -- shards -----------------------------------------------------------------------------
 
-    def put_shard(self, body: Body) -> ShardResult:
-        """Verify and register an uploaded shard.
+    def put_shard(self, body: Body, uploader: str | None = None) -> ShardResult:
+        """Verify and register an uploaded shard; `uploader` (the namespace of the write token) is recorded for
+        its files (see `uploaded_by`).
 
         Checks: format; every xorb in its xorb section is stored with exactly the listed chunks;
         every file term names a stored xorb with an in-bounds chunk range and the right length;
@@ -363,6 +366,9 @@ class CasStore:
             tx.executemany("UPDATE xorbs SET shard = ? WHERE hash = ? AND shard IS NULL",
                            [(shard_hex, xf.hash_to_hex(x.hash)) for x in shard.xorbs])
             tx.executemany("INSERT OR IGNORE INTO dedup_chunks VALUES (?, ?)", list(eligible.items()))
+            if uploader is not None:
+                tx.executemany("INSERT OR IGNORE INTO file_uploaders VALUES (?, ?)",
+                               [(xf.hash_to_hex(f.hash), uploader) for f in shard.files])
         return ShardResult(shard_hex, inserted, len(shard.files), len(shard.xorbs))
 
     @staticmethod
@@ -392,6 +398,13 @@ class CasStore:
                                f"(terms give {xf.hash_to_hex(xf.file_hash(leaves))})")
 
     # -- reads ------------------------------------------------------------------------------
+
+    def uploaded_by(self, namespace: str, file_hex: str) -> bool:
+        """Whether a shard describing this file was uploaded with a write token of `namespace`. Describing a file
+        takes its chunk hashes, which only its holder knows (global-dedup answers list them keyed)."""
+        row = self._db().execute("SELECT 1 FROM file_uploaders WHERE file = ? AND namespace = ?",
+                                 (file_hex, namespace)).fetchone()  # fmt: skip
+        return row is not None
 
     def file_size(self, file_hex: str) -> int | None:
         """Size in bytes of a registered file, or None. Raises BadHash."""
@@ -477,7 +490,9 @@ class CasStore:
         registered by the same shard, up to a cap), or None if the chunk is not indexed.
 
         Only chunks that are global-dedup eligible (first chunk of a file, hash % 1024 == 0, or
-        flagged by the client) are indexed, as in the Xet spec. Raises BadHash.
+        flagged by the client) are indexed, as in the Xet spec. Chunk hashes are keyed with a fresh
+        random key per answer (the spec's chunk hash key): the asker matches the chunks it holds and
+        learns nothing about the others. Raises BadHash.
         """
         raw = _check_hex(chunk_hex, "chunk")
         db = self._db()
@@ -497,7 +512,7 @@ class CasStore:
                 out.append(xf.ShardChunk(c.hash, pos, c.raw_len, 0))
                 pos += c.raw_len
             xorbs.append(xf.ShardXorb(xf.hex_to_hash(x_hex), out, pos, size))
-        return xf.serialize_shard(xf.Shard(xorbs=xorbs))
+        return xf.serialize_shard(xf.Shard(xorbs=xorbs), chunk_key=secrets.token_bytes(32))
 
     def stats(self) -> dict:
         """Counters and totals: bytes received/served, xorbs, chunks, shards, files, stored bytes.

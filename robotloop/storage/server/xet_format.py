@@ -352,11 +352,20 @@ def parse_shard(body: bytes | memoryview) -> Shard:
     return shard
 
 
-def serialize_shard(shard: Shard, expiry: int = NO_EXPIRY) -> bytes:
+def keyed_chunk_hash(chunk_hash: bytes, key: bytes) -> bytes:
+    """A chunk hash as a keyed global-dedup shard lists it: blake3 keyed by `key` (the footer's chunk hash key)."""
+    return blake3.blake3(chunk_hash, key=key).digest()
+
+
+def serialize_shard(shard: Shard, expiry: int = NO_EXPIRY, chunk_key: bytes | None = None) -> bytes:
     """Full shard (sections + lookup tables + footer), as a client loads it from its cache.
 
-    Used for the global-dedup query answer. Chunk hashes are not HMAC-protected (zero key).
+    Used for the global-dedup query answer. With `chunk_key` (32 bytes) every chunk hash is written keyed
+    (`keyed_chunk_hash`) and the key goes into the footer: a client can match only chunks it holds, and the
+    answer does not reveal the other chunks' hashes (which would let a caller describe files it never had).
     """
+    key = chunk_key or ZERO_HASH
+    listed = (lambda h: keyed_chunk_hash(h, key)) if chunk_key else (lambda h: h)
     out = bytearray(SHARD_HEADER.pack(SHARD_TAG, SHARD_VERSION, SHARD_FOOTER.size))
     file_info_off, file_lookup, index = len(out), [], 0
     for f in sorted(shard.files, key=lambda f: f.hash):
@@ -377,8 +386,9 @@ def serialize_shard(shard: Shard, expiry: int = NO_EXPIRY) -> bytes:
         xorb_lookup.append((truncate_hash(x.hash), index))
         out += ENTRY.pack(x.hash, 0, len(x.chunks), x.raw_len, x.packed_len)
         for i, c in enumerate(x.chunks):
-            out += ENTRY.pack(c.hash, c.raw_start, c.raw_len, c.flags, 0)
-            chunk_lookup.append((truncate_hash(c.hash), index, i))
+            h = listed(c.hash)
+            out += ENTRY.pack(h, c.raw_start, c.raw_len, c.flags, 0)
+            chunk_lookup.append((truncate_hash(h), index, i))
         index += 1 + len(x.chunks)
     out += ENTRY.pack(BOOKEND_HASH, 0, 0, 0, 0)
     file_lookup_off = len(out)
@@ -395,7 +405,7 @@ def serialize_shard(shard: Shard, expiry: int = NO_EXPIRY) -> bytes:
         FOOTER_VERSION, file_info_off, xorb_info_off,
         file_lookup_off, len(file_lookup), xorb_lookup_off, len(xorb_lookup),
         chunk_lookup_off, len(chunk_lookup),
-        ZERO_HASH, int(time.time()), expiry, *([0] * 6),
+        key, int(time.time()), expiry, *([0] * 6),
         sum(x.packed_len for x in shard.xorbs), sum(f.size for f in shard.files),
         sum(x.raw_len for x in shard.xorbs), footer_off)
     return bytes(out)
