@@ -10,6 +10,7 @@ running, rollback by command and automatically (non-finite actions, failed healt
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,7 +162,7 @@ def test_manifest_signature_refuses_tampering_and_untrusted_keys(tmp_path):
         generate_keypair(tmp_path / "a.key")
 
 
-def test_long_polls_wake_for_assignment_changes_not_for_heartbeats(tmp_path):
+def test_long_polls_look_again_for_assignment_changes_not_for_heartbeats(tmp_path):
     from robotloop.deploy.manifest import build_manifest
     from robotloop.deploy.registry import Registry
 
@@ -173,13 +175,13 @@ def test_long_polls_wake_for_assignment_changes_not_for_heartbeats(tmp_path):
     registry.add_release(SignedManifest.sign(manifest, load_private_key(tmp_path / "k.key")))
     looks, assigned = [], registry._assigned
 
-    def counted(robot):  # each wake-up of a long-poll looks at the robot's assignment once
+    def counted(robot):  # each look of a long-poll at the robot's assignment
         looks.append(robot)
         return assigned(robot)
 
     registry._assigned = counted
     answers: list = []
-    poll = threading.Thread(target=lambda: answers.append(registry.wait_assignment("r1", None, 10.0)))
+    poll = threading.Thread(target=lambda: answers.append(asyncio.run(registry.wait_assignment("r1", None, 10.0))))
     poll.start()
     time.sleep(0.2)
     for _ in range(20):  # heartbeats and robot events arrive every few seconds from every robot
@@ -254,6 +256,23 @@ def test_robot_tokens_are_isolated_and_writes_need_operator_write_tokens(deploy)
         with pytest.raises(DeployError) as error:
             call()
         assert error.value.status == 422 and want in str(error.value), error.value
+
+
+def test_a_fleet_long_polling_does_not_stall_the_service(deploy):
+    # 60 robots wait on their assignment (more than a server's 40 worker threads); operators are still answered
+    # at once, and a promote reaches every waiting robot.
+    ops = deploy.ops()
+    deploy.release("fleet-v1", "v1", channel="fleet")
+    robots = [(f"fleet{i}", ops.register_robot(f"fleet{i}", channel="fleet")) for i in range(60)]
+    with ThreadPoolExecutor(len(robots)) as pool:
+        polls = [pool.submit(DeployClient(deploy.url, token).assignment, rid, "fleet-v1", 20) for rid, token in robots]
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        assert ops.status()["channels"]["fleet"] == "fleet-v1" and time.monotonic() - t0 < 2
+        assert not any(p.done() for p in polls)
+        deploy.release("fleet-v2", "finetune", channel="fleet")
+        answers = [p.result(timeout=10) for p in polls]
+    assert {a["release"] for a in answers} == {"fleet-v2"} and time.monotonic() - t0 < 10
 
 
 # -- the store -----------------------------------------------------------------------------------------------------

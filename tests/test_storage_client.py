@@ -5,7 +5,7 @@ import os
 import pytest
 
 from robotloop.config import load_settings
-from robotloop.storage import BucketClient, BucketUrl, NotFound, StorageError, connect
+from robotloop.storage import BucketClient, BucketUrl, Entry, NotFound, StorageError, connect
 from robotloop.storage.cache import ReadCache
 from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
 
@@ -45,6 +45,13 @@ def test_upload_reports_dedup_and_round_trips(client, bucket_server, tmp_path):
     out = client.download(url, tmp_path / "out.bin")
     assert out.read_bytes() == bytes(data)
     assert client.cache.get(entry.xet_hash) is not None  # second download is served from the cache
+
+    # A listing that no longer matches the bytes served (the file rewritten since, or a server lying about a
+    # hash) fails the download and leaves the shared read cache clean.
+    stale = Entry(url, len(data), first.files[0].xet_hash)
+    with pytest.raises(StorageError, match="nothing was kept"):
+        client.download(stale, tmp_path / "stale.bin")
+    assert client.cache.get(stale.xet_hash) is None and not (tmp_path / "stale.bin").exists()
 
 
 def test_folder_upload_listing_du_and_fetch(client, tmp_path):

@@ -134,6 +134,11 @@ def test_cancel_checkpoints_first_and_a_queued_job_then_runs_to_the_end(trainer)
     assert [(j["id"], j["status"]) for j in listed][-2:] == [(first, "cancelled"), (second, "succeeded")]
     again = trainer.call("POST", f"/v1/jobs/{first}/cancel").json()  # cancelling a finished job changes nothing
     assert again["status"] == "cancelled"
+    # A token of another namespace sees none of lab's jobs: not listed, and 404 like a job that does not exist.
+    assert trainer.call("GET", "/v1/jobs", token=ELSEWHERE).json()["jobs"] == []
+    for path in (f"/v1/jobs/{second}", f"/v1/jobs/{second}/log"):
+        hidden = trainer.call("GET", path, token=ELSEWHERE)
+        assert hidden.status_code == 404 and "no job" in hidden.json()["error"]
 
 
 @pytest.mark.parametrize(

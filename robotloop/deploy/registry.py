@@ -7,7 +7,7 @@
 
 A robot's assignment is its pinned release if any, else its channel's release. Robot tokens are random
 secrets shown once at registration; only their SHA-256 is stored. Every change that can alter an assignment
-wakes the long-polls (`wait_assignment`).
+bumps a version that the long-polls (`wait_assignment`, a coroutine: a waiting robot holds no thread) watch.
 
 Example:
     ```python
@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -91,16 +92,14 @@ class Registry:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
         self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
+        self._version = 0  # bumped by every change that may alter an assignment
         self._closing = False
         for channel in DEFAULT_CHANNELS:
             self._db.execute("INSERT OR IGNORE INTO channels VALUES (?, NULL, ?)", (channel, time.time()))
 
     def release_waiters(self) -> None:
         """Answer every long-poll now and all later ones at once (the service is shutting down)."""
-        with self._changed:
-            self._closing = True
-            self._changed.notify_all()
+        self._closing = True
 
     def close(self) -> None:
         self.release_waiters()
@@ -119,7 +118,7 @@ class Registry:
                 self._db.execute("ROLLBACK")
                 raise
             if wakes_polls:
-                self._changed.notify_all()
+                self._version += 1
 
     def _one(self, sql: str, params: tuple = ()) -> sqlite3.Row | None:
         with self._lock:
@@ -312,19 +311,26 @@ class Registry:
             raise RegistryError(f"no robot {robot!r}", 404)
         return row["channel"], row["pinned"] is not None, row["pinned"] or row["release"]
 
-    def wait_assignment(self, robot: str, known: str | None, wait_s: float) -> Assignment:
+    async def wait_assignment(self, robot: str, known: str | None, wait_s: float, every_s: float = 0.1) -> Assignment:
         """The robot's assignment as soon as it differs from `known`, or after `wait_s` (long-poll).
+
+        A coroutine that looks at the version every `every_s` and at the database only when the version moved:
+        a fleet of robots waiting holds no threads (a thread each would exhaust a server's pool at 40 robots).
 
         Raises RegistryError (404).
         """
-        deadline = time.monotonic() + wait_s
-        with self._changed:
-            while True:
-                release = self._assigned(robot)[2]
-                left = deadline - time.monotonic()
-                if release != known or left <= 0 or self._closing:
-                    return self.assignment(robot)
-                self._changed.wait(left)
+        deadline, seen = time.monotonic() + wait_s, None
+        while not self._closing:
+            version = self._version  # read before looking: a change after this is seen on the next turn
+            if version != seen:
+                seen = version
+                if (await asyncio.to_thread(self._assigned, robot))[2] != known:
+                    break
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            await asyncio.sleep(min(every_s, left))
+        return await asyncio.to_thread(self.assignment, robot)
 
     def heartbeat(self, robot: str, running: str | None, status: dict[str, Any]) -> None:
         """Record what a robot runs now and its figures (control rate, health, ...).

@@ -218,10 +218,8 @@ class BucketClient:
             try:
                 with _explained(url, "download"):
                     self.api.download_bucket_files(url.bucket_id, [(url.path, str(tmp))], raise_on_missing_files=True)
-                # A file rewritten since it was listed stays out of the cache (caught by its size; the cache is keyed
-                # by the listed hash).
-                unchanged = tmp.stat().st_size == entry.size
-                cached = self.cache.put(entry.xet_hash, tmp) if self.cache and unchanged else tmp
+                _check_xet_hash(tmp, entry)  # before the cache, which is keyed by the hash and shared by every job
+                cached = self.cache.put(entry.xet_hash, tmp) if self.cache else tmp
                 if cached == tmp:
                     os.replace(tmp, dest)
                     return dest
@@ -262,6 +260,17 @@ def _files_to_upload(local: Path, url: BucketUrl) -> list[tuple[Path, BucketUrl]
     if not local.is_dir():
         raise FileNotFoundError(f"{local}: no such file or folder to upload to {url}.")
     return [(p, url / p.relative_to(local).as_posix()) for p in sorted(local.rglob("*")) if p.is_file()]
+
+
+def _check_xet_hash(path: Path, entry: Entry) -> None:
+    """Raises StorageError unless `path` hashes to `entry`'s Xet hash (hf_xet hashes ~1 GB/s): a server, or a file
+    rewritten since it was listed, cannot put other bytes under a hash into the read cache."""
+    import hf_xet
+
+    got = hf_xet.hash_files([str(path)])[0].hash
+    if got != entry.xet_hash:
+        raise StorageError(f"{entry.url}: the downloaded bytes hash to {got[:12]}…, not the listed {entry.xet_hash[:12]}…"
+                           " (changed since it was listed, or a misbehaving server); nothing was kept")  # fmt: skip
 
 
 def _link_or_copy(src: Path, dest: Path) -> None:

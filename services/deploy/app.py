@@ -181,10 +181,10 @@ def create_app(tokens_file: Path | str, db: Path, trusted_keys: list[Path] | Non
         return asdict(registry.assign(robot, channel, release, unpin, by=who.name))
 
     @app.get("/v1/robots/{robot}/assignment")
-    def assignment(robot: str, who: Who, known: str | None = None,
+    async def assignment(robot: str, who: Who, known: str | None = None,
                    wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0) -> dict:  # fmt: skip
         who.may_touch(robot)
-        return asdict(registry.wait_assignment(robot, known, wait_s))
+        return asdict(await registry.wait_assignment(robot, known, wait_s))
 
     @app.post("/v1/robots/{robot}/heartbeat")
     def heartbeat(robot: str, who: Who, running: Annotated[str | None, Body()] = None,

@@ -109,18 +109,32 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
         log.info("job %s submitted: %s -> %s", job_id, body.datasets, body.output)
         return dataclasses.asdict(jobs.state(job_id))
 
+    def may_see(token: str, state: Any) -> bool:
+        """A job is visible to callers who may read its output's namespace (its datasets, log and figures)."""
+        try:
+            tokens.authorize(token, BucketUrl.parse(state.spec["output"]).namespace, write=False, bucket_public=False)
+            return True
+        except AuthError:
+            return False
+
+    def visible_state(job_id: str, token: str) -> Any:
+        state = jobs.state(job_id)
+        if not may_see(token, state):
+            raise UnknownJob(job_id)  # the same answer as for a job that does not exist
+        return state
+
     @app.get("/v1/jobs")
-    def list_jobs(_: Reader) -> dict[str, Any]:
-        return {"jobs": [dataclasses.asdict(s) for s in jobs.list()]}
+    def list_jobs(token: Reader) -> dict[str, Any]:
+        return {"jobs": [dataclasses.asdict(s) for s in jobs.list() if may_see(token, s)]}
 
     @app.get("/v1/jobs/{job_id}")
-    def job_state(job_id: str, _: Reader) -> dict[str, Any]:
-        return dataclasses.asdict(jobs.state(job_id))
+    def job_state(job_id: str, token: Reader) -> dict[str, Any]:
+        return dataclasses.asdict(visible_state(job_id, token))
 
     @app.get("/v1/jobs/{job_id}/log", response_model=None)
-    def job_log(job_id: str, _: Reader, offset: Annotated[int, Query(ge=0)] = 0,
+    def job_log(job_id: str, token: Reader, offset: Annotated[int, Query(ge=0)] = 0,
                 follow: bool = False) -> dict[str, Any] | StreamingResponse:  # fmt: skip
-        status = jobs.state(job_id).status  # an unknown job is a 404 before any streaming starts
+        status = visible_state(job_id, token).status  # an unknown job is a 404 before any streaming starts
         if follow:
             return StreamingResponse(jobs.follow(job_id, offset), media_type="text/plain; charset=utf-8")
         text, next_offset = jobs.log(job_id, offset)
@@ -128,7 +142,7 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
 
     @app.post("/v1/jobs/{job_id}/cancel")
     def cancel(job_id: str, token: Writer) -> dict[str, Any]:
-        output = BucketUrl.parse(jobs.state(job_id).spec["output"])
+        output = BucketUrl.parse(visible_state(job_id, token).spec["output"])
         tokens.authorize(token, output.namespace, write=True, bucket_public=False)
         log.info("job %s cancelled", job_id)
         return dataclasses.asdict(jobs.cancel(job_id))
