@@ -94,6 +94,7 @@ class TrainerServiceSettings(ServiceSection):
     )
     root: Path = Field(default=CACHE_HOME / "train-jobs", description="Job directories: spec, log, progress, exit code.")
     max_running: int = Field(default=1, ge=1, description="Jobs run at once; later ones wait as 'queued'.")
+    max_queued: int = Field(default=32, ge=1, description="Jobs that may wait at once; more are refused (429).")
     cancel_grace_s: float = Field(
         default=120.0, gt=0, description="After cancel's SIGTERM, how long a job may take to checkpoint before SIGKILL."
     )

@@ -51,7 +51,7 @@ from robotloop.storage import BucketClient, BucketUrl
 from .conftest import WRITE_TOKEN, free_port
 from .fakealoha import FakeAloha
 
-OPS, OPS_READ = "rl_deploy_ops", "rl_deploy_ops_read"
+OPS, OPS_READ, BUCKET_STYLE = "rl_deploy_ops", "rl_deploy_ops_read", "rl_deploy_lab_only"
 RUN = "hf://buckets/lab/deploy/models/run"
 IMAGE = (48, 64)
 
@@ -104,7 +104,8 @@ def _jerky(src: Path, dst: Path) -> Path:
 
 def start_deploy_service(base: Path, *args: str) -> tuple[subprocess.Popen, str]:
     """`python -m services.deploy` with the test operator tokens and a fresh database under `base`."""
-    service = start_local_deploy_service(base, OPS, extra_args=args, extra_tokens=(f"{OPS_READ} read *",))
+    service = start_local_deploy_service(base, OPS, extra_args=args,
+                                         extra_tokens=(f"{OPS_READ} read *", f"{BUCKET_STYLE} write lab"))
     return service.proc, service.url
 
 
@@ -234,6 +235,9 @@ def test_robot_tokens_are_isolated_and_writes_need_operator_write_tokens(deploy)
     with pytest.raises(DeployError) as error:
         deploy.ops(OPS_READ).assign("iso1", channel="canary")
     assert error.value.status == 403 and "read-only" in str(error.value)
+    with pytest.raises(DeployError) as error:  # a namespace-scoped line (a bucket tokens file reused) is no operator
+        deploy.ops(BUCKET_STYLE).status()
+    assert error.value.status == 403 and "scoped to namespace 'lab'" in str(error.value)
     with pytest.raises(DeployError) as error:
         DeployClient(deploy.url, "rlr_not_a_token").assignment("iso1")
     assert error.value.status == 401

@@ -182,3 +182,15 @@ def test_robotloop_train_serve_is_the_training_service():
     for argv in (["train", "serve", "--help"], ["--endpoint", "http://127.0.0.1:1", "train", "watch", "--help"]):
         out = subprocess.run([sys.executable, "-m", "robotloop.cli", *argv], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and f"robotloop trainer {argv[-2]}" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_full_queue_refuses_new_jobs_and_creates_nothing(tmp_path):
+    from robotloop.train.jobs import JobManager, JobSpec, QueueFull
+
+    manager = JobManager(tmp_path / "jobs", max_queued=0)
+    try:
+        with pytest.raises(QueueFull, match="the limit is 0"):
+            manager.submit(JobSpec(datasets=[DATASET], output="hf://buckets/lab/trainsvc/models/q", steps=1))
+        assert list((tmp_path / "jobs").iterdir()) == [] and manager.list() == []
+    finally:
+        manager.close()

@@ -48,6 +48,10 @@ FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 LOG_CHUNK = 64 * 1024
 
 
+class QueueFull(RuntimeError):
+    """Too many jobs wait already (HTTP 429)."""
+
+
 class UnknownJob(KeyError):
     """No job with this id (HTTP 404)."""
 
@@ -172,8 +176,10 @@ class JobManager:
     period. Jobs found under `root` from an earlier run are listed with their final state.
     """
 
-    def __init__(self, root: Path, max_running: int = 1, cancel_grace_s: float = 120.0, poll_s: float = 0.2) -> None:
+    def __init__(self, root: Path, max_running: int = 1, cancel_grace_s: float = 120.0, poll_s: float = 0.2,
+                 max_queued: int = 32) -> None:  # fmt: skip
         self.root, self.max_running, self.cancel_grace_s, self.poll_s = Path(root), max_running, cancel_grace_s, poll_s
+        self.max_queued = max_queued
         self.root.mkdir(parents=True, exist_ok=True)
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.RLock()
@@ -188,10 +194,15 @@ class JobManager:
         """Queue a job (it starts at once when a slot is free); returns its id.
 
         Raises:
-            RuntimeError: the manager is closed. OSError: the job directory cannot be written.
+            RuntimeError: the manager is closed. QueueFull: `max_queued` jobs already wait.
+            OSError: the job directory cannot be written.
         """
         if self._closed.is_set():
             raise RuntimeError("the job manager is shutting down")
+        with self._lock:
+            waiting = sum(job.state.status == "queued" for job in self._jobs.values())
+        if waiting >= self.max_queued:
+            raise QueueFull(f"{waiting} jobs are already queued (the limit is {self.max_queued}); cancel one or wait")
         job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         job_dir = self.root / job_id
         job_dir.mkdir()

@@ -49,6 +49,7 @@ from robotloop.deploy.keys import BadSignature, load_public_keys
 from robotloop.deploy.manifest import BadManifest, SignedManifest
 from robotloop.deploy.registry import Registry, RegistryError
 from robotloop.storage.server.auth import (
+    WILDCARD,
     AuthError,
     Forbidden,
     TokenStore,
@@ -90,7 +91,11 @@ def caller(request: Request) -> Caller:
         return Caller(f"robot:{robot}", robot=robot)
     tokens: TokenStore = request.app.state.tokens
     token = tokens.require(header, write=False, why="")
-    return Caller("operator", write=tokens.principal(token).write)
+    who = tokens.principal(token)
+    if who.namespace != WILDCARD:  # a bucket-style tokens file reused here must not make every line an operator
+        raise Forbidden(f"this token is scoped to namespace {who.namespace!r}; the deploy service's operators are "
+                        "'<token> <read|write> *' lines")  # fmt: skip
+    return Caller("operator", write=who.write)
 
 
 Who = Annotated[Caller, Depends(caller)]

@@ -44,7 +44,7 @@ from starlette.concurrency import run_in_threadpool
 from robotloop.config import Settings
 from robotloop.storage import BucketUrl, resolve_endpoint
 from robotloop.storage.server.auth import AuthError, TokenStore
-from robotloop.train.jobs import JobManager, JobSpec, UnknownJob
+from robotloop.train.jobs import JobManager, JobSpec, QueueFull, UnknownJob
 from services.limits import BodyLimit
 
 log = logging.getLogger("robotloop.trainer")
@@ -83,7 +83,7 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
     """
     tokens = TokenStore.from_file(Path(tokens_file))
     cfg = settings.trainer
-    jobs = JobManager(root or cfg.root, cfg.max_running, cfg.cancel_grace_s)
+    jobs = JobManager(root or cfg.root, cfg.max_running, cfg.cancel_grace_s, max_queued=cfg.max_queued)
     storage = resolve_endpoint(settings)  # once: a job's child gets a concrete endpoint and token, not a lookup
 
     @contextlib.asynccontextmanager
@@ -150,6 +150,10 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
     @app.exception_handler(AuthError)
     async def auth_error(request: Request, err: AuthError) -> JSONResponse:
         return _error(err.status, str(err))
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(request: Request, err: QueueFull) -> JSONResponse:
+        return _error(429, str(err))
 
     @app.exception_handler(UnknownJob)
     async def unknown_job(request: Request, err: UnknownJob) -> JSONResponse:
