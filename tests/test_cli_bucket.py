@@ -42,3 +42,9 @@ def test_bad_input_is_a_clear_error(bucket_server, tmp_path):
     assert missing.returncode == 1 and "never-made" in missing.stdout and "robotloop bucket create" in missing.stdout
     no_token = robotloop(bucket_server, "bucket", "put", str(tmp_path), "hf://buckets/lab/cli2", token=None)
     assert no_token.returncode == 1 and "token" in no_token.stdout.lower()
+    # Messages are printed as text, not rich markup: brackets in a path neither crash nor vanish.
+    brackets = robotloop(bucket_server, "bucket", "ls", "hf://buckets/lab/never-made/[red]x[/red]")
+    assert brackets.returncode == 1 and "[red]x[/red]" in brackets.stdout and "Traceback" not in brackets.stderr
+    # Nothing listening at the endpoint: one clear line naming where to set it, no traceback.
+    gone = robotloop(type(bucket_server)("http://127.0.0.1:1", None, None, None), "bucket", "ls", "hf://buckets/lab/x")
+    assert gone.returncode == 1 and "does not answer" in gone.stdout and "Traceback" not in gone.stderr

@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .output import fail
+
 console = Console()
 PROVIDER_HELP = "bedrock, openai (any OpenAI-compatible endpoint) or ollama. Default: agent.provider (bedrock)."
 
@@ -35,15 +37,12 @@ def agent(
             {**settings.agent.model_dump(), **overrides})})  # fmt: skip
         runner = make_agent(settings, callback_handler=None)
     except (ModelUnavailable, ValidationError) as error:
-        console.print(f"[red]error:[/red] {escape(str(error))}")
-        raise typer.Exit(2) from None
+        raise fail(error) from None
     _show_tool_calls(runner)
     try:
         result = runner(prompt)
     except Exception as error:  # noqa: BLE001 (providers raise their own types: no credentials, unreachable, ...)
-        console.print(f"[red]error:[/red] the model call failed ({settings.agent.provider}): "
-                      f"{type(error).__name__}: {escape(str(error))}")
-        raise typer.Exit(1) from None
+        raise fail(f"{type(error).__name__}: {error}", f"the model call failed ({settings.agent.provider}): ") from None
     console.print(Panel(Markdown(str(result).strip() or "(no answer)"), title="agent", border_style="green"))
 
 

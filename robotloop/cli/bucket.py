@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..storage import BadBucketUrl, BucketUrl, Entry, StorageError, connect
+from .output import fail
 
 app = typer.Typer(no_args_is_help=True, help="Work with Xet storage buckets (hf://buckets/<ns>/<bucket>/<path>).")
 console = Console()
@@ -25,8 +26,7 @@ def _url(text: str) -> BucketUrl:
 
 
 def _fail(error: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {error}")
-    return typer.Exit(1)
+    return fail(error)
 
 
 @app.command()

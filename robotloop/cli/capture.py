@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from ..config import Settings, load_settings
+from .output import fail
 
 app = typer.Typer(no_args_is_help=True, help="The capture service: robots stream episodes, it commits them to buckets.")
 console = Console()
@@ -28,5 +29,4 @@ def serve(
     try:
         run(settings, tokens, host, port)
     except (ValueError, FileNotFoundError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        raise fail(error) from None

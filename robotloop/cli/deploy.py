@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..config import Settings, load_settings
+from .output import fail
 
 app = typer.Typer(no_args_is_help=True, help="Ship checkpoints to robots: signed releases, channels, rollbacks.")
 console = Console()
@@ -28,8 +29,7 @@ def _settings(ctx: typer.Context) -> Settings:
 
 
 def _fail(error: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {error}")
-    return typer.Exit(2)
+    return fail(error)
 
 
 def _client(ctx: typer.Context, url: str | None, token: str | None):

@@ -18,6 +18,7 @@ from rich.progress import (
 from rich.table import Table
 
 from ..storage import StorageError
+from .output import fail
 
 console = Console()
 
@@ -124,8 +125,7 @@ def eval_policy(
         ValueError,
         KeyError,
     ) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(1) from None
+        raise fail(error) from None
     console.print(_episode_table(report))
     lo, hi = report.success_ci95
     console.print(

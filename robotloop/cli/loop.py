@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from ..storage import StorageError, connect
+from .output import fail
 from .record import _image_size
 
 console = Console()
@@ -49,6 +50,8 @@ def loop(
                                        backbone_weights=backbone_weights, **overrides)  # fmt: skip
     except KeyError as error:
         raise typer.BadParameter(str(error.args[0]), param_hint="--preset") from None
+    except ValueError as error:  # unknown task, bad bucket URL
+        raise typer.BadParameter(str(error)) from None
     step = {"n": 0}
 
     def on_stage(stage: str, what: str) -> None:
@@ -62,8 +65,7 @@ def loop(
     try:
         report = run_loop(settings, connect(ctx.obj), on_stage, on_train)
     except (StorageError, KeyError, ValueError, RuntimeError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(1) from None
+        raise fail(error) from None
     path = write_report(report)
     console.print(path.read_text().split("![loss]")[0])
     console.print(f"report: {path}")

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..capture import DatasetRecorder, DatasetSpec
 from ..capture.sim_record import TASK_TEXT, record_sim
 from ..storage import BadBucketUrl, BucketUrl, StorageError, connect
+from .output import fail
 
 console = Console()
 
@@ -77,8 +78,7 @@ def record(
             report = record_sim(recorder, sim, episodes, workers, size, max_steps, first if seed is None else seed,
                                 keep_failed=keep_failed, on_event=on_event)
     except (StorageError, ValueError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(1) from None
+        raise fail(error) from None
     sent = sum(c.bytes_sent for c in report.committed)
     own = sum(c.episode_bytes for c in report.committed)
     console.print(

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from ..config import load_settings
+from .output import fail
 from .record import _image_size
 
 app = typer.Typer(no_args_is_help=True, help="The robot side: run released policies, hot-swap and roll back.")
@@ -29,7 +30,8 @@ def run(
     trusted_key: Annotated[list[Path] | None, typer.Option("--trusted-key", help=KEYS_HELP)] = None,
     store: Annotated[Path | None, typer.Option(help="Local release store. Default: robot.store_dir.")] = None,
     sim: Annotated[str | None, typer.Option(help="Sim task (transfer_cube, insertion).")] = None,
-    image_size: Annotated[str, typer.Option(help="Sim camera HxW; must match the policy's.")] = "96x128",
+    image_size: Annotated[str, typer.Option(help="Sim camera HxW; must match the policy's (as `record` wrote "
+                                            "its dataset).")] = "480x640",
     episode_steps: Annotated[int, typer.Option(min=1, help="Sim: steps per episode.")] = 400,
     robot_type: Annotated[str | None, typer.Option("--robot.type", help="LeRobot robot type (hardware).")] = None,
     robot_port: Annotated[str | None, typer.Option("--robot.port")] = None,
@@ -63,8 +65,7 @@ def run(
             deploy_url or settings.deploy.client_url, token or (cfg.token.get_secret_value() if cfg.token else None)
         )
     except (FileNotFoundError, DeployKeyError, DeployError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        raise fail(error) from None
     endpoint, storage_token = resolve_endpoint(settings)
     env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fps, episode_time_s)
     options = cfg.model_copy(update={"robot_id": robot_id, "device": device or cfg.device})

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..storage import BadBucketUrl, BucketUrl, StorageError, connect
+from .output import fail
 
 console = Console()
 
@@ -57,8 +58,7 @@ def train(
     try:  # fail now, not after the data streams in (build_policy checks again, per rank)
         preflight_fp8(fp8, device)
     except Fp8Error as error:
-        console.print(f"[red]error:[/red] --fp8 {fp8}: {error}")
-        raise typer.Exit(1) from None
+        raise fail(error, f"--fp8 {fp8}: ") from None
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--fp8") from None
     use_fast = device.startswith("cuda") if fast is None else fast
@@ -86,8 +86,7 @@ def train(
             report = run(connect(ctx.obj), datasets, out, settings, act, DataSettings(decode_workers=decode_workers),
                          on_progress, stop.is_set)  # fmt: skip
         except (StorageError, ValueError) as error:
-            console.print(f"[red]error:[/red] {error}")
-            raise typer.Exit(1) from None
+            raise fail(error) from None
     console.print(f"{report.steps} steps in {report.wall_s:.1f} s: {report.samples_per_s:.1f} samples/s, "
                   f"data wait {100 * report.data_wait_share:.1f}%, final loss {report.final_loss:.4f}")  # fmt: skip
     console.print(f"last checkpoint: {report.checkpoints[-1] if report.checkpoints else 'none'}")

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..config import Settings, load_settings
+from .output import fail
 
 app = typer.Typer(no_args_is_help=True, help="The training service: submit, watch and cancel training jobs over HTTP.")
 console = Console()
@@ -31,8 +32,7 @@ def serve(
     try:
         run(settings, tokens, root, host, port)
     except (ValueError, FileNotFoundError) as error:
-        console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(2) from None
+        raise fail(error) from None
 
 
 @app.command()
@@ -64,8 +64,7 @@ def watch(
             state = client.wait(job_id, every_s=every_s, on_state=show)
         except TrainerError as error:
             bars.stop()
-            console.print(f"[red]error:[/red] {error}")
-            raise typer.Exit(2) from None
+            raise fail(error) from None
     console.print(f"{state['status']}: {state['message']}; last checkpoint: {state['last_checkpoint'] or 'none'}")
     if state["status"] != "succeeded":
         raise typer.Exit(1)

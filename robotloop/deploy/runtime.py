@@ -17,7 +17,8 @@ last `health_window` episodes by more than `health_margin`, the robot rolls back
 without a reward) only load failures and non-finite actions trigger a rollback.
 
 A refused or rolled-back release is not tried again by this robot (the list survives restarts, in
-`<store>/runtime.json`); publish a fixed one under a new name.
+`<store>/runtime.json`); publish a fixed one under a new name. A release whose inputs do not fit the robot's
+observations (camera size, state size) is skipped only until the robot restarts: that is often the robot's setup.
 
 Example:
     ```python
@@ -115,6 +116,7 @@ class RobotRuntime:
         self._refused: set[str] = set(state.get("refused", []))
         self._last_good: str | None = state.get("last_good")  # runs at start, before the service answers
         self._fetchers: dict[str, XetFetcher] = {}
+        self._mismatched: set[str] = set()  # releases whose inputs do not fit this robot: skipped until a restart
 
     # -- public ----------------------------------------------------------------------------------------------
     @property
@@ -280,7 +282,7 @@ class RobotRuntime:
     def _wanted(self, release: str) -> bool:
         with self._lock:
             standby = self._standby.release if self._standby else None
-        return release not in self._refused and release not in (self.running, standby)
+        return release not in self._refused and release not in self._mismatched and release not in (self.running, standby)
 
     def _prepare(self, release: str, manifest: dict | None) -> bool:
         """Pull, verify, load and warm up `release`, then offer it to the control thread. False: try again later."""
@@ -310,7 +312,15 @@ class RobotRuntime:
             obs = self._latest_obs
             if obs is not None:
                 runner.warmup(obs)
-        except Exception as error:  # noqa: BLE001 - PolicyLoadError, NonFiniteAction in the warm-up, a wrong shape
+        except ValueError as error:  # the robot's observations do not fit the policy (camera size, state size)
+            # Often the robot's own setup (a sim started with another --image-size): refused for this run only,
+            # so that a robot restarted with the right setup tries the release again.
+            log.error("cannot run %s on this robot: %s", release, error)
+            self.stats.refused.append({"release": release, "back_to": self.running, "reason": str(error)})
+            self._outbox.put(("refused", release, self.running, f"observations do not fit the policy: {error}"))
+            self._mismatched.add(release)
+            return True
+        except Exception as error:  # noqa: BLE001 - PolicyLoadError, NonFiniteAction in the warm-up
             self._refuse(release, f"load failed: {type(error).__name__}: {error}", kind="rollback", back=self.running)
             return True
         with self._lock:

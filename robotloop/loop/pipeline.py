@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..capture import DatasetRecorder, DatasetSpec
-from ..capture.sim_record import record_sim
+from ..capture.sim_record import TASK_TEXT, record_sim
 from ..config import RobotSettings
 from ..deploy.client import DeployClient
 from ..deploy.envs import SimControlEnv
@@ -75,6 +75,10 @@ class LoopSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        """Raises ValueError (BadBucketUrl included) before anything starts: unknown task, bad bucket URL, ..."""
+        if self.task not in TASK_TEXT:
+            raise ValueError(f"unknown sim task {self.task!r}; choose one of {sorted(TASK_TEXT)}")
+        BucketUrl.parse(self.bucket)
         if self.train_after is not None and self.train_after < 1:
             raise ValueError(f"train_after must be at least 1 demo (or None), not {self.train_after}")
 
@@ -144,7 +148,7 @@ def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lam
 
     Raises:
         robotloop.storage.StorageError: the bucket cannot be reached or written.
-        KeyError: unknown task. RuntimeError: the deploy service or the robot did not come up.
+        RuntimeError: the deploy service or the robot did not come up.
     """
     s, report = settings, LoopReport(settings)
     s.report_dir.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+import httpx
 from huggingface_hub import HfApi, HfFileSystem
 from huggingface_hub._buckets import BucketFile, _BucketAddFile
 from huggingface_hub.errors import BucketNotFoundError, EntryNotFoundError, HfHubHTTPError
@@ -304,6 +305,10 @@ def _explained(url: BucketUrl, action: str) -> Iterator[None]:
     except HfHubHTTPError as error:
         status = error.response.status_code if error.response is not None else 0
         raise StorageError(f"cannot {action} {url}: {_hint(status)}. Server said: {error}") from None
+    except httpx.TransportError as error:  # no answer at all: nothing listens there, DNS, TLS, a timeout
+        raise StorageError(f"cannot {action} {url}: the storage endpoint does not answer ({type(error).__name__}: "
+                           f"{error}); check `robotloop --endpoint URL ...`, ROBOTLOOP_STORAGE__ENDPOINT or "
+                           "HF_ENDPOINT") from None  # fmt: skip
     except (RuntimeError, ConnectionError) as error:  # how hf_xet reports failed transfers
         status = next((code for code in _HINTS if f"({code} " in str(error)), 0)
         raise StorageError(f"cannot {action} {url}: {_hint(status)}. Xet transfer said: {error}") from None
