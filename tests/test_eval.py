@@ -105,6 +105,8 @@ def test_resolve_policy_local_forms(tiny: Path, tmp_path: Path) -> None:
         resolve_policy(str(tmp_path))
     with pytest.raises(PolicyLoadError, match="release name"):
         resolve_policy("cube@v3")
+    with pytest.raises(PolicyLoadError, match="no such directory"):  # a mistyped path is not taken for a release
+        resolve_policy(str(tmp_path / "runs" / "typo"), release_resolver=lambda name: pytest.fail("asked for a release"))
 
 
 def test_cli_evaluates_a_checkpoint_in_a_bucket(

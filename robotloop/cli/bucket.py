@@ -98,11 +98,14 @@ def du(ctx: typer.Context, url: UrlArg) -> None:
 @app.command()
 def serve(
     root: Annotated[Path, typer.Option(help="Data root (xorbs, shards, index).")] = Path("buckets"),
-    host: str = "127.0.0.1",
-    port: int = 8750,
+    host: Annotated[str, typer.Option(help="Address to listen on (anything but loopback needs --tokens).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8750,
     tokens: Annotated[Path | None, typer.Option(help="Tokens file: '<token> <read|write> <namespace|*>' per line.")] = None,
 ) -> None:
     """Run the Hub-compatible Xet bucket server."""
     from services.bucket.app import serve as run_server
 
-    run_server(root, host, port, tokens)
+    try:
+        run_server(root, host, port, tokens)
+    except (ValueError, FileNotFoundError) as error:  # open mode off loopback, a malformed or missing tokens file
+        raise fail(error) from None

@@ -1,4 +1,4 @@
-"""`robotloop demo`: the main job until the full loop exists: a storage round trip through a bucket.
+"""`robotloop demo`: a storage round trip through a bucket (the main job is `robotloop loop`).
 
 It shows what robotloop's storage gives a robot team: an upload, a re-upload of the same file with 1% of
 its bytes changed (only the changed chunks travel), a ranged read, and a verified download.

@@ -47,7 +47,8 @@ def keygen(
     key: Annotated[Path | None, typer.Option(help="Private key file to write. Default: deploy.key_file.")] = None,
     force: Annotated[bool, typer.Option(help="Overwrite an existing key (releases it signed stop verifying).")] = False,
 ) -> None:
-    """Make an ed25519 deploy key: KEY (private, 0600) and KEY.pub (copy it to robots' trusted keys)."""
+    """Make an ed25519 deploy key: the private key file (0600) and, beside it, the public key with the suffix .pub
+    (deploy.key -> deploy.pub): copy that one to robots' trusted keys."""
     from ..deploy.keys import generate_keypair, public_path
 
     key = key or _settings(ctx).deploy.key_file

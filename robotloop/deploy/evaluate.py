@@ -387,6 +387,9 @@ def resolve_policy(
     local = Path(spec).expanduser()
     if local.exists():
         return _resolve_local(local)
+    if "/" in spec or spec.startswith(("~", ".")):  # release names have no slashes: a path that is not there
+        raise PolicyLoadError(f"{spec}: no such directory (a policy is a local checkpoint folder, a bucket URL "
+                              "hf://buckets/..., or a release name)")  # fmt: skip
     return (release_resolver or resolve_release)(spec)
 
 
