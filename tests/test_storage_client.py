@@ -109,3 +109,38 @@ def test_embedded_server_starts_once_and_is_shared(tmp_path):
             anonymous.stat(url)  # private by default, even on the embedded server
     finally:
         assert stop_embedded_server(root)
+
+
+def test_the_embedded_servers_token_goes_only_to_that_server(tmp_path):
+    # The server died and another local process took its port: it answers everything, and must never see the token.
+    import http.server
+    import json
+    import threading
+
+    seen: list[str] = []
+
+    class Squatter(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            seen.append(self.headers.get("authorization") or "")
+            body = json.dumps({"proofs": ["0" * 64]}).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    squatter = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Squatter)
+    threading.Thread(target=squatter.serve_forever, daemon=True).start()
+    root = tmp_path / "embedded"
+    first = ensure_embedded_server(root)
+    stop_embedded_server(root)
+    (root / "server.json").write_text(json.dumps({"endpoint": f"http://127.0.0.1:{squatter.server_port}", "pid": 1}))
+    try:
+        again = ensure_embedded_server(root)  # a fresh server of ours, not the squatter
+        assert again.endpoint != f"http://127.0.0.1:{squatter.server_port}" and again.token == first.token
+        assert seen and not any(first.token in header for header in seen)
+    finally:
+        stop_embedded_server(root)
+        squatter.shutdown()

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from ..service_process import ServiceStartError, free_port, start_service_process
+from .server.auth import token_proof
 
 START_TIMEOUT_S = 60.0
 
@@ -76,10 +77,16 @@ def _running_server(root: Path, token: str) -> LocalServer | None:
 
 
 def _answers(server: LocalServer) -> bool:
+    """Whether our server answers there. It must first prove it holds our token (`TokenStore.prove`): the token
+    goes only to it, not to another process that took the port of a server that died."""
+    nonce = secrets.token_bytes(16)
     try:
+        r = httpx.get(f"{server.endpoint}/api/robotloop/proof", params={"nonce": nonce.hex()}, timeout=2)
+        if r.status_code != 200 or token_proof(server.token, nonce) not in r.json().get("proofs", []):
+            return False
         r = httpx.get(f"{server.endpoint}/api/robotloop/stats", headers={"authorization": f"Bearer {server.token}"}, timeout=2)
         return r.status_code == 200
-    except httpx.HTTPError:
+    except (httpx.HTTPError, ValueError, AttributeError):  # no answer, or not JSON of the expected shape
         return False
 
 

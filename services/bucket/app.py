@@ -77,6 +77,16 @@ def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int 
     app.include_router(cas_router(cas, _cas_authorize(tokens),
                                   may_read=lambda claims, h: buckets.holds_hash(claims.namespace, claims.bucket, h)))
 
+    @app.get("/api/robotloop/proof")
+    def proof(nonce: str) -> Any:
+        try:
+            raw = bytes.fromhex(nonce)
+        except ValueError:
+            raw = b""
+        if not 16 <= len(raw) <= 64:
+            return error_response(400, "nonce must be 16 to 64 bytes, hex-encoded")
+        return {"proofs": tokens.prove(raw)}
+
     @app.get("/api/robotloop/stats")
     def stats(request: Request) -> Any:
         try:

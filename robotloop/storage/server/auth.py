@@ -148,6 +148,11 @@ def parse_tokens_text(text: str, source: str = "<tokens>") -> dict[str, TokenEnt
     return entries
 
 
+def token_proof(token: str, nonce: bytes) -> str:
+    """See `TokenStore.prove`."""
+    return hmac.new(hashlib.sha256(token.encode()).digest(), nonce, hashlib.sha256).hexdigest()
+
+
 def _valid_namespace(namespace: str) -> bool:
     # Same character rule as bucket names (see buckets.validate_name), kept local to avoid a cycle.
     return 0 < len(namespace) <= 96 and namespace.replace("-", "").replace("_", "").replace(".", "").isalnum()
@@ -163,6 +168,13 @@ class TokenStore:
         self._entries = entries
         # A random secret invalidates CAS tokens on restart; clients simply refresh them.
         self._secret = cas_secret if cas_secret is not None else secrets.token_bytes(32)
+
+    def prove(self, nonce: bytes) -> list[str]:
+        """Proofs that this server holds its `* write` tokens, without sending any: HMAC-SHA256 of `nonce` keyed by
+        each token's SHA-256 (at most 16). A local client checks for its own before it sends its token, so a
+        process squatting a dead server's port learns nothing (`robotloop.storage.embedded`)."""
+        owned = [t for t, e in (self._entries or {}).items() if e.write and e.namespace == WILDCARD][:16]
+        return [token_proof(t, nonce) for t in owned]
 
     @classmethod
     def from_file(cls, path: Path | str | None, cas_secret: bytes | None = None) -> TokenStore:
