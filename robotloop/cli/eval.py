@@ -64,7 +64,7 @@ def eval_policy(
             help="Videos and eval_report.json (default: outputs/eval/<time>_<task>)."
         ),
     ] = None,
-    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    device: Annotated[str, typer.Option(help="auto (cuda when there is a GPU, else cpu), cpu or cuda.")] = "auto",
 ) -> None:
     """Evaluate a trained policy in the ALOHA sim: episodes run in parallel, seeded, with rollout videos."""
     from ..deploy.client import DeployError
@@ -73,6 +73,7 @@ def eval_policy(
     from ..deploy.keys import BadSignature
     from ..deploy.store import IntegrityError
     from ..sim.env import parse_image_size
+    from ..train.trainer import resolve_device
 
     try:
         size = parse_image_size(image_size)
@@ -111,7 +112,7 @@ def eval_policy(
                 image_size=size,
                 videos=videos,
                 output_dir=out,
-                device=device,
+                device=resolve_device(device),
                 on_episode=on_episode,
                 source=policy,
             )

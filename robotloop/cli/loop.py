@@ -18,7 +18,7 @@ console = Console()
 def loop(
     ctx: typer.Context,
     preset: Annotated[str, typer.Option(help="cpu (minutes on 2 cores) or h200 (the real result on one H200).")] = "cpu",
-    task: Annotated[str | None, typer.Option(help="transfer_cube or insertion.")] = None,
+    task: Annotated[str | None, typer.Option("--sim", "--task", help="Sim task: transfer_cube or insertion.")] = None,
     episodes: Annotated[int | None, typer.Option(min=1, help="Scripted demos to record.")] = None,
     image_size: Annotated[str | None, typer.Option(help="Camera HxW, e.g. 48x64 or 480x640.")] = None,
     steps: Annotated[int | None, typer.Option(min=1, help="Training steps.")] = None,

@@ -32,7 +32,8 @@ def run(
     sim: Annotated[str | None, typer.Option(help="Sim task (transfer_cube, insertion).")] = None,
     image_size: Annotated[str, typer.Option(help="Sim camera HxW; must match the policy's (as `record` wrote "
                                             "its dataset).")] = "480x640",
-    episode_steps: Annotated[int, typer.Option(min=1, help="Sim: steps per episode.")] = 400,
+    episode_steps: Annotated[int, typer.Option("--max-steps", "--episode-steps", min=1, help="Sim: steps per "
+                                               "episode (as record and eval call it).")] = 400,
     robot_type: Annotated[str | None, typer.Option("--robot.type", help="LeRobot robot type (hardware).")] = None,
     robot_port: Annotated[str | None, typer.Option("--robot.port")] = None,
     robot_hw_id: Annotated[str | None, typer.Option("--robot.id", help="LeRobot calibration id.")] = None,

@@ -25,16 +25,17 @@ def train(
     ctx: typer.Context,
     dataset: Annotated[list[str], typer.Option(help="Dataset URL (repeat for several).")],
     output: Annotated[str, typer.Option(help="Run URL: hf://buckets/<ns>/<bucket>/models/<run>")],
-    steps: Annotated[int, typer.Option(min=1)] = 1000,
-    batch_size: Annotated[int, typer.Option(min=1)] = 8,
-    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps (the run's total, counting resumed ones).")] = 1000,
+    batch_size: Annotated[int, typer.Option(min=1, help="Samples per step (per GPU under torchrun).")] = 8,
+    device: Annotated[str, typer.Option(help="auto (cuda when there is a GPU, else cpu), cpu, cuda or cuda:N.")] = "auto",
     resume: Annotated[bool, typer.Option(help="Continue from the run's last checkpoint.")] = False,
-    log_every: Annotated[int, typer.Option(min=1)] = 50,
-    checkpoint_every: Annotated[int, typer.Option(min=1)] = 1000,
+    log_every: Annotated[int, typer.Option(min=1, help="Steps between progress lines.")] = 50,
+    checkpoint_every: Annotated[int, typer.Option(min=1, help="Steps between checkpoints (the last step always "
+                                                              "writes one).")] = 1000,
     fast: Annotated[bool | None, typer.Option(help="bf16, fused attention, channels_last, compile + CUDA graphs (default: on with cuda).")] = None,
     backbone_weights: Annotated[Path | None, typer.Option(help="Local torchvision resnet18 weights; default none: random init.")] = None,
-    decode_workers: Annotated[int, typer.Option(min=1)] = 4,
-    seed: int = 0,
+    decode_workers: Annotated[int, typer.Option(min=1, help="Processes decoding video for the frame buffer.")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the weights and the sampler.")] = 0,
     tiny: Annotated[bool, typer.Option(help="A small ACT (dim 64) for smoke tests on CPU.")] = False,
     progress_file: Annotated[Path | None, typer.Option(help="Append one JSON line per progress report, and the final report.")] = None,
     fp8: Annotated[str, typer.Option(help="FP8 linear layers (TorchAO): off, auto (only shapes measured faster; bf16 where there is no FP8), tensorwise, rowwise, rowwise_with_gw_hp.")] = "off",
@@ -47,7 +48,7 @@ def train(
     from ..train.fp8 import Fp8Error
     from ..train.fp8 import preflight as preflight_fp8
     from ..train.policy import ACTSettings
-    from ..train.trainer import TrainSettings
+    from ..train.trainer import TrainSettings, resolve_device
     from ..train.trainer import train as run
 
     try:
@@ -55,6 +56,7 @@ def train(
         out = BucketUrl.parse(output)
     except BadBucketUrl as error:
         raise typer.BadParameter(str(error)) from None
+    device = resolve_device(device)
     try:  # fail now, not after the data streams in (build_policy checks again, per rank)
         preflight_fp8(fp8, device)
     except Fp8Error as error:

@@ -39,9 +39,11 @@ def serve(
 def watch(
     ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(help="The job's id (POST /v1/jobs answered it).")],
-    service_token: Annotated[str | None, typer.Option(help="A read or write token of the service. Default: "
-                                                      "trainer.token (ROBOTLOOP_TRAINER__TOKEN), else asked.")] = None,
-    url: Annotated[str | None, typer.Option(help="The training service. Default: trainer.url.")] = None,
+    service_token: Annotated[str | None, typer.Option("--trainer-token", "--service-token", help="A read or write "
+                                                      "token of the service. Default: trainer.token "
+                                                      "(ROBOTLOOP_TRAINER__TOKEN), else asked.")] = None,
+    url: Annotated[str | None, typer.Option("--trainer-url", "--url", help="The training service. Default: "
+                                            "trainer.url, else http://trainer.host:trainer.port.")] = None,
     every_s: Annotated[float, typer.Option(min=0.1, help="Seconds between polls.")] = 1.0,
 ) -> None:
     """Show a job's progress bar until it ends; exit 0 only if it succeeded."""

@@ -315,7 +315,8 @@ def _explained(url: BucketUrl, action: str) -> Iterator[None]:
 
 
 _HINTS = {
-    401: "the token is missing or unknown: set ROBOTLOOP_STORAGE__TOKEN or HF_TOKEN",
+    401: "the token is missing or unknown: pass `robotloop --token T <command>` or set ROBOTLOOP_STORAGE__TOKEN or "
+         "HF_TOKEN",
     403: "the token may not do this: it needs write access to this namespace",
     404: "not found: check the bucket and path",
     413: "the request is too large for the server",

@@ -158,6 +158,14 @@ def sampler_urls(sampler: StreamingSampler) -> list[BucketUrl]:
     return [source.url for source in sampler.sources]
 
 
+def resolve_device(device: str) -> str:
+    """`auto` becomes `cuda` when torch sees a GPU, else `cpu` (LeRobot's tools default to cuda; a GPU user who
+    forgets the flag should not train on the CPU). Other values pass through."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 def _distributed(device: str) -> tuple[int, int, str]:
     """(rank, world size, this rank's device). Under torchrun (WORLD_SIZE > 1) this joins the process group:
     NCCL between GPUs, gloo on CPU; each rank takes the GPU of its LOCAL_RANK."""
