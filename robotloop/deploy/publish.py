@@ -54,10 +54,17 @@ def publish(client: BucketClient, checkpoint: str, name: str, signer: Signer, de
             channel: str | None = None) -> SignedManifest:  # fmt: skip
     """Build, sign and store the release manifest of `checkpoint`, then register it (and point `channel` at it).
 
+    Example:
+        ```python
+        >>> signed = publish(connect(), "hf://buckets/lab/demos/models/run1", "v7", load_private_key(key_file),
+        ...                  DeployClient.from_settings(settings), channel="canary")
+        >>> signed.manifest.total_bytes, signed.key_id
+        ```
+
     Raises:
         BadBucketUrl: `checkpoint` is not a bucket URL. PublishError: no checkpoint, no pretrained_model, or
         `name` already names another release in this bucket. DeployError: the deploy service refused it.
-        BadManifest: a bad release name.
+        BadManifest: a bad release name. robotloop.storage.StorageError: the bucket cannot be reached or written.
     """
     check_release_name(name)
     step_url = resolve_checkpoint(client, BucketUrl.parse(checkpoint))

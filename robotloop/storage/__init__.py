@@ -31,7 +31,19 @@ def resolve_endpoint(settings: Settings) -> tuple[str, str | None]:
 
 
 def connect(settings: Settings | None = None) -> BucketClient:
-    """A client for the configured bucket endpoint (see `resolve_endpoint`)."""
+    """A client for the configured bucket endpoint (see `resolve_endpoint`). With no endpoint configured this starts
+    the embedded bucket server on localhost, which keeps running for later commands (`robotloop bucket serve` for
+    a shared one; `robotloop.storage.embedded.stop_embedded_server` stops it).
+
+    Example:
+        ```python
+        >>> client = connect()                       # settings from robotloop.toml / ROBOTLOOP_* / HF_* variables
+        >>> client.ls(BucketUrl.parse("hf://buckets/local/demos"))
+        ```
+
+    Raises:
+        EmbeddedServerError: the embedded server did not start (its log is under `storage.embedded_root`).
+    """
     settings = settings or load_settings()
     endpoint, token = resolve_endpoint(settings)
     return BucketClient(endpoint, token, ReadCache(settings.storage.cache_dir, settings.storage.cache_max_bytes))

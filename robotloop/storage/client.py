@@ -86,7 +86,21 @@ class Entry:
 
 
 class BucketClient:
-    """Reads and writes buckets at one endpoint with one token."""
+    """Reads and writes buckets at one endpoint with one token, through huggingface_hub and hf_xet.
+
+    Example:
+        ```python
+        >>> client = BucketClient("http://127.0.0.1:8750", token, ReadCache(Path("~/.cache/rl").expanduser(), 2**30))
+        >>> url = BucketUrl.parse("hf://buckets/lab/demos/runs/1")
+        >>> client.create_bucket(url)
+        >>> client.upload(Path("ep"), url).bytes_new       # only chunks the store lacks travel
+        >>> [e.url.name for e in client.ls(url)]
+        ```
+
+    Every method raises `StorageError` (its message names the URL and what to do) when the endpoint does not
+    answer, the token may not do it, or the server refuses; `NotFound` (a StorageError and a FileNotFoundError)
+    for a missing bucket or file. Use `robotloop.storage.connect()` to get one from the settings.
+    """
 
     def __init__(self, endpoint: str, token: str | None, cache: ReadCache | None = None) -> None:
         self.endpoint = endpoint.rstrip("/")

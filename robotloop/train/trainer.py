@@ -84,16 +84,26 @@ def train(
     `should_stop()` is polled every step: when it turns true, a checkpoint is written and training ends
     (how the training service cancels a job without losing work).
 
+    Example:
+        ```python
+        >>> report = train(connect(), [BucketUrl.parse("hf://buckets/lab/demos/datasets/cube")],
+        ...                BucketUrl.parse("hf://buckets/lab/demos/models/run1"), TrainSettings(steps=500, device="cuda"),
+        ...                ACTSettings.fast())
+        >>> report.samples_per_s, report.checkpoints[-1]
+        ```
+
     Raises:
-        robotloop.storage.NotFound: a dataset does not exist. ValueError: bad settings or mismatched datasets.
+        robotloop.storage.NotFound: a dataset does not exist. robotloop.storage.StorageError: the bucket cannot be
+        reached, read or written. ValueError: bad settings or mismatched datasets; `Fp8Error` (a ValueError) when
+        an FP8 recipe does not fit the device. robotloop.train.data.DataError: an episode could not be decoded.
     """
     rank, world, device = _distributed(settings.device)
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     act = act or ACTSettings()
     data = data or DataSettings()
     data.device, data.seed, data.chunk_size = device, settings.seed, act.chunk_size
-    client.create_bucket(output)
-    with StreamingSampler(client, datasets, data, rank, world) as sampler:
+    with StreamingSampler(client, datasets, data, rank, world) as sampler:  # a missing dataset fails here, first
+        client.create_bucket(output)
         policy = build_policy(sampler.features, sampler.stats, act, device)
         optimizer = policy.optimizer()
         if world > 1:
