@@ -11,6 +11,7 @@ import pytest  # noqa: E402
 
 from robotloop.sim import AlohaGymEnv, AlohaSim, record_demo, register_envs  # noqa: E402
 from robotloop.sim.constants import START_ARM_POSE  # noqa: E402
+from robotloop.sim.env import shadow_map_size  # noqa: E402
 from robotloop.sim.tasks import get_task  # noqa: E402
 
 TASKS = ["transfer_cube", "insertion"]
@@ -44,9 +45,12 @@ def test_reset_matches_gym_aloha(task: str, seed: int) -> None:
 
 @pytest.mark.parametrize("task", TASKS)
 def test_reset_image_matches_gym_aloha(task: str) -> None:
-    """The `top` image is rendered from the same scene and camera: pixel-identical to gym-aloha's."""
+    """The `top` image is rendered from the same scene and camera: pixel-identical to gym-aloha's, given the same
+    shadow maps (small images use smaller ones than MuJoCo's 4096: `shadow_map_size`; 480x640 keeps 4096)."""
     env_mod = pytest.importorskip("gym_aloha.env")
     ref = env_mod.AlohaEnv(task, obs_type="pixels_agent_pos", observation_height=24, observation_width=32)
+    ref._env.physics.model.vis.quality.shadowsize = shadow_map_size(24, 32)  # read when its render context is made
+    assert shadow_map_size(480, 640) == 4096
     inner = ref._env.task  # gym-aloha renders 3 cameras at 480x640 in get_observation: render only `top`, small
     inner.get_observation = lambda physics: {
         "qpos": inner.get_qpos(physics),

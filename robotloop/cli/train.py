@@ -44,7 +44,7 @@ def train(
 
     SIGTERM stops the run after the current step, with a checkpoint (how the training service cancels a job).
     """
-    from ..train.data import DataSettings
+    from ..train.data import DataError, DataSettings
     from ..train.fp8 import Fp8Error
     from ..train.fp8 import preflight as preflight_fp8
     from ..train.policy import ACTSettings
@@ -73,6 +73,7 @@ def train(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # the trainer polls it each step, then checkpoints
     write_progress = _progress_writer(progress_file)
+    failure: Exception | None = None
     with Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   TextColumn("{task.fields[note]}"), console=console) as bars:  # fmt: skip
         bar = bars.add_task("train", total=steps, note="streaming first episodes")
@@ -87,8 +88,10 @@ def train(
         try:
             report = run(connect(ctx.obj), datasets, out, settings, act, DataSettings(decode_workers=decode_workers),
                          on_progress, stop.is_set)  # fmt: skip
-        except (StorageError, ValueError) as error:
-            raise fail(error) from None
+        except (StorageError, DataError, ValueError) as error:
+            failure = error  # reported once the progress bar is gone, so that it is the last line on screen
+    if failure is not None:
+        raise fail(failure) from None
     console.print(f"{report.steps} steps in {report.wall_s:.1f} s: {report.samples_per_s:.1f} samples/s, "
                   f"data wait {100 * report.data_wait_share:.1f}%, final loss {report.final_loss:.4f}")  # fmt: skip
     console.print(f"last checkpoint: {report.checkpoints[-1] if report.checkpoints else 'none'}")

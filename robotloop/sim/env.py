@@ -8,6 +8,7 @@ Reward: 0..4 staged contact reward; `info["is_success"]` is `reward == max_rewar
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -77,6 +78,17 @@ def parse_image_size(size: ImageSize | str | None) -> ImageSize | None:
     return h, w
 
 
+def shadow_map_size(height: int, width: int) -> int:
+    """Side of the shadow maps for an image of this size.
+
+    Each of the scene's three lights renders a shadow map of this side squared every frame; at MuJoCo's 4096 that
+    is most of a CPU (llvmpipe) frame for small images. Eight shadow-map texels per image pixel, at least 1024:
+    at 48x64 and 96x128 that is 1024, which moves under 0.6% of the pixels by more than 8 levels (shadow edges;
+    `benchmarks/render.py`). 480x640, gym-aloha's size, keeps 4096.
+    """
+    return min(4096, max(1024, 1 << math.ceil(math.log2(8 * max(height, width)))))
+
+
 class TopCamera:
     """Offscreen renderer of the `top` camera at a fixed size."""
 
@@ -84,6 +96,7 @@ class TopCamera:
         h, w = size
         model.vis.global_.offheight = max(model.vis.global_.offheight, h)
         model.vis.global_.offwidth = max(model.vis.global_.offwidth, w)
+        model.vis.quality.shadowsize = shadow_map_size(h, w)
         self.renderer = mujoco.Renderer(model, height=h, width=w)
         self.renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = shadows
         self.camera = camera

@@ -43,8 +43,11 @@ class BucketUrl:
         """
         try:
             parsed = parse_hf_uri(url)
-        except HfUriError:  # its message describes every Hub URL kind; only bucket URLs are ours
-            raise BadBucketUrl(f"'{url}' is not a bucket URL: expected hf://buckets/<namespace>/<bucket>/<path>") from None
+        except HfUriError as error:
+            # Its specific reasons are kept ("Bucket id must be 'namespace/name'"); its description of every Hub
+            # URL kind is not: only bucket URLs are ours.
+            reason = str(error).split(" Must start with")[0].split(" Expected format")[0].rstrip(".")
+            raise BadBucketUrl(f"{reason}. Expected hf://buckets/<namespace>/<bucket>/<path>") from None
         if parsed.type != "bucket":
             raise BadBucketUrl(f"'{url}' is a {parsed.type} URL; robotloop stores data in buckets: hf://buckets/<ns>/<bucket>/...")
         return cls(parsed.id, _clean_path(parsed.path_in_repo, url))
