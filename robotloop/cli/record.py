@@ -20,9 +20,9 @@ def _image_size(text: str) -> tuple[int, int]:
     try:
         h, w = (int(v) for v in text.lower().split("x"))
     except ValueError:
-        raise typer.BadParameter(f"{text!r}: expected HxW, e.g. 480x640") from None
+        raise typer.BadParameter(f"{text!r}: expected HxW, e.g. 480x640", param_hint="--image-size") from None
     if h < 8 or w < 8:
-        raise typer.BadParameter(f"{text!r}: images must be at least 8x8")
+        raise typer.BadParameter(f"{text!r}: images must be at least 8x8", param_hint="--image-size")
     return h, w
 
 

@@ -111,7 +111,7 @@ class BucketClient:
     # -- buckets ---------------------------------------------------------------------------------------
     def create_bucket(self, url: BucketUrl, private: bool = True) -> None:
         """Create the bucket of `url` if it does not exist. Buckets are private unless asked otherwise."""
-        with _explained(url, "create the bucket"):
+        with _explained(BucketUrl(url.bucket_id, ""), "create the bucket"):  # the bucket's URL, not a file's
             self.api.create_bucket(url.bucket_id, private=private, exist_ok=True)
 
     # -- writes ----------------------------------------------------------------------------------------
