@@ -126,6 +126,21 @@ def test_same_seed_same_batches_and_resume_is_exact(full, bucket_server, dataset
             assert all(torch.equal(x[key], y[key]) for key in x)
 
 
+def test_resume_decodes_the_episodes_that_were_in_flight_at_the_save(bucket_server, dataset):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    with StreamingSampler(client, [dataset], settings()) as a:
+        deadline = time.monotonic() + 60
+        while not a._jobs_by_seq and time.monotonic() < deadline:  # saved while decode workers hold episodes
+            time.sleep(0.01)
+        assert a._jobs_by_seq, "no episode was ever in flight"
+        state = a.state_dict()
+    assert len(state["buffered"]) < len(LENGTHS)
+    with StreamingSampler(client, [dataset], settings()) as b:
+        b.load_state_dict(torch.load(_saved(state), weights_only=True))
+        b.wait_ready(timeout_s=60)  # every episode: none lost because it was being decoded at the save
+        assert sorted(i for _, i in b.buffered_episodes) == list(range(len(LENGTHS)))
+
+
 def _saved(state: dict):
     import io
 
@@ -269,3 +284,18 @@ def test_a_dataset_at_a_bucket_root_streams(bucket_server, tmp_path):
         sampler.wait_ready(timeout_s=120)
         k, t = where(sampler.next_batch(8))
     assert set(k) == {0} and (t < 12).all()
+
+
+def test_several_datasets_normalize_with_their_combined_stats():
+    from types import SimpleNamespace
+
+    from robotloop.train.data import _combined_stats
+
+    def source(mean: float, std: float, count: int) -> SimpleNamespace:
+        feature = {"mean": [mean], "std": [std], "min": [mean - 1], "max": [mean + 1], "count": [count]}
+        return SimpleNamespace(url="hf://buckets/lab/x", stats={"action": feature})
+
+    both = _combined_stats([source(0.0, 1.0, 100), source(10.0, 1.0, 300)])["action"]
+    assert both["mean"] == [7.5] and both["min"] == [-1.0] and both["max"] == [11.0] and both["count"] == [400]
+    assert 4.0 < both["std"][0] < 5.0  # the spread between the datasets counts, not just within each
+    assert _combined_stats([source(2.0, 1.0, 5), SimpleNamespace(url="u", stats={})])["action"]["mean"] == [2.0]

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
@@ -121,6 +122,21 @@ class EpisodeRef:
         return (self.dataset, self.index)
 
 
+def _combined_stats(sources: list[DatasetSource]) -> dict:
+    """Normalization stats over all datasets (count-weighted, as lerobot's own multi-dataset loader combines them),
+    as JSON-style lists. A dataset without `meta/stats.json` is left out, with a warning."""
+    for source in sources:
+        if not source.stats:
+            log.warning("%s has no meta/stats.json: its frames do not count in the normalization stats", source.url)
+    with_stats = [s.stats for s in sources if s.stats]
+    if len(with_stats) <= 1:
+        return with_stats[0] if with_stats else {}
+    from lerobot.datasets.compute_stats import aggregate_stats
+
+    arrays = [{k: {name: np.asarray(v) for name, v in feature.items()} for k, feature in st.items()} for st in with_stats]
+    return {k: {name: np.asarray(v).tolist() for name, v in feature.items()} for k, feature in aggregate_stats(arrays).items()}
+
+
 class DatasetSource:
     """One LeRobot v3 dataset in a bucket, as committed so far.
 
@@ -180,7 +196,12 @@ class DatasetSource:
         return new
 
     def _read_episode_rows(self, entry: Entry) -> list[dict]:
-        table = pq.read_table(io.BytesIO(self.client.read_range(entry.url, 0, entry.size)))
+        """Raises StorageError (retried by the caller's next refresh) when the file was rewritten since it was
+        listed: the recorder rewrites episodes metadata on every commit, and a read by path gets the new bytes."""
+        try:
+            table = pq.read_table(io.BytesIO(self.client.read_range(entry.url, 0, entry.size)))
+        except (pa.ArrowException, ValueError) as error:
+            raise StorageError(f"{entry.url} changed while it was read ({error}); read again next time") from None
         keep = [c for c in table.column_names if not c.startswith("stats/")]  # stats are most of the bytes
         return table.select(keep).to_pylist()
 
@@ -441,8 +462,10 @@ class StreamingSampler:
         self.sources = [DatasetSource(client, url) for url in dataset_urls]
         self._check_features()
         first = self.sources[0]
-        self.fps, self.video_keys, self.stats = first.fps, first.video_keys, first.stats
-        self.features = first.features
+        self.fps, self.video_keys, self.stats = first.fps, first.video_keys, _combined_stats(self.sources)
+        # What the sampler streams, and so what the policy may read (other features, e.g. an environment state,
+        # would make ACT expect an input that no batch carries).
+        self.features = {k: v for k, v in first.features.items() if k in (*first.video_keys, STATE_KEY, ACTION_KEY)}
         shapes = {k: ((3, *first.features[k]["shape"][:2]), torch.uint8) for k in self.video_keys}
         shapes[STATE_KEY] = ((first.features[STATE_KEY]["shape"][0],), torch.float32)
         shapes[ACTION_KEY] = ((first.features[ACTION_KEY]["shape"][0],), torch.float32)
@@ -460,6 +483,7 @@ class StreamingSampler:
         self._seq = 0  # next job number; results are buffered strictly in job order
         self._next_ingest = 0
         self._jobs_by_seq: dict[int, tuple[str, int]] = {}
+        self._refresh_lock = threading.Lock()
         self._pending: dict[int, tuple[dict | None, str | None]] = {}
         self._error: str | None = None
         self._view = _View()
@@ -476,7 +500,10 @@ class StreamingSampler:
             self._add(source.episodes, d)
             if not source.episodes:
                 log.warning("%s holds no committed episode yet: batches wait for the first one", source.url)
-
+        if not self._known and s.refresh_every_s <= 0:  # nothing to sample, and nothing will ever come
+            total = sum(len(src.episodes) for src in self.sources)
+            raise ValueError(f"rank {rank} of {world_size} has no episode to train on ({total} in the datasets) and "
+                             "refresh is off: use fewer ranks, more episodes, or refresh_every_s > 0")
         self.video_backend = resolve_video_backend(s.video_backend)
         ctx = mp.get_context("spawn")  # fork would copy CUDA state and the caller's threads
         self._jobs, self._results = ctx.Queue(), ctx.Queue()
@@ -584,11 +611,12 @@ class StreamingSampler:
         of them are this rank's.
         """
         new = 0
-        for d, source in enumerate(self.sources):
-            found = source.refresh()
-            with self._lock:
-                new += self._add(found, d, front=True)
-        self._last_refresh = time.monotonic()
+        with self._refresh_lock:  # the data thread and load_state_dict both refresh
+            for d, source in enumerate(self.sources):
+                found = source.refresh()
+                with self._lock:
+                    new += self._add(found, d, front=True)
+            self._last_refresh = time.monotonic()
         return new
 
     def episodes(self, all_ranks: bool = False) -> list[dict]:
@@ -618,11 +646,15 @@ class StreamingSampler:
         composition. Plain Python and one uint8 tensor; safe for `torch.save(weights_only=True)`.
         """
         with self._lock:
+            buffered = set(self._view.keys)
+            # Episodes being decoded (or decoded, waiting their turn) are not buffered yet: they go first in the
+            # saved schedule, or a resumed run would never decode them again.
+            in_flight = [k for _, k in sorted(self._jobs_by_seq.items()) if k not in buffered]
             return {
                 "generator": self._generator.get_state(),
                 "known": [list(k) for k in self._known],
                 "buffered": [list(k) for k in self._view.keys],
-                "queue": [list(k) for k in self._queue],
+                "queue": [list(k) for k in [*in_flight, *self._queue]],
                 "pass": self._pass,
                 "batches": self.batches,
                 "world": [self.rank, self.world_size, self.settings.seed],
@@ -660,6 +692,7 @@ class StreamingSampler:
             self.arena.write = 0
             self._next_ingest = self._seq  # results of jobs submitted before now are stale
             self._pending.clear()
+            self._jobs_by_seq.clear()  # their keys are not busy any more: _receive drops stale results by seq
             self._restore = list(restore)
             self._queue = deque(restore + later + rest)
             self._ready.notify_all()

@@ -152,7 +152,7 @@ def _loop(client, sampler, policy, optimizer, output, settings, act, data, start
                      100 * progress.data_wait_share)  # fmt: skip
             if on_progress:
                 on_progress(progress)
-        stop = should_stop()
+        stop = _agreed_stop(should_stop(), step % settings.log_every == 0 or step == settings.steps, sampler.device)
         if step % settings.checkpoint_every == 0 or step == settings.steps or stop:
             losses += [(s, float(v)) for s, v in pending]
             pending.clear()
@@ -162,6 +162,19 @@ def _loop(client, sampler, policy, optimizer, output, settings, act, data, start
     wall = time.perf_counter() - t0
     return TrainReport(step, wall, (step - start) * settings.batch_size / wall, (sampler.wait_s - wait0) / wall,
                        losses[-1][1] if losses else float("nan"), checkpoints, losses)  # fmt: skip
+
+
+def _agreed_stop(stop: bool, log_step: bool, device: torch.device) -> bool:
+    """Under DDP, ranks see a stop request (torchrun's SIGTERM) at different steps; one that checkpoints while the
+    others wait in the next gradient all-reduce hangs them all. So the ranks decide together, at log steps (which
+    sync with the host anyway): stop if any rank was asked to."""
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return stop
+    if not log_step:
+        return False
+    flag = torch.tensor([int(stop)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def sampler_urls(sampler: StreamingSampler) -> list[BucketUrl]:
