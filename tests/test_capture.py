@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from robotloop.capture import BadEpisode, DatasetRecorder, DatasetSpec, Episode
-from robotloop.storage import BucketClient, BucketUrl
+from robotloop.storage import BucketClient, BucketUrl, StorageError
 
 from .conftest import WRITE_TOKEN
 
@@ -58,6 +58,44 @@ def test_each_commit_is_a_complete_lerobot_dataset(bucket_server, tmp_path):
     fresh = DatasetRecorder(client, url, SPEC, staging=tmp_path / "fresh-stage")
     assert fresh.committed_episodes() == 2
     assert fresh.commit(synthetic_episode(2)).episode_index == 2
+
+
+def test_a_commit_by_another_recorder_meanwhile_is_not_overwritten(bucket_server, tmp_path, monkeypatch):
+    # Two recorders that share no lock (two machines): the other commits while this one is about to upload.
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/two-writers")
+    ours = DatasetRecorder(client, url, SPEC, staging=tmp_path / "ours")
+    other = DatasetRecorder(client, url, SPEC, staging=tmp_path / "other")
+    ours.commit(synthetic_episode(0))
+    check, interrupted = ours._check_not_committed_meanwhile, []
+
+    def other_commits_first() -> None:
+        if not interrupted:
+            interrupted.append(other.commit(synthetic_episode(7)))
+        check()
+
+    monkeypatch.setattr(ours, "_check_not_committed_meanwhile", other_commits_first)
+    report = ours.commit(synthetic_episode(1))  # noticed, synced again, appended after the other's episode
+    assert interrupted[0].episode_index == 1 and report.episode_index == 2
+    dataset = load_with_lerobot(client, url, tmp_path / "read")
+    assert dataset.meta.total_episodes == 3 and len(dataset) == 36
+    assert [dataset[12 * i]["action"][0].item() for i in range(3)] == [0.0, 7.0, 1.0]  # nobody's episode lost
+
+
+def test_a_failed_append_does_not_leave_a_local_copy_the_next_commit_trusts(bucket_server, tmp_path, monkeypatch):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/failed-upload")
+    recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / "stage")
+    recorder.commit(synthetic_episode(0))
+    real_push = recorder._push
+    monkeypatch.setattr(recorder, "_push", lambda changed: (_ for _ in ()).throw(StorageError("connection reset")))
+    with pytest.raises(StorageError, match="connection reset"):
+        recorder.commit(synthetic_episode(1))  # appended locally, never uploaded
+    monkeypatch.setattr(recorder, "_push", real_push)
+    assert recorder.commit(synthetic_episode(2)).episode_index == 1
+    dataset = load_with_lerobot(client, url, tmp_path / "read")
+    assert dataset.meta.total_episodes == 2 and len(dataset) == 24
+    assert dataset[12]["action"][0].item() == 2.0 and dataset[12]["observation.images.top"].shape == (3, 24, 32)
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from robotloop.capture.recorder import DatasetSpec
 from robotloop.capture.sessions import (
     EpisodeSessions,
     Limits,
+    SpecConflict,
     TooManyEpisodes,
     UnknownEpisode,
     decode_frames,
@@ -223,9 +224,10 @@ def test_episode_caps_unknown_and_foreign_episodes(capture):
             with pytest.raises(CaptureError, match="no open episode"):
                 robot.abort(episode)
 
-        with pytest.raises(CaptureError, match="task must be") as e:  # a failed close drops the episode
+        with pytest.raises(CaptureError, match="task must be") as e:  # bad input loses nothing: still open
             a.close(eid, "   ")
-        assert e.value.status == 422
+        assert e.value.status == 422 and "still open" in str(e.value)
+        a.abort(eid)  # it was still open; now it is gone
         with pytest.raises(CaptureError, match="no open episode"):
             a.close(eid, "try again")
         eid = a.open(dataset, CAMERAS, STATE, ACTION)
@@ -296,3 +298,17 @@ def test_idle_episodes_expire_and_each_robot_has_an_open_cap(capture, tmp_path):
     with pytest.raises(UnknownEpisode):
         sessions.abort("robot-2", other)
     assert bucket_files(capture, str(url)) == []
+
+
+def test_a_dataset_holds_one_robot_type_and_says_so_at_open(capture, tmp_path):
+    dataset = "hf://buckets/lab/capture/datasets/one-robot-type"
+    with CaptureClient(capture.endpoint, ROBOT_A) as a:
+        eid = a.open(dataset, CAMERAS, STATE, ACTION, robot_type="so101_follower")
+        a.send_frames(eid, **frames(4))
+        a.close(eid, "pick the cube")
+        with pytest.raises(CaptureError, match="robot type 'so101_follower'") as e:
+            a.open(dataset, CAMERAS, STATE, ACTION, robot_type="koch_follower")  # refused before any frame is sent
+        assert e.value.status == 409 and "koch_follower" in str(e.value)
+    fresh = EpisodeSessions(capture.bucket, vcodec="h264", staging=tmp_path / "fresh")  # a restarted service
+    with pytest.raises(SpecConflict, match="robot type 'so101_follower', not 'koch_follower'"):
+        fresh.open("robot-x", BucketUrl.parse(dataset), CAMERAS, STATE, ACTION, robot_type="koch_follower")

@@ -38,10 +38,11 @@ from pathlib import Path
 import numpy as np
 
 from ..config import CACHE_HOME
-from ..storage import BucketClient, BucketUrl, Entry
+from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError
 from .episode import BadEpisode, Episode
 
 STATE_KEY, ACTION_KEY, REWARD_KEY, SUCCESS_KEY = "observation.state", "action", "next.reward", "next.success"
+COMMIT_ATTEMPTS = 5  # syncs and appends again when another recorder committed meanwhile
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ class DatasetRecorder:
         the bucket's Xet hash are kept. Returns whether the bucket holds a dataset."""
         prefix = len(self.url.path) + 1 if self.url.path else 0
         remote = {e.url.path[prefix:]: e for e in self.client.ls(self.url, recursive=True) if isinstance(e, Entry)}
+        self._synced_info = remote["meta/info.json"].xet_hash if "meta/info.json" in remote else None
         if "meta/info.json" not in remote:
             shutil.rmtree(self.root, ignore_errors=True)
             return False
@@ -206,8 +208,6 @@ class DatasetRecorder:
 
     def _finish(self, dataset, frames: int) -> CommitReport:
         """Flush the encoder, then append the episode to the bucket's dataset and upload what changed."""
-        from .append import append_episode
-
         t0 = time.perf_counter()
         dataset.save_episode()
         dataset.finalize()
@@ -216,20 +216,53 @@ class DatasetRecorder:
         episode_bytes = sum(p.stat().st_size for sub in ("data", "videos") for p in (episode_root / sub).rglob("*") if p.is_file())
         try:
             with self._lock():
-                if self._sync_tail():
-                    self._check_same_features()
-                    before = _snapshot(self.root)
-                    append_episode(self.root, episode_root, self.url.bucket_id)
-                else:
-                    before = {}
-                    shutil.copytree(episode_root, self.root)
-                index = self._read_info()["total_episodes"] - 1
-                changed = [p for p, stamp in _snapshot(self.root).items() if before.get(p) != stamp and not p.startswith("meta/")]
-                sent, paths = self._push(changed)
+                for attempt in range(1, COMMIT_ATTEMPTS + 1):
+                    try:
+                        index, sent, paths = self._append_and_push(episode_root)
+                        break
+                    except _CommittedMeanwhile:
+                        self._forget_local_copy()
+                        if attempt == COMMIT_ATTEMPTS:
+                            raise StorageError(f"{self.url}: other recorders kept committing while this one tried "
+                                               f"{COMMIT_ATTEMPTS} times; nothing of this episode was uploaded") from None
+                    except BaseException:
+                        self._forget_local_copy()  # half-appended files must not be trusted by the next commit
+                        raise
             t2 = time.perf_counter()
         finally:
             shutil.rmtree(episode_root.parent, ignore_errors=True)
         return CommitReport(index, frames, episode_bytes, sent, t1 - t0, t2 - t1, paths)
+
+    def _append_and_push(self, episode_root: Path) -> tuple[int, int, list[str]]:
+        from .append import append_episode
+
+        if self._sync_tail():
+            self._check_same_features()
+            before = _snapshot(self.root)
+            append_episode(self.root, episode_root, self.url.bucket_id)
+        else:
+            before = {}
+            shutil.copytree(episode_root, self.root)
+        index = self._read_info()["total_episodes"] - 1
+        changed = [p for p, stamp in _snapshot(self.root).items() if before.get(p) != stamp and not p.startswith("meta/")]
+        self._check_not_committed_meanwhile()
+        sent, paths = self._push(changed)
+        return index, sent, paths
+
+    def _check_not_committed_meanwhile(self) -> None:
+        """Another recorder whose lock is not ours (another machine, another staging folder) may have committed
+        since this one synced: uploading now would overwrite its grown files. Checked just before the upload;
+        the window left is the upload itself (a bucket has no compare-and-swap to close it)."""
+        try:
+            now = self.client.stat(self.url / "meta" / "info.json").xet_hash
+        except NotFound:
+            now = None
+        if now != self._synced_info:
+            raise _CommittedMeanwhile
+
+    def _forget_local_copy(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        (self.staging / "hashes.json").unlink(missing_ok=True)
 
     def _frame(self, episode: Episode, t: int) -> dict:
         frame = {f"observation.images.{name}": frames[t] for name, frames in episode.images.items()}
@@ -321,6 +354,10 @@ class LiveEpisode:
             self.dataset.finalize()
         finally:
             shutil.rmtree(Path(self.dataset.root).parent, ignore_errors=True)
+
+
+class _CommittedMeanwhile(Exception):
+    """Another recorder committed to the dataset after this one synced its local copy."""
 
 
 class _FileLock:

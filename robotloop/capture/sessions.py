@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..storage import BucketClient, BucketUrl, NotFound
+from ..storage import BucketClient, BucketUrl, NotFound, StorageError
 from .episode import BadEpisode, Episode
 from .recorder import CommitReport, DatasetRecorder, DatasetSpec
 
@@ -294,26 +294,35 @@ class EpisodeSessions:
             return session.frames
 
     def close(self, robot: str, episode_id: str, task: str) -> CommitReport:
-        """Commit the episode to its dataset. The session is gone afterwards, committed or not.
+        """Commit the episode to its dataset. Bad input (an empty or too long task, no frames) leaves the episode
+        open, to be closed again; so does a failed upload. Once committed, or refused by the recorder, it is gone.
 
         Raises:
             UnknownEpisode: no such open episode for `robot`.
-            BadEpisode: no frames, an empty or too long task, or (from the recorder) features that do not fit.
-            robotloop.storage.StorageError: the upload failed; the bucket still holds its previous commit.
+            BadEpisode: no frames or a bad task (the episode stays open), or, from the recorder, features that do
+                not fit (dropped).
+            robotloop.storage.StorageError: the upload failed; the bucket still holds its previous commit and the
+                episode stays open: close it again.
         """
+        task = task.strip()
         with self._lock:
             session = self._get_locked(robot, episode_id)
+            if not task or len(task) > MAX_TASK_CHARS:
+                raise BadEpisode(f"task must be 1 to {MAX_TASK_CHARS} characters of instruction text; the episode "
+                                 "is still open")  # fmt: skip
+            if not session.batches:
+                raise BadEpisode("the episode has no frames; nothing was committed and it is still open")
             del self._sessions[episode_id]  # from here on, a concurrent add_frames sees an unknown episode
-        task = task.strip()
-        if not task or len(task) > MAX_TASK_CHARS:
-            raise BadEpisode(f"task must be 1 to {MAX_TASK_CHARS} characters of instruction text; "
-                             "the episode was dropped")  # fmt: skip
-        if not session.batches:
-            raise BadEpisode("the episode has no frames; nothing was committed")
         episode = _episode(session.batches, task)
         dataset = self._datasets[str(session.url)]
-        with dataset.lock:  # the recorder's own file lock covers processes; this keeps threads in order too
-            return dataset.recorder.commit(episode)
+        try:
+            with dataset.lock:  # the recorder's own file lock covers processes; this keeps threads in order too
+                return dataset.recorder.commit(episode)
+        except (StorageError, OSError):
+            with self._lock:  # transient: the frames are kept for another close
+                session.touched = self.clock()
+                self._sessions[episode_id] = session
+            raise
 
     def abort(self, robot: str, episode_id: str) -> None:
         """Drop an open episode and its frames.
@@ -375,7 +384,8 @@ def _episode(batches: list[Frames], task: str) -> Episode:
 
 
 def _describe(spec: DatasetSpec) -> str:
-    return f"cameras {spec.cameras}, state_dim {spec.state_dim}, action_dim {spec.action_dim}, fps {spec.fps}"
+    return (f"cameras {spec.cameras}, state_dim {spec.state_dim}, action_dim {spec.action_dim}, fps {spec.fps}, "
+            f"robot type {spec.robot_type!r}")
 
 
 def _check_remote_spec(client: BucketClient, url: BucketUrl, spec: DatasetSpec) -> None:
@@ -391,6 +401,9 @@ def _check_remote_spec(client: BucketClient, url: BucketUrl, spec: DatasetSpec) 
             return  # a new dataset
     have = {k: list(v["shape"]) for k, v in info.get("features", {}).items()}
     want = {k: list(v["shape"]) for k, v in spec.features().items()}
+    if info.get("robot_type") != spec.robot_type:
+        raise SpecConflict(f"{url} holds episodes of robot type {info.get('robot_type')!r}, not {spec.robot_type!r}: "
+                           "one dataset, one robot type (lerobot refuses to mix them). Use another dataset URL")
     if any(have.get(k) != v for k, v in want.items()) or info.get("fps") != spec.fps:
         ours = {k: v for k, v in have.items() if k.startswith(("observation.", "action"))}
         raise SpecConflict(f"{url} holds a dataset with features {ours} at {info.get('fps')} fps; this episode asks "
