@@ -70,3 +70,26 @@ def test_training_starts_once_the_first_demos_land_and_folds_in_the_rest(bucket_
     assert report.eval is not None and report.release.endswith("-2")
     with pytest.raises(ValueError, match="train_after"):
         LoopSettings(episodes=2, train_after=0)
+
+
+def test_a_later_recording_never_reuses_a_seed(monkeypatch, tmp_path):
+    # Failed demos are dropped: seeds 0-4 tried, 2 committed. The next recording must start at 5, not at 2.
+    from robotloop.capture.sim_record import RecordReport
+    from robotloop.loop import pipeline
+
+    starts: list[int] = []
+
+    def fake_record_sim(recorder, task, episodes, workers, image_size, seed_start, on_event, should_stop):
+        starts.append(seed_start)
+        return RecordReport(task, next_seed=seed_start + 5)
+
+    class Recorder:
+        def committed_episodes(self) -> int:
+            return 2 * len(starts)
+
+    monkeypatch.setattr(pipeline, "record_sim", fake_record_sim)  # a stand-in: the real one takes minutes here
+    settings = LoopSettings(**TINY, report_dir=tmp_path)
+    report = pipeline.LoopReport(settings)
+    pipeline._record(Recorder(), settings, 2, report)
+    pipeline._record(Recorder(), settings, 2, report)
+    assert starts == [0, 5]

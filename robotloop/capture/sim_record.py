@@ -28,6 +28,7 @@ class RecordReport:
     failed_seeds: list[int] = field(default_factory=list)
     attempted: int = 0
     wall_s: float = 0.0
+    next_seed: int = 0  # the first seed this call did not use: where a later recording into the dataset starts
 
     @property
     def episodes_per_minute(self) -> float:
@@ -106,7 +107,7 @@ def record_sim(
                     submit()
         for future in pending:
             future.cancel()
-    report.wall_s = time.perf_counter() - start
+    report.wall_s, report.next_seed = time.perf_counter() - start, next_seed
     return report
 
 

@@ -128,6 +128,7 @@ class LoopReport:
     bytes_pulled: int = 0
     eval: EvalReport | None = None
     promotions: list[dict[str, Any]] = field(default_factory=list)  # live mode: one per evaluated checkpoint
+    next_seed: int = 0  # the first demo seed not tried yet
 
     @property
     def success_rate(self) -> float | None:
@@ -162,8 +163,9 @@ def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lam
     else:
         with _timed(report, "record", on_stage, f"{s.episodes} scripted {s.task} demos at {s.image_size}"):
             _record(recorder, s, s.episodes, report)
-    service = start_local_deploy_service(s.report_dir / "deploy")
+    service = None
     try:
+        service = start_local_deploy_service(s.report_dir / "deploy")
         deploy = DeployClient(service.url, service.token)
         key = s.report_dir / "keys" / "deploy.key"
         if not key.exists():
@@ -188,7 +190,8 @@ def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lam
     finally:
         if recording is not None:  # a stage failed while demos were still being recorded
             recording.stop()
-        service.stop()
+        if service is not None:
+            service.stop()
     return report
 
 
@@ -215,14 +218,18 @@ def _record(recorder: DatasetRecorder, s: LoopSettings, episodes: int, report: L
         if on_event is not None:
             on_event(kind, seed, commit)
 
-    seed_start = 1000 * s.seed + recorder.committed_episodes()  # a restart or a live round takes new seeds
-    record_sim(recorder, s.task, episodes, s.record_workers, s.image_size, seed_start=seed_start, on_event=count,
-               should_stop=should_stop)  # fmt: skip
+    # A restart takes new seeds (past the committed episodes); a later recording in this run starts past every
+    # seed tried so far (failed demos are dropped, so the committed count alone would reuse their successors).
+    seed_start = max(1000 * s.seed + recorder.committed_episodes(), report.next_seed)
+    rec = record_sim(recorder, s.task, episodes, s.record_workers, s.image_size, seed_start=seed_start,
+                     on_event=count, should_stop=should_stop)  # fmt: skip
+    report.next_seed = rec.next_seed
 
 
 class _Recording:
     """All demos recorded in a thread; `finish()` waits for them and raises what the recording raised, `stop()`
-    ends it early (demos in progress finish but are not committed)."""
+    ends it early (demos in progress finish and are committed, so it waits for them) and `raise_if_failed()`
+    raises what the recording raised so far."""
 
     def __init__(self, recorder: DatasetRecorder, s: LoopSettings, report: LoopReport, episodes: int | None) -> None:
         """Record `episodes` demos (None: until stopped)."""
@@ -256,6 +263,10 @@ class _Recording:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
 
 
 def _start_recording(recorder: DatasetRecorder, s: LoopSettings, report: LoopReport, on_stage: Stage) -> _Recording:
@@ -333,6 +344,7 @@ def _live(client, recorder, deploy, key, report: LoopReport, on_stage: Stage, on
     best: float | None = None
     try:
         for round_ in range(1, s.live_rounds + 1):
+            recording.raise_if_failed()  # training on with a dead recording would report stale data as live
             steps = s.steps * round_
             with _timed(report, "train", on_stage, f"round {round_}: to step {steps}, episodes folded in as they land"):
                 report.train = _train(client, s, steps, on_train, resume=round_ > 1)
@@ -351,6 +363,7 @@ def _live(client, recorder, deploy, key, report: LoopReport, on_stage: Stage, on
                                       "episodes_recorded": report.episodes, "promoted": promoted})  # fmt: skip
     finally:
         recording.stop()
+    recording.raise_if_failed()
 
 
 def settings_dict(settings: LoopSettings) -> dict[str, Any]:
