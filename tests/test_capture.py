@@ -98,6 +98,33 @@ def test_a_failed_append_does_not_leave_a_local_copy_the_next_commit_trusts(buck
     assert dataset[12]["action"][0].item() == 2.0 and dataset[12]["observation.images.top"].shape == (3, 24, 32)
 
 
+def test_a_failed_metadata_upload_points_the_grown_files_back(bucket_server, tmp_path, monkeypatch):
+    # Data files go up first, then meta/: when meta/ fails, the grown files must not stay (a fresh recorder would
+    # append after rows its metadata does not know).
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/meta-fails")
+    recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / "stage")
+    recorder.commit(synthetic_episode(0))
+    before = {e.url.path: e.xet_hash for e in client.ls(url, recursive=True) if "/meta/" not in e.url.path}
+    upload = client.upload
+
+    def meta_fails(local, target):
+        if target.path.endswith("/meta"):
+            raise StorageError("connection reset during meta/")
+        return upload(local, target)
+
+    monkeypatch.setattr(client, "upload", meta_fails)
+    with pytest.raises(StorageError, match="during meta/"):
+        recorder.commit(synthetic_episode(1))
+    monkeypatch.setattr(client, "upload", upload)
+    after = {e.url.path: e.xet_hash for e in client.ls(url, recursive=True) if "/meta/" not in e.url.path}
+    assert after == before  # the data and video files hold episode 0 only, as their metadata says
+    fresh = DatasetRecorder(client, url, SPEC, staging=tmp_path / "fresh")  # another machine
+    assert fresh.commit(synthetic_episode(2)).episode_index == 1
+    dataset = load_with_lerobot(client, url, tmp_path / "read")
+    assert dataset.meta.total_episodes == 2 and len(dataset) == 24 and dataset[12]["action"][0].item() == 2.0
+
+
 @pytest.mark.parametrize(
     "breakage, message",
     [

@@ -27,6 +27,7 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import logging
 import shutil
 import tempfile
 import time
@@ -41,6 +42,7 @@ from ..config import CACHE_HOME
 from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError
 from .episode import BadEpisode, Episode
 
+log = logging.getLogger(__name__)
 STATE_KEY, ACTION_KEY, REWARD_KEY, SUCCESS_KEY = "observation.state", "action", "next.reward", "next.success"
 COMMIT_ATTEMPTS = 5  # syncs and appends again when another recorder committed meanwhile
 
@@ -283,11 +285,22 @@ class DatasetRecorder:
         for rel in changed:  # hard links: the upload sees exactly these files
             (staged / rel).parent.mkdir(parents=True, exist_ok=True)
             (staged / rel).hardlink_to(self.root / rel)
+        known = self._known_hashes()  # the bucket's files as synced: what to point back at if meta/ fails
         data = self.client.upload(staged, self.url)
-        meta = self.client.upload(self.root / "meta", self.url / "meta")
-        shutil.rmtree(staged, ignore_errors=True)
+        try:
+            meta = self.client.upload(self.root / "meta", self.url / "meta")
+        except BaseException:
+            # Grown data files without the metadata naming their new rows would be appended after by the next
+            # commit, out of step with its metadata: point them back at the bytes they held.
+            base = f"{self.url.path}/" if self.url.path else ""
+            try:
+                self.client.point_back(self.url, {base + rel: known.get(rel) for rel in changed})
+            except StorageError as error:
+                log.error("%s: could not restore the data files after a failed metadata upload: %s", self.url, error)
+            raise
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
         prefix = len(self.url.path) + 1 if self.url.path else 0
-        known = self._known_hashes()
         known.update({f.path[prefix:]: f.xet_hash for f in data.files + meta.files})
         self._save_known(known)
         return data.bytes_sent + meta.bytes_sent, [f.path for f in data.files + meta.files]

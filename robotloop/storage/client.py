@@ -115,6 +115,22 @@ class BucketClient:
             self.api.create_bucket(url.bucket_id, private=private, exist_ok=True)
 
     # -- writes ----------------------------------------------------------------------------------------
+    def point_back(self, bucket: BucketUrl, files: dict[str, str | None]) -> None:
+        """Point bucket paths (relative to the bucket's root) at Xet hashes the bucket held before, in one batch;
+        None deletes the path. Nothing moves but metadata: the bytes are still in the store. How a writer undoes
+        the part of a change it uploaded when the rest failed.
+
+        Raises:
+            StorageError: the batch was refused (e.g. a hash this bucket never held).
+        """
+        root = BucketUrl(bucket.bucket_id, "")
+        # An add with a known hash uploads nothing: it only registers the path (a copy would need the bucket to
+        # still hold a file with that hash, and the path being restored was just overwritten).
+        adds = [_BucketAddFile(source=b"", destination=path, xet_hash=h) for path, h in files.items() if h is not None]
+        deletes = [path for path, h in files.items() if h is None]
+        with _explained(root, "restore files in"):
+            self.api.batch_bucket_files(bucket.bucket_id, add=adds or None, delete=deletes or None)
+
     def upload(self, local: str | Path, url: BucketUrl) -> UploadReport:
         """Upload a file, or a folder recursively, to `url`; all files appear in one batch.
 
