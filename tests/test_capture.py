@@ -125,6 +125,23 @@ def test_a_failed_metadata_upload_points_the_grown_files_back(bucket_server, tmp
     assert dataset.meta.total_episodes == 2 and len(dataset) == 24 and dataset[12]["action"][0].item() == 2.0
 
 
+def test_stats_json_describes_the_appended_dataset(bucket_server, tmp_path):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/stats")
+    recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / "stage")
+    for k in range(3):
+        episode = synthetic_episode(k)
+        episode.task = "transfer the cube" if k != 1 else "stack the cube"
+        recorder.commit(episode)
+    dataset = load_with_lerobot(client, url, tmp_path / "read")
+    stats = dataset.meta.stats
+    for column, values in (("index", range(36)), ("episode_index", [0] * 12 + [1] * 12 + [2] * 12),
+                           ("task_index", [0] * 12 + [1] * 12 + [0] * 12)):  # fmt: skip
+        assert (float(stats[column]["min"][0]), float(stats[column]["max"][0])) == (min(values), max(values)), column
+        assert abs(float(stats[column]["mean"][0]) - np.mean(values)) < 1e-6, column
+    assert float(stats["action"]["max"][0]) == 2.0 and float(stats["action"]["min"][0]) == 0.0
+
+
 @pytest.mark.parametrize(
     "breakage, message",
     [

@@ -58,7 +58,26 @@ def append_episode(dst_root: Path, src_root: Path, repo_id: str) -> None:
     aggregate_videos(src, dst, videos_idx, info.video_files_size_in_mb, info.chunks_size)
     data_idx = aggregate_data(src, dst, data_idx, info.data_files_size_in_mb, info.chunks_size)
     aggregate_metadata(src, dst, meta_idx, data_idx, videos_idx)
-    finalize_aggregation(dst, [before, src])
+    # The episode's stats count its index columns from 0, as a dataset of its own: shifted to where it now sits,
+    # or the merged stats.json would say the dataset's `index` tops out at the first episode's length. (Its task
+    # index moves too when it has one task, as robotloop's episodes do.)
+    offsets = {"index": before.total_frames, "episode_index": before.total_episodes}
+    if len(src.tasks) == 1:
+        task = src.tasks.index[0]
+        offsets["task_index"] = int(dst.tasks.loc[task, "task_index"]) - int(src.tasks.loc[task, "task_index"])
+    shifted = _shift_stats(src.stats, offsets)
+    finalize_aggregation(dst, [before, SimpleNamespace(total_episodes=src.total_episodes,
+                                                       total_frames=src.total_frames, stats=shifted)])  # fmt: skip
+
+
+def _shift_stats(stats: dict, offsets: dict[str, int]) -> dict:
+    """`stats` with the value statistics of the columns in `offsets` moved by their offset (spreads unchanged)."""
+    out = dict(stats)
+    for column, offset in offsets.items():
+        if column in stats and offset:
+            out[column] = {name: (value if name in ("std", "count") else value + offset)
+                           for name, value in stats[column].items()}  # fmt: skip
+    return out
 
 
 def _require(path: Path) -> None:
