@@ -183,6 +183,8 @@ BAD_BATCHES = {
     "timestamps out of order": (_raw(timestamp=[0.0, 0.04, 0.02]), 422, "strictly increasing"),
     "timestamps before the last batch": (_raw(start=1), 422, "is not after the episode's last frame"),
     "negative timestamp": (_raw(timestamp=[-0.02, 0.0, 0.02]), 422, ">= 0"),
+    "a dropped frame": (_raw(timestamp=np.array([3, 4, 6]) / 50), 422, "2.00 frame periods apart"),
+    "another frame rate": (_raw(timestamp=np.array([3, 4, 5]) / 30), 422, "records at 50 fps"),
     "not the wire format": (b'{"timestamp": [0.0]}', 422, "JSON line, a newline"),
     "malformed JSON": (b"{oops\n", 422, "bad frames JSON"),
     "string for a number": (b'{"timestamp": ["0.1"], "state": [], "action": []}\n', 422, "timestamp.0"),

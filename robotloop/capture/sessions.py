@@ -280,6 +280,7 @@ class EpisodeSessions:
             if batch.timestamp[0] <= session.last_timestamp:
                 raise BadEpisode(f"timestamp {batch.timestamp[0]} is not after the episode's last frame "
                                  f"({session.last_timestamp}); frames must arrive in time order")  # fmt: skip
+            _check_frame_rate(batch.timestamp, session.last_timestamp if session.frames else None, spec.fps)
             if session.frames + len(batch) > self.limits.max_frames:
                 raise TooLarge(f"episode would hold {session.frames + len(batch)} frames; the limit is "
                                f"{self.limits.max_frames}. Close it and open another")  # fmt: skip
@@ -375,6 +376,23 @@ class EpisodeSessions:
             raise SpecConflict(f"{url} is recorded here with {_describe(dataset.recorder.spec)}; this episode asks for "
                                f"{_describe(spec)}. Use the same features or another dataset URL")  # fmt: skip
         return dataset
+
+
+def _check_frame_rate(timestamps: np.ndarray, previous: float | None, fps: int) -> None:
+    """The dataset stores frame k at k/fps: a dropped frame or another rate would silently shift every later frame
+    against its actions. Steps between frames must be within half a period of 1/fps (a slowly drifting clock
+    passes; a gap or a 30 Hz stream into a 50 Hz dataset does not).
+
+    Raises:
+        BadEpisode: a step off the dataset's rate (the batch is not added).
+    """
+    times = np.concatenate([[previous], timestamps]) if previous is not None else np.asarray(timestamps)
+    steps = np.diff(times) * fps
+    if len(steps) and (bad := np.flatnonzero(np.abs(steps - 1) > 0.5)).size:
+        j = int(bad[0])
+        raise BadEpisode(f"frames {times[j]:.4f} s and {times[j + 1]:.4f} s are {steps[j]:.2f} frame periods apart; "
+                         f"the dataset records at {fps} fps and stores frame k at k/{fps} s: send every frame at "
+                         "that rate (a dropped frame would shift all later ones against their actions)")
 
 
 def _episode(batches: list[Frames], task: str) -> Episode:
