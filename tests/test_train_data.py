@@ -299,3 +299,14 @@ def test_several_datasets_normalize_with_their_combined_stats():
     assert both["mean"] == [7.5] and both["min"] == [-1.0] and both["max"] == [11.0] and both["count"] == [400]
     assert 4.0 < both["std"][0] < 5.0  # the spread between the datasets counts, not just within each
     assert _combined_stats([source(2.0, 1.0, 5), SimpleNamespace(url="u", stats={})])["action"]["mean"] == [2.0]
+
+
+def test_close_removes_the_workers_scratch_and_frees_the_buffer(bucket_server, dataset):
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    sampler = StreamingSampler(client, [dataset], settings(decode_workers=2))
+    sampler.next_batch(4)
+    scratch = Path(sampler._scratch)
+    assert scratch.is_dir()
+    sampler.close()
+    assert not scratch.exists() and sampler.arena.tensors == {}
+    assert not any(w.is_alive() for w in sampler._workers)

@@ -229,14 +229,14 @@ class DatasetSource:
 
 # -- decode workers ------------------------------------------------------------------------------------------
 def _decode_worker(endpoint: str, token: str | None, cache: tuple[str, int] | None, retries: int, backend: str,
-                   jobs: mp.Queue, results: mp.Queue) -> None:  # fmt: skip
+                   jobs: mp.Queue, results: mp.Queue, scratch_root: str) -> None:  # fmt: skip
     """Worker process: decode episodes until a None job arrives. Opens its own client (nothing is shared)."""
     from ..storage.cache import ReadCache
 
     torch.set_num_threads(1)  # one episode per process; the pool is the parallelism
     client = BucketClient(endpoint, token, ReadCache(Path(cache[0]), cache[1]) if cache else None)
     frames_at = _FRAME_READERS[backend]
-    scratch = Path(tempfile.mkdtemp(prefix="robotloop-decode-"))
+    scratch = Path(tempfile.mkdtemp(dir=scratch_root))
     try:
         while (job := jobs.get()) is not None:
             seq, episode, fps = job
@@ -506,10 +506,13 @@ class StreamingSampler:
                              "refresh is off: use fewer ranks, more episodes, or refresh_every_s > 0")
         self.video_backend = resolve_video_backend(s.video_backend)
         ctx = mp.get_context("spawn")  # fork would copy CUDA state and the caller's threads
+        # The workers' scratch lives under one folder of ours: close() removes it even after terminating a worker
+        # (SIGTERM skips the worker's own cleanup).
+        self._scratch = tempfile.mkdtemp(prefix="robotloop-decode-")
         self._jobs, self._results = ctx.Queue(), ctx.Queue()
         cache = (str(client.cache.root), client.cache.max_bytes) if client.cache else None
         self._workers = [
-            ctx.Process(target=_decode_worker, args=(client.endpoint, client.token, cache, s.retries, self.video_backend, self._jobs, self._results),
+            ctx.Process(target=_decode_worker, args=(client.endpoint, client.token, cache, s.retries, self.video_backend, self._jobs, self._results, self._scratch),
                         daemon=True, name=f"robotloop-decode-{i}")  # fmt: skip
             for i in range(max(1, s.decode_workers))
         ]
@@ -705,6 +708,11 @@ class StreamingSampler:
         with self._lock:
             self._ready.notify_all()
         self._thread.join(timeout=10)
+        while True:  # jobs not started yet: a worker would decode them before it reads its stop
+            try:
+                self._jobs.get_nowait()
+            except (queue.Empty, OSError, ValueError):
+                break
         for _ in self._workers:
             self._jobs.put(None)
         for w in self._workers:
@@ -714,6 +722,9 @@ class StreamingSampler:
         for q in (self._jobs, self._results):
             q.cancel_join_thread()
             q.close()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+        with self._lock:  # the frame buffer (GPU memory on CUDA) goes now, not when the last reference does
+            self.arena.tensors, self._view, self._pending = {}, _View(), {}
 
     def __enter__(self) -> StreamingSampler:
         return self
