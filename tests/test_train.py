@@ -50,8 +50,8 @@ def test_checkpoints_load_in_lerobot_and_resume_bit_for_bit(bucket_server, tmp_p
     out = BucketUrl.parse("hf://buckets/lab/train/models/resumed")
     _run(client, url, out, steps=3)
     resumed = _run(client, url, out, steps=6, resume=True)
-    assert [s for s, _ in resumed.losses] == [3, 4, 5]  # step count continues
-    assert [v for _, v in resumed.losses] == [v for _, v in straight.losses[3:]]  # same losses, bit for bit
+    assert [s for s, _ in resumed.losses] == [0, 1, 2, 3, 4, 5]  # step count continues; the history came along
+    assert resumed.losses == straight.losses  # same losses, bit for bit
     client.fetch(BucketUrl.parse(resumed.checkpoints[-1]) / "pretrained_model", tmp_path / "resumed")
     a = ACTPolicy.from_pretrained(tmp_path / "ckpt" / "pretrained_model").state_dict()
     b = ACTPolicy.from_pretrained(tmp_path / "resumed").state_dict()
@@ -124,7 +124,8 @@ def test_channels_last_optimizer_state_checkpoints_and_keeps_its_layout(bucket_s
     trained.train_step(_batch())
     save_checkpoint(client, out, 1, trained, trained.optimizer(), {}, {"step": 1}, [(0, 1.0)])
     fresh = make()
-    load_checkpoint(client, out, 1, fresh, fresh.optimizer())
+    _, losses = load_checkpoint(client, out, 1, fresh, fresh.optimizer())
+    assert losses == [(0, 1.0)]  # the loss history comes back with the checkpoint
     conv = fresh.policy.model.backbone.conv1.weight
     assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
     want = trained.optimizer().state[trained.policy.model.backbone.conv1.weight]["exp_avg"]

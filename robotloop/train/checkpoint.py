@@ -56,7 +56,8 @@ def save_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, 
         save_rng_state(state)
         if world == 1:
             _save_sampler_state(sampler_state, state, 0)
-        (state / "training_step.json").write_text(json.dumps({"step": step}))
+        # The loss history rides along, so a resumed run's plot and report cover the whole run.
+        (state / "training_step.json").write_text(json.dumps({"step": step, "losses": losses}, default=_jsonable))
         (root / "lineage.json").write_text(json.dumps(lineage, indent=1, default=_jsonable))
         plot_losses(losses, root / "loss.png")
         client.upload(root, url)
@@ -70,9 +71,9 @@ def save_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, 
 
 
 def load_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, optimizer: torch.optim.Optimizer,
-                    rank: int = 0) -> dict:  # fmt: skip
+                    rank: int = 0) -> tuple[dict, list[tuple[int, float]]]:  # fmt: skip
     """Load weights, optimizer and RNG state of checkpoint `step` into `policy`/`optimizer`; returns this
-    rank's sampler state. Weights load through safetensors only.
+    rank's sampler state and the run's loss history so far. Weights load through safetensors only.
     """
     from lerobot.optim.optimizers import load_optimizer_state
     from lerobot.utils.random_utils import load_rng_state
@@ -85,7 +86,9 @@ def load_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, 
         load_optimizer_state(optimizer, root / "training_state")
         _match_param_layouts(optimizer)
         load_rng_state(root / "training_state")
-        return _load_sampler_state(root / "training_state", rank)
+        saved = json.loads((root / "training_state" / "training_step.json").read_text())
+        losses = [(int(s), float(v)) for s, v in saved.get("losses", [])]  # none in checkpoints of older versions
+        return _load_sampler_state(root / "training_state", rank), losses
 
 
 def _contiguous(state_dict: dict) -> dict:

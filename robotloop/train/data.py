@@ -323,6 +323,7 @@ def _frames_pyav(source: str | IO[bytes], timestamps: list[float], shared: bool)
         first, last = min(wanted), max(wanted)
         container.seek(int(first / fps / stream.time_base), stream=stream, backward=True, any_frame=False)
         out = torch.empty((len(wanted), 3, stream.height, stream.width), dtype=torch.uint8)
+        index = -1  # no frame decoded at all
         for frame in container.decode(stream):
             index = round(float(frame.time) * fps) if frame.time is not None else -1
             for slot in slots.pop(index, ()):

@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -100,29 +101,32 @@ def train(
     rank, world, device = _distributed(settings.device)
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     act = act or ACTSettings()
-    data = data or DataSettings()
-    data.device, data.seed, data.chunk_size = device, settings.seed, act.chunk_size
+    # A copy: the caller's settings stay as given (a notebook reuses them across runs and ranks).
+    data = dataclasses.replace(data or DataSettings(), device=device, seed=settings.seed, chunk_size=act.chunk_size)
     with StreamingSampler(client, datasets, data, rank, world) as sampler:  # a missing dataset fails here, first
         client.create_bucket(output)
         policy = build_policy(sampler.features, sampler.stats, act, device)
         optimizer = policy.optimizer()
         if world > 1:
             policy.grad_sync = _average_gradients
-        start = 0
+        start, losses = 0, []
         if settings.resume and (last := latest_step(client, output)) is not None:
-            sampler.load_state_dict(load_checkpoint(client, output, last, policy, optimizer, rank))
+            sampler_state, losses = load_checkpoint(client, output, last, policy, optimizer, rank)
+            sampler.load_state_dict(sampler_state)
             start = last
             log.info("resumed from step %d", last)
         if world > 1:  # dropout and VAE noise differ across ranks (one RNG state is saved: resume is not bitwise)
             torch.manual_seed(settings.seed + start + 1000 * rank)
         if settings.deterministic:
             sampler.wait_ready()
-        report = _loop(client, sampler, policy, optimizer, output, settings, act, data, start, on_progress, should_stop)
+        report = _loop(client, sampler, policy, optimizer, output, settings, act, data, start, losses, on_progress,
+                       should_stop)  # fmt: skip
     return report
 
 
-def _loop(client, sampler, policy, optimizer, output, settings, act, data, start, on_progress, should_stop) -> TrainReport:
-    losses: list[tuple[int, float]] = []
+def _loop(client, sampler, policy, optimizer, output, settings, act, data, start, losses, on_progress,
+          should_stop) -> TrainReport:  # fmt: skip
+    losses = list(losses)  # the run's history before `start` (a resume), then this session's
     checkpoints: list[str] = []
     pending: list[tuple[int, torch.Tensor]] = []  # device losses: read back only at log points (no per-step sync)
     t0, wait0, step = time.perf_counter(), sampler.wait_s, start
