@@ -159,6 +159,12 @@ def test_manifest_signature_refuses_tampering_and_untrusted_keys(tmp_path):
         SignedManifest.from_dict(raw)
     with pytest.raises(BadManifest, match="release name"):
         Manifest.from_dict({**raw["manifest"], "name": "a/b"})
+    raw = json.loads(signed.to_json())
+    file0 = raw["manifest"]["files"][0]
+    for bad, message in (({**file0, "path": 123}, "expected a string"), ({**file0, "path": "config.json/"}, "unsafe"),
+                         ({**file0, "segments": file0["segments"] * 2}, "segment")):  # fmt: skip
+        with pytest.raises(BadManifest, match=message):  # malformed input is a refusal, never a crash
+            Manifest.from_dict({**raw["manifest"], "files": [bad]})
     with pytest.raises(FileExistsError):
         generate_keypair(tmp_path / "a.key")
 
@@ -297,6 +303,12 @@ def test_update_moves_only_changed_tensors_and_tampered_content_is_refused(deplo
     assert served <= 1.1 * changed + 1_000_000, f"server sent {served} bytes for {changed} changed"
     assert changed < 0.2 * ft.manifest.total_bytes  # the backbone (most bytes) did not travel
     store.verify("store-ft", deploy.trusted)
+
+    # The same name signed again over other files (a rebuilt registry, another service): the assigned one wins.
+    renamed = SignedManifest.sign(Manifest.from_dict({**json.loads(ft.to_json())["manifest"], "name": "store-v1"}),
+                                  load_private_key(deploy.key))  # fmt: skip
+    store.pull(renamed, deploy.trusted, fetch)
+    assert store.verify("store-v1", deploy.trusted).canonical() == renamed.manifest.canonical()
 
     # Content that is not what was signed: the manifest names another file's Xet hash (e.g. a swapped object).
     raw = json.loads(ft.to_json())
@@ -520,3 +532,51 @@ def test_eval_resolves_a_release_name_and_verifies_it_as_robots_do(deploy, bucke
     with pytest.raises(BadSignature):
         pull_release("evalme", deploy.ops(OPS_READ), _fetcher(deploy), load_public_keys([public_path(tmp_path / "stranger.key")]),
                      ReleaseStore(tmp_path / "other-store"))  # fmt: skip
+
+
+def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_order(tmp_path):
+    # Runtime bookkeeping only, with stand-ins for the policy runner and the deploy service (no model needed).
+    from robotloop.deploy.runtime import _Loaded
+
+    class Runner:
+        at_chunk_boundary = True
+
+        def reset(self) -> None:
+            pass
+
+    class Service:
+        def __init__(self) -> None:
+            self.sent, self.fail_next = [], True
+
+        def event(self, robot, kind, release, previous, detail):
+            if self.fail_next:
+                self.fail_next = False
+                raise DeployError("deploy service unreachable", 503)
+            self.sent.append((kind, release))
+
+    service = Service()
+    runtime = RobotRuntime(None, service, ReleaseStore(tmp_path / "store"), {},
+                           RobotSettings(robot_id="r9", health_window=2), lambda bucket: None,
+                           score=lambda result: None)  # hardware: no reward, no score  # fmt: skip
+
+    def swap(release: str) -> None:
+        runtime._standby = _Loaded(release, Runner())
+        assert runtime._maybe_swap(None)
+
+    def episode(release: str) -> None:
+        runtime._finish({"mixed": False, "release": release, "steps": 10, "max_reward": None, "success": None, "jerk": 0.0})
+
+    swap("A")
+    runtime._probation = False  # A is proven
+    swap("B")
+    assert runtime._probation and runtime._previous.release == "A"
+    swap("C")  # arrives while B is still on probation: the way back stays A, the last proven release
+    assert runtime._probation and runtime._previous.release == "A"
+    episode("C")
+    assert runtime._probation
+    episode("C")  # no score on this robot: a release that ran its window of episodes has passed
+    assert not runtime._probation and runtime._previous is None
+
+    runtime._flush_events()  # the first send fails: nothing is lost and the order is kept
+    runtime._flush_events()
+    assert service.sent == [("swap", "A"), ("swap", "B"), ("swap", "C")]

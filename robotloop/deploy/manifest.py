@@ -96,8 +96,8 @@ class Manifest:
         """
         try:
             files = tuple(
-                ReleaseFile(f["path"], int(f["size"]), str(f["xet_hash"]), str(f["sha256"]),
-                            tuple(Segment(s["name"], int(s["offset"]), int(s["length"]), str(s["sha256"]))
+                ReleaseFile(_text(f["path"]), int(f["size"]), str(f["xet_hash"]), str(f["sha256"]),
+                            tuple(Segment(_text(s["name"]), int(s["offset"]), int(s["length"]), str(s["sha256"]))
                                   for s in f["segments"]))
                 for f in data["files"]
             )  # fmt: skip
@@ -118,9 +118,11 @@ class Manifest:
         seen = set()
         for f in self.files:
             _check_relative_path(f.path)
-            if f.path in seen:
+            if (key := PurePosixPath(f.path).parts) in seen:  # "a", "a/" and "./a" are one file
                 raise BadManifest(f"release {self.name!r}: file {f.path!r} listed twice")
-            seen.add(f.path)
+            seen.add(key)
+            if len({s.name for s in f.segments}) != len(f.segments):
+                raise BadManifest(f"{f.path}: two segments share a name")
             pos = 0
             for s in f.segments:
                 if s.offset != pos or s.length < 0:
@@ -139,9 +141,16 @@ def check_release_name(name: str) -> str:
 
 
 def _check_relative_path(path: str) -> None:
-    parts = PurePosixPath(path).parts
+    parts = path.split("/")  # PurePosixPath would drop the "." and "" parts this refuses
     if not path or path.startswith("/") or "\\" in path or any(p in ("..", ".", "") for p in parts):
         raise BadManifest(f"unsafe file path in manifest: {path!r}")
+
+
+def _text(value: object) -> str:
+    """A manifest's names and paths are strings; anything else is a malformed manifest, not a crash."""
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__} {value!r}")
+    return value
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import threading
 import time
 from collections import defaultdict, deque
@@ -109,14 +108,18 @@ class RobotRuntime:
         self._standby: _Loaded | None = None
         self._probation = False
         self._latest_obs: dict | None = None
-        self._outbox: queue.Queue[tuple[str, str | None, str | None, str]] = queue.Queue()
+        # Events in the order they happened: one that fails to send stays at the front (the registry's history,
+        # and `rollback_robot` with it, read them in order).
+        self._outbox: deque[tuple[str, str | None, str | None, str]] = deque()
         self._scores: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=options.health_window))
         self._state_path = store.root / "runtime.json"
         state = self._load_state()
         self._refused: set[str] = set(state.get("refused", []))
         self._last_good: str | None = state.get("last_good")  # runs at start, before the service answers
         self._fetchers: dict[str, XetFetcher] = {}
-        self._mismatched: set[str] = set()  # releases whose inputs do not fit this robot: skipped until a restart
+        self._mismatched: set[str] = set()
+        self._unscored: dict[str, int] = defaultdict(int)  # finished episodes with no score, per release
+        self._integrity_failed: set[str] = set()  # releases whose bytes did not verify once (refused the second time)  # releases whose inputs do not fit this robot: skipped until a restart
 
     # -- public ----------------------------------------------------------------------------------------------
     @property
@@ -204,7 +207,10 @@ class RobotRuntime:
                                episode["jerk"] / max(1, episode["steps"] - 1))  # fmt: skip
         self.stats.episodes.append(result)
         score = self.score(result)
-        if score is None:
+        if score is None:  # no reward (hardware): a release that ran its window of episodes has passed
+            self._unscored[result.release] += 1
+            if self._probation and result.release == self.running and self._unscored[result.release] >= self.options.health_window:
+                self._probation, self._previous = False, None
             return
         self._scores[result.release].append(score)
         self._judge(result.release)
@@ -236,11 +242,16 @@ class RobotRuntime:
             self.stats.swaps.append({"release": standby.release, "previous": was, "at": time.monotonic(),
                                      "gap_s": None, "mid_episode": last_action is not None})  # fmt: skip
             self._standby = None
-            self._previous, self._active = active, standby
+            if standby is active:
+                return False
+            standby.runner.reset()  # a runner used before (an operator's rollback) holds a past episode's actions
+            # The release to go back to is the last one proven: a swap during another's probation keeps it.
+            proven = self._previous if self._probation and self._previous is not None else active
+            self._previous, self._active = proven, standby
             # Probation only for a release new to this robot: going back to one it ran (an operator's
             # rollback) is not judged against the release the operator just left.
             self._probation = active is not None and standby.release not in self._scores
-        self._outbox.put(("swap", standby.release, was, ""))
+        self._outbox.append(("swap", standby.release, was, ""))
         log.warning("running release %s (was %s)", standby.release, was)
         return True
 
@@ -255,19 +266,25 @@ class RobotRuntime:
 
     # -- updater thread --------------------------------------------------------------------------------------
     def _updater(self) -> None:
-        self._start_last_good()
+        try:
+            self._start_last_good()
+        except Exception:  # noqa: BLE001 - a damaged store must not leave the robot deaf to the service
+            log.exception("could not start the last good release from the store; waiting for the assignment")
         known, backoff = None, 0.5
         while not self._stop.is_set():
             try:
                 answer = self.deploy.assignment(self.options.robot_id, known=known, wait_s=self.options.poll_wait_s)
-            except DeployError as error:
-                if error.status in (401, 403, 404):
+                assigned = answer["release"]
+            except (DeployError, ValueError, KeyError, TypeError) as error:  # refused, or an answer of another shape
+                if isinstance(error, DeployError) and error.status in (401, 403, 404):
                     log.error("deploy service refuses this robot: %s", error)
+                elif not isinstance(error, DeployError):
+                    log.error("unexpected answer from the deploy service: %r", error)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
             backoff = 0.5
-            known = answer["release"]
+            known = assigned
             if known and self._wanted(known):
                 self.stats.assigned_at.setdefault(known, time.monotonic())
                 try:
@@ -301,7 +318,14 @@ class RobotRuntime:
             # again on disk (the disk is not trusted either).
             report = self.store.pull(signed, self.trusted, self._fetcher(signed.manifest.bucket))
             self.stats.pulls.append(report)
-        except (BadSignature, BadManifest, IntegrityError) as error:
+        except IntegrityError as error:
+            if release not in self._integrity_failed:  # one bad transfer or a flipped bit: fetch once more
+                self._integrity_failed.add(release)
+                log.warning("%s did not verify (%s); fetching it again before refusing it", release, error)
+                return False
+            self._refuse(release, f"{type(error).__name__}: {error}", kind="refused", back=self.running)
+            return True
+        except (BadSignature, BadManifest) as error:
             self._refuse(release, f"{type(error).__name__}: {error}", kind="refused", back=self.running)
             return True
         except (StorageError, OSError) as error:
@@ -317,7 +341,7 @@ class RobotRuntime:
             # so that a robot restarted with the right setup tries the release again.
             log.error("cannot run %s on this robot: %s", release, error)
             self.stats.refused.append({"release": release, "back_to": self.running, "reason": str(error)})
-            self._outbox.put(("refused", release, self.running, f"observations do not fit the policy: {error}"))
+            self._outbox.append(("refused", release, self.running, f"observations do not fit the policy: {error}"))
             self._mismatched.add(release)
             return True
         except Exception as error:  # noqa: BLE001 - PolicyLoadError, NonFiniteAction in the warm-up
@@ -344,7 +368,7 @@ class RobotRuntime:
                 self._refused.add(release)
                 self._save_state()
         # Events name the release now running and the one left behind, as the registry records them.
-        self._outbox.put((kind, back, release, reason) if kind == "rollback" else (kind, release, back, reason))
+        self._outbox.append((kind, back, release, reason) if kind == "rollback" else (kind, release, back, reason))
 
     def _resume_installed(self) -> None:
         """After a restart: refused releases leave the store; staged pulls resume on the next pull."""
@@ -363,17 +387,18 @@ class RobotRuntime:
     # -- reporter thread -------------------------------------------------------------------------------------
     def _reporter(self) -> None:
         last_steps, last_t = 0, time.monotonic()
-        while not self._stop.wait(self.options.heartbeat_s) or not self._outbox.empty():
+        while not self._stop.wait(self.options.heartbeat_s) or self._outbox:
             self._flush_events()
             now, steps = time.monotonic(), self.stats.steps
+            with self._lock:  # one consistent view: the control thread changes these between two of our reads
+                running, probation = self.running, self._probation
+                health = {r: round(float(np.mean(list(s))), 3) for r, s in list(self._scores.items()) if s}
             status = {"control_hz": round((steps - last_steps) / max(now - last_t, 1e-6), 1),
                       "max_gap_ms": round(1000 * self.stats.max_gap_s, 1), "episodes": len(self.stats.episodes),
-                      "health": {r: round(float(np.mean(s)), 3) for r, s in self._scores.items() if s},
-                      "probation": self._probation, "refused": self._refused_sorted(),
+                      "health": health, "probation": probation, "refused": self._refused_sorted(),
                       "last_pull": asdict(self.stats.pulls[-1]) if self.stats.pulls else None}  # fmt: skip
             last_steps, last_t = steps, now
-            running = self.running
-            if running and not self._probation and running != self._last_good:
+            if running and not probation and running != self._last_good:
                 self._last_good = running
                 self._save_state()
             try:
@@ -384,17 +409,14 @@ class RobotRuntime:
                 break
 
     def _flush_events(self) -> None:
-        while True:
-            try:
-                kind, release, previous, detail = self._outbox.get_nowait()
-            except queue.Empty:
-                return
+        while self._outbox:
+            kind, release, previous, detail = self._outbox[0]
             try:
                 self.deploy.event(self.options.robot_id, kind, release, previous, detail)
             except DeployError as error:
                 log.warning("could not report %s of %s (will retry): %s", kind, release, error)
-                self._outbox.put((kind, release, previous, detail))
                 return
+            self._outbox.popleft()
 
     # -- persisted state -------------------------------------------------------------------------------------
     def _load_state(self) -> dict:

@@ -34,7 +34,8 @@ from pathlib import Path
 
 from .client import DeployClient
 from .fetch import XetFetcher
-from .manifest import Manifest, ReleaseFile, Segment, SignedManifest, check_release_name
+from .keys import BadSignature
+from .manifest import RELEASE_NAME, Manifest, ReleaseFile, Segment, SignedManifest, check_release_name
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,9 @@ class ReleaseStore:
         return self.release_dir(name) / "model"
 
     def installed(self) -> list[str]:
-        return sorted(p.name for p in (self.root / "releases").iterdir() if (p / "manifest.json").is_file())
+        """Releases in the store (a leftover of an interrupted removal, `.trash-*`, is not one)."""
+        return sorted(p.name for p in (self.root / "releases").iterdir()
+                      if RELEASE_NAME.match(p.name) and (p / "manifest.json").is_file())  # fmt: skip
 
     def has(self, name: str) -> bool:
         return (self.release_dir(name) / "manifest.json").is_file()
@@ -99,8 +102,14 @@ class ReleaseStore:
         manifest = signed.verify(trusted)
         t0 = time.monotonic()
         if self.has(manifest.name):
-            self.verify(manifest.name, trusted)
-            return PullReport(manifest.name, manifest.total_bytes, 0, manifest.total_bytes, 0, 0.0)
+            try:
+                if self.verify(manifest.name, trusted).canonical() == manifest.canonical():
+                    return PullReport(manifest.name, manifest.total_bytes, 0, manifest.total_bytes, 0, 0.0)
+                log.warning("%s: the installed copy is another release of that name; pulling the assigned one",
+                            manifest.name)  # fmt: skip
+            except (IntegrityError, BadSignature) as error:  # a flipped bit, a rotated key: fetch it again
+                log.warning("%s: the installed copy fails verification (%s); pulling it again", manifest.name, error)
+            self.remove(manifest.name)
         staging = self.root / "staging" / manifest.name
         parts, out = staging / "parts", staging / "release"
         parts.mkdir(parents=True, exist_ok=True)
