@@ -580,3 +580,23 @@ def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_or
     runtime._flush_events()  # the first send fails: nothing is lost and the order is kept
     runtime._flush_events()
     assert service.sent == [("swap", "A"), ("swap", "B"), ("swap", "C")]
+
+
+def test_channel_rollback_counts_a_release_promoted_again_after_it_was_rolled_back_from(tmp_path):
+    from robotloop.deploy.manifest import build_manifest
+    from robotloop.deploy.registry import Registry
+
+    generate_keypair(tmp_path / "k.key")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    registry = Registry(tmp_path / "deploy.sqlite")
+    for name in ("a", "b", "c"):
+        manifest = build_manifest(tmp_path / "m", name, "lab/x", "hf://buckets/lab/x/c", {"config.json": "0" * 64})
+        registry.add_release(SignedManifest.sign(manifest, load_private_key(tmp_path / "k.key")))
+    for name in ("a", "b"):
+        registry.promote("stable", name)
+    assert registry.rollback_channel("stable", reason="b dropped the cube") == "a"
+    registry.promote("stable", "b")  # fixed and promoted again
+    registry.promote("stable", "c")
+    assert registry.rollback_channel("stable", reason="c is worse") == "b"  # b counts again
+    registry.close()

@@ -143,14 +143,15 @@ class Registry:
         """
         m = signed.manifest
         raw = json.dumps(signed.to_dict(), sort_keys=True)
-        existing = self._one("SELECT manifest FROM releases WHERE name = ?", (m.name,))
-        if existing is not None:
-            if existing["manifest"] != raw:
-                raise RegistryError(f"release {m.name!r} exists with other contents; publish under a new name", 409)
-            return
-        self._tx([("INSERT INTO releases VALUES (?,?,?,?,?,?)", (m.name, raw, signed.key_id, m.checkpoint,
-                                                                  m.created_at, time.time())),
-                  self._event("publish", release=m.name, detail=f"{m.checkpoint} by {by}".strip())])  # fmt: skip
+        with self._lock:  # check and insert as one: two publishes racing for a name get a 409, not a 500
+            existing = self._one("SELECT manifest FROM releases WHERE name = ?", (m.name,))
+            if existing is not None:
+                if existing["manifest"] != raw:
+                    raise RegistryError(f"release {m.name!r} exists with other contents; publish under a new name", 409)
+                return
+            self._tx([("INSERT INTO releases VALUES (?,?,?,?,?,?)", (m.name, raw, signed.key_id, m.checkpoint,
+                                                                      m.created_at, time.time())),
+                      self._event("publish", release=m.name, detail=f"{m.checkpoint} by {by}".strip())])  # fmt: skip
 
     def release(self, name: str) -> dict[str, Any]:
         """Raises RegistryError (404)."""
@@ -211,11 +212,16 @@ class Registry:
         return target
 
     def _previous_of(self, channel: str, current: str | None, history: list[str | None]) -> str | None:
-        # The release before the current one, skipping releases already rolled back from on this channel.
-        rolled_back = {r["previous"] for r in self._all(
-            "SELECT previous FROM events WHERE channel = ? AND kind = 'rollback'", (channel,))}  # fmt: skip
-        rolled_back.add(current)
-        return next((r for r in history if r and r not in rolled_back), None)
+        # The release before the current one, skipping releases whose latest word on this channel is a rollback
+        # away from them (one promoted again since counts again).
+        left: dict[str, bool] = {}  # release -> its newest event left it (True) or chose it (False)
+        for e in self._all("SELECT kind, release, previous FROM events WHERE channel = ? AND kind IN "
+                           "('promote', 'rollback') ORDER BY id DESC", (channel,)):  # fmt: skip
+            if e["release"]:
+                left.setdefault(e["release"], False)
+            if e["kind"] == "rollback" and e["previous"]:
+                left.setdefault(e["previous"], True)
+        return next((r for r in history if r and r != current and not left.get(r, False)), None)
 
     # -- robots --------------------------------------------------------------------------------------------
     def register_robot(self, robot: str, channel: str = "stable", rotate: bool = False, by: str = "") -> str:
