@@ -101,6 +101,7 @@ class DatasetRecorder:
         self.staging = Path(staging or CACHE_HOME / "recordings" / key)
         self.staging.mkdir(parents=True, exist_ok=True)
         self.root = self.staging / "dataset"
+        self._synced_info: str | None = None  # the bucket's meta/info.json Xet hash when this recorder last synced
         self.client.create_bucket(url)
 
     def commit(self, episode: Episode) -> CommitReport:

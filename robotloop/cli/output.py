@@ -7,7 +7,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-error_console = Console(stderr=False)
+error_console = Console()
 
 
 def fail(error: Exception | str, prefix: str = "") -> typer.Exit:

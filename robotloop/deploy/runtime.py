@@ -117,9 +117,9 @@ class RobotRuntime:
         self._refused: set[str] = set(state.get("refused", []))
         self._last_good: str | None = state.get("last_good")  # runs at start, before the service answers
         self._fetchers: dict[str, XetFetcher] = {}
-        self._mismatched: set[str] = set()
+        self._mismatched: set[str] = set()  # releases whose inputs do not fit this robot: skipped until a restart
         self._unscored: dict[str, int] = defaultdict(int)  # finished episodes with no score, per release
-        self._integrity_failed: set[str] = set()  # releases whose bytes did not verify once (refused the second time)  # releases whose inputs do not fit this robot: skipped until a restart
+        self._integrity_failed: set[str] = set()  # releases whose bytes did not verify once (refused the second time)
 
     # -- public ----------------------------------------------------------------------------------------------
     @property
@@ -209,7 +209,8 @@ class RobotRuntime:
         score = self.score(result)
         if score is None:  # no reward (hardware): a release that ran its window of episodes has passed
             self._unscored[result.release] += 1
-            if self._probation and result.release == self.running and self._unscored[result.release] >= self.options.health_window:
+            ran_its_window = self._unscored[result.release] >= self.options.health_window
+            if self._probation and result.release == self.running and ran_its_window:
                 self._probation, self._previous = False, None
             return
         self._scores[result.release].append(score)
@@ -236,14 +237,14 @@ class RobotRuntime:
             standby, active = self._standby, self._active
             if standby is None or (active is not None and not active.runner.at_chunk_boundary):
                 return False
+            self._standby = None
+            if standby is active:
+                return False
             was = active.release if active else None
             # Recorded before the new release is visible as `running`; gap_s (set after the first action of the
             # new release) exists only for a swap within an episode.
             self.stats.swaps.append({"release": standby.release, "previous": was, "at": time.monotonic(),
                                      "gap_s": None, "mid_episode": last_action is not None})  # fmt: skip
-            self._standby = None
-            if standby is active:
-                return False
             standby.runner.reset()  # a runner used before (an operator's rollback) holds a past episode's actions
             # The release to go back to is the last one proven: a swap during another's probation keeps it.
             proven = self._previous if self._probation and self._previous is not None else active
@@ -402,7 +403,7 @@ class RobotRuntime:
                 self._last_good = running
                 self._save_state()
             try:
-                self.deploy.heartbeat(self.options.robot_id, self.running, status)
+                self.deploy.heartbeat(self.options.robot_id, running, status)
             except DeployError as error:
                 log.warning("heartbeat failed: %s", error)
             if self._stop.is_set():

@@ -12,10 +12,10 @@ pool of decode worker processes:
   (`BucketClient.open`), only the byte ranges the decoders ask for.
 
 Workers decode every frame of an episode once (torchcodec, or PyAV where FFmpeg's libraries are missing;
-uint8 [T,3,H,W]) and hand the tensors back through shared memory (torch.multiprocessing: local IPC only, nothing crosses a network). A background
-thread copies them into a ring buffer ("arena") of preallocated tensors on the sampler's device (GPU
-memory on CUDA), evicting the oldest episodes when full, and schedules more decode jobs. `next_batch`
-is then pure tensor indexing on the device.
+uint8 [T,3,H,W]) and hand the tensors back through shared memory (torch.multiprocessing: local IPC only,
+nothing crosses a network). A background thread copies them into a ring buffer ("arena") of preallocated
+tensors on the sampler's device (GPU memory on CUDA), evicting the oldest episodes when full, and schedules
+more decode jobs. `next_batch` is then pure tensor indexing on the device.
 
 Example:
     ```python
