@@ -8,8 +8,9 @@ export MUJOCO_GL ?= egl
 .PHONY: demo test install clean
 install: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/system-deps
+$(STAMP): pyproject.toml scripts/system-deps scripts/check-disk
 	@scripts/system-deps
+	@scripts/check-disk $(VENV)
 	@test -x $(BIN)/python || "$$(scripts/find-python)" -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)

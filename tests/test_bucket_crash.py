@@ -21,12 +21,11 @@ from .conftest import WRITE_TOKEN, start_server
 FILES = 8
 WRITER = textwrap.dedent(
     """
-    import sys, random, tempfile, pathlib
+    import sys, random, pathlib
     from robotloop.storage import BucketClient, BucketUrl
-    endpoint, token = sys.argv[1], sys.argv[2]
+    endpoint, token, work = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
     client = BucketClient(endpoint, token)
     base = BucketUrl.parse("hf://buckets/lab/crash/gen")
-    work = pathlib.Path(tempfile.mkdtemp())
     for gen in range(1, 10_000):
         for i in range(%(files)d):
             body = random.Random(gen * 1000 + i).randbytes(150_000)
@@ -57,7 +56,9 @@ def test_sigkill_during_uploads_leaves_old_or_new_content(tmp_path, tokens_file)
     for round_, delay in enumerate((0.8, 1.3, 2.1)):
         log = tmp_path / f"writer-{round_}.log"
         with open(log, "w") as out:
-            writer = subprocess.Popen([sys.executable, "-c", WRITER, server.endpoint, WRITE_TOKEN], stdout=out)
+            work = tmp_path / f"writer-{round_}"  # under tmp_path: the killed writer cannot clean up after itself
+            work.mkdir()
+            writer = subprocess.Popen([sys.executable, "-c", WRITER, server.endpoint, WRITE_TOKEN, str(work)], stdout=out)
             time.sleep(delay)
             os.kill(server.proc.pid, signal.SIGKILL)
             server.proc.wait()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,8 @@ def _drop_a_weight(ckpt: Path) -> None:
         ),
         (_drop_a_weight, "cannot load the weights"),
         (lambda d: (d / "config.json").write_text("{not json"), "config"),
+        (lambda d: _edit_config(d, type="diffusion"), "a 'diffusion' policy; the runner loads ACT policies only"),
+        (lambda d: _edit_config(d, chunk_size="many"), "chunk_size"),
     ],
     ids=[
         "no-dir",
@@ -139,6 +142,8 @@ def _drop_a_weight(ckpt: Path) -> None:
         "corrupt-safetensors",
         "missing-key",
         "bad-config",
+        "not-act",
+        "bad-field",
     ],
 )
 def test_load_errors_say_what_is_wrong(
@@ -148,6 +153,18 @@ def test_load_errors_say_what_is_wrong(
     breakage(ckpt)
     with pytest.raises(PolicyLoadError, match=message):
         PolicyRunner.load(ckpt)
+
+
+def _edit_config(ckpt: Path, **changes) -> None:
+    path = ckpt / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_load_leaves_no_temp_files(tiny: Path, tmp_path: Path, monkeypatch) -> None:
+    # lerobot's PreTrainedConfig.from_pretrained leaves a temp file per call; a robot loads many releases.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    PolicyRunner.load(tiny)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_non_finite_weights_raise_before_acting(

@@ -100,23 +100,12 @@ class PolicyRunner:
                 the device does not exist here, or the weights or processors cannot be read (corrupt file,
                 keys or shapes that do not match).
         """
-        from lerobot.configs.policies import PreTrainedConfig
         from lerobot.policies.act.modeling_act import ACTPolicy
         from lerobot.policies.factory import make_pre_post_processors
 
         path = Path(pretrained_dir)
         _check_files(path)
-        try:
-            cfg = PreTrainedConfig.from_pretrained(path)
-        # draccus/json errors: report them all as one kind of failure
-        except Exception as error:
-            raise PolicyLoadError(
-                f"{path / 'config.json'}: not a readable lerobot policy config: {error}"
-            ) from error
-        if cfg.type != "act":
-            raise PolicyLoadError(
-                f"{path}: a {cfg.type!r} policy; the runner loads ACT policies only"
-            )
+        cfg = _read_config(path / "config.json")
         cfg.pretrained_backbone_weights = None
         cfg.device = _check_device(device)
         try:
@@ -237,6 +226,28 @@ def _check_files(path: Path) -> None:
         raise PolicyLoadError(
             f"{path}: not a LeRobot pretrained_model directory, missing {', '.join(missing)}"
         )
+
+
+def _read_config(path: Path) -> Any:
+    """The saved ACT config, decoded the way lerobot's `PreTrainedConfig.from_pretrained` does (drop the
+    `type` tag, decode with draccus into the registered class). Not through that function: lerobot 0.6.1 writes
+    the config to a temp file it never deletes, one per load, and robots load a release many times a day."""
+    import json
+
+    import draccus
+    from lerobot.configs.policies import PreTrainedConfig
+
+    try:
+        raw = json.loads(path.read_text())
+        policy_type = raw.pop("type") if isinstance(raw, dict) else None
+        if policy_type != "act":
+            raise PolicyLoadError(f"{path.parent}: a {policy_type!r} policy; the runner loads ACT policies only")
+        return draccus.decode(PreTrainedConfig.get_choice_class(policy_type), raw)
+    except PolicyLoadError:
+        raise
+    # json and draccus errors: report them all as one kind of failure
+    except Exception as error:
+        raise PolicyLoadError(f"{path}: not a readable lerobot policy config: {error}") from error
 
 
 def _check_device(device: str) -> str:
