@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
+import robotloop.deploy.store as store_module
 from robotloop.cli import app
 from robotloop.config import RobotSettings
 from robotloop.deploy.client import DeployClient, DeployError
@@ -45,7 +46,7 @@ from robotloop.deploy.manifest import BadManifest, Manifest, SignedManifest
 from robotloop.deploy.publish import publish
 from robotloop.deploy.runner import make_tiny_checkpoint
 from robotloop.deploy.runtime import RobotRuntime
-from robotloop.deploy.store import IntegrityError, ReleaseStore
+from robotloop.deploy.store import IntegrityError, PullCancelled, ReleaseStore
 from robotloop.storage import BucketClient, BucketUrl
 
 from .conftest import WRITE_TOKEN, free_port
@@ -358,6 +359,19 @@ def test_pull_killed_mid_download_resumes_and_never_exposes_a_partial_release(de
     assert report.bytes_resumed == before and report.bytes_fetched == signed.manifest.total_bytes - before
     assert store.installed() == ["crash-v1"] and not (root / "staging" / "crash-v1").exists()
     store.verify("crash-v1", deploy.trusted)
+
+
+def test_a_cancelled_pull_stops_at_once_and_the_next_resumes(deploy, bucket_server, tmp_path, monkeypatch):
+    monkeypatch.setattr(store_module, "PIECE_BYTES", 4 * 2**20)
+    signed = deploy.release("cancel-v1", "retrain", channel=None)
+    store, stop = ReleaseStore(tmp_path / "store"), threading.Event()
+    fetch = XetFetcher(bucket_server.endpoint, WRITE_TOKEN, signed.manifest.bucket)
+    with pytest.raises(PullCancelled, match="cancel-v1: pull stopped in model.safetensors"):
+        store.pull(signed, deploy.trusted, fetch, on_piece=lambda *_: stop.set(), cancelled=stop.is_set)
+    parts = sorted(p.name for p in (tmp_path / "store" / "staging" / "cancel-v1" / "parts").iterdir())
+    assert store.installed() == [] and parts == [f"0_0_{signed.manifest.files[0].size}"]  # no .tmp, nothing more
+    report = store.pull(signed, deploy.trusted, fetch)
+    assert report.bytes_resumed == signed.manifest.files[0].size and store.installed() == ["cancel-v1"]
 
 
 # -- the robot runtime ---------------------------------------------------------------------------------------------

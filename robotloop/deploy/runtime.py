@@ -49,7 +49,7 @@ from .envs import StepResult
 from .fetch import XetFetcher
 from .keys import BadSignature
 from .manifest import BadManifest, SignedManifest
-from .store import IntegrityError, PullReport, ReleaseStore
+from .store import IntegrityError, PullCancelled, PullReport, ReleaseStore
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,8 @@ class RobotRuntime:
         return active.release if active else None
 
     def stop(self) -> None:
+        """End `run()`: the control loop after its step, a pull in progress at its next block (staged pieces
+        are kept, so the next start resumes it)."""
         self._stop.set()
 
     def run(self, duration_s: float | None = None) -> RuntimeStats:
@@ -317,7 +319,8 @@ class RobotRuntime:
                 raise BadManifest(f"the service assigned {release!r} with the manifest of {signed.manifest.name!r}")
             # Verified either way before loading: fetched pieces as they are assembled, an installed release's files
             # again on disk (the disk is not trusted either).
-            report = self.store.pull(signed, self.trusted, self._fetcher(signed.manifest.bucket))
+            report = self.store.pull(signed, self.trusted, self._fetcher(signed.manifest.bucket),
+                                     cancelled=self._stop.is_set)  # fmt: skip
             self.stats.pulls.append(report)
         except IntegrityError as error:
             if release not in self._integrity_failed:  # one bad transfer or a flipped bit: fetch once more
@@ -329,6 +332,9 @@ class RobotRuntime:
         except (BadSignature, BadManifest) as error:
             self._refuse(release, f"{type(error).__name__}: {error}", kind="refused", back=self.running)
             return True
+        except PullCancelled as error:  # stop(): the next start resumes from the staged pieces
+            log.info("%s", error)
+            return False
         except (StorageError, OSError) as error:
             log.warning("pull of %s failed, will retry: %s", release, error)
             return False

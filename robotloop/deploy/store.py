@@ -11,7 +11,8 @@ A pull verifies the manifest's signature before fetching anything. Segments (ten
 one of an installed release are copied locally, the rest is fetched by byte range through hf_xet in pieces
 of at most `PIECE_BYTES`, and every file is checked (size, SHA-256 of each segment and of the file, and its
 Xet hash recomputed locally) before the one atomic rename that makes the release visible. A crash mid-pull
-leaves only `staging/`, which the next pull resumes; a partial file is never under `releases/`.
+leaves only `staging/`, which the next pull resumes; a partial file is never under `releases/`. A cancelled
+pull (`cancelled()` answering True, e.g. the robot stopping) ends the same way, within one transfer block.
 
 Example:
     ```python
@@ -44,6 +45,10 @@ PIECE_BYTES = 16 * 2**20  # resume granularity: a crash loses at most one piece 
 
 class IntegrityError(RuntimeError):
     """Downloaded or stored bytes do not match the signed manifest (tampered, corrupted or truncated)."""
+
+
+class PullCancelled(RuntimeError):
+    """The pull was asked to stop (the robot is shutting down); its complete pieces stay staged for the next."""
 
 
 @dataclass(frozen=True)
@@ -89,15 +94,18 @@ class ReleaseStore:
 
     # -- pulling ---------------------------------------------------------------------------------------------
     def pull(self, signed: SignedManifest, trusted: dict, fetcher: XetFetcher,
-             on_piece: Callable[[str, int, int], None] | None = None) -> PullReport:  # fmt: skip
+             on_piece: Callable[[str, int, int], None] | None = None,
+             cancelled: Callable[[], bool] = lambda: False) -> PullReport:  # fmt: skip
         """Install the release `signed` describes, fetching only what no installed release already holds.
 
         `on_piece(path, start, end)` is called after each fetched piece is safely on disk (progress).
+        `cancelled()` is asked between the blocks of a transfer; once it answers True the pull stops.
 
         Raises:
             BadSignature: the manifest is not signed by a trusted key (nothing is fetched).
             IntegrityError: fetched bytes do not match the manifest (the staged pieces are dropped).
             StorageError: a transfer failed; staged pieces are kept and the next pull resumes.
+            PullCancelled: `cancelled()` said so; staged pieces are kept and the next pull resumes.
         """
         manifest = signed.verify(trusted)
         t0 = time.monotonic()
@@ -118,7 +126,7 @@ class ReleaseStore:
         local = self._local_segments(exclude=manifest.name)
         fetched = reused = resumed = 0
         for index, entry in enumerate(manifest.files):
-            counts = self._assemble(entry, index, local, parts, out / "model", fetcher, on_piece)
+            counts = self._assemble(entry, index, local, parts, out / "model", fetcher, on_piece, cancelled)
             fetched, reused, resumed = fetched + counts[0], reused + counts[1], resumed + counts[2]
         (out / "manifest.json").write_bytes(signed.to_json())
         os.replace(out, self.release_dir(manifest.name))  # the one step that makes the release visible
@@ -128,7 +136,7 @@ class ReleaseStore:
         return report
 
     def _assemble(self, entry: ReleaseFile, index: int, local: dict[str, _Source], parts: Path, out: Path,
-                  fetcher: XetFetcher, on_piece) -> tuple[int, int, int]:  # fmt: skip
+                  fetcher: XetFetcher, on_piece, cancelled: Callable[[], bool]) -> tuple[int, int, int]:  # fmt: skip
         """Write one file from local segments and fetched pieces, verified. Returns (fetched, reused, resumed)."""
         reuse = {
             s.name: local[s.sha256] for s in entry.segments if s.sha256 in local and _segment_ok(local[s.sha256], s)
@@ -143,7 +151,13 @@ class ReleaseStore:
             piece = parts / f"{index}_{start}_{end}"
             tmp = piece.with_suffix(".tmp")
             with open(tmp, "wb") as f:
-                f.writelines(fetcher.stream(entry.xet_hash, entry.size, start, end))
+                for block in fetcher.stream(entry.xet_hash, entry.size, start, end):
+                    if cancelled():
+                        break
+                    f.write(block)
+            if cancelled():
+                tmp.unlink()
+                raise PullCancelled(f"{parts.parent.name}: pull stopped in {entry.path}; complete pieces stay staged")
             if tmp.stat().st_size != end - start:
                 tmp.unlink()
                 raise IntegrityError(f"{entry.path}: asked bytes {start}-{end}, got a different length")
