@@ -1,11 +1,15 @@
-"""Storage pieces that need no server: URLs and the read cache."""
+"""Storage pieces that need no server: URLs, the read cache, data roots' modes."""
 
 import os
+import stat
 
 import pytest
 
-from robotloop.storage import BadBucketUrl, BucketUrl
+from robotloop.deploy.store import ReleaseStore
+from robotloop.storage import BadBucketUrl, BucketUrl, private_dir
 from robotloop.storage.cache import ReadCache
+from robotloop.train.jobs import JobManager
+from services.bucket.app import create_app
 
 
 def test_bucket_url_round_trip():
@@ -56,3 +60,25 @@ def test_read_cache_rejects_non_hash_keys(tmp_path):
     cache = ReadCache(tmp_path, max_bytes=10)
     with pytest.raises(ValueError, match="not a Xet hash"):
         cache.get("../../etc/passwd")
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_data_roots_are_readable_by_their_user_only(tmp_path):
+    # Token checks guard the server; its files, caches and release stores hold the same bytes on disk.
+    old = os.umask(0o022)
+    try:
+        existing = tmp_path / "shared" / "cache"
+        existing.mkdir(parents=True, mode=0o755)
+        ReadCache(existing, max_bytes=1)
+        create_app(tmp_path / "server")
+        ReleaseStore(tmp_path / "robot" / "store")
+        JobManager(tmp_path / "jobs").close()
+    finally:
+        os.umask(old)
+    for root in (existing, tmp_path / "server", tmp_path / "robot" / "store", tmp_path / "jobs"):
+        assert _mode(root) == 0o700, root
+    assert _mode(tmp_path / "shared") == 0o755 and _mode(tmp_path / "robot") == 0o755  # parents keep their modes
+    assert private_dir(existing) == existing and _mode(existing) == 0o700

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import CACHE_HOME
-from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError
+from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError, private_dir
 from .episode import BadEpisode, Episode
 
 log = logging.getLogger(__name__)
@@ -98,8 +98,7 @@ class DatasetRecorder:
     def __init__(self, client: BucketClient, url: BucketUrl, spec: DatasetSpec, staging: Path | None = None) -> None:
         self.client, self.url, self.spec = client, url, spec
         key = hashlib.sha256(f"{client.endpoint}|{url}".encode()).hexdigest()[:16]
-        self.staging = Path(staging or CACHE_HOME / "recordings" / key)
-        self.staging.mkdir(parents=True, exist_ok=True)
+        self.staging = private_dir(staging or CACHE_HOME / "recordings" / key)
         self.root = self.staging / "dataset"
         self._synced_info: str | None = None  # the bucket's meta/info.json Xet hash when this recorder last synced
         self.client.create_bucket(url)

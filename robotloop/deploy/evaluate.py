@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import Settings
-from ..storage import BadBucketUrl, BucketClient, BucketUrl, connect
+from ..storage import BadBucketUrl, BucketClient, BucketUrl, connect, private_dir
 from .errors import PolicyLoadError
 from .runner import PolicyRunner
 
@@ -474,7 +474,7 @@ def _resolve_bucket(
     except PublishError as error:
         raise PolicyLoadError(str(error)) from None
     key = hashlib.sha256(f"{client.endpoint}|{model}".encode()).hexdigest()[:16]
-    dest = Path(cache_dir or CACHE_HOME / "policies") / key
+    dest = private_dir(cache_dir or CACHE_HOME / "policies") / key
     if not client.download_tree(model, dest):
         raise PolicyLoadError(f"{model}: no files there")
     return dest

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..storage.private import private_dir
 from .manifest import BadManifest, SignedManifest, check_release_name
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -86,7 +87,7 @@ class Registry:
     """Thread-safe: one SQLite connection behind a lock (the service is one process)."""
 
     def __init__(self, path: Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        private_dir(Path(path).parent)
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..storage.private import private_dir
 from .client import DeployClient
 from .fetch import XetFetcher
 from .keys import BadSignature
@@ -75,8 +76,9 @@ class ReleaseStore:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        (self.root / "releases").mkdir(parents=True, exist_ok=True)
-        (self.root / "staging").mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
+        (self.root / "releases").mkdir(exist_ok=True)
+        (self.root / "staging").mkdir(exist_ok=True)
 
     def release_dir(self, name: str) -> Path:
         return self.root / "releases" / check_release_name(name)

@@ -13,10 +13,11 @@ from ..config import Settings, load_settings
 from .cache import ReadCache
 from .client import BucketClient, Entry, FileUpload, NotFound, StorageError, UploadReport
 from .embedded import ensure_embedded_server
+from .private import private_dir
 from .urls import BadBucketUrl, BucketUrl
 
 __all__ = ["BadBucketUrl", "BucketClient", "BucketUrl", "Entry", "FileUpload", "NotFound", "StorageError",
-           "UploadReport", "connect", "resolve_endpoint"]  # fmt: skip
+           "UploadReport", "connect", "private_dir", "resolve_endpoint"]  # fmt: skip
 
 
 def resolve_endpoint(settings: Settings) -> tuple[str, str | None]:

@@ -11,6 +11,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .private import private_dir
+
 
 class ReadCache:
     """Example:
@@ -24,7 +26,7 @@ class ReadCache:
     def __init__(self, root: Path, max_bytes: int) -> None:
         self.root = Path(root)
         self.max_bytes = max_bytes
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
 
     def _path(self, xet_hash: str) -> Path:
         if not (len(xet_hash) == 64 and all(c in "0123456789abcdef" for c in xet_hash)):

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from ..service_process import ServiceStartError, free_port, start_service_process
+from .private import private_dir
 from .server.auth import token_proof
 
 START_TIMEOUT_S = 60.0
@@ -42,8 +43,7 @@ def ensure_embedded_server(root: Path, port: int = 0) -> LocalServer:
     Raises:
         EmbeddedServerError: it did not answer within a minute (its log is `<root>/server.log`).
     """
-    root = Path(root).expanduser()
-    root.mkdir(parents=True, exist_ok=True)
+    root = private_dir(Path(root).expanduser())
     with _locked(root / ".lock"):
         token = _local_token(root)
         running = _running_server(root, token)

@@ -42,6 +42,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from ..storage import BucketUrl
+from ..storage.private import private_dir
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
@@ -180,7 +181,7 @@ class JobManager:
                  max_queued: int = 32) -> None:  # fmt: skip
         self.root, self.max_running, self.cancel_grace_s, self.poll_s = Path(root), max_running, cancel_grace_s, poll_s
         self.max_queued = max_queued
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.RLock()
         self._closed = threading.Event()

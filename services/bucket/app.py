@@ -25,6 +25,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
+from robotloop.storage.private import private_dir
 from robotloop.storage.server.auth import AuthError, CasClaims, TokenStore, bearer_from_header, load_or_create_secret
 from robotloop.storage.server.buckets import BucketStore
 from robotloop.storage.server.cas import CasStore
@@ -56,8 +57,7 @@ def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int 
     Raises:
         TokensFileError: malformed tokens file (line number in the message).
     """
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
+    root = private_dir(root)
     tokens = TokenStore.from_file(tokens_file, cas_secret=load_or_create_secret(root))
     cas = CasStore(root / "cas")
     buckets = BucketStore(root, file_size=cas.file_size, uploaded_by=cas.uploaded_by)

@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..private import private_dir
+
 MAX_PATH_BYTES = 1024
 MAX_NAME_LEN = 96
 PAGE_SIZE = 1000
@@ -233,7 +235,7 @@ class BucketStore:
         """``uploaded_by(namespace, xet_hash)``: whether the CAS registered that file from an upload with a token of
         ``namespace`` (see ``apply_batch``)."""
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         self.db_path = self.root / "buckets.sqlite"
         self._file_size, self._uploaded_by = file_size, uploaded_by
         self._local = threading.local()
