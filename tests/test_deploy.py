@@ -36,6 +36,7 @@ from robotloop.deploy.envs import SimControlEnv
 from robotloop.deploy.fetch import XetFetcher
 from robotloop.deploy.keys import (
     BadSignature,
+    DeployKeyError,
     generate_keypair,
     load_private_key,
     load_public_keys,
@@ -168,6 +169,10 @@ def test_manifest_signature_refuses_tampering_and_untrusted_keys(tmp_path):
             Manifest.from_dict({**raw["manifest"], "files": [bad]})
     with pytest.raises(FileExistsError):
         generate_keypair(tmp_path / "a.key")
+    with pytest.raises(DeployKeyError, match="no deploy key there; make one with `robotloop deploy keygen`"):
+        load_private_key(tmp_path / "missing.key")
+    with pytest.raises(DeployKeyError, match="no public key file there"):
+        load_public_keys([tmp_path / "a.pub", tmp_path / "missing.pub"])
 
 
 def test_long_polls_look_again_for_assignment_changes_not_for_heartbeats(tmp_path):

@@ -92,9 +92,13 @@ def load_private_key(path: Path) -> Signer:
     """Load a private deploy key written by `generate_keypair`.
 
     Raises:
-        FileNotFoundError: no such file. DeployKeyError: not a PEM ed25519 private key.
+        DeployKeyError: no such file, or not a PEM ed25519 private key.
     """
-    data = Path(path).read_bytes()
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise DeployKeyError(f"{path}: no deploy key there; make one with `robotloop deploy keygen` or pass "
+                             "the one that signs your releases (--key)") from None  # fmt: skip
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as error:
@@ -129,11 +133,16 @@ def load_public_keys(paths: list[Path]) -> dict[str, Ed25519PublicKey]:
     """Trusted public keys by key id, from files of `ed25519 ...` lines (`#` comments allowed).
 
     Raises:
-        FileNotFoundError: a file is missing. DeployKeyError: a malformed line, or no key at all.
+        DeployKeyError: a file is missing, a line is malformed, or there is no key at all.
     """
     keys: dict[str, Ed25519PublicKey] = {}
     for path in paths:
-        for n, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise DeployKeyError(f"{path}: no public key file there; copy the .pub file made beside the deploy key "
+                                 "(`robotloop deploy keygen`) to the robot") from None  # fmt: skip
+        for n, line in enumerate(text.splitlines(), start=1):
             line = line.split("#", 1)[0].strip()
             if line:
                 public = parse_public_line(line, f"{path}:{n}")
