@@ -173,6 +173,8 @@ def test_manifest_signature_refuses_tampering_and_untrusted_keys(tmp_path):
         load_private_key(tmp_path / "missing.key")
     with pytest.raises(DeployKeyError, match="no public key file there"):
         load_public_keys([tmp_path / "a.pub", tmp_path / "missing.pub"])
+    with pytest.raises(DeployKeyError, match=r"no trusted public key configured: .* \(--trusted-key"):
+        load_public_keys([])
 
 
 def test_long_polls_look_again_for_assignment_changes_not_for_heartbeats(tmp_path):

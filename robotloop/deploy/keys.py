@@ -148,8 +148,9 @@ def load_public_keys(paths: list[Path]) -> dict[str, Ed25519PublicKey]:
                 public = parse_public_line(line, f"{path}:{n}")
                 keys[key_id(public)] = public
     if not keys:
-        raise DeployKeyError(f"no trusted public key in {', '.join(map(str, paths)) or '(no files)'}: a robot loads only "
-                        "releases signed by a key it trusts")  # fmt: skip
+        where = f"in {', '.join(map(str, paths))}" if paths else "configured"
+        raise DeployKeyError(f"no trusted public key {where}: a robot loads only releases signed by a key it trusts. "
+                             "Give the .pub file made beside the deploy key (--trusted-key, or robot.trusted_keys)")  # fmt: skip
     return keys
 
 
