@@ -83,7 +83,7 @@ def run(
     pulled = sum(p.bytes_fetched for p in stats.pulls) / 1e6
     console.print(f"ran {stats.steps} steps, {len(stats.episodes)} whole episodes; pulled {pulled:.1f} MB; swaps "
                   f"{len(stats.swaps)}, rollbacks {len(stats.rollbacks)}, refused {len(stats.refused)}; running "
-                  f"{runtime.running}")  # fmt: skip
+                  f"{runtime.running or 'no release (none was assigned, or none could run)'}")  # fmt: skip
 
 
 def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fps, episode_time_s):
