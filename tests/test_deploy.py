@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -531,8 +532,12 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
                               str(tmp_path / "store"), "--duration-s", "3"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "pulled 0.0 MB; swaps 1, rollbacks 0, refused 0; running cli-v1" in _flat(result.output)
-    result = cli.invoke(app, ["deploy", "status", *ops])
+    wide = {"COLUMNS": "200"}  # rich wraps table cells at the runner's 80 columns
+    result = cli.invoke(app, ["deploy", "status", *ops], env=wide)
     assert result.exit_code == 0 and "hw1" in result.output and "cli-v1" in result.output
+    assert re.search(r"│ hw1 .* │ \d+ s ago +│", result.output), result.output  # last seen: seconds ago, not epoch
+    result = cli.invoke(app, ["deploy", "history", "--robot", "hw1", *ops], env=wide)
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d swap +hw1 +cli-v1", result.output, re.M), result.output
     result = cli.invoke(app, ["deploy", "rollback", "--robot", "hw1", *ops])
     assert result.exit_code == 1 and "has not run a good release before" in result.output
 

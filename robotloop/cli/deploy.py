@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -179,7 +180,7 @@ def status(ctx: typer.Context, deploy_url: DeployUrl = None, deploy_token: Deplo
     for r in state["robots"]:
         s = r["status"] or {}
         table.add_row(r["id"], r["channel"], r["assigned"] or "-", r["running"] or "-", str(s.get("control_hz", "-")),
-                      json.dumps(s.get("health", {})), f"{r['last_seen']:.0f}" if r["last_seen"] else "never")  # fmt: skip
+                      _health(s.get("health")), f"{time.time() - r['last_seen']:.0f} s ago" if r["last_seen"] else "never")  # fmt: skip
     console.print(table)
 
 
@@ -196,8 +197,16 @@ def history(
     client = _client(ctx, deploy_url, deploy_token)
     for e in _call(lambda: client.history(robot, channel, limit)):
         who = e["robot"] or e["channel"] or ""
-        console.print(f"{e['at']:.0f} {e['kind']:<16} {who:<10} {e['release'] or '-'} (was {e['previous'] or '-'}) "
+        console.print(f"{_when(e['at'])} {e['kind']:<16} {who:<10} {e['release'] or '-'} (was {e['previous'] or '-'}) "
                       f"{e['detail'] or ''}")  # fmt: skip
+
+
+def _when(epoch_s: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_s))
+
+
+def _health(health: dict | None) -> str:
+    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in health.items()) if health else "-"
 
 
 def _call(fn):

@@ -206,7 +206,8 @@ class Registry:
                 (channel,))]  # fmt: skip
             target = self._previous_of(channel, current, earlier)
             if target is None:
-                raise RegistryError(f"channel {channel!r} has no release before {current!r} to roll back to", 404)
+                what = f"no release before {current!r}" if current else "no release yet"
+                raise RegistryError(f"channel {channel!r} has {what}: nothing to roll back to", 404)
             self._tx([("UPDATE channels SET release = ?, updated_at = ? WHERE name = ?", (target, time.time(), channel)),
                       self._event("rollback", channel=channel, release=target, previous=current,
                                   detail=f"{reason} (by {by})" if by else reason)])  # fmt: skip
@@ -236,7 +237,8 @@ class Registry:
         token = f"rlr_{secrets.token_urlsafe(32)}"
         exists = self._one("SELECT id FROM robots WHERE id = ?", (robot,)) is not None
         if exists and not rotate:
-            raise RegistryError(f"robot {robot!r} is registered; pass rotate to issue it a new token", 409)
+            raise RegistryError(f"robot {robot!r} is registered; register it again with rotate (CLI: --rotate) to issue "
+                               "it a new token", 409)  # fmt: skip
         if exists:
             self._tx([("UPDATE robots SET token_hash = ? WHERE id = ?", (hash_token(token), robot)),
                       self._event("token_rotated", robot=robot, detail=f"by {by}")])  # fmt: skip
