@@ -45,6 +45,11 @@ def test_upload_reports_dedup_and_round_trips(client, bucket_server, tmp_path):
     out = client.download(url, tmp_path / "out.bin")
     assert out.read_bytes() == bytes(data)
     assert client.cache.get(entry.xet_hash) is not None  # second download is served from the cache
+    with open(out, "r+b") as f:  # edited in place (an editor, a writer growing its copy): the cache must not follow
+        f.write(b"LOCAL EDIT")
+    again = client.download(url, tmp_path / "again.bin")
+    assert again.read_bytes() == bytes(data) and os.stat(again).st_nlink == 1
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
     # A listing that no longer matches the bytes served (the file rewritten since, or a server lying about a
     # hash) fails the download and leaves the shared read cache clean.

@@ -257,7 +257,7 @@ class BucketClient:
             finally:
                 tmp.unlink(missing_ok=True)
                 tmp.parent.rmdir()
-        _link_or_copy(cached, dest)
+        _copy_out(cached, dest)
         return dest
 
     def fetch(self, url: BucketUrl, dest: str | Path) -> list[Path]:
@@ -304,18 +304,33 @@ def _check_xet_hash(path: Path, entry: Entry) -> None:
                            " (changed since it was listed, or a misbehaving server); nothing was kept")  # fmt: skip
 
 
-def _link_or_copy(src: Path, dest: Path) -> None:
-    # A hard link makes a cache hit free; across file systems fall back to a copy. The temp name is per thread:
-    # two readers of one cached file must not replace each other's temp file.
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(src, tmp)
-    except OSError:
-        import shutil
+def _copy_out(src: Path, dest: Path) -> None:
+    """Copy a cache entry to `dest` through a temp file, so `dest` never holds part of a file. A copy, never a hard
+    link: a user editing a downloaded file (or a writer growing one in place) would change the cached bytes under
+    their hash for every later reader. Where the file system shares blocks (btrfs, XFS) the copy is a reflink and
+    costs nothing; elsewhere the kernel copies it."""
+    import shutil
 
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}-{threading.get_ident()}.tmp")  # per thread: readers race
+    try:
+        if not _reflink(src, tmp):
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _reflink(src: Path, dest: Path) -> bool:
+    """Clone `src` into `dest` sharing its blocks (Linux FICLONE); False where the file system cannot."""
+    import fcntl
+
+    ficlone = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+    with open(src, "rb") as s, open(dest, "wb") as d:
+        try:
+            fcntl.ioctl(d.fileno(), ficlone, s.fileno())
+            return True
+        except OSError:
+            return False
 
 
 @contextmanager
