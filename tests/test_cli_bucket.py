@@ -33,6 +33,9 @@ def test_put_ls_du_get(bucket_server, tmp_path):
     assert (tmp_path / "back" / "a.bin").read_bytes() == (folder / "a.bin").read_bytes()
     one = robotloop(bucket_server, "bucket", "get", "hf://buckets/lab/cli/runs/1/b.txt", str(tmp_path / "b.txt"))
     assert one.returncode == 0 and (tmp_path / "b.txt").read_text() == "hello"
+    # A trailing slash names a folder, existing or not: the file goes into it.
+    put = robotloop(bucket_server, "bucket", "put", str(tmp_path / "b.txt"), "hf://buckets/lab/cli/new/")
+    assert put.returncode == 0 and "new/b.txt" in robotloop(bucket_server, "bucket", "ls", "-R", "hf://buckets/lab/cli").stdout
 
 
 def test_bad_input_is_a_clear_error(bucket_server, tmp_path):

@@ -75,6 +75,14 @@ def test_folder_upload_listing_du_and_fetch(client, tmp_path):
     assert sorted(p.relative_to(tmp_path / "back").as_posix() for p in got) == ["data/a.parquet", "meta.json"]
     assert (tmp_path / "back" / "data" / "a.parquet").read_bytes() == b"a" * 1000
 
+    # As cp does: a file put to an existing folder goes into it; a folder never goes under a file.
+    (tmp_path / "notes.txt").write_bytes(b"n")
+    assert [f.path for f in client.upload(tmp_path / "notes.txt", url).files] == ["datasets/ds/notes.txt"]
+    assert [f.path for f in client.upload(tmp_path / "notes.txt", url / "n2.txt").files] == ["datasets/ds/n2.txt"]
+    with pytest.raises(StorageError, match="is a file: folder .* cannot be uploaded under it"):
+        client.upload(src, url / "meta.json")
+    assert client.du(url) == 1004
+
 
 def test_errors_name_bucket_path_and_remedy(bucket_server, tmp_path):
     writer = BucketClient(bucket_server.endpoint, WRITE_TOKEN)

@@ -57,8 +57,11 @@ def ls(ctx: typer.Context, url: UrlArg, recursive: bool = typer.Option(False, "-
 
 @app.command()
 def put(ctx: typer.Context, local: Path, url: UrlArg, create: bool = typer.Option(True, help="Create the bucket if missing.")) -> None:
-    """Upload a file or a folder; prints how many bytes were new and how many deduplicated."""
+    """Upload a file or a folder; prints how many bytes were new and how many deduplicated. As with `cp`, a file
+    put to an existing folder, or to a URL ending in `/`, goes into it."""
     target = _url(url)
+    if url.endswith("/") and local.is_file() and target.path:
+        target = target / local.name
     try:
         client = connect(ctx.obj)
         if create:

@@ -134,14 +134,20 @@ class BucketClient:
     def upload(self, local: str | Path, url: BucketUrl) -> UploadReport:
         """Upload a file, or a folder recursively, to `url`; all files appear in one batch.
 
-        Only chunks the store lacks travel (Xet dedup); the report says how many bytes that was.
+        As `cp` does: a file uploaded to a folder that exists goes into it (`url/<name>`), never beside it as a
+        file of the folder's name. Only chunks the store lacks travel (Xet dedup); the report says how many bytes
+        that was.
 
         Raises:
             FileNotFoundError: `local` does not exist.
             NotFound: the bucket does not exist (create it first).
-            StorageError: the server refused the upload (the message says why).
+            StorageError: `url` is a file and `local` a folder, or the server refused the upload (the message
+                says why).
         """
-        pairs = _files_to_upload(Path(local), url)
+        local = Path(local)
+        if url.path and local.exists():
+            url = self._destination(local, url)
+        pairs = _files_to_upload(local, url)
         report = UploadReport()
         if not pairs:
             return report
@@ -153,6 +159,16 @@ class BucketClient:
             ]
             self.api.batch_bucket_files(url.bucket_id, add=adds)
         return report
+
+    def _destination(self, local: Path, url: BucketUrl) -> BucketUrl:
+        """Where `local` goes, given what the bucket holds at `url` (one listing: a file lists as itself)."""
+        found = self.ls(url)
+        is_file = len(found) == 1 and isinstance(found[0], Entry) and found[0].url.path == url.path
+        if is_file and local.is_dir():
+            raise StorageError(f"{url} is a file: folder {local} cannot be uploaded under it. Choose another path")
+        if found and not is_file and local.is_file():
+            return url / local.name
+        return url
 
     def _xet_upload(self, pairs: list[tuple[Path, BucketUrl]], url: BucketUrl) -> UploadReport:
         # huggingface_hub's batch_bucket_files uploads too, but keeps the dedup figures to itself; driving the
