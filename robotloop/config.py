@@ -15,10 +15,11 @@ Example:
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -179,15 +180,37 @@ class Settings(BaseSettings):
         return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_file)
 
 
+class SettingsError(ValueError):
+    """The settings cannot be read: a malformed config file, an unknown key, a value of the wrong type."""
+
+
 def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
     """Build the settings from every source, with `overrides` (e.g. CLI flags) on top.
 
     `None` values in `overrides` are dropped, so an unset CLI flag never hides a file or env value.
 
+    Example:
+        ```python
+        >>> load_settings({"storage": {"endpoint": "http://127.0.0.1:8750"}}).storage.endpoint
+        'http://127.0.0.1:8750'
+        ```
+
     Raises:
-        pydantic.ValidationError: a value (from any source) has the wrong type or an unknown key.
+        SettingsError: ROBOTLOOP_CONFIG names a missing file, the config file is not valid TOML, or a value
+            (from any source) has the wrong type or an unknown key; the message names each one.
     """
-    return Settings(**_drop_none(overrides or {}))
+    config = os.environ.get("ROBOTLOOP_CONFIG")
+    if config and not Path(config).is_file():
+        raise SettingsError(f"ROBOTLOOP_CONFIG={config}: no such file")
+    where = f"{config or 'robotloop.toml'}, ROBOTLOOP_* variables or options"
+    try:
+        return Settings(**_drop_none(overrides or {}))
+    except tomllib.TOMLDecodeError as error:
+        raise SettingsError(f"{config or 'robotloop.toml'}: not valid TOML: {error}") from None
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: "
+                             f"{'unknown setting' if e['type'] == 'extra_forbidden' else e['msg']}" for e in error.errors())
+        raise SettingsError(f"bad settings ({where}): {problems}") from None
 
 
 def _drop_none(values: dict[str, Any]) -> dict[str, Any]:

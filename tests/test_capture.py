@@ -208,6 +208,20 @@ def test_sigkill_of_the_recorder_loses_at_most_the_episode_in_flight(bucket_serv
     assert f"({committed} were there)" in again.stdout
     assert _total_episodes(client, url) == committed + 1
 
+    # Refused before any demo runs: another image size than the dataset's, a codec lerobot does not know.
+    def refused(*args: str) -> str:
+        run = subprocess.run([*cmd, "--episodes", "1", *args], env=env, capture_output=True, text=True, timeout=240)
+        assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+        return " ".join(run.stdout.split())
+
+    assert "holds a dataset with features" in refused("--image-size", "48x64")
+    assert "video codec 'nosuch'" in refused("--codec", "nosuch")
+    # Every scripted demo failing (25 steps cannot finish the task) is a failure, not a quiet success.
+    short = [a for a in cmd if a != "--keep-failed"]
+    run = subprocess.run([*short, "--episodes", "1"], env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 1 and "committed 0 of 1 episodes" in " ".join(run.stdout.split()), run.stdout[-2000:]
+    assert _total_episodes(client, url) == committed + 1
+
 
 def test_a_live_episode_is_committed_or_dropped_whole(bucket_server, tmp_path):
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)

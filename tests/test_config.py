@@ -1,7 +1,8 @@
 import pytest
-from pydantic import ValidationError
+from typer.testing import CliRunner
 
-from robotloop.config import load_settings
+from robotloop.cli import app
+from robotloop.config import SettingsError, load_settings
 
 
 def test_sources_in_priority_order(tmp_path, monkeypatch):
@@ -20,12 +21,25 @@ def test_sources_in_priority_order(tmp_path, monkeypatch):
     assert flags.storage.cache_max_bytes == 5  # an unset flag (None) hides nothing
 
 
-def test_typo_in_config_file_is_an_error(tmp_path, monkeypatch):
+def test_bad_settings_are_one_clear_error(tmp_path, monkeypatch):
     toml = tmp_path / "robotloop.toml"
     toml.write_text('[storage]\nendpont = "http://typo"\n')
     monkeypatch.setenv("ROBOTLOOP_CONFIG", str(toml))
-    with pytest.raises(ValidationError, match="endpont"):
+    with pytest.raises(SettingsError, match="storage.endpont: unknown setting"):
         load_settings()
+    toml.write_text("[storage\n")
+    with pytest.raises(SettingsError, match="robotloop.toml: not valid TOML"):
+        load_settings()
+    toml.unlink()
+    with pytest.raises(SettingsError, match="ROBOTLOOP_CONFIG=.*: no such file"):  # asked for by name: not skipped
+        load_settings()
+    monkeypatch.delenv("ROBOTLOOP_CONFIG")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ROBOTLOOP_STORAGE__EMBEDDED_PORT", "abc")
+    with pytest.raises(SettingsError, match="storage.embedded_port: Input should be a valid integer"):
+        load_settings()
+    result = CliRunner().invoke(app, ["bucket", "ls", "hf://buckets/a/b"])
+    assert result.exit_code == 1 and "error: bad settings" in result.output and "Traceback" not in result.output
 
 
 def test_token_is_secret():

@@ -60,6 +60,13 @@ class DatasetSpec:
     vpreset: int | str | None = None  # encoder speed preset (None: lerobot's default for the codec)
     with_reward: bool = True  # next.reward and next.success columns, as lerobot's sim datasets have
 
+    def __post_init__(self) -> None:
+        """Raises ValueError for a codec lerobot cannot encode with, here rather than after a recorded episode."""
+        from lerobot.configs.video import VALID_VIDEO_CODECS, VIDEO_CODECS_ALIASES
+
+        if VIDEO_CODECS_ALIASES.get(self.vcodec, self.vcodec) not in VALID_VIDEO_CODECS:
+            raise ValueError(f"video codec {self.vcodec!r}: lerobot encodes with one of {sorted(VALID_VIDEO_CODECS)}")
+
     @classmethod
     def aloha(cls, image_size: tuple[int, int] = (480, 640), vcodec: str = "libsvtav1") -> DatasetSpec:
         """ALOHA bimanual: the `top` camera, 14-d joint state and action, 50 Hz, as gym-aloha."""
@@ -148,9 +155,17 @@ class DatasetRecorder:
         return LiveEpisode(self, dataset, task)
 
     def committed_episodes(self) -> int:
-        """How many episodes the bucket's dataset holds (0 when it does not exist yet)."""
+        """How many episodes the bucket's dataset holds (0 when it does not exist yet).
+
+        Raises:
+            BadEpisode: the bucket's dataset has other features than this recorder writes (checked here, so a
+                recording session stops before its first episode, not after it).
+        """
         with self._lock():
-            return self._read_info().get("total_episodes", 0) if self._sync_tail() else 0
+            if not self._sync_tail():
+                return 0
+            self._check_same_features()
+            return self._read_info().get("total_episodes", 0)
 
     # -- steps ---------------------------------------------------------------------------------------------
     def _sync_tail(self) -> bool:

@@ -7,13 +7,14 @@ from typing import Annotated
 
 import typer
 
-from ..config import load_settings
+from ..config import SettingsError, load_settings
 from . import bucket, capture, demo, record, train, trainer_service
 from . import deploy as deploy_cli
 from . import robot as robot_cli
 from .agent import agent as agent_command
 from .eval import eval_policy
 from .loop import loop
+from .output import fail
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Close the robot-learning data loop.")
 app.add_typer(bucket.app, name="bucket")
@@ -36,7 +37,10 @@ def main(
     token: Annotated[str | None, typer.Option(help="Access token. Default: ROBOTLOOP_STORAGE__TOKEN, HF_TOKEN, or the embedded server's.", envvar=None)] = None,
 ) -> None:
     """Settings come from robotloop.toml, then ROBOTLOOP_* env vars, then these flags."""
-    ctx.obj = load_settings({"storage": {"endpoint": endpoint, "token": token}})
+    try:
+        ctx.obj = load_settings({"storage": {"endpoint": endpoint, "token": token}})
+    except SettingsError as error:
+        raise fail(error) from None
 
 
 def run(argv: list[str] | None = None) -> None:

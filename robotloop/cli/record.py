@@ -73,7 +73,7 @@ def record(
                 if kind == "committed":
                     bars.update(bar, advance=1, note=f"episode {commit.episode_index} committed ({commit.upload_s:.2f} s upload)")
                 else:
-                    bars.update(bar, note=f"seed {seed_} failed, dropped")
+                    bars.update(bar, note=f"seed {seed_} failed" + ("" if keep_failed else ", dropped"))
 
             report = record_sim(recorder, sim, episodes, workers, size, max_steps, first if seed is None else seed,
                                 keep_failed=keep_failed, on_event=on_event)
@@ -86,6 +86,10 @@ def record(
         f"{report.success_rate:.0%}, failed seeds ({'kept, marked' if keep_failed else 'dropped'}): {report.failed_seeds or 'none'}; "
         f"{report.episodes_per_minute:.1f} episodes/min; {sent:,} bytes sent for {own:,} episode bytes"
     )
+    if len(report.committed) < episodes:  # a script or CI must not take a short dataset for a finished one
+        short = f" (--max-steps {max_steps} may end episodes before the task is done)" if max_steps else ""
+        raise fail(f"committed {len(report.committed)} of {episodes} episodes: the scripted expert failed on seeds "
+                   f"{report.failed_seeds}{short}. Run again to add more, or pass --keep-failed")  # fmt: skip
 
 
 def _record_hardware(ctx, to, episodes, codec, robot_type, robot_port, robot_id, teleop_type, teleop_port, teleop_id,
