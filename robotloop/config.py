@@ -200,7 +200,7 @@ def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
             (from any source) has the wrong type or an unknown key; the message names each one.
     """
     config = os.environ.get("ROBOTLOOP_CONFIG")
-    if config and not Path(config).is_file():
+    if config and not Path(config).exists():  # /dev/null: no file settings at all
         raise SettingsError(f"ROBOTLOOP_CONFIG={config}: no such file")
     where = f"{config or 'robotloop.toml'}, ROBOTLOOP_* variables or options"
     try:

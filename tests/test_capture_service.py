@@ -55,7 +55,7 @@ def capture(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     tokens.write_text("\n".join(lines) + "\n")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROBOTLOOP_", "HF_"))}
-    env.update({"ROBOTLOOP_CONFIG": str(base / "none.toml"), "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
+    env.update({"ROBOTLOOP_CONFIG": os.devnull, "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
                 "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN, "ROBOTLOOP_CAPTURE__MAX_BODY_BYTES": str(MAX_BODY),
                 "ROBOTLOOP_CAPTURE__MAX_EPISODE_FRAMES": str(MAX_FRAMES), "ROBOTLOOP_CAPTURE__VCODEC": "h264",
                 "XDG_CACHE_HOME": str(base / "cache"), "HF_HOME": str(base / "hf")})  # fmt: skip

@@ -70,6 +70,8 @@ def test_training_starts_once_the_first_demos_land_and_folds_in_the_rest(bucket_
     assert report.eval is not None and report.release.endswith("-2")
     with pytest.raises(ValueError, match="train_after"):
         LoopSettings(episodes=2, train_after=0)
+    with pytest.raises(ValueError, match="device 'gpu'"):  # before the recording stage, not after it
+        LoopSettings(device="gpu")
 
 
 def test_a_later_recording_never_reuses_a_seed(monkeypatch, tmp_path):

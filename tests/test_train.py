@@ -4,6 +4,7 @@ resumes bit-for-bit, and picks up an episode committed while it runs."""
 import json
 import threading
 
+import pytest
 import torch
 from lerobot.policies.act.modeling_act import ACTPolicy
 
@@ -49,6 +50,10 @@ def test_checkpoints_load_in_lerobot_and_resume_bit_for_bit(bucket_server, tmp_p
 
     out = BucketUrl.parse("hf://buckets/lab/train/models/resumed")
     _run(client, url, out, steps=3)
+    with pytest.raises(ValueError, match="already holds a run .* step 3.*--resume"):  # two runs would mix
+        _run(client, url, out, steps=6)
+    with pytest.raises(ValueError, match="already at step 3"):
+        _run(client, url, out, steps=3, resume=True)
     resumed = _run(client, url, out, steps=6, resume=True)
     assert [s for s, _ in resumed.losses] == [0, 1, 2, 3, 4, 5]  # step count continues; the history came along
     assert resumed.losses == straight.losses  # same losses, bit for bit
@@ -131,3 +136,19 @@ def test_channels_last_optimizer_state_checkpoints_and_keeps_its_layout(bucket_s
     want = trained.optimizer().state[trained.policy.model.backbone.conv1.weight]["exp_avg"]
     got = fresh.optimizer().state[conv]["exp_avg"]
     assert got.stride() == conv.stride() and torch.equal(got, want)
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--device", "gpu"], "not a device; use auto, cpu, cuda or cuda:N"),
+    (["--device", "cuda:99"], "device 'cuda:99'"),
+    (["--progress-file", "/nonexistent/p.jsonl"], "/nonexistent: no such folder"),
+    (["--backbone-weights", "/nonexistent.pt"], "does not exist"),
+])  # fmt: skip
+def test_bad_train_options_are_refused_before_any_data_streams(option, message):
+    from typer.testing import CliRunner
+
+    from robotloop.cli import app
+
+    args = ["train", "--dataset", "hf://buckets/lab/none/datasets/x", "--output", "hf://buckets/lab/none/models/r"]
+    result = CliRunner().invoke(app, [*args, *option], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output

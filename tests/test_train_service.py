@@ -64,7 +64,7 @@ def trainer(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     tokens.write_text(f"{WRITER} write lab\n{READER} read lab\n{ELSEWHERE} write elsewhere\n")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROBOTLOOP_", "HF_"))}
-    env.update({"ROBOTLOOP_CONFIG": str(base / "none.toml"), "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
+    env.update({"ROBOTLOOP_CONFIG": os.devnull, "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
                 "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN, "ROBOTLOOP_TRAINER__CANCEL_GRACE_S": "60",
                 "XDG_CACHE_HOME": str(base / "cache"), "HF_HOME": str(base / "hf")})  # fmt: skip
     log = open(base / "trainer.log", "ab")

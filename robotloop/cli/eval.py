@@ -73,7 +73,7 @@ def eval_policy(
     from ..deploy.keys import BadSignature
     from ..deploy.store import IntegrityError
     from ..sim.env import parse_image_size
-    from ..train.trainer import resolve_device
+    from ..train.device import resolve_device
 
     try:
         size = parse_image_size(image_size)

@@ -23,7 +23,7 @@ def loop(
     image_size: Annotated[str | None, typer.Option(help="Camera HxW, e.g. 48x64 or 480x640.")] = None,
     steps: Annotated[int | None, typer.Option(min=1, help="Training steps.")] = None,
     batch_size: Annotated[int | None, typer.Option(min=1)] = None,
-    device: Annotated[str | None, typer.Option(help="cpu or cuda.")] = None,
+    device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N (default: the preset's).")] = None,
     eval_episodes: Annotated[int | None, typer.Option(min=1)] = None,
     eval_max_steps: Annotated[int | None, typer.Option(min=1, help="Steps per evaluation episode (default 400).")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Sim workers for recording and evaluation.")] = None,
@@ -31,7 +31,7 @@ def loop(
     live: Annotated[bool, typer.Option(help="Keep recording while training; promote checkpoints that beat stable.")] = False,
     bucket: Annotated[str, typer.Option(help="Bucket for the dataset, checkpoints and releases.")] = "hf://buckets/local/loop",
     report_dir: Annotated[Path, typer.Option(help="Where the report (Markdown, PNG, JSON) goes.")] = Path("loop-report"),
-    backbone_weights: Annotated[Path | None, typer.Option(help="Local torchvision resnet18 weights (default: random init).")] = None,
+    backbone_weights: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Local torchvision resnet18 weights (default: random init).")] = None,
 ) -> None:
     """Record demos, train ACT streaming from the bucket, publish a signed release, let a sim robot pull and run
     it, evaluate it, and write a report. With nothing configured, all of it goes through the embedded bucket

@@ -33,7 +33,7 @@ def train(
     checkpoint_every: Annotated[int, typer.Option(min=1, help="Steps between checkpoints (the last step always "
                                                               "writes one).")] = 1000,
     fast: Annotated[bool | None, typer.Option(help="bf16, fused attention, channels_last, compile + CUDA graphs (default: on with cuda).")] = None,
-    backbone_weights: Annotated[Path | None, typer.Option(help="Local torchvision resnet18 weights; default none: random init.")] = None,
+    backbone_weights: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Local torchvision resnet18 weights; default none: random init.")] = None,
     decode_workers: Annotated[int, typer.Option(min=1, help="Processes decoding video for the frame buffer.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the weights and the sampler.")] = 0,
     tiny: Annotated[bool, typer.Option(help="A small ACT (dim 64) for smoke tests on CPU.")] = False,
@@ -45,10 +45,11 @@ def train(
     SIGTERM stops the run after the current step, with a checkpoint (how the training service cancels a job).
     """
     from ..train.data import DataError, DataSettings
+    from ..train.device import resolve_device
     from ..train.fp8 import Fp8Error
     from ..train.fp8 import preflight as preflight_fp8
     from ..train.policy import ACTSettings
-    from ..train.trainer import TrainSettings, resolve_device
+    from ..train.trainer import TrainSettings
     from ..train.trainer import train as run
 
     try:
@@ -56,7 +57,12 @@ def train(
         out = BucketUrl.parse(output)
     except BadBucketUrl as error:
         raise typer.BadParameter(str(error)) from None
-    device = resolve_device(device)
+    try:
+        device = resolve_device(device)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--device") from None
+    if progress_file is not None and not progress_file.parent.is_dir():  # found at the first report, the run would die
+        raise typer.BadParameter(f"{progress_file.parent}: no such folder", param_hint="--progress-file")
     try:  # fail now, not after the data streams in (build_policy checks again, per rank)
         preflight_fp8(fp8, device)
     except Fp8Error as error:

@@ -251,15 +251,12 @@ def _read_config(path: Path) -> Any:
 
 
 def _check_device(device: str) -> str:
+    from ..train.device import resolve_device
+
     try:
-        dev = torch.device(device)
-    except RuntimeError as error:
-        raise PolicyLoadError(f"device {device!r}: {error}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise PolicyLoadError(
-            f"device {device!r}: CUDA is not available on this machine (use 'cpu')"
-        )
-    return str(dev)
+        return str(torch.device(resolve_device(device)))
+    except ValueError as error:
+        raise PolicyLoadError(str(error)) from None
 
 
 def _finite(actions: np.ndarray) -> np.ndarray:

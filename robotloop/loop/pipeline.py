@@ -37,6 +37,7 @@ from ..deploy.runtime import RobotRuntime
 from ..deploy.store import ReleaseStore
 from ..storage import BucketClient, BucketUrl
 from ..train.data import DataSettings
+from ..train.device import resolve_device
 from ..train.layout import checkpoint_url
 from ..train.policy import ACTSettings
 from ..train.trainer import Progress, TrainReport, TrainSettings, train
@@ -79,6 +80,7 @@ class LoopSettings:
         if self.task not in TASK_TEXT:
             raise ValueError(f"unknown sim task {self.task!r}; choose one of {sorted(TASK_TEXT)}")
         BucketUrl.parse(self.bucket)
+        self.device = resolve_device(self.device)  # a missing GPU fails here, not after the recording stage
         if self.train_after is not None and self.train_after < 1:
             raise ValueError(f"train_after must be at least 1 demo (or None), not {self.train_after}")
 

@@ -95,9 +95,16 @@ def train(
 
     Raises:
         robotloop.storage.NotFound: a dataset does not exist. robotloop.storage.StorageError: the bucket cannot be
-        reached, read or written. ValueError: bad settings or mismatched datasets; `Fp8Error` (a ValueError) when
+        reached, read or written. ValueError: bad settings or mismatched datasets, `output` holds a run and
+        `resume` is off, or the run is already at `steps`; `Fp8Error` (a ValueError) when
         an FP8 recipe does not fit the device. robotloop.train.data.DataError: an episode could not be decoded.
     """
+    last = latest_step(client, output)
+    if last is not None and not settings.resume:  # two runs' checkpoints in one folder: last.json would mix them
+        raise ValueError(f"{output} already holds a run (last checkpoint at step {last}): resume it (--resume) or "
+                         "train into another output")  # fmt: skip
+    if last is not None and last >= settings.steps:
+        raise ValueError(f"{output} is already at step {last}: ask for more steps than that to train on")
     rank, world, device = _distributed(settings.device)
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     act = act or ACTSettings()
@@ -110,7 +117,7 @@ def train(
         if world > 1:
             policy.grad_sync = _average_gradients
         start, losses = 0, []
-        if settings.resume and (last := latest_step(client, output)) is not None:
+        if last is not None:
             sampler_state, losses = load_checkpoint(client, output, last, policy, optimizer, rank)
             sampler.load_state_dict(sampler_state)
             start = last
@@ -183,14 +190,6 @@ def _agreed_stop(stop: bool, log_step: bool, device: torch.device) -> bool:
 
 def sampler_urls(sampler: StreamingSampler) -> list[BucketUrl]:
     return [source.url for source in sampler.sources]
-
-
-def resolve_device(device: str) -> str:
-    """`auto` becomes `cuda` when torch sees a GPU, else `cpu` (LeRobot's tools default to cuda; a GPU user who
-    forgets the flag should not train on the CPU). Other values pass through."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
 
 
 def _distributed(device: str) -> tuple[int, int, str]:
