@@ -33,6 +33,11 @@ def test_put_ls_du_get(bucket_server, tmp_path):
     assert (tmp_path / "back" / "a.bin").read_bytes() == (folder / "a.bin").read_bytes()
     one = robotloop(bucket_server, "bucket", "get", "hf://buckets/lab/cli/runs/1/b.txt", str(tmp_path / "b.txt"))
     assert one.returncode == 0 and (tmp_path / "b.txt").read_text() == "hello"
+    for command in ("ls", "du"):  # a mistyped path is not an empty folder
+        typo = robotloop(bucket_server, "bucket", command, "hf://buckets/lab/cli/runz")
+        assert typo.returncode == 1 and "nothing at hf://buckets/lab/cli/runz" in typo.stdout, typo.stdout
+    into_file = robotloop(bucket_server, "bucket", "get", "hf://buckets/lab/cli/runs/1", str(tmp_path / "b.txt"))
+    assert into_file.returncode == 1 and "is a file: give a folder" in " ".join(into_file.stdout.split())
     # A trailing slash names a folder, existing or not: the file goes into it.
     put = robotloop(bucket_server, "bucket", "put", str(tmp_path / "b.txt"), "hf://buckets/lab/cli/new/")
     assert put.returncode == 0 and "new/b.txt" in robotloop(bucket_server, "bucket", "ls", "-R", "hf://buckets/lab/cli").stdout

@@ -86,8 +86,11 @@ def test_tokens_file_is_parsed_and_errors_name_the_line(tmp_path: Path) -> None:
                          ("a read ns\na write ns\n", ":2: duplicated"), ("a read bad/ns\n", ":1: invalid namespace")]:  # fmt: skip
         with pytest.raises(TokensFileError, match=needle):
             parse_tokens_text(text, source="tokens")
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(TokensFileError, match=r"missing: no such tokens file .*<token> <read\|write>"):
         TokenStore.from_file(tmp_path / "missing")
+    (tmp_path / "empty").write_text("# only a comment\n")
+    with pytest.raises(TokensFileError, match="no token in this tokens file, so every request would be refused"):
+        TokenStore.from_file(tmp_path / "empty")
 
 
 def test_authorize_rules() -> None:

@@ -40,12 +40,15 @@ def create(ctx: typer.Context, url: UrlArg, public: bool = typer.Option(False, h
 
 
 @app.command()
-def ls(ctx: typer.Context, url: UrlArg, recursive: bool = typer.Option(False, "-R", "--recursive")) -> None:
+def ls(ctx: typer.Context, url: UrlArg, recursive: bool = typer.Option(False, "-R", "--recursive", help="Every file below, not only the first level.")) -> None:
     """List files and folders."""
+    target = _url(url)
     try:
-        entries = connect(ctx.obj).ls(_url(url), recursive=recursive)
+        entries = connect(ctx.obj).ls(target, recursive=recursive)
     except StorageError as error:
         raise _fail(error) from None
+    if not entries and target.path:  # a mistyped path is not an empty folder (buckets have no empty folders)
+        raise _fail(StorageError(f"nothing at {target}"))
     table = Table("size", "xet hash", "path", box=None)
     for e in entries:
         if isinstance(e, Entry):
@@ -81,7 +84,7 @@ def get(ctx: typer.Context, url: UrlArg, dest: Path = typer.Argument(Path("."), 
     target = _url(url)
     try:
         paths = connect(ctx.obj).fetch(target, dest)
-    except StorageError as error:
+    except (StorageError, NotADirectoryError) as error:
         raise _fail(error) from None
     if not paths:
         raise _fail(StorageError(f"nothing under {target}"))
@@ -91,10 +94,15 @@ def get(ctx: typer.Context, url: UrlArg, dest: Path = typer.Argument(Path("."), 
 @app.command()
 def du(ctx: typer.Context, url: UrlArg) -> None:
     """Total size of the files under a URL."""
+    target = _url(url)
     try:
-        total = connect(ctx.obj).du(_url(url))
+        client = connect(ctx.obj)
+        entries = client.ls(target)
+        total = client.du(target) if entries else 0
     except StorageError as error:
         raise _fail(error) from None
+    if not entries and target.path:
+        raise _fail(StorageError(f"nothing at {target}"))
     console.print(f"{total:,} bytes\t{url}")
 
 
@@ -102,7 +110,7 @@ def du(ctx: typer.Context, url: UrlArg) -> None:
 def serve(
     root: Annotated[Path, typer.Option(help="Data root (xorbs, shards, index).")] = Path("buckets"),
     host: Annotated[str, typer.Option(help="Address to listen on (anything but loopback needs --tokens).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8750,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8750,
     tokens: Annotated[Path | None, typer.Option(help="Tokens file: '<token> <read|write> <namespace|*>' per line.")] = None,
 ) -> None:
     """Run the Hub-compatible Xet bucket server."""

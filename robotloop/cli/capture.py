@@ -19,7 +19,7 @@ console = Console()
 def serve(
     ctx: typer.Context,
     host: Annotated[str | None, typer.Option(help="Listen address. Default: capture.host (127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port. Default: capture.port (8760).")] = None,
+    port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port. Default: capture.port (8760).")] = None,
     tokens: Annotated[Path | None, typer.Option(help="Robot tokens: '<token> write <namespace|*>' per line.")] = None,
 ) -> None:
     """Serve until interrupted; episodes are written with the storage token (--token / ROBOTLOOP_STORAGE__TOKEN)."""

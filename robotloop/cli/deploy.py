@@ -64,7 +64,7 @@ def keygen(
 def serve(
     ctx: typer.Context,
     host: Annotated[str | None, typer.Option(help="Listen address. Default: deploy.host (127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port. Default: deploy.port (8780).")] = None,
+    port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port. Default: deploy.port (8780).")] = None,
     tokens: Annotated[Path | None, typer.Option(help="Operator tokens: '<token> <read|write> *' per line.")] = None,
     db: Annotated[Path | None, typer.Option(help="SQLite state. Default: deploy.db.")] = None,
     trusted_key: Annotated[list[Path] | None, typer.Option(help=TRUSTED_HELP)] = None,

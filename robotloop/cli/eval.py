@@ -61,6 +61,7 @@ def eval_policy(
     output_dir: Annotated[
         Path | None,
         typer.Option(
+            file_okay=False,
             help="Videos and eval_report.json (default: outputs/eval/<time>_<task>)."
         ),
     ] = None,

@@ -30,7 +30,7 @@ def loop(
     train_after: Annotated[int | None, typer.Option(min=1, help="Start training once this many demos are in; record the rest beside it.")] = None,
     live: Annotated[bool, typer.Option(help="Keep recording while training; promote checkpoints that beat stable.")] = False,
     bucket: Annotated[str, typer.Option(help="Bucket for the dataset, checkpoints and releases.")] = "hf://buckets/local/loop",
-    report_dir: Annotated[Path, typer.Option(help="Where the report (Markdown, PNG, JSON) goes.")] = Path("loop-report"),
+    report_dir: Annotated[Path, typer.Option(file_okay=False, help="Where the report (Markdown, PNG, JSON) goes.")] = Path("loop-report"),
     backbone_weights: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Local torchvision resnet18 weights (default: random init).")] = None,
 ) -> None:
     """Record demos, train ACT streaming from the bucket, publish a signed release, let a sim robot pull and run

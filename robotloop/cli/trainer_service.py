@@ -21,7 +21,7 @@ console = Console()
 def serve(
     ctx: typer.Context,
     host: Annotated[str | None, typer.Option(help="Listen address. Default: trainer.host (127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(help="Port. Default: trainer.port (8770).")] = None,
+    port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port. Default: trainer.port (8770).")] = None,
     tokens: Annotated[Path | None, typer.Option(help="Caller tokens: '<token> <read|write> <namespace|*>' per line.")] = None,
     root: Annotated[Path | None, typer.Option(help="Job directories (log, progress). Default: trainer.root.")] = None,
 ) -> None:

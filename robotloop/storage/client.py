@@ -287,7 +287,13 @@ class BucketClient:
 
     def download_tree(self, url: BucketUrl, dest: str | Path, entries: list[Entry] | None = None) -> list[Path]:
         """Download every file under `url` into folder `dest`, keeping relative paths. `entries`: the files under
-        `url` as a recursive `ls` already listed them (not listed again)."""
+        `url` as a recursive `ls` already listed them (not listed again).
+
+        Raises:
+            NotADirectoryError: `dest` is a file.
+        """
+        if Path(dest).is_file():
+            raise NotADirectoryError(f"{dest} is a file: give a folder to download {url} into")
         if entries is None:
             entries = [e for e in self.ls(url, recursive=True) if isinstance(e, Entry)]
         out = []

@@ -181,13 +181,22 @@ class TokenStore:
         """Load a tokens file; ``path=None`` gives open local mode.
 
         Raises:
-            TokensFileError: malformed file (line number in the message).
-            FileNotFoundError: the file does not exist.
+            TokensFileError: no such file, a malformed line (its number in the message), or no token at all
+                (a server that refuses every request is a mistake, not a mode).
         """
         if path is None:
             return cls(None, cas_secret)
         path = Path(path)
-        return cls(parse_tokens_text(path.read_text(encoding="utf-8"), source=str(path)), cas_secret)
+        line = "'<token> <read|write> <namespace|*>' per line"
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise TokensFileError(f"{path}: no such tokens file (it holds {line})") from None
+        entries = parse_tokens_text(text, source=str(path))
+        if not entries:
+            raise TokensFileError(f"{path}: no token in this tokens file, so every request would be refused; "
+                                  f"add {line}")  # fmt: skip
+        return cls(entries, cas_secret)
 
     @property
     def open_mode(self) -> bool:
