@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from robotloop.capture import DatasetRecorder, DatasetSpec, Episode
-from robotloop.storage import BucketClient, BucketUrl
+from robotloop.storage import BucketClient, BucketUrl, NotFound
 from robotloop.storage.cache import ReadCache
 from robotloop.train.data import DatasetMismatch, DataSettings, StreamingSampler
 
@@ -211,6 +211,10 @@ def test_datasets_with_other_features_are_refused(bucket_server, dataset, tmp_pa
     DatasetRecorder(client, url, other, staging=tmp_path / "stage").commit(episode)
     with pytest.raises(DatasetMismatch, match="one DatasetSpec"):
         StreamingSampler(client, [dataset, url], settings())
+    with pytest.raises(NotFound, match="datasets holds no LeRobot dataset: no meta/info.json"):  # a parent folder
+        StreamingSampler(client, [BucketUrl.parse("hf://buckets/lab/train-data/datasets")], settings())
+    with pytest.raises(NotFound, match="bucket 'lab/no-such' does not exist"):
+        StreamingSampler(client, [BucketUrl.parse("hf://buckets/lab/no-such/datasets/x")], settings())
 
 
 def test_files_shared_by_episodes_are_read_by_ranges(bucket_server, tmp_path):

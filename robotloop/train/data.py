@@ -148,7 +148,12 @@ class DatasetSource:
     def __init__(self, client: BucketClient, url: BucketUrl) -> None:
         self.client, self.url = client, url
         self._prefix = f"{url.path}/" if url.path else ""  # bucket paths of the dataset's files start with it
-        self.info = json.loads(self._read_small(url / "meta" / "info.json"))
+        try:
+            self.info = json.loads(self._read_small(url / "meta" / "info.json"))
+        except NotFound:
+            client.ls(url)  # a missing bucket raises here, with its own message
+            raise NotFound(f"{url} holds no LeRobot dataset: no meta/info.json (nothing recorded there yet, or "
+                           f"another folder: `robotloop bucket ls {url}`)") from None  # fmt: skip
         try:
             self.stats = json.loads(self._read_small(url / "meta" / "stats.json"))
         except NotFound:
