@@ -90,6 +90,13 @@ def test_bad_arguments_are_refused(tiny: Path, tmp_path: Path) -> None:
         evaluate(tiny, "transfer_cube", episodes=1, videos=1)
     with pytest.raises(PolicyLoadError, match="missing"):
         evaluate(tmp_path, "transfer_cube", episodes=1)
+    from typer.testing import CliRunner
+
+    from robotloop.cli import app
+
+    for option in (["--sim", "nosuch"], ["--output-dir", str(tiny / "config.json")]):  # usage errors, before work
+        result = CliRunner().invoke(app, ["eval", "--policy", str(tiny), *option], env={"COLUMNS": "300"})
+        assert result.exit_code == 2, result.output
 
 
 def test_resolve_policy_local_forms(tiny: Path, tmp_path: Path) -> None:

@@ -74,8 +74,13 @@ def eval_policy(
     from ..deploy.keys import BadSignature
     from ..deploy.store import IntegrityError
     from ..sim.env import parse_image_size
+    from ..sim.tasks import get_task
     from ..train.device import resolve_device
 
+    try:
+        get_task(sim)  # before any worker starts
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--sim") from None
     try:
         size = parse_image_size(image_size)
     except ValueError:
