@@ -16,7 +16,7 @@ from .eval import eval_policy
 from .loop import loop
 from .output import fail
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Close the robot-learning data loop.")
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Close the robot-learning data loop.\n\nSettings come from robotloop.toml (or the file in ROBOTLOOP_CONFIG), then ROBOTLOOP_* variables (ROBOTLOOP_STORAGE__ENDPOINT, ...), then options.")
 app.add_typer(bucket.app, name="bucket")
 app.add_typer(capture.app, name="capture")
 app.add_typer(trainer_service.app, name="trainer")

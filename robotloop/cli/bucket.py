@@ -30,7 +30,7 @@ def _fail(error: Exception) -> typer.Exit:
 
 
 @app.command()
-def create(ctx: typer.Context, url: UrlArg, public: bool = typer.Option(False, help="Allow anonymous reads.")) -> None:
+def create(ctx: typer.Context, url: Annotated[str, typer.Argument(help="hf://buckets/<namespace>/<bucket>")], public: bool = typer.Option(False, help="Allow anonymous reads.")) -> None:
     """Create a bucket (private unless --public)."""
     try:
         connect(ctx.obj).create_bucket(_url(url), private=not public)
@@ -59,7 +59,7 @@ def ls(ctx: typer.Context, url: UrlArg, recursive: bool = typer.Option(False, "-
 
 
 @app.command()
-def put(ctx: typer.Context, local: Path, url: UrlArg, create: bool = typer.Option(True, help="Create the bucket if missing.")) -> None:
+def put(ctx: typer.Context, local: Annotated[Path, typer.Argument(help="File or folder to upload.")], url: UrlArg, create: bool = typer.Option(True, help="Create the bucket if missing.")) -> None:
     """Upload a file or a folder; prints how many bytes were new and how many deduplicated. As with `cp`, a file
     put to an existing folder, or to a URL ending in `/`, goes into it."""
     target = _url(url)

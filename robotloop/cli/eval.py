@@ -28,14 +28,15 @@ def eval_policy(
     policy: Annotated[
         str,
         typer.Option(
-            help="hf://buckets/<ns>/<b>/models/<run> (or .../checkpoints/<step>), or a local "
-            "pretrained_model, checkpoint or run directory."
+            help="hf://buckets/<ns>/<b>/models/<run> (or .../checkpoints/<step>), a local "
+            "pretrained_model, checkpoint or run directory, or a release name (pulled through the deploy service "
+            "and verified as robots do)."
         ),
     ],
     sim: Annotated[
         str, typer.Option(help="Sim task: transfer_cube or insertion.")
     ] = "transfer_cube",
-    episodes: Annotated[int, typer.Option(min=1)] = 50,
+    episodes: Annotated[int, typer.Option(min=1, help="Episodes, seeded SEED, SEED+1, ...")] = 50,
     workers: Annotated[
         int,
         typer.Option(

@@ -17,14 +17,14 @@ console = Console()
 
 def loop(
     ctx: typer.Context,
-    preset: Annotated[str, typer.Option(help="cpu (minutes on 2 cores) or h200 (the real result on one H200).")] = "cpu",
+    preset: Annotated[str, typer.Option(help="cpu (minutes on 2 cores) or h200 (the real result on one H200); the options below default to the preset's values.")] = "cpu",
     task: Annotated[str | None, typer.Option("--sim", "--task", help="Sim task: transfer_cube or insertion.")] = None,
     episodes: Annotated[int | None, typer.Option(min=1, help="Scripted demos to record.")] = None,
     image_size: Annotated[str | None, typer.Option(help="Camera HxW, e.g. 48x64 or 480x640.")] = None,
     steps: Annotated[int | None, typer.Option(min=1, help="Training steps.")] = None,
-    batch_size: Annotated[int | None, typer.Option(min=1)] = None,
+    batch_size: Annotated[int | None, typer.Option(min=1, help="Training samples per step.")] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu, cuda or cuda:N (default: the preset's).")] = None,
-    eval_episodes: Annotated[int | None, typer.Option(min=1)] = None,
+    eval_episodes: Annotated[int | None, typer.Option(min=1, help="Evaluation episodes of the released policy.")] = None,
     eval_max_steps: Annotated[int | None, typer.Option(min=1, help="Steps per evaluation episode (default 400).")] = None,
     workers: Annotated[int | None, typer.Option(min=1, help="Sim workers for recording and evaluation.")] = None,
     train_after: Annotated[int | None, typer.Option(min=1, help="Start training once this many demos are in; record the rest beside it.")] = None,

@@ -40,7 +40,7 @@ def train(
     progress_file: Annotated[Path | None, typer.Option(help="Append one JSON line per progress report, and the final report.")] = None,
     fp8: Annotated[str, typer.Option(help="FP8 linear layers (TorchAO): off, auto (only shapes measured faster; bf16 where there is no FP8), tensorwise, rowwise, rowwise_with_gw_hp.")] = "off",
 ) -> None:
-    """Train ACT; checkpoints (LeRobot format + lineage + loss plot) land under --output every K steps.
+    """Train ACT; checkpoints (LeRobot format + lineage + loss plot) land under --output every --checkpoint-every steps.
 
     SIGTERM stops the run after the current step, with a checkpoint (how the training service cancels a job).
     """

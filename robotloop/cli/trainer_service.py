@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..config import Settings, load_settings
 from .output import fail
 
-app = typer.Typer(no_args_is_help=True, help="The training service: submit, watch and cancel training jobs over HTTP.")
+app = typer.Typer(no_args_is_help=True, help="The training service: `serve` takes jobs over HTTP (POST /v1/jobs, cancel, logs), `watch` follows one. Also spelled `robotloop train serve|watch`.")
 console = Console()
 
 
