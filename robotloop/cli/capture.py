@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from ..config import Settings, load_settings
-from .output import fail
+from .output import fail, quiet_encoders
 
 app = typer.Typer(no_args_is_help=True, help="The capture service: robots stream episodes, it commits them to buckets.")
 console = Console()
@@ -26,6 +26,7 @@ def serve(
     from services.capture.app import serve as run  # the service pulls in FastAPI/uvicorn: only when serving
 
     settings: Settings = ctx.obj or load_settings()  # set by the `robotloop` callback (--endpoint, --token)
+    quiet_encoders()
     try:
         run(settings, tokens, host, port)
     except (ValueError, FileNotFoundError) as error:

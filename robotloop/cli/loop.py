@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from ..storage import StorageError, connect
-from .output import fail
+from .output import fail, quiet_encoders
 from .record import _image_size
 
 console = Console()
@@ -37,6 +37,8 @@ def loop(
     it, evaluate it, and write a report. With nothing configured, all of it goes through the embedded bucket
     server on localhost."""
     from ..loop import LoopSettings, run_loop, write_report
+
+    quiet_encoders()
 
     overrides = {k: v for k, v in dict(task=task, episodes=episodes, steps=steps, batch_size=batch_size, device=device,
                                        eval_episodes=eval_episodes, eval_max_steps=eval_max_steps,

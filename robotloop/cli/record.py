@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..capture import DatasetRecorder, DatasetSpec
 from ..capture.sim_record import TASK_TEXT, record_sim
 from ..storage import BadBucketUrl, BucketUrl, StorageError, connect
-from .output import fail
+from .output import fail, quiet_encoders
 
 console = Console()
 
@@ -52,6 +52,7 @@ def record(
 
     A crash loses at most the episode in flight; a rerun continues the numbering.
     """
+    quiet_encoders()
     if robot_type:
         return _record_hardware(ctx, to, episodes, codec, robot_type, robot_port, robot_id, teleop_type, teleop_port,
                                 teleop_id, episode_time_s, reset_time_s, fps, task)  # fmt: skip
