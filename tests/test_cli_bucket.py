@@ -33,6 +33,9 @@ def test_put_ls_du_get(bucket_server, tmp_path):
     assert (tmp_path / "back" / "a.bin").read_bytes() == (folder / "a.bin").read_bytes()
     one = robotloop(bucket_server, "bucket", "get", "hf://buckets/lab/cli/runs/1/b.txt", str(tmp_path / "b.txt"))
     assert one.returncode == 0 and (tmp_path / "b.txt").read_text() == "hello"
+    (tmp_path / "empty").mkdir()
+    empty = robotloop(bucket_server, "bucket", "put", str(tmp_path / "empty"), "hf://buckets/lab/cli/e")
+    assert empty.returncode == 1 and "no files in it" in empty.stdout
     for command in ("ls", "du"):  # a mistyped path is not an empty folder
         typo = robotloop(bucket_server, "bucket", command, "hf://buckets/lab/cli/runz")
         assert typo.returncode == 1 and "nothing at hf://buckets/lab/cli/runz" in typo.stdout, typo.stdout

@@ -72,6 +72,8 @@ def put(ctx: typer.Context, local: Annotated[Path, typer.Argument(help="File or 
         report = client.upload(local, target)
     except (StorageError, FileNotFoundError) as error:
         raise _fail(error) from None
+    if not report.files:
+        raise fail(f"{local}: no files in it, nothing was uploaded")
     console.print(
         f"uploaded {len(report.files)} file(s), {report.bytes_total:,} bytes: {report.bytes_new:,} new, "
         f"{report.bytes_deduplicated:,} deduplicated, {report.bytes_sent:,} sent"
