@@ -266,10 +266,10 @@ class BucketClient:
                 with _explained(url, "download"):
                     self.api.download_bucket_files(url.bucket_id, [(url.path, str(tmp))], raise_on_missing_files=True)
                 _check_xet_hash(tmp, entry)  # before the cache, which is keyed by the hash and shared by every job
-                cached = self.cache.put(entry.xet_hash, tmp) if self.cache else tmp
-                if cached == tmp:
-                    os.replace(tmp, dest)
-                    return dest
+                if self.cache:
+                    self.cache.put(entry.xet_hash, tmp)  # a copy: the download itself becomes `dest`
+                os.replace(tmp, dest)
+                return dest
             finally:
                 tmp.unlink(missing_ok=True)
                 tmp.parent.rmdir()
