@@ -33,6 +33,12 @@ def test_put_ls_du_get(bucket_server, tmp_path):
     assert (tmp_path / "back" / "a.bin").read_bytes() == (folder / "a.bin").read_bytes()
     one = robotloop(bucket_server, "bucket", "get", "hf://buckets/lab/cli/runs/1/b.txt", str(tmp_path / "b.txt"))
     assert one.returncode == 0 and (tmp_path / "b.txt").read_text() == "hello"
+    folder_rm = robotloop(bucket_server, "bucket", "rm", "hf://buckets/lab/cli/runs/1")
+    assert folder_rm.returncode == 1 and "is a folder: delete it with recursive (CLI: -R)" in folder_rm.stdout
+    assert robotloop(bucket_server, "bucket", "rm", "hf://buckets/lab/cli/runs/1/b.txt").returncode == 0
+    rm = robotloop(bucket_server, "bucket", "rm", "-R", "hf://buckets/lab/cli/runs/1")
+    assert rm.returncode == 0 and "deleted 1 file(s)" in rm.stdout, rm.stdout + rm.stderr
+    assert robotloop(bucket_server, "bucket", "rm", "hf://buckets/lab/cli/runs/1").returncode == 1  # nothing left
     (tmp_path / "empty").mkdir()
     empty = robotloop(bucket_server, "bucket", "put", str(tmp_path / "empty"), "hf://buckets/lab/cli/e")
     assert empty.returncode == 1 and "no files in it" in empty.stdout

@@ -94,6 +94,18 @@ def get(ctx: typer.Context, url: UrlArg, dest: Path = typer.Argument(Path("."), 
 
 
 @app.command()
+def rm(ctx: typer.Context, url: UrlArg, recursive: bool = typer.Option(False, "-R", "--recursive",
+                                                                        help="A folder: every file under it.")) -> None:  # fmt: skip
+    """Delete a file, or with -R every file under a folder (one batch)."""
+    target = _url(url)
+    try:
+        paths = connect(ctx.obj).delete(target, recursive=recursive)
+    except StorageError as error:
+        raise _fail(error) from None
+    console.print(f"deleted {len(paths)} file(s) under {target}")
+
+
+@app.command()
 def du(ctx: typer.Context, url: UrlArg) -> None:
     """Total size of the files under a URL."""
     target = _url(url)

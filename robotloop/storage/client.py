@@ -189,10 +189,29 @@ class BucketClient:
             files.append(FileUpload(dst.path, meta.xet_info.file_size, meta.xet_info.hash, m.new_bytes, m.deduped_bytes))
         return UploadReport(files, summary.dedup_metrics.total_bytes_uploaded)
 
-    def delete(self, url: BucketUrl) -> None:
-        """Delete one file."""
+    def delete(self, url: BucketUrl, recursive: bool = False) -> list[str]:
+        """Delete the file at `url`, or with `recursive` every file under the folder `url`, in one batch.
+        Returns the deleted paths.
+
+        Example:
+            ```python
+            >>> client.delete(BucketUrl.parse("hf://buckets/lab/demos/scratch"), recursive=True)
+            ['scratch/a.bin', 'scratch/b/c.bin']
+            ```
+
+        Raises:
+            NotFound: nothing at `url`. StorageError: `url` is a folder and `recursive` is off, or the server
+                refused (the message says why).
+        """
+        found = self.ls(url, recursive=recursive) if url.path else []
+        paths = [e.url.path for e in found if isinstance(e, Entry)]
+        if paths != [url.path] and not recursive and found:
+            raise StorageError(f"{url} is a folder: delete it with recursive (CLI: -R)")
+        if not paths:
+            raise NotFound(f"nothing at {url}" if url.path else f"{url}: name a path; a whole bucket is not deleted here")
         with _explained(url, "delete"):
-            self.api.batch_bucket_files(url.bucket_id, delete=[url.path])
+            self.api.batch_bucket_files(url.bucket_id, delete=paths)
+        return paths
 
     # -- reads -----------------------------------------------------------------------------------------
     def ls(self, url: BucketUrl, recursive: bool = False) -> list[Entry | BucketUrl]:
