@@ -39,6 +39,10 @@ def test_put_ls_du_get(bucket_server, tmp_path):
     rm = robotloop(bucket_server, "bucket", "rm", "-R", "hf://buckets/lab/cli/runs/1")
     assert rm.returncode == 0 and "deleted 1 file(s)" in rm.stdout, rm.stdout + rm.stderr
     assert robotloop(bucket_server, "bucket", "rm", "hf://buckets/lab/cli/runs/1").returncode == 1  # nothing left
+    created = robotloop(bucket_server, "bucket", "create", "hf://buckets/lab/cli-new")
+    assert created.returncode == 0 and "created hf://buckets/lab/cli-new (private)" in created.stdout
+    again = robotloop(bucket_server, "bucket", "create", "hf://buckets/lab/cli-new", "--public")
+    assert again.returncode == 0 and "exists already (left as it is)" in again.stdout
     (tmp_path / "empty").mkdir()
     empty = robotloop(bucket_server, "bucket", "put", str(tmp_path / "empty"), "hf://buckets/lab/cli/e")
     assert empty.returncode == 1 and "no files in it" in empty.stdout

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..storage import BadBucketUrl, BucketUrl, Entry, StorageError, connect
+from ..storage import BadBucketUrl, BucketUrl, Entry, NotFound, StorageError, connect
 from .output import fail
 
 app = typer.Typer(no_args_is_help=True, help="Work with Xet storage buckets (hf://buckets/<ns>/<bucket>/<path>).")
@@ -32,11 +32,18 @@ def _fail(error: Exception) -> typer.Exit:
 @app.command()
 def create(ctx: typer.Context, url: Annotated[str, typer.Argument(help="hf://buckets/<namespace>/<bucket>")], public: bool = typer.Option(False, help="Allow anonymous reads.")) -> None:
     """Create a bucket (private unless --public)."""
+    root = BucketUrl(_url(url).bucket_id, "")
     try:
-        connect(ctx.obj).create_bucket(_url(url), private=not public)
+        client = connect(ctx.obj)
+        try:
+            client.ls(root)
+            console.print(f"{root} exists already (left as it is)")
+            return
+        except NotFound:
+            client.create_bucket(root, private=not public)
     except StorageError as error:
         raise _fail(error) from None
-    console.print(f"created hf://buckets/{_url(url).bucket_id} ({'public' if public else 'private'})")
+    console.print(f"created {root} ({'public' if public else 'private'})")
 
 
 @app.command()
