@@ -424,3 +424,17 @@ def test_kill_9_leaves_every_batch_whole(tmp_path: Path) -> None:
     hashes = {f.xet_hash for f in store.list_tree("ns", "b", recursive=True)}
     assert len(hashes) == 1 and len(store.list_tree("ns", "b", recursive=True)) == 200
     assert int(hashes.pop(), 16) >= acked[-1]  # an acknowledged batch is never lost
+
+
+def test_a_busy_port_is_refused_before_the_banner() -> None:
+    import socket
+
+    from services.ports import PortInUse, require_free_port
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(PortInUse, match=f"127.0.0.1:{port}: Address already in use"):
+            require_free_port("127.0.0.1", port)
+    require_free_port("127.0.0.1", port)  # free again

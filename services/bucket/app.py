@@ -33,6 +33,7 @@ from robotloop.storage.server.files import read_file_range, server_stats
 from services.bucket.cas_api import cas_router
 from services.bucket.hub_api import error_response, hub_router
 from services.limits import BodyLimit
+from services.ports import require_free_port
 
 log = logging.getLogger("robotloop.bucket")
 
@@ -123,6 +124,7 @@ def serve(root: Path, host: str = "127.0.0.1", port: int = 8750, tokens_file: Pa
     if tokens_file is None and not _is_loopback(host):
         raise ValueError(f"refusing to serve without a tokens file on non-loopback host {host!r}; pass --tokens FILE")
     app = create_app(Path(root), Path(tokens_file) if tokens_file else None, max_body_bytes)
+    require_free_port(host, port)
     mode = f"tokens from {tokens_file}" if tokens_file else "OPEN local mode (no tokens file)"
     log.warning("robotloop bucket server on http://%s:%d, root %s, %s", host, port, root, mode)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -50,6 +50,7 @@ from robotloop.config import Settings
 from robotloop.storage import BadBucketUrl, BucketClient, BucketUrl, StorageError, connect
 from robotloop.storage.server.auth import AuthError, TokenStore
 from services.limits import BodyLimit
+from services.ports import require_free_port
 
 log = logging.getLogger("robotloop.capture")
 
@@ -208,5 +209,6 @@ def serve(settings: Settings, tokens_file: Path | None = None, host: str | None 
                          "('<token> write <namespace|*>' per line)")  # fmt: skip
     host, port = host or cfg.host, port or cfg.port
     app = create_app(settings, tokens_file)
+    require_free_port(host, port)
     log.warning("robotloop capture service on http://%s:%d, robot tokens from %s", host, port, tokens_file)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -56,6 +56,7 @@ from robotloop.storage.server.auth import (
     bearer_from_header,
 )
 from services.limits import BodyLimit
+from services.ports import require_free_port
 
 log = logging.getLogger("robotloop.deploy")
 MAX_WAIT_S = 60.0
@@ -258,6 +259,7 @@ def serve(settings: Settings, tokens_file: Path | None = None, db: Path | None =
         raise ValueError("the deploy service needs operator tokens: pass --tokens FILE ('<token> write *' per line)")
     host, port, db = host or cfg.host, port or cfg.port, db or cfg.db
     app = create_app(tokens_file, db, trusted_keys or cfg.trusted_keys)
+    require_free_port(host, port)
     log.warning("robotloop deploy service on http://%s:%d, state in %s", host, port, db)
 
     class Server(uvicorn.Server):

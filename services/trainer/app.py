@@ -46,6 +46,7 @@ from robotloop.storage import BucketUrl, resolve_endpoint
 from robotloop.storage.server.auth import AuthError, TokenStore
 from robotloop.train.jobs import JobManager, JobSpec, QueueFull, UnknownJob
 from services.limits import BodyLimit
+from services.ports import require_free_port
 
 log = logging.getLogger("robotloop.trainer")
 
@@ -187,6 +188,7 @@ def serve(settings: Settings, tokens_file: Path | None = None, root: Path | None
         raise ValueError("the training service needs tokens: pass --tokens FILE ('<token> write <namespace|*>' per line)")
     host, port = host or cfg.host, port or cfg.port
     app = create_app(settings, tokens_file, root)
+    require_free_port(host, port)
     log.warning("robotloop training service on http://%s:%d, jobs under %s", host, port, root or cfg.root)
     # Followed logs are open requests: without a bound, shutdown would wait for the jobs they follow.
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

@@ -1,0 +1,27 @@
+"""A check the services make before they print where they serve: is the port free to listen on?"""
+
+from __future__ import annotations
+
+import socket
+
+
+class PortInUse(ValueError):
+    """The address cannot be listened on (another server holds it, or no such local address)."""
+
+
+def require_free_port(host: str, port: int) -> None:
+    """Bind `host:port` once, as uvicorn will (SO_REUSEADDR), and let it go.
+
+    Without it, a busy port shows the service's banner first and uvicorn's error after it, as if it had started.
+
+    Raises:
+        PortInUse: the bind failed; the message says why.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(address)
+    except OSError as error:
+        raise PortInUse(f"cannot listen on {host}:{port}: {error.strerror or error}; another server may be running "
+                        "there (choose another --port)") from None  # fmt: skip
