@@ -314,7 +314,11 @@ class EpisodeSessions:
             if not session.batches:
                 raise BadEpisode("the episode has no frames; nothing was committed and it is still open")
             del self._sessions[episode_id]  # from here on, a concurrent add_frames sees an unknown episode
-        episode = _episode(session.batches, task)
+        # One merged batch replaces the pieces, so the commit (encode, upload) holds the frames once, not twice;
+        # a failed commit keeps the merged batch for the next close.
+        merged = session.batches[0] if len(session.batches) == 1 else _merge(session.batches)
+        session.batches = [merged]
+        episode = Episode(merged.images, merged.state, merged.action, task, merged.reward, merged.success)
         dataset = self._datasets[str(session.url)]
         try:
             with dataset.lock:  # the recorder's own file lock covers processes; this keeps threads in order too
@@ -395,10 +399,10 @@ def _check_frame_rate(timestamps: np.ndarray, previous: float | None, fps: int) 
                          "that rate (a dropped frame would shift all later ones against their actions)")
 
 
-def _episode(batches: list[Frames], task: str) -> Episode:
+def _merge(batches: list[Frames]) -> Frames:
     images = {name: np.concatenate([b.images[name] for b in batches]) for name in batches[0].images}
     cat = lambda attr: np.concatenate([getattr(b, attr) for b in batches])  # noqa: E731
-    return Episode(images, cat("state"), cat("action"), task, cat("reward"), cat("success"))
+    return Frames(cat("timestamp"), cat("state"), cat("action"), images, cat("reward"), cat("success"))
 
 
 def _describe(spec: DatasetSpec) -> str:
