@@ -154,6 +154,9 @@ def test_cancel_checkpoints_first_and_a_queued_job_then_runs_to_the_end(trainer)
         ("POST", "/v1/jobs", WRITER, {**job("hf://buckets/lab/x/models/a", 5), "lr": 1}, 422, "lr"),
         ("POST", "/v1/jobs", WRITER, job("hf://buckets/lab/x/models/a", 5, gpus=2), 422, "needs device 'cuda'"),
         ("GET", "/v1/jobs", None, None, 401, "token is required"),
+        ("GET", "/v1/jobs", "rl_nobody", None, 401, "Invalid credentials"),  # reads check the token too
+        ("POST", "/v1/jobs", WRITER, job("hf://buckets/lab/x/models/a", 5, seed=10**30), 422, "seed"),
+        ("GET", f"/v1/jobs/nope/log?offset={2**62}", READER, None, 422, "offset"),
         ("GET", "/v1/jobs/nope", READER, None, 404, "no job 'nope'"),
         ("GET", "/v1/jobs/nope/log", READER, None, 404, "no job 'nope'"),
         ("POST", "/v1/jobs/nope/cancel", WRITER, None, 404, "no job 'nope'"),

@@ -74,10 +74,10 @@ class JobSpec(BaseModel):
     resume: bool = False
     fp8: Literal["off", "auto", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = "off"  # robotloop.train.fp8.FP8_MODES
     gpus: int = Field(default=1, ge=1, le=64, description="1: plain process; more: torchrun, one rank per GPU")
-    log_every: int = Field(default=50, ge=1)
-    checkpoint_every: int = Field(default=1000, ge=1)
+    log_every: int = Field(default=50, ge=1, le=100_000_000)
+    checkpoint_every: int = Field(default=1000, ge=1, le=100_000_000)
     decode_workers: int = Field(default=4, ge=1, le=64)
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)  # torch seeds are 64-bit; numpy's 32
     storage_endpoint: str | None = Field(default=None, pattern=r"^https?://\S+$", description="default: the service's")
     storage_token: SecretStr | None = Field(default=None, description="default: the service's (with its endpoint only)")
 

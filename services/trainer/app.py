@@ -133,7 +133,7 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
         return dataclasses.asdict(visible_state(job_id, token))
 
     @app.get("/v1/jobs/{job_id}/log", response_model=None)
-    def job_log(job_id: str, token: Reader, offset: Annotated[int, Query(ge=0)] = 0,
+    def job_log(job_id: str, token: Reader, offset: Annotated[int, Query(ge=0, le=2**40)] = 0,
                 follow: bool = False) -> dict[str, Any] | StreamingResponse:  # fmt: skip
         status = visible_state(job_id, token).status  # an unknown job is a 404 before any streaming starts
         if follow:

@@ -230,7 +230,8 @@ class TokenStore:
         token = bearer_from_header(authorization)
         if not token:
             raise Unauthorized(f"{who} is required: send 'Authorization: Bearer <token>'")
-        if write and not self.principal(token).write:
+        who = self.principal(token)  # an unknown token is refused on reads too
+        if write and not who.write:
             raise Forbidden(f"this token is read-only; {why}")
         return token
 
