@@ -275,6 +275,35 @@ def test_robot_tokens_are_isolated_and_writes_need_operator_write_tokens(deploy)
         with pytest.raises(DeployError) as error:
             call()
         assert error.value.status == 422 and want in str(error.value), error.value
+    # What a robot stores is served to operators: a status nested too deep would break every fleet listing.
+    deep: dict = {}
+    for _ in range(300):
+        deep = {"a": deep}
+    for call, status, want in ((lambda: r1.heartbeat("iso1", None, deep), 422, "nests deeper than 32"),
+                               (lambda: r1.event("iso1", "swap", "never-published", None), 404, "no release"),
+                               (lambda: ops.assign("iso1", channel=""), 400, "bad channel name")):  # fmt: skip
+        with pytest.raises(DeployError) as error:
+            call()
+        assert error.value.status == status and want in str(error.value), error.value
+    assert [r["id"] for r in ops.status()["robots"] if r["id"] == "iso1"] == ["iso1"]
+
+
+def test_malformed_publishes_are_refused_and_leave_nothing(deploy):
+    good = json.loads(deploy.release("pub-ok", "v1", channel=None).to_json())
+    renamed = Manifest.from_dict({**good["manifest"], "name": "pub-bad"})
+    signed = json.loads(SignedManifest.sign(renamed, load_private_key(deploy.key)).to_json())
+
+    def post(channel: str | None = None, **changes) -> httpx.Response:  # fields changed after signing
+        body = {"manifest": {**signed, "manifest": {**signed["manifest"], **changes}}, "channel": channel}
+        return httpx.post(f"{deploy.url}/v1/releases", json=body, headers={"authorization": f"Bearer {OPS}"})
+
+    deep: dict = {}
+    for _ in range(300):
+        deep = {"a": deep}
+    for response, want in ((post(channel="../x"), "bad channel name"), (post(lineage=deep), "lineage"),
+                           (post(checkpoint=None), "expected a string"), (post(created_at="nan"), "not a time")):  # fmt: skip
+        assert 400 <= response.status_code < 500 and want in response.text, response.text
+    assert httpx.get(f"{deploy.url}/v1/releases/pub-bad", headers={"authorization": f"Bearer {OPS}"}).status_code == 404
 
 
 def test_a_fleet_long_polling_does_not_stall_the_service(deploy):

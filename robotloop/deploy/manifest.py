@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import re
 import struct
 import time
@@ -101,8 +102,14 @@ class Manifest:
                                   for s in f["segments"]))
                 for f in data["files"]
             )  # fmt: skip
-            manifest = cls(data["name"], data["bucket"], data["checkpoint"], float(data["created_at"]), files,
-                           dict(data.get("lineage") or {}), int(data.get("format", FORMAT)))  # fmt: skip
+            lineage = data.get("lineage") or {}
+            if not isinstance(lineage, dict) or json_depth(lineage) > MAX_JSON_DEPTH:
+                raise ValueError(f"lineage must be a JSON object at most {MAX_JSON_DEPTH} levels deep")
+            created_at = float(data["created_at"])
+            if not math.isfinite(created_at):
+                raise ValueError(f"created_at {created_at} is not a time")
+            manifest = cls(_text(data["name"]), _text(data["bucket"]), _text(data["checkpoint"]), created_at, files,
+                           dict(lineage), int(data.get("format", FORMAT)))  # fmt: skip
         except (KeyError, TypeError, ValueError) as error:
             raise BadManifest(f"malformed release manifest: {type(error).__name__} {error}") from None
         manifest.validate()
@@ -144,6 +151,21 @@ def _check_relative_path(path: str) -> None:
     parts = path.split("/")  # PurePosixPath would drop the "." and "" parts this refuses
     if not path or path.startswith("/") or "\\" in path or any(p in ("..", ".", "") for p in parts):
         raise BadManifest(f"unsafe file path in manifest: {path!r}")
+
+
+MAX_JSON_DEPTH = 32  # what the services store and serve back: pydantic's encoder gives up far deeper, FastAPI too
+
+
+def json_depth(value: object, limit: int = MAX_JSON_DEPTH) -> int:
+    """Nesting depth of a JSON value (a scalar is 0), counted without recursion and up to `limit` + 1 at most."""
+    deepest, stack = 0, [(value, 0)]
+    while stack and deepest <= limit:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        for child in children:
+            deepest = max(deepest, depth + 1)
+            stack.append((child, depth + 1))
+    return deepest
 
 
 def _text(value: object) -> str:

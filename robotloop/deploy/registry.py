@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..storage.private import private_dir
-from .manifest import BadManifest, SignedManifest, check_release_name
+from .manifest import MAX_JSON_DEPTH, BadManifest, SignedManifest, check_release_name, json_depth
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DEFAULT_CHANNELS = ("canary", "stable")
@@ -277,7 +277,7 @@ class Registry:
             raise RegistryError(f"no robot {robot!r}", 404)
         if channel is None and release is None and not unpin:
             raise RegistryError("say what to assign: a channel, a release to pin, or unpin")
-        new_channel = check_name("channel", channel) if channel else row["channel"]
+        new_channel = check_name("channel", channel) if channel is not None else row["channel"]  # "" is a bad name
         pinned = None if unpin else (release if release is not None else row["pinned"])
         if release is not None:
             self.release(release)
@@ -300,7 +300,8 @@ class Registry:
         ran = [e["release"] for e in events if e["kind"] in ("swap", "rollback")]
         target = next((r for r in ran if r and r != current and r not in bad), None)
         if target is None:
-            raise RegistryError(f"robot {robot!r} has not run a good release before {current!r}", 404)
+            what = f"before {current!r}" if current else "yet"
+            raise RegistryError(f"robot {robot!r} has not run a good release {what}: nothing to roll back to", 404)
         self._tx([("UPDATE robots SET pinned = ? WHERE id = ?", (target, robot)),
                   self._event("rollback_command", robot=robot, release=target, previous=current,
                               detail=f"{reason} (by {by})" if by else reason)])  # fmt: skip
@@ -346,6 +347,8 @@ class Registry:
 
         Raises RegistryError (422): a status over MAX_STATUS_BYTES or a malformed release name.
         """
+        if json_depth(status) > MAX_JSON_DEPTH:  # stored, then served to operators: deep nesting breaks the encoder
+            raise RegistryError(f"heartbeat status nests deeper than {MAX_JSON_DEPTH} levels", 422)
         raw = json.dumps(status)
         if len(raw) > MAX_STATUS_BYTES:
             raise RegistryError(f"heartbeat status is {len(raw)} bytes of JSON; at most {MAX_STATUS_BYTES}", 422)
@@ -357,6 +360,8 @@ class Registry:
         if kind not in ("swap", "rollback", "refused"):
             raise RegistryError(f"unknown event kind {kind!r}: swap, rollback or refused")
         release, previous = _release_name(release), _release_name(previous)
+        if kind == "swap" and release is not None:
+            self.release(release)  # 404: a robot cannot claim to run a release that was never published
         sets = [self._event(kind, robot=robot, release=release, previous=previous, detail=detail[:2000])]
         if kind in ("swap", "rollback"):
             sets.append(("UPDATE robots SET running = ?, last_seen = ? WHERE id = ?", (release, time.time(), robot)))

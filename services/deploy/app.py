@@ -47,7 +47,7 @@ from fastapi.responses import JSONResponse
 from robotloop.config import Settings
 from robotloop.deploy.keys import BadSignature, load_public_keys
 from robotloop.deploy.manifest import BadManifest, SignedManifest
-from robotloop.deploy.registry import Registry, RegistryError
+from robotloop.deploy.registry import Registry, RegistryError, check_name
 from robotloop.storage.server.auth import (
     WILDCARD,
     AuthError,
@@ -130,6 +130,8 @@ def create_app(tokens_file: Path | str, db: Path, trusted_keys: list[Path] | Non
         signed = SignedManifest.from_dict(manifest)
         if trusted is not None:
             signed.verify(trusted)
+        if channel is not None:
+            check_name("channel", channel)  # before the release is added: a refused publish leaves nothing behind
         registry.add_release(signed, by=who.name)
         previous = registry.promote(channel, signed.manifest.name, by=who.name, reason="publish") if channel else None
         log.info("release %s published%s", signed.manifest.name, f" to {channel}" if channel else "")
