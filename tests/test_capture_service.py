@@ -187,6 +187,7 @@ BAD_BATCHES = {
     "another frame rate": (_raw(timestamp=np.array([3, 4, 5]) / 30), 422, "records at 50 fps"),
     "not the wire format": (b'{"timestamp": [0.0]}', 422, "JSON line, a newline"),
     "malformed JSON": (b"{oops\n", 422, "bad frames JSON"),
+    "JSON nested past the parser's depth": (b"[" * 100_000 + b"\n", 422, "bad frames JSON"),
     "string for a number": (b'{"timestamp": ["0.1"], "state": [], "action": []}\n', 422, "timestamp.0"),
     "body over the limit": (_raw(n=MAX_BODY // (H * W * 3) + 1, start=3), 413, f"limit of {MAX_BODY} bytes"),
 }
@@ -226,9 +227,10 @@ def test_episode_caps_unknown_and_foreign_episodes(capture):
             with pytest.raises(CaptureError, match="no open episode"):
                 robot.abort(episode)
 
-        with pytest.raises(CaptureError, match="task must be") as e:  # bad input loses nothing: still open
-            a.close(eid, "   ")
-        assert e.value.status == 422 and "still open" in str(e.value)
+        for task in ("   ", "pick\nthe cube", "pick\x00"):
+            with pytest.raises(CaptureError, match="task must be") as e:  # bad input loses nothing: still open
+                a.close(eid, task)
+            assert e.value.status == 422 and "still open" in str(e.value)
         a.abort(eid)  # it was still open; now it is gone
         with pytest.raises(CaptureError, match="no open episode"):
             a.close(eid, "try again")
@@ -247,6 +249,7 @@ def test_episode_caps_unknown_and_foreign_episodes(capture):
         (ROBOT_READ_ONLY, "hf://buckets/lab/capture/datasets/auth", (H, W, 3), 403, "read-only"),
         (ROBOT_ELSEWHERE, "hf://buckets/lab/capture/datasets/auth", (H, W, 3), 403, "scoped to namespace 'elsewhere'"),
         (ROBOT_A, "hf://datasets/lab/cube", (H, W, 3), 400, "robotloop stores data in buckets"),
+        (ROBOT_A, "hf://buckets/la b/capture/datasets/x", (H, W, 3), 400, "alphanumeric chars"),
         (ROBOT_A, "hf://buckets/lab/capture/datasets/auth", (H, W, 4), 400, "cameras.top.2"),
     ],
 )
@@ -314,3 +317,13 @@ def test_a_dataset_holds_one_robot_type_and_says_so_at_open(capture, tmp_path):
     fresh = EpisodeSessions(capture.bucket, vcodec="h264", staging=tmp_path / "fresh")  # a restarted service
     with pytest.raises(SpecConflict, match="robot type 'so101_follower', not 'koch_follower'"):
         fresh.open("robot-x", BucketUrl.parse(dataset), CAMERAS, STATE, ACTION, robot_type="koch_follower")
+
+
+def test_a_meta_info_that_is_no_dataset_is_a_conflict_at_open(capture, tmp_path):
+    for name, body in (("not-json", b"\xff{oops"), ("no-shapes", b'{"features": {"observation.state": {}}}')):
+        url = BucketUrl.parse(f"hf://buckets/lab/capture/datasets/{name}")
+        (tmp_path / "info.json").write_bytes(body)
+        capture.bucket.upload(tmp_path / "info.json", url / "meta" / "info.json")
+        with CaptureClient(capture.endpoint, ROBOT_A) as robot, pytest.raises(CaptureError) as e:
+            robot.open(str(url), CAMERAS, STATE, ACTION)
+        assert e.value.status == 409 and "not a LeRobot dataset's" in str(e.value), e.value

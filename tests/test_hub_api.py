@@ -276,8 +276,12 @@ def test_batch_is_all_or_nothing(hub: str) -> None:
         w.batch_bucket_files("robots/atomic", add=[(b"x", "ok.txt"), (b"y", "../escape.txt")])
     assert [e.path for e in w.list_bucket_tree("robots/atomic")] == ["keep.txt"]
 
-    r = httpx.post(f"{hub}/api/buckets/robots/atomic/batch", content=b"{not json\n", headers={"authorization": f"Bearer {W}"})
-    assert r.status_code == 400 and "line 1" in r.json()["error"]
+    auth = {"authorization": f"Bearer {W}"}
+    for bad in (b"{not json\n", b'{"type": "addFile", "path": "a", "xetHash": "x", "size": 1e400}\n', b"[" * 5000 + b"\n"):
+        r = httpx.post(f"{hub}/api/buckets/robots/atomic/batch", content=bad, headers=auth)
+        assert r.status_code == 400 and "line 1" in r.json()["error"], r.text
+    r = httpx.post(f"{hub}/api/buckets/robots/deep", content=b"[" * 5000, headers=auth)
+    assert r.status_code == 400 and "invalid JSON body" in r.json()["error"], r.text
 
 
 def test_knowing_a_private_files_hash_is_not_enough_to_read_it(hub: str, tmp_path: Path) -> None:

@@ -26,6 +26,8 @@ def test_bucket_url_round_trip():
         ("s3://lab/demos", "hf://"),
         ("hf://datasets/lab/demos", "dataset URL"),
         ("hf://buckets/lab/demos/a/../../etc", "'..'"),
+        ("hf://buckets/la b/demos/x", "alphanumeric chars"),
+        ("hf://buckets/lab/a--b", "Cannot have -- or .."),
     ],
 )
 def test_bad_bucket_urls_are_explained(bad, message):

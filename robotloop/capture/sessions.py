@@ -142,7 +142,7 @@ def decode_frames(body: bytes, spec: DatasetSpec) -> Frames:
         raise BadEpisode("a frames body is one JSON line, a newline, then the raw uint8 image bytes; no newline found")
     try:
         meta = _FramesJson.model_validate(json.loads(body[:line_end]))
-    except (ValueError, ValidationError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    except (ValueError, ValidationError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError: ValueErrors
         raise BadEpisode(f"bad frames JSON: {_short(err)}") from None
     n = len(meta.timestamp)
     timestamp = np.asarray(meta.timestamp, np.float64)
@@ -308,8 +308,9 @@ class EpisodeSessions:
         task = task.strip()
         with self._lock:
             session = self._get_locked(robot, episode_id)
-            if not task or len(task) > MAX_TASK_CHARS:
-                raise BadEpisode(f"task must be 1 to {MAX_TASK_CHARS} characters of instruction text; the episode "
+            if not task or len(task) > MAX_TASK_CHARS or not task.isprintable():
+                raise BadEpisode(f"task must be 1 to {MAX_TASK_CHARS} printable characters of instruction text (one "
+                                 "line, no control characters); the episode "
                                  "is still open")  # fmt: skip
             if not session.batches:
                 raise BadEpisode("the episode has no frames; nothing was committed and it is still open")
@@ -421,7 +422,13 @@ def _check_remote_spec(client: BucketClient, url: BucketUrl, spec: DatasetSpec) 
             info = json.loads(client.download(url / "meta" / "info.json", Path(tmp) / "info.json").read_text())
         except NotFound:
             return  # a new dataset
-    have = {k: list(v["shape"]) for k, v in info.get("features", {}).items()}
+        except (ValueError, RecursionError):  # not JSON: JSONDecodeError, UnicodeDecodeError
+            info = None
+    try:
+        have = {k: list(v["shape"]) for k, v in info.get("features", {}).items()}
+    except (AttributeError, KeyError, TypeError):
+        raise SpecConflict(f"{url} holds a meta/info.json that is not a LeRobot dataset's; use another dataset "
+                           "URL") from None  # fmt: skip
     want = {k: list(v["shape"]) for k, v in spec.features().items()}
     if info.get("robot_type") != spec.robot_type:
         raise SpecConflict(f"{url} holds episodes of robot type {info.get('robot_type')!r}, not {spec.robot_type!r}: "

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from huggingface_hub.errors import HfUriError
-from huggingface_hub.utils import parse_hf_uri
+from huggingface_hub.errors import HfUriError, HFValidationError
+from huggingface_hub.utils import parse_hf_uri, validate_repo_id
 
 
 class BadBucketUrl(ValueError):
@@ -39,7 +39,8 @@ class BucketUrl:
         """Parse a URL.
 
         Raises:
-            BadBucketUrl: not an `hf://buckets/<ns>/<bucket>[/<path>]` URL, or the path climbs out (`..`).
+            BadBucketUrl: not an `hf://buckets/<ns>/<bucket>[/<path>]` URL, a namespace or bucket name the Hub
+                refuses (spaces, `--`, ...), or the path climbs out (`..`).
         """
         try:
             parsed = parse_hf_uri(url)
@@ -50,6 +51,10 @@ class BucketUrl:
             raise BadBucketUrl(f"{reason}. Expected hf://buckets/<namespace>/<bucket>/<path>") from None
         if parsed.type != "bucket":
             raise BadBucketUrl(f"'{url}' is a {parsed.type} URL; robotloop stores data in buckets: hf://buckets/<ns>/<bucket>/...")
+        try:
+            validate_repo_id(parsed.id)  # the Hub's rule for names, which servers enforce too: refused here, not there
+        except HFValidationError as error:
+            raise BadBucketUrl(f"'{url}': {error}") from None
         return cls(parsed.id, _clean_path(parsed.path_in_repo, url))
 
     @property

@@ -170,8 +170,8 @@ def parse_batch(body: bytes) -> list[Operation]:
         try:
             item = json.loads(line)
             ops.append(_operation(item))
-        except (ValueError, KeyError, TypeError) as err:
-            raise HubError(400, f"batch line {lineno}: {err}") from None
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as err:  # 1e400 sizes, deep nesting
+            raise HubError(400, f"batch line {lineno}: {type(err).__name__}: {err}") from None
     return ops
 
 
@@ -493,7 +493,7 @@ async def _json_body(request: Request) -> dict[str, Any]:
         return {}
     try:
         body = json.loads(raw)
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:
         raise HubError(400, f"invalid JSON body: {err}") from None
     if not isinstance(body, dict):
         raise HubError(400, "JSON body must be an object")
