@@ -6,11 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
-
-def _error(status: int, message: str) -> Response:
-    return JSONResponse({"error": message}, status_code=status)  # the shape of every robotloop service's errors
+from services.errors import error_response
 
 
 class BodyLimit:
@@ -19,7 +17,7 @@ class BodyLimit:
     ``respond(status, message)`` builds the refusal (default: ``{"error": message}``).
     """
 
-    def __init__(self, app: Any, max_bytes: int, respond: Callable[[int, str], Response] = _error) -> None:
+    def __init__(self, app: Any, max_bytes: int, respond: Callable[[int, str], Response] = error_response) -> None:
         self.app, self.max_bytes, self.respond = app, max_bytes, respond
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:

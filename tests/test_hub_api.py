@@ -280,6 +280,8 @@ def test_batch_is_all_or_nothing(hub: str) -> None:
     for bad in (b"{not json\n", b'{"type": "addFile", "path": "a", "xetHash": "x", "size": 1e400}\n', b"[" * 5000 + b"\n"):
         r = httpx.post(f"{hub}/api/buckets/robots/atomic/batch", content=bad, headers=auth)
         assert r.status_code == 400 and "line 1" in r.json()["error"], r.text
+    r = httpx.get(f"{hub}/api/no-such-route", headers=auth)  # the Hub's error shape, header included
+    assert r.status_code == 404 and r.json()["error"] == "Not Found" and r.headers["x-error-message"] == "Not Found"
     r = httpx.post(f"{hub}/api/buckets/robots/deep", content=b"[" * 5000, headers=auth)
     assert r.status_code == 400 and "invalid JSON body" in r.json()["error"], r.text
 

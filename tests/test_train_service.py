@@ -155,6 +155,8 @@ def test_cancel_checkpoints_first_and_a_queued_job_then_runs_to_the_end(trainer)
         ("POST", "/v1/jobs", WRITER, job("hf://buckets/lab/x/models/a", 5, gpus=2), 422, "needs device 'cuda'"),
         ("GET", "/v1/jobs", None, None, 401, "token is required"),
         ("GET", "/v1/jobs", "rl_nobody", None, 401, "Invalid credentials"),  # reads check the token too
+        ("GET", "/v1/nope", READER, None, 404, "Not Found"),  # every refusal has the {"error": ...} shape
+        ("DELETE", "/v1/jobs", WRITER, None, 405, "Method Not Allowed"),
         ("POST", "/v1/jobs", WRITER, job("hf://buckets/lab/x/models/a", 5, seed=10**30), 422, "seed"),
         ("GET", f"/v1/jobs/nope/log?offset={2**62}", READER, None, 422, "offset"),
         ("GET", "/v1/jobs/nope", READER, None, 404, "no job 'nope'"),

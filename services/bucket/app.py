@@ -24,6 +24,7 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from robotloop.storage.private import private_dir
 from robotloop.storage.server.auth import AuthError, CasClaims, TokenStore, bearer_from_header, load_or_create_secret
@@ -97,6 +98,10 @@ def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int 
         if who.anonymous:
             return error_response(401, "stats need a token")
         return JSONResponse(server_stats(cas, buckets))
+
+    @app.exception_handler(StarletteHTTPException)  # unknown routes, wrong methods, CAS refusals: the Hub's shape
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        return error_response(err.status_code, str(err.detail), headers=err.headers)
 
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, respond=error_response)
     return app

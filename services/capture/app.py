@@ -39,8 +39,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -49,6 +47,7 @@ from robotloop.capture.sessions import EpisodeSessions, Limits, SpecConflict, To
 from robotloop.config import Settings
 from robotloop.storage import BadBucketUrl, BucketClient, BucketUrl, StorageError, connect
 from robotloop.storage.server.auth import AuthError, TokenStore
+from services.errors import json_errors
 from services.limits import BodyLimit
 from services.ports import require_free_port
 
@@ -165,31 +164,10 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
         sessions.abort(who.id, episode_id)
         return {"aborted": episode_id}
 
-    @app.exception_handler(AuthError)
-    async def auth_error(request: Request, err: AuthError) -> JSONResponse:
-        return _error(err.status, str(err))
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
-        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()[:5])
-        return _error(400, f"bad request: {where}")
-
-    for kind, status in ERROR_STATUS.items():
-        app.add_exception_handler(kind, _handler(status))
+    json_errors(app, {AuthError: None, **ERROR_STATUS}, validation_status=400)
 
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
     return app
-
-
-def _handler(status: int):
-    async def handle(request: Request, err: Exception) -> JSONResponse:
-        return _error(status, str(err))
-
-    return handle
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
 
 
 def serve(settings: Settings, tokens_file: Path | None = None, host: str | None = None,

@@ -41,8 +41,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 
 from robotloop.config import Settings
 from robotloop.deploy.keys import BadSignature, load_public_keys
@@ -55,6 +53,7 @@ from robotloop.storage.server.auth import (
     TokenStore,
     bearer_from_header,
 )
+from services.errors import json_errors
 from services.limits import BodyLimit
 from services.ports import require_free_port
 
@@ -221,17 +220,8 @@ def create_app(tokens_file: Path | str, db: Path, trusted_keys: list[Path] | Non
             who.may_touch(robot or "")
         return {"events": registry.history(robot, channel, limit)}
 
-    async def refused(request: Request, err: Exception) -> JSONResponse:
-        # AuthError and RegistryError carry their HTTP status; a malformed or untrusted manifest is a 422.
-        return _error(getattr(err, "status", 422), str(err))
-
-    for kind in (AuthError, RegistryError, BadManifest, BadSignature):
-        app.add_exception_handler(kind, refused)
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
-        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()[:5])
-        return _error(422, f"bad request: {where}")
+    # AuthError and RegistryError carry their HTTP status; a malformed or untrusted manifest is a 422.
+    json_errors(app, {AuthError: None, RegistryError: None, BadManifest: 422, BadSignature: 422})
 
     return app
 
@@ -239,10 +229,6 @@ def create_app(tokens_file: Path | str, db: Path, trusted_keys: list[Path] | Non
 def _robot_itself(who: Caller, robot: str) -> None:
     if who.robot != robot:
         raise Forbidden(f"only robot {robot!r} itself reports its heartbeats and events")
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
 
 
 def serve(settings: Settings, tokens_file: Path | None = None, db: Path | None = None, host: str | None = None,

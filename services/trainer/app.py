@@ -37,14 +37,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from robotloop.config import Settings
 from robotloop.storage import BucketUrl, resolve_endpoint
 from robotloop.storage.server.auth import AuthError, TokenStore
 from robotloop.train.jobs import JobManager, JobSpec, QueueFull, UnknownJob
+from services.errors import json_errors
 from services.limits import BodyLimit
 from services.ports import require_free_port
 
@@ -148,28 +148,9 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
         log.info("job %s cancelled", job_id)
         return dataclasses.asdict(jobs.cancel(job_id))
 
-    @app.exception_handler(AuthError)
-    async def auth_error(request: Request, err: AuthError) -> JSONResponse:
-        return _error(err.status, str(err))
-
-    @app.exception_handler(QueueFull)
-    async def queue_full(request: Request, err: QueueFull) -> JSONResponse:
-        return _error(429, str(err))
-
-    @app.exception_handler(UnknownJob)
-    async def unknown_job(request: Request, err: UnknownJob) -> JSONResponse:
-        return _error(404, str(err))
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
-        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()[:5])
-        return _error(422, f"bad request: {where}")
+    json_errors(app, {AuthError: None, QueueFull: 429, UnknownJob: 404})
 
     return app
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
 
 
 def serve(settings: Settings, tokens_file: Path | None = None, root: Path | None = None, host: str | None = None,

@@ -1,0 +1,37 @@
+"""How every robotloop service refuses a request: `{"error": message}` with the status, for its own errors, for
+FastAPI's validation errors and for Starlette's (unknown route, wrong method), so clients read one shape."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def json_errors(app: FastAPI, statuses: dict[type[Exception], int | None], validation_status: int = 422) -> None:
+    """Install the handlers. `statuses` maps the service's exception types to their HTTP status; None takes the
+    exception's own `status` attribute (422 when it has none)."""
+
+    async def http_error(request: Request, err: HTTPException) -> JSONResponse:
+        return error_response(err.status_code, str(err.detail), err.headers)
+
+    async def bad_request(request: Request, err: RequestValidationError) -> JSONResponse:
+        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()[:5])
+        return error_response(validation_status, f"bad request: {where}")
+
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, bad_request)
+    for kind, status in statuses.items():
+        app.add_exception_handler(kind, _refusal(status))
+
+
+def _refusal(status: int | None):
+    async def handle(request: Request, err: Exception) -> JSONResponse:
+        return error_response(status or getattr(err, "status", 422), str(err))
+
+    return handle
