@@ -212,12 +212,8 @@ class DatasetRecorder:
         (self.staging / "hashes.json").write_text(json.dumps(hashes))
 
     def _check_same_features(self) -> None:
-        from lerobot.utils.constants import DEFAULT_FEATURES
-
-        have = {k: list(v["shape"]) for k, v in self._read_info()["features"].items() if k not in DEFAULT_FEATURES}
-        want = {k: list(v["shape"]) for k, v in self.spec.features().items()}
-        if have != want:
-            raise BadEpisode(f"{self.url} holds a dataset with features {have}; this recorder writes {want}. Use another dataset URL.")
+        if (why := spec_mismatch(self._read_info(), self.spec)) is not None:
+            raise BadEpisode(f"{self.url} {why}. Use another dataset URL")
 
     def _read_info(self) -> dict:
         path = self.root / "meta" / "info.json"
@@ -382,6 +378,25 @@ class LiveEpisode:
             self.dataset.finalize()
         finally:
             shutil.rmtree(Path(self.dataset.root).parent, ignore_errors=True)
+
+
+def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
+    """Why a dataset with this `meta/info.json` cannot take episodes of `spec` (robot type, fps, feature shapes),
+    or None when it can. The recorder checks it before each commit; the capture service at open.
+
+    Raises:
+        KeyError, TypeError, AttributeError: `info` is not a LeRobot dataset's.
+    """
+    from lerobot.utils.constants import DEFAULT_FEATURES
+
+    have = {k: list(v["shape"]) for k, v in info["features"].items() if k not in DEFAULT_FEATURES}
+    want = {k: list(v["shape"]) for k, v in spec.features().items()}
+    if info.get("robot_type") != spec.robot_type:
+        return (f"holds episodes of robot type {info.get('robot_type')!r}, not {spec.robot_type!r}: one dataset, one "
+                "robot type (lerobot refuses to mix them)")  # fmt: skip
+    if have != want or info.get("fps") != spec.fps:
+        return f"holds a dataset with features {have} at {info.get('fps')} fps; episodes here have {want} at {spec.fps}"
+    return None
 
 
 class _CommittedMeanwhile(Exception):

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..storage import BucketClient, BucketUrl, NotFound, StorageError
 from .episode import BadEpisode, Episode
-from .recorder import CommitReport, DatasetRecorder, DatasetSpec
+from .recorder import CommitReport, DatasetRecorder, DatasetSpec, spec_mismatch
 
 MAX_TASK_CHARS = 1000
 
@@ -412,10 +412,10 @@ def _describe(spec: DatasetSpec) -> str:
 
 
 def _check_remote_spec(client: BucketClient, url: BucketUrl, spec: DatasetSpec) -> None:
-    """Refuse at open, not after minutes of streaming, a dataset whose features or fps differ from `spec`.
+    """Refuse at open, not after minutes of streaming, a dataset that cannot take episodes of `spec`.
 
     Raises:
-        SpecConflict: the bucket holds a dataset at `url` with other features or fps.
+        SpecConflict: the bucket holds a dataset at `url` with another robot type, fps or features.
     """
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -425,15 +425,9 @@ def _check_remote_spec(client: BucketClient, url: BucketUrl, spec: DatasetSpec) 
         except (ValueError, RecursionError):  # not JSON: JSONDecodeError, UnicodeDecodeError
             info = None
     try:
-        have = {k: list(v["shape"]) for k, v in info.get("features", {}).items()}
+        why = spec_mismatch(info, spec)
     except (AttributeError, KeyError, TypeError):
         raise SpecConflict(f"{url} holds a meta/info.json that is not a LeRobot dataset's; use another dataset "
                            "URL") from None  # fmt: skip
-    want = {k: list(v["shape"]) for k, v in spec.features().items()}
-    if info.get("robot_type") != spec.robot_type:
-        raise SpecConflict(f"{url} holds episodes of robot type {info.get('robot_type')!r}, not {spec.robot_type!r}: "
-                           "one dataset, one robot type (lerobot refuses to mix them). Use another dataset URL")
-    if any(have.get(k) != v for k, v in want.items()) or info.get("fps") != spec.fps:
-        ours = {k: v for k, v in have.items() if k.startswith(("observation.", "action"))}
-        raise SpecConflict(f"{url} holds a dataset with features {ours} at {info.get('fps')} fps; this episode asks "
-                           f"for {_describe(spec)}. Use the same features or another dataset URL")  # fmt: skip
+    if why is not None:
+        raise SpecConflict(f"{url} {why}. Use the same features or another dataset URL")

@@ -24,7 +24,6 @@ from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from robotloop.storage.private import private_dir
 from robotloop.storage.server.auth import AuthError, CasClaims, TokenStore, bearer_from_header, load_or_create_secret
@@ -33,6 +32,7 @@ from robotloop.storage.server.cas import CasStore
 from robotloop.storage.server.files import read_file_range, server_stats
 from services.bucket.cas_api import cas_router
 from services.bucket.hub_api import error_response, hub_router
+from services.errors import json_errors
 from services.limits import BodyLimit
 from services.ports import require_free_port
 
@@ -99,10 +99,7 @@ def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int 
             return error_response(401, "stats need a token")
         return JSONResponse(server_stats(cas, buckets))
 
-    @app.exception_handler(StarletteHTTPException)  # unknown routes, wrong methods, CAS refusals: the Hub's shape
-    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
-        return error_response(err.status_code, str(err.detail), headers=err.headers)
-
+    json_errors(app, {}, respond=error_response)  # unknown routes, wrong methods, CAS refusals: the Hub's shape
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, respond=error_response)
     return app
 
