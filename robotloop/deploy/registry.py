@@ -201,10 +201,7 @@ class Registry:
             current = self.channels().get(check_name("channel", channel), "<none>")
             if current == "<none>":
                 raise RegistryError(f"no channel {channel!r}", 404)
-            earlier = [r["release"] for r in self._all(
-                "SELECT release FROM events WHERE channel = ? AND kind IN ('promote', 'rollback') ORDER BY id DESC",
-                (channel,))]  # fmt: skip
-            target = self._previous_of(channel, current, earlier)
+            target = self._previous_of(channel, current)
             if target is None:
                 what = f"no release before {current!r}" if current else "no release yet"
                 raise RegistryError(f"channel {channel!r} has {what}: nothing to roll back to", 404)
@@ -213,17 +210,19 @@ class Registry:
                                   detail=f"{reason} (by {by})" if by else reason)])  # fmt: skip
         return target
 
-    def _previous_of(self, channel: str, current: str | None, history: list[str | None]) -> str | None:
-        # The release before the current one, skipping releases whose latest word on this channel is a rollback
-        # away from them (one promoted again since counts again).
+    def _previous_of(self, channel: str, current: str | None) -> str | None:
+        # The newest release the channel pointed at before `current`, skipping releases whose latest word on this
+        # channel is a rollback away from them (one promoted again since counts again).
+        events = self._all("SELECT kind, release, previous FROM events WHERE channel = ? AND kind IN "
+                           "('promote', 'rollback') ORDER BY id DESC", (channel,))  # fmt: skip
         left: dict[str, bool] = {}  # release -> its newest event left it (True) or chose it (False)
-        for e in self._all("SELECT kind, release, previous FROM events WHERE channel = ? AND kind IN "
-                           "('promote', 'rollback') ORDER BY id DESC", (channel,)):  # fmt: skip
+        for e in events:
             if e["release"]:
                 left.setdefault(e["release"], False)
             if e["kind"] == "rollback" and e["previous"]:
                 left.setdefault(e["previous"], True)
-        return next((r for r in history if r and r != current and not left.get(r, False)), None)
+        return next((e["release"] for e in events if e["release"] and e["release"] != current
+                     and not left.get(e["release"], False)), None)  # fmt: skip
 
     # -- robots --------------------------------------------------------------------------------------------
     def register_robot(self, robot: str, channel: str = "stable", rotate: bool = False, by: str = "") -> str:

@@ -346,10 +346,9 @@ class RobotRuntime:
         except ValueError as error:  # the robot's observations do not fit the policy (camera size, state size)
             # Often the robot's own setup (a sim started with another --image-size): refused for this run only,
             # so that a robot restarted with the right setup tries the release again.
-            log.error("cannot run %s on this robot: %s", release, error)
-            self.stats.refused.append({"release": release, "back_to": self.running, "reason": str(error)})
-            self._outbox.append(("refused", release, self.running, f"observations do not fit the policy: {error}"))
             self._mismatched.add(release)
+            self._refuse(release, f"observations do not fit the policy: {error}", kind="refused", back=self.running,
+                         for_good=False)  # fmt: skip
             return True
         except Exception as error:  # noqa: BLE001 - PolicyLoadError, NonFiniteAction in the warm-up
             self._refuse(release, f"load failed: {type(error).__name__}: {error}", kind="rollback", back=self.running)
@@ -366,11 +365,12 @@ class RobotRuntime:
             self._fetchers[bucket] = self.fetcher_for(bucket)
         return self._fetchers[bucket]
 
-    def _refuse(self, release: str | None, reason: str, kind: str, back: str | None) -> None:
+    def _refuse(self, release: str | None, reason: str, kind: str, back: str | None, for_good: bool = True) -> None:
+        """Report a refused or rolled-back release; `for_good` also keeps it out across restarts (runtime.json)."""
         log.error("%s %s: %s", "refused" if kind == "refused" else "rolled back from", release, reason)
         entry = {"release": release, "back_to": back, "reason": reason}
         (self.stats.refused if kind == "refused" else self.stats.rollbacks).append(entry)
-        if release:
+        if release and for_good:
             with self._state_lock:
                 self._refused.add(release)
                 self._save_state()

@@ -154,10 +154,12 @@ class ReleaseStore:
             tmp = piece.with_suffix(".tmp")
             with open(tmp, "wb") as f:
                 for block in fetcher.stream(entry.xet_hash, entry.size, start, end):
-                    if cancelled():
+                    if stopped := cancelled():
                         break
                     f.write(block)
-            if cancelled():
+                else:
+                    stopped = False  # a piece that finished is kept, even if the stop came right after it
+            if stopped:
                 tmp.unlink()
                 raise PullCancelled(f"{parts.parent.name}: pull stopped in {entry.path}; complete pieces stay staged")
             if tmp.stat().st_size != end - start:
