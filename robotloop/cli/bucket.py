@@ -25,10 +25,6 @@ def _url(text: str) -> BucketUrl:
         raise typer.BadParameter(str(error)) from None
 
 
-def _fail(error: Exception) -> typer.Exit:
-    return fail(error)
-
-
 @app.command()
 def create(ctx: typer.Context, url: Annotated[str, typer.Argument(help="hf://buckets/<namespace>/<bucket>")], public: bool = typer.Option(False, help="Allow anonymous reads.")) -> None:
     """Create a bucket (private unless --public)."""
@@ -42,7 +38,7 @@ def create(ctx: typer.Context, url: Annotated[str, typer.Argument(help="hf://buc
         except NotFound:
             client.create_bucket(root, private=not public)
     except StorageError as error:
-        raise _fail(error) from None
+        raise fail(error) from None
     console.print(f"created {root} ({'public' if public else 'private'})")
 
 
@@ -53,9 +49,9 @@ def ls(ctx: typer.Context, url: UrlArg, recursive: bool = typer.Option(False, "-
     try:
         entries = connect(ctx.obj).ls(target, recursive=recursive)
     except StorageError as error:
-        raise _fail(error) from None
+        raise fail(error) from None
     if not entries and target.path:  # a mistyped path is not an empty folder (buckets have no empty folders)
-        raise _fail(StorageError(f"nothing at {target}"))
+        raise fail(f"nothing at {target}")
     table = Table("size", "xet hash", "path", box=None)
     for e in entries:
         if isinstance(e, Entry):
@@ -78,7 +74,7 @@ def put(ctx: typer.Context, local: Annotated[Path, typer.Argument(help="File or 
             client.create_bucket(target)
         report = client.upload(local, target)
     except (StorageError, FileNotFoundError) as error:
-        raise _fail(error) from None
+        raise fail(error) from None
     if not report.files:
         raise fail(f"{local}: no files in it, nothing was uploaded")
     console.print(
@@ -94,9 +90,9 @@ def get(ctx: typer.Context, url: UrlArg, dest: Path = typer.Argument(Path("."), 
     try:
         paths = connect(ctx.obj).fetch(target, dest)
     except (StorageError, NotADirectoryError) as error:
-        raise _fail(error) from None
+        raise fail(error) from None
     if not paths:
-        raise _fail(StorageError(f"nothing under {target}"))
+        raise fail(f"nothing under {target}")
     console.print(f"downloaded {len(paths)} file(s) to {dest}")
 
 
@@ -108,7 +104,7 @@ def rm(ctx: typer.Context, url: UrlArg, recursive: bool = typer.Option(False, "-
     try:
         paths = connect(ctx.obj).delete(target, recursive=recursive)
     except StorageError as error:
-        raise _fail(error) from None
+        raise fail(error) from None
     console.print(f"deleted {len(paths)} file(s) under {target}")
 
 
@@ -117,13 +113,9 @@ def du(ctx: typer.Context, url: UrlArg) -> None:
     """Total size of the files under a URL."""
     target = _url(url)
     try:
-        client = connect(ctx.obj)
-        entries = client.ls(target)
-        total = client.du(target) if entries else 0
+        total = connect(ctx.obj).du(target)
     except StorageError as error:
-        raise _fail(error) from None
-    if not entries and target.path:
-        raise _fail(StorageError(f"nothing at {target}"))
+        raise fail(error) from None
     console.print(f"{total:,} bytes\t{url}")
 
 

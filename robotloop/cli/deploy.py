@@ -29,17 +29,13 @@ def _settings(ctx: typer.Context) -> Settings:
     return ctx.obj or load_settings()
 
 
-def _fail(error: Exception) -> typer.Exit:
-    return fail(error)
-
-
 def _client(ctx: typer.Context, url: str | None, token: str | None):
     from ..deploy.client import DeployClient, DeployError
 
     try:
         return DeployClient.from_settings(_settings(ctx), url, token)
     except DeployError as error:
-        raise _fail(error) from None
+        raise fail(error) from None
 
 
 @app.command()
@@ -56,7 +52,7 @@ def keygen(
     try:
         key_id = generate_keypair(key, overwrite=force)
     except FileExistsError as error:
-        raise _fail(error) from None
+        raise fail(error) from None
     console.print(f"deploy key {key_id}: private {key}, public {public_path(key)}")
 
 
@@ -75,7 +71,7 @@ def serve(
     try:
         run(_settings(ctx), tokens, db, host, port, trusted_key)
     except (ValueError, FileNotFoundError) as error:
-        raise _fail(error) from None
+        raise fail(error) from None
 
 
 @app.command()
@@ -108,7 +104,7 @@ def publish(
         signed = run(connect(settings), checkpoint, name, signer, deploy, channel)
     except (FileNotFoundError, DeployKeyError, BadManifest, PublishError, BadBucketUrl, StorageError,
             DeployError) as error:  # fmt: skip
-        raise _fail(error) from None
+        raise fail(error) from None
     m = signed.manifest
     console.print(f"release {m.name}: {len(m.files)} files, {m.total_bytes / 1e6:.1f} MB, signed by {signed.key_id}, "
                   f"manifest {manifest_url(m.bucket, m.name)}" + (f", channel {channel}" if channel else ""))  # fmt: skip
@@ -215,7 +211,7 @@ def _call(fn):
     try:
         return fn()
     except DeployError as error:
-        raise _fail(error) from None
+        raise fail(error) from None
 
 
 def _run(ctx: typer.Context, url: str | None, token: str | None, fn) -> None:

@@ -237,8 +237,15 @@ class BucketClient:
         return _entry(url.bucket_id, infos[0])
 
     def du(self, url: BucketUrl) -> int:
-        """Total bytes of the files under `url`."""
-        return sum(e.size for e in self.ls(url, recursive=True) if isinstance(e, Entry))
+        """Total bytes of the files under `url` (0 for an empty bucket).
+
+        Raises:
+            NotFound: nothing at `url` (a mistyped path is not an empty folder: buckets have no empty folders).
+        """
+        files = [e for e in self.ls(url, recursive=True) if isinstance(e, Entry)]
+        if not files and url.path:
+            raise NotFound(f"nothing at {url}")
+        return sum(e.size for e in files)
 
     @contextmanager
     def open(self, url: BucketUrl, block_size: int = 8 * 2**20) -> Iterator[IO[bytes]]:
