@@ -74,6 +74,7 @@ class EvalReport:
     source: str | None = (
         None  # what the policy was resolved from (a bucket URL), when not `policy` itself
     )
+    inference: dict | None = None  # how the policy acted: n_action_steps, temporal_ensemble_coeff
 
     @property
     def successes(self) -> int:
@@ -155,6 +156,7 @@ class _Job:
     device: str
     video_dir: str | None
     torch_threads: int
+    inference: dict | None = None
 
 
 _worker: dict = {}  # per process: the job, its AlohaSim and PolicyRunner, built once
@@ -169,17 +171,17 @@ def _init_worker(job: _Job, runner: PolicyRunner | None = None) -> None:
     if runner is None:
         # N workers share the cores: without this each torch grabs all of them and they thrash.
         torch.set_num_threads(job.torch_threads)
-        runner = _load_quietly(Path(job.policy_dir), job.device)
+        runner = _load_quietly(Path(job.policy_dir), job.device, job.inference)
     sim = AlohaSim(job.task, image_size=job.image_size, max_episode_steps=job.max_steps)
     _worker.update(job=job, runner=runner, sim=sim)
 
 
-def _load_quietly(path: Path, device: str) -> PolicyRunner:
+def _load_quietly(path: Path, device: str, inference: dict | None = None) -> PolicyRunner:
     """PolicyRunner.load without lerobot's "Loading weights" stdout line (once per worker, amid progress bars).
 
     Swapping sys.stdout is process-wide: fine in an evaluation, which runs nothing else meanwhile."""
     with contextlib.redirect_stdout(io.StringIO()):
-        return PolicyRunner.load(path, device)
+        return PolicyRunner.load(path, device, inference)
 
 
 def _run_episode(index: int, seed: int, record: bool) -> EpisodeResult:
@@ -260,6 +262,7 @@ def evaluate(
     device: str = "cpu",
     on_episode: Callable[[EpisodeResult], None] | None = None,
     source: str | None = None,
+    inference: dict | None = None,
 ) -> EvalReport:
     """Run `episodes` sim episodes of `task` with the policy in `policy_dir`, `workers` processes in parallel.
 
@@ -272,6 +275,7 @@ def evaluate(
         output_dir: where videos and `eval_report.json` go; None writes nothing.
         on_episode: called in this process as each episode finishes (progress bars).
         source: recorded in the report: where `policy_dir` came from (e.g. the checkpoint's bucket URL).
+        inference: overrides of how the policy acts (`PolicyRunner.load`), e.g. temporal ensembling; in the report.
 
     Raises:
         ValueError: bad arguments, unknown task, or an image size the policy was not trained on.
@@ -287,7 +291,7 @@ def evaluate(
     if videos and output_dir is None:
         raise ValueError("videos need an output_dir to be written to")
     # Load once here: a broken checkpoint fails now, with its own error, not as a broken worker pool.
-    runner = _load_quietly(Path(policy_dir), device)
+    runner = _load_quietly(Path(policy_dir), device, inference)
     if set(runner.image_keys) - {"observation.images.top"}:
         raise ValueError(
             f"the policy reads cameras {runner.image_keys}; the ALOHA sim renders only 'top'"
@@ -308,9 +312,10 @@ def evaluate(
         device,
         video_dir,
         max(1, (os.cpu_count() or 1) // workers),
+        inference,
     )
     report = EvalReport(
-        str(policy_dir), spec.name, seed, steps, trained, workers, source=source
+        str(policy_dir), spec.name, seed, steps, trained, workers, source=source, inference=_acting(runner)
     )
     start = time.perf_counter()
     args = [(i, seed + i, i < videos) for i in range(episodes)]
@@ -352,6 +357,15 @@ def _run_all(
         finally:
             for future in futures:
                 future.cancel()
+
+
+def _acting(runner: PolicyRunner) -> dict:
+    cfg = runner.policy.config
+    return {
+        "n_action_steps": cfg.n_action_steps,
+        "temporal_ensemble_coeff": cfg.temporal_ensemble_coeff,
+        "chunk_size": cfg.chunk_size,
+    }
 
 
 def _fmt(size: tuple[int, int] | None) -> str:

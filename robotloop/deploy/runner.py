@@ -78,8 +78,12 @@ class PolicyRunner:
     def __post_init__(self) -> None:
         cfg = self.policy.config
         self.image_keys: list[str] = list(cfg.image_features)
+        # The camera frames the runner takes, (C, H, W) per camera: the policy's input size, or the size its
+        # preprocessor resizes from (written by the trainer beside config.json) when the policy sees smaller frames.
+        cameras = _camera_sizes(self.path)
         self.image_shapes: dict[str, tuple[int, int, int]] = {
-            k: tuple(cfg.image_features[k].shape) for k in self.image_keys
+            k: (cfg.image_features[k].shape[0], *cameras.get(k, cfg.image_features[k].shape[1:]))
+            for k in self.image_keys
         }
         state = cfg.robot_state_feature
         self.state_dim: int | None = state.shape[0] if state else None
@@ -89,11 +93,13 @@ class PolicyRunner:
 
     # -- loading -----------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, pretrained_dir: str | Path, device: str = "cpu") -> PolicyRunner:
+    def load(cls, pretrained_dir: str | Path, device: str = "cpu", inference: dict[str, Any] | None = None) -> PolicyRunner:
         """Load a LeRobot ACT checkpoint directory (`.../checkpoints/<step>/pretrained_model`), offline.
 
         The saved config's `pretrained_backbone_weights` is cleared before the model is built: those weights
         are overwritten by `model.safetensors` anyway, and building with them set makes torchvision download.
+        `inference` overrides how the saved policy acts, e.g. `{"n_action_steps": 1, "temporal_ensemble_coeff":
+        0.01}` (ACT's temporal ensembling) or `{"n_action_steps": 20}`; the weights stay the saved ones.
 
         Raises:
             PolicyLoadError: the directory or one of its files is missing, the config is not an ACT config,
@@ -107,6 +113,14 @@ class PolicyRunner:
         _check_files(path)
         cfg = _read_config(path / "config.json")
         cfg.pretrained_backbone_weights = None
+        for key, value in (inference or {}).items():
+            if key not in ("n_action_steps", "temporal_ensemble_coeff"):
+                raise PolicyLoadError(f"inference override {key!r}: only n_action_steps and temporal_ensemble_coeff")
+            setattr(cfg, key, value)
+        if cfg.temporal_ensemble_coeff is not None and cfg.n_action_steps != 1:
+            raise PolicyLoadError("temporal ensembling runs the model every step: it needs n_action_steps=1")
+        if not 1 <= cfg.n_action_steps <= cfg.chunk_size:
+            raise PolicyLoadError(f"n_action_steps must be 1..{cfg.chunk_size} (the chunk size), not {cfg.n_action_steps}")
         cfg.device = _check_device(device)
         try:
             # It prints "Loading weights from local directory" to stdout. Not silenced here: swapping
@@ -132,7 +146,8 @@ class PolicyRunner:
     # -- properties --------------------------------------------------------------------------------------
     @property
     def image_size(self) -> tuple[int, int] | None:
-        """(height, width) of the first camera the policy reads, e.g. for `AlohaSim(image_size=...)`."""
+        """(height, width) of the camera frames the runner takes (first camera), e.g. for `AlohaSim(image_size=...)`.
+        A policy that sees smaller frames resizes them in its preprocessor."""
         return self.image_shapes[self.image_keys[0]][1:] if self.image_keys else None
 
     @property
@@ -216,6 +231,22 @@ class PolicyRunner:
                 )
             batch[STATE_KEY] = torch.from_numpy(state.astype(np.float32)).unsqueeze(0)
         return batch
+
+
+def _camera_sizes(path: Path) -> dict[str, tuple[int, int]]:
+    """The camera sizes the trainer recorded beside the policy (`INPUTS_FILE`); {} for checkpoints without it."""
+    import json
+
+    from ..train.policy import INPUTS_FILE
+
+    file = path / INPUTS_FILE
+    if not file.is_file():
+        return {}
+    try:
+        cameras = json.loads(file.read_text())["cameras"]
+        return {str(k): (int(v[0]), int(v[1])) for k, v in cameras.items()}
+    except (ValueError, KeyError, TypeError, IndexError) as error:
+        raise PolicyLoadError(f"{file}: not a readable camera size file: {error}") from None
 
 
 def _check_files(path: Path) -> None:

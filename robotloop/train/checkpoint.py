@@ -82,6 +82,9 @@ def load_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, 
         root = Path(tmp)
         client.fetch(checkpoint_url(output, step), root)
         weights = load_file(root / "pretrained_model" / "model.safetensors", device=str(policy.device))
+        # Saved without BatchNorm2d's num_batches_tracked (lerobot's frozen ACT has none): the counter stays ours.
+        own = policy.policy.state_dict()
+        weights |= {k: v for k, v in own.items() if k.endswith("num_batches_tracked") and k not in weights}
         policy.policy.load_state_dict(weights)
         load_optimizer_state(optimizer, root / "training_state")
         _match_param_layouts(optimizer)

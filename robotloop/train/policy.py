@@ -23,7 +23,9 @@ and clip_grad_norm_ / fused AdamW never read values back to the host.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +37,7 @@ from lerobot.configs import FeatureType, NormalizationMode, PolicyFeature
 from lerobot.policies.act.configuration_act import ACTConfig
 from lerobot.policies.act.modeling_act import ACTPolicy
 from lerobot.policies.factory import make_pre_post_processors
-from lerobot.processor import NormalizerProcessorStep, PolicyProcessorPipeline
+from lerobot.processor import ImageCropResizeProcessorStep, NormalizerProcessorStep, PolicyProcessorPipeline
 from lerobot.utils.constants import ACTION, IMAGENET_STATS, OBS_IMAGES, OBS_STATE
 from lerobot.utils.feature_utils import dataset_to_policy_features
 from torch import Tensor, nn
@@ -46,6 +48,7 @@ from .fp8 import check_mode as check_fp8_mode
 log = logging.getLogger(__name__)
 
 ACTION_IS_PAD = "action_is_pad"
+INPUTS_FILE = "robotloop_inputs.json"  # beside config.json: the camera sizes the policy's inputs are resized from
 GRAD_CLIP_NORM = 10.0  # lerobot's AdamWConfig.grad_clip_norm, which ACT's optimizer preset uses
 
 
@@ -68,11 +71,28 @@ class ACTSettings:
     kl_weight: float = 10.0
     dropout: float = 0.1
     vision_backbone: str = "resnet18"
+    # The policy's own camera input (height, width): camera frames are resized to it (lerobot's
+    # ImageCropResizeProcessorStep, saved in the preprocessor, so lerobot's own tools resize too). None: the
+    # camera's size. A 480x640 camera seen at 240x320 trains ~4x faster and loses little for ALOHA's tasks.
+    image_size: tuple[int, int] | None = None
+    # Inference: ACT's temporal ensembling (the paper's 0.01; needs n_action_steps=1): the model runs every step
+    # and averages every chunk's prediction for it. Saved in config.json, so lerobot-eval uses it too.
+    temporal_ensemble_coeff: float | None = None
     # Optimizer (lerobot's ACT preset: AdamW, backbone in its own param group).
     lr: float = 1e-5
     lr_backbone: float = 1e-5
     weight_decay: float = 1e-4
     grad_clip_norm: float = GRAD_CLIP_NORM
+    # Learning-rate schedule over the run: linear warm-up, then constant or cosine decay to `lr_min_ratio` x lr.
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 0
+    lr_min_ratio: float = 0.0
+    # "frozen": lerobot's FrozenBatchNorm2d (right for ImageNet weights; with random init it is the identity, so
+    # the backbone trains with no normalization at all). "batch": BatchNorm2d that learns its statistics; saved
+    # under the same keys, so lerobot's frozen ACT loads it as exactly the trained network in eval mode.
+    backbone_norm: Literal["frozen", "batch"] = "frozen"
+    # Augmentation (training only): shift each image by up to this many pixels (edge padded), DrQ's random shift.
+    random_shift: int = 0
     # A local torchvision resnet18 state_dict file. None = random init: nothing is ever downloaded.
     backbone_weights: Path | None = None
     # lerobot-train replaces camera stats with ImageNet mean/std (DatasetConfig.use_imagenet_stats=True).
@@ -97,6 +117,32 @@ class ACTSettings:
             raise ValueError(f"fp8={self.fp8!r} needs precision='bf16'")
         if self.backbone_weights is not None:
             self.backbone_weights = Path(self.backbone_weights)
+        if self.image_size is not None:
+            self.image_size = _positive_size(self.image_size)
+        if self.lr_schedule not in ("constant", "cosine") or self.backbone_norm not in ("frozen", "batch"):
+            raise ValueError(f"lr_schedule must be constant or cosine and backbone_norm frozen or batch, got "
+                             f"{self.lr_schedule!r}, {self.backbone_norm!r}")
+        if self.warmup_steps < 0 or not 0 <= self.lr_min_ratio <= 1 or self.random_shift < 0:
+            raise ValueError("warmup_steps and random_shift must be >= 0 and lr_min_ratio in [0, 1]")
+        if self.temporal_ensemble_coeff is not None and self.n_action_steps != 1:
+            raise ValueError("temporal ensembling runs the model every step: set n_action_steps=1 with it")
+
+    def lr_factor(self, step: int, total: int) -> float:
+        """The schedule's multiplier of `lr` and `lr_backbone` for optimizer step `step` (0-based) of `total`.
+
+        Example:
+            ```python
+            >>> ACTSettings(lr_schedule="cosine", warmup_steps=10).lr_factor(5, 100)
+            0.6
+            ```
+        """
+        if step < self.warmup_steps:
+            return (step + 1) / self.warmup_steps
+        if self.lr_schedule == "constant":
+            return 1.0
+        span = max(1, total - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        return self.lr_min_ratio + (1 - self.lr_min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     @classmethod
     def fast(cls, **overrides: Any) -> ACTSettings:
@@ -115,6 +161,13 @@ class ACTSettings:
             (False, True): "max-autotune-no-cudagraphs",
             (True, True): "max-autotune",
         }[(self.cuda_graphs, self.autotune)]
+
+
+def _positive_size(size: tuple[int, int]) -> tuple[int, int]:
+    h, w = (int(v) for v in size)
+    if h < 1 or w < 1:
+        raise ValueError(f"image_size must be two positive sizes (height, width), got {size}")
+    return h, w
 
 
 class FusedMultiheadAttention(nn.MultiheadAttention):
@@ -145,6 +198,49 @@ def use_fused_attention(module: nn.Module) -> int:
     return n
 
 
+def use_batch_norm(module: nn.Module) -> int:
+    """Replace every FrozenBatchNorm2d under `module` by a BatchNorm2d holding the same statistics, in place.
+
+    Why: with a random-init backbone FrozenBatchNorm2d is the identity, and nothing normalizes the ResNet's
+    activations while it learns. BatchNorm2d keeps the same state_dict keys (plus `num_batches_tracked`, which
+    `TrainablePolicy.state_dict_fp32` drops), so lerobot's frozen ACT loads the result as the trained network in
+    eval mode. Returns how many were replaced."""
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
+    n = 0
+    for name, child in module.named_children():
+        if isinstance(child, FrozenBatchNorm2d):
+            bn = nn.BatchNorm2d(child.weight.shape[0], eps=child.eps).to(child.weight.device)
+            with torch.no_grad():
+                for key in ("weight", "bias", "running_mean", "running_var"):
+                    getattr(bn, key).copy_(getattr(child, key))
+            setattr(module, name, bn)
+            n += 1
+        else:
+            n += use_batch_norm(child)
+    return n
+
+
+def random_shift(images: Tensor, pad: int) -> Tensor:
+    """Shift each image of a [B, C, H, W] batch by its own random offset of up to `pad` pixels in each direction,
+    edges replicated (DrQ-v2's augmentation). Pure tensor ops on the images' device: no host sync.
+
+    Example:
+        ```python
+        >>> random_shift(torch.rand(8, 3, 240, 320), 8).shape
+        torch.Size([8, 3, 240, 320])
+        ```
+    """
+    b, _, h, w = images.shape
+    padded = F.pad(images, (pad, pad, pad, pad), mode="replicate")
+    shift = torch.randint(0, 2 * pad + 1, (b, 2), device=images.device, dtype=images.dtype)
+    # Pixel centres of the padded image in grid_sample's [-1, 1] coordinates (align_corners=False).
+    xs = (2 * (torch.arange(w, device=images.device, dtype=images.dtype)[None, None, :] + shift[:, 0, None, None]) + 1)
+    ys = (2 * (torch.arange(h, device=images.device, dtype=images.dtype)[None, :, None] + shift[:, 1, None, None]) + 1)
+    grid = torch.stack([(xs / (w + 2 * pad) - 1).expand(b, h, w), (ys / (h + 2 * pad) - 1).expand(b, h, w)], dim=-1)
+    return F.grid_sample(padded, grid, mode="nearest", padding_mode="border", align_corners=False)
+
+
 def to_policy_features(features: dict[str, Any]) -> dict[str, PolicyFeature]:
     """lerobot dataset features (meta/info.json style) or PolicyFeatures -> PolicyFeatures.
 
@@ -173,12 +269,16 @@ def make_act_config(features: dict[str, Any], settings: ACTSettings, device: tor
     pf = to_policy_features(features)
     if ACTION not in pf:
         raise ValueError("features must include 'action'")
+    if settings.image_size is not None:  # the policy sees resized frames (its preprocessor resizes them)
+        resized = {k: PolicyFeature(v.type, (v.shape[0], *settings.image_size)) for k, v in pf.items()}
+        pf = {k: resized[k] if v.type is FeatureType.VISUAL else v for k, v in pf.items()}
     cfg = ACTConfig(
         input_features={k: v for k, v in pf.items() if v.type is not FeatureType.ACTION},
         output_features={k: v for k, v in pf.items() if v.type is FeatureType.ACTION},
         device=device.type,
         chunk_size=settings.chunk_size,
         n_action_steps=settings.n_action_steps,
+        temporal_ensemble_coeff=settings.temporal_ensemble_coeff,
         dim_model=settings.dim_model,
         n_heads=settings.n_heads,
         dim_feedforward=settings.dim_feedforward,
@@ -287,6 +387,7 @@ class TrainablePolicy:
         device: torch.device,
         fp8_layers: list[str] | None = None,
         fp8_auto: AutoFp8 | None = None,
+        camera_sizes: dict[str, tuple[int, int]] | None = None,
     ) -> None:
         self.policy = policy
         self.preprocessor = preprocessor
@@ -295,6 +396,10 @@ class TrainablePolicy:
         self.device = device
         cfg = policy.config
         self.image_keys: list[str] = list(cfg.image_features)
+        # The frame size each camera records at (what the policy's preprocessor resizes from).
+        self.camera_sizes = camera_sizes or {k: tuple(cfg.image_features[k].shape[1:]) for k in self.image_keys}
+        self._resize = next((s for s in preprocessor.steps if isinstance(s, ImageCropResizeProcessorStep)), None)
+        self._base_lrs: list[float] = []
         norm = next(s for s in preprocessor.steps if isinstance(s, NormalizerProcessorStep))
         norm.to(device=device)  # its stats tensors are the ones we read below
         feats = {**cfg.input_features, **cfg.output_features}
@@ -335,6 +440,12 @@ class TrainablePolicy:
                 img = img.contiguous(memory_format=torch.channels_last)  # NHWC before the float copy: cheaper
             if img.dtype == torch.uint8:
                 img = img.to(dtype=torch.float32) / 255.0
+            if self._resize is not None:  # the saved preprocessor's own step: inference resizes the same way
+                img = self._resize.observation({key: img})[key]
+                if self.settings.channels_last:
+                    img = img.contiguous(memory_format=torch.channels_last)
+            if self.settings.random_shift and self.policy.training:
+                img = random_shift(img, self.settings.random_shift)
             out[key] = self._normalize(key, img)
         for key in (OBS_STATE, ACTION):
             if key in self._norm:
@@ -403,7 +514,13 @@ class TrainablePolicy:
                 fused=self.device.type == "cuda",
             )
             self._params = [p for g in self._optimizer.param_groups for p in g["params"]]
+            self._base_lrs = [g["lr"] for g in self._optimizer.param_groups]
         return self._optimizer
+
+    def set_lr_factor(self, factor: float) -> None:
+        """Scale every param group's learning rate to `factor` x its configured value (the schedule's step)."""
+        for group, base in zip(self.optimizer().param_groups, self._base_lrs):
+            group["lr"] = base * factor
 
     def train_step(self, batch: dict[str, Tensor]) -> Tensor:
         """Forward, backward, clip (norm 10), AdamW step. Returns the loss as a device tensor (no sync).
@@ -434,6 +551,8 @@ class TrainablePolicy:
         """
         out = {}
         for k, v in self.policy.state_dict().items():
+            if k.endswith("num_batches_tracked"):  # BatchNorm2d's counter: lerobot's FrozenBatchNorm2d has none
+                continue
             v = getattr(v, "_tensor", v) if type(v) is not Tensor else v
             if type(v) is not Tensor:
                 raise TypeError(f"{k}: {type(v).__name__} is not a plain tensor; lerobot could not load it")
@@ -448,6 +567,8 @@ class TrainablePolicy:
         self.policy.save_pretrained(directory, state_dict=self.state_dict_fp32())
         self.preprocessor.save_pretrained(directory)
         self.postprocessor.save_pretrained(directory)
+        cameras = {k: list(v) for k, v in self.camera_sizes.items()}
+        (directory / INPUTS_FILE).write_text(json.dumps({"cameras": cameras}, indent=1))
         return directory
 
 
@@ -496,8 +617,11 @@ def build_policy(
     settings = settings or ACTSettings()
     device = torch.device(device)
     cfg = make_act_config(features, settings, device)
+    cameras = {k: tuple(v.shape[1:]) for k, v in to_policy_features(features).items() if v.type is FeatureType.VISUAL}
     policy = ACTPolicy(cfg)
     load_backbone_weights(policy, settings.backbone_weights)
+    if settings.backbone_norm == "batch":
+        use_batch_norm(policy.model.backbone)
     if settings.fused_attention:
         use_fused_attention(policy)
     policy.to(device)
@@ -509,7 +633,11 @@ def build_policy(
     preprocessor, postprocessor = make_pre_post_processors(
         cfg, dataset_stats=camera_stats_for(stats, cfg, settings.use_imagenet_stats)
     )
-    return TrainablePolicy(policy, preprocessor, postprocessor, settings, device, fp8_layers, fp8_auto)
+    if settings.image_size is not None:  # before normalization, as lerobot's HIL pipelines place it
+        steps = list(preprocessor.steps)
+        at = next(i for i, s in enumerate(steps) if isinstance(s, NormalizerProcessorStep))
+        preprocessor.steps = [*steps[:at], ImageCropResizeProcessorStep(resize_size=settings.image_size), *steps[at:]]
+    return TrainablePolicy(policy, preprocessor, postprocessor, settings, device, fp8_layers, fp8_auto, cameras)
 
 
 __all__ = [
@@ -518,5 +646,7 @@ __all__ = [
     "TrainablePolicy",
     "build_policy",
     "make_act_config",
+    "random_shift",
+    "use_batch_norm",
     "use_fused_attention",
 ]

@@ -138,6 +138,7 @@ def _loop(client, sampler, policy, optimizer, output, settings, act, data, start
     pending: list[tuple[int, torch.Tensor]] = []  # device losses: read back only at log points (no per-step sync)
     t0, wait0, step = time.perf_counter(), sampler.wait_s, start
     gpu0 = sampler.blocked_s + sampler.gpu_s
+    scheduled = act.lr_schedule != "constant" or act.warmup_steps > 0
 
     def checkpoint(at: int) -> None:
         world = sampler.world_size
@@ -149,6 +150,8 @@ def _loop(client, sampler, policy, optimizer, output, settings, act, data, start
 
     while step < settings.steps:
         batch = sampler.next_batch(settings.batch_size)
+        if scheduled:
+            policy.set_lr_factor(act.lr_factor(step, settings.steps))
         pending.append((step, policy.train_step(batch)))
         step += 1
         if step % settings.log_every == 0 or step == settings.steps:
