@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from robotloop.capture import BadEpisode, DatasetRecorder, DatasetSpec, Episode
+from robotloop.capture.recorder import episode_frame
 from robotloop.storage import BucketClient, BucketUrl, StorageError
 
 from .conftest import WRITE_TOKEN
@@ -229,14 +230,14 @@ def test_a_live_episode_is_committed_or_dropped_whole(bucket_server, tmp_path):
     recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / "stage")
     episode = synthetic_episode(0)
     live = recorder.begin(episode.task)
-    live.add_frame(recorder._frame(episode, 0))
+    live.add_frame(episode_frame(SPEC, episode, 0))
     with pytest.raises(BadEpisode, match="state has shape"):
-        live.add_frame({**recorder._frame(episode, 1), "observation.state": np.zeros(3, np.float32)})
+        live.add_frame({**episode_frame(SPEC, episode, 1), "observation.state": np.zeros(3, np.float32)})
     live.abort()  # dropped: nothing reaches the bucket, and the lock is free again
     assert client.ls(url) == []
     live = recorder.begin(episode.task)
     for t in range(len(episode)):
-        live.add_frame(recorder._frame(episode, t))
+        live.add_frame(episode_frame(SPEC, episode, t))
     report = live.commit()
     assert (report.episode_index, report.frames) == (0, 12)
     assert recorder.committed_episodes() == 1
@@ -277,7 +278,7 @@ def test_an_episode_whose_encoder_dropped_frames_is_refused(bucket_server, tmp_p
     episode = synthetic_episode(0)
     live = recorder.begin(episode.task)
     for t in range(len(episode)):
-        live.add_frame(recorder._frame(episode, t))
+        live.add_frame(episode_frame(SPEC, episode, t))
     # Simulated: the count lerobot keeps when `feed_frame` finds the queue full (a slow encoder is not
     # reproducible on demand).
     live.dataset.writer._streaming_encoder._dropped_frames["observation.images.top"] = 1

@@ -117,21 +117,20 @@ class DatasetRecorder:
             BadEpisode: the episode does not fit the dataset (nothing is written or uploaded).
             robotloop.storage.StorageError: the upload failed; the bucket still holds the previous commit.
         """
-        episode.validate(self.spec.cameras, self.spec.state_dim, self.spec.action_dim)
-        # The whole episode is in memory already: let the encoder queue hold all of it, so feeding never waits
-        # on (or, as lerobot does when its queue stays full, drops frames for) a slow encoder.
-        live = self.begin(episode.task, encoder_queue_frames=len(episode))
-        t0 = time.perf_counter()
-        try:
-            for t in range(len(episode)):
-                live.add_frame(self._frame(episode, t))
-        except BaseException:
-            live.abort()
-            raise
-        feed_s = time.perf_counter() - t0
-        report = live.commit()
-        # The whole episode was there at once: its encode time includes feeding every frame to the encoder.
-        return dataclasses.replace(report, encode_s=feed_s + report.encode_s)
+        return self.commit_written(write_episode(self.spec, self.url.bucket_id, self.staging, episode))
+
+    def commit_written(self, written: WrittenEpisode) -> CommitReport:
+        """Commit an episode `write_episode` encoded (in this process or a worker's) into this recorder's staging.
+
+        Raises:
+            BadEpisode: `written` is not in this recorder's staging folder. robotloop.storage.StorageError: the
+                upload failed; the bucket still holds the previous commit.
+        """
+        root = Path(written.root)
+        if root.parent.parent != self.staging:
+            raise BadEpisode(f"{root} was not written into this recorder's staging folder {self.staging}")
+        report = self._push_episode(root, written.frames)
+        return dataclasses.replace(report, encode_s=written.encode_s)
 
     def begin(self, task: str, encoder_queue_frames: int | None = None) -> LiveEpisode:
         """Start an episode that is written while it happens (robots, the capture service).
@@ -142,16 +141,7 @@ class DatasetRecorder:
         a frame that finds the queue full; such an episode is refused at commit (its video would be shorter
         than its data).
         """
-        from lerobot.configs.video import RGBEncoderConfig
-        from lerobot.datasets.lerobot_dataset import LeRobotDataset
-
-        root = Path(tempfile.mkdtemp(prefix="episode-", dir=self.staging)) / "dataset"
-        # streaming_encoding: frames go straight to the encoder instead of through temporary PNG files,
-        # which cost more than the encode itself (measured: 5.8 s of a 400-frame 480x640 commit).
-        dataset = LeRobotDataset.create(self.url.bucket_id, fps=self.spec.fps, features=self.spec.features(), root=root,
-                                        robot_type=self.spec.robot_type, streaming_encoding=True,
-                                        encoder_queue_maxsize=encoder_queue_frames or 5 * self.spec.fps,
-                                        rgb_encoder=RGBEncoderConfig(vcodec=self.spec.vcodec, preset=self.spec.vpreset))  # fmt: skip
+        dataset = _episode_dataset(self.spec, self.url.bucket_id, self.staging, encoder_queue_frames)
         return LiveEpisode(self, dataset, task)
 
     def committed_episodes(self) -> int:
@@ -222,11 +212,18 @@ class DatasetRecorder:
     def _finish(self, dataset, frames: int) -> CommitReport:
         """Flush the encoder, then append the episode to the bucket's dataset and upload what changed."""
         t0 = time.perf_counter()
-        dataset.save_episode()
-        dataset.finalize()
-        t1 = time.perf_counter()
-        episode_root = Path(dataset.root)
+        try:
+            _flush(dataset)
+        except BaseException:
+            shutil.rmtree(Path(dataset.root).parent, ignore_errors=True)
+            raise
+        encode_s = time.perf_counter() - t0
+        return dataclasses.replace(self._push_episode(Path(dataset.root), frames), encode_s=encode_s)
+
+    def _push_episode(self, episode_root: Path, frames: int) -> CommitReport:
+        """Append the encoded one-episode dataset at `episode_root` to the bucket's dataset; upload what changed."""
         episode_bytes = sum(p.stat().st_size for sub in ("data", "videos") for p in (episode_root / sub).rglob("*") if p.is_file())
+        t1 = time.perf_counter()
         try:
             with self._lock():
                 for attempt in range(1, COMMIT_ATTEMPTS + 1):
@@ -244,7 +241,7 @@ class DatasetRecorder:
             t2 = time.perf_counter()
         finally:
             shutil.rmtree(episode_root.parent, ignore_errors=True)
-        return CommitReport(index, frames, episode_bytes, sent, t1 - t0, t2 - t1, paths)
+        return CommitReport(index, frames, episode_bytes, sent, 0.0, t2 - t1, paths)
 
     def _append_and_push(self, episode_root: Path) -> tuple[int, int, list[str]]:
         from .append import append_episode
@@ -276,17 +273,6 @@ class DatasetRecorder:
     def _forget_local_copy(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
         (self.staging / "hashes.json").unlink(missing_ok=True)
-
-    def _frame(self, episode: Episode, t: int) -> dict:
-        frame = {f"observation.images.{name}": frames[t] for name, frames in episode.images.items()}
-        frame[STATE_KEY] = np.asarray(episode.state[t], np.float32)
-        frame[ACTION_KEY] = np.asarray(episode.action[t], np.float32)
-        if self.spec.with_reward:
-            reward = 0.0 if episode.reward is None else float(episode.reward[t])
-            frame[REWARD_KEY] = np.array([reward], np.float32)
-            frame[SUCCESS_KEY] = np.array([episode.success is not None and bool(episode.success[t])])
-        frame["task"] = episode.task
-        return frame
 
     def _push(self, changed: list[str]) -> tuple[int, list[str]]:
         """Upload the changed data and video files, then meta/ (so readers never see metadata naming bytes
@@ -378,6 +364,77 @@ class LiveEpisode:
             self.dataset.finalize()
         finally:
             shutil.rmtree(Path(self.dataset.root).parent, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class WrittenEpisode:
+    """A one-episode dataset `write_episode` encoded, waiting for `DatasetRecorder.commit_written` (picklable)."""
+
+    root: str
+    frames: int
+    encode_s: float
+
+
+def write_episode(spec: DatasetSpec, repo_id: str, staging: Path, episode: Episode) -> WrittenEpisode:
+    """Encode a whole `episode` with lerobot's writer into a one-episode dataset under `staging`: the expensive part
+    of a commit (the video encode), with no bucket involved, so sim workers run it in parallel and the committing
+    process only appends and uploads (`DatasetRecorder.commit_written`). `staging` is the recorder's.
+
+    Raises:
+        BadEpisode: the episode does not fit `spec` (nothing is written).
+    """
+    episode.validate(spec.cameras, spec.state_dim, spec.action_dim)
+    t0 = time.perf_counter()
+    # The whole episode is in memory already: let the encoder queue hold all of it, so feeding never waits
+    # on (or, as lerobot does when its queue stays full, drops frames for) a slow encoder.
+    dataset = _episode_dataset(spec, repo_id, staging, encoder_queue_frames=len(episode))
+    try:
+        for t in range(len(episode)):
+            dataset.add_frame(episode_frame(spec, episode, t))
+        _flush(dataset)
+    except BaseException:
+        shutil.rmtree(Path(dataset.root).parent, ignore_errors=True)
+        raise
+    return WrittenEpisode(str(dataset.root), len(episode), time.perf_counter() - t0)
+
+
+def _episode_dataset(spec: DatasetSpec, repo_id: str, staging: Path, encoder_queue_frames: int | None):
+    """A fresh one-episode lerobot dataset under `staging` whose frames stream into lerobot's video encoder."""
+    from lerobot.configs.video import RGBEncoderConfig
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    root = Path(tempfile.mkdtemp(prefix="episode-", dir=staging)) / "dataset"
+    # streaming_encoding: frames go straight to the encoder instead of through temporary PNG files,
+    # which cost more than the encode itself (measured: 5.8 s of a 400-frame 480x640 commit).
+    return LeRobotDataset.create(
+        repo_id,
+        fps=spec.fps,
+        features=spec.features(),
+        root=root,
+        robot_type=spec.robot_type,
+        streaming_encoding=True,
+        encoder_queue_maxsize=encoder_queue_frames or 5 * spec.fps,
+        rgb_encoder=RGBEncoderConfig(vcodec=spec.vcodec, preset=spec.vpreset),
+    )
+
+
+def _flush(dataset) -> None:
+    """Finish the episode's files: the encoder's tail, the parquet footer, the metadata."""
+    dataset.save_episode()
+    dataset.finalize()
+
+
+def episode_frame(spec: DatasetSpec, episode: Episode, t: int) -> dict:
+    """Frame `t` of `episode` in lerobot's frame format (what `LiveEpisode.add_frame` takes)."""
+    frame = {f"observation.images.{name}": frames[t] for name, frames in episode.images.items()}
+    frame[STATE_KEY] = np.asarray(episode.state[t], np.float32)
+    frame[ACTION_KEY] = np.asarray(episode.action[t], np.float32)
+    if spec.with_reward:
+        reward = 0.0 if episode.reward is None else float(episode.reward[t])
+        frame[REWARD_KEY] = np.array([reward], np.float32)
+        frame[SUCCESS_KEY] = np.array([episode.success is not None and bool(episode.success[t])])
+    frame["task"] = episode.task
+    return frame
 
 
 def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:

@@ -1,7 +1,8 @@
 """Record scripted sim demonstrations into a bucket: N sim workers in parallel, one committing recorder.
 
-Workers run the scripted expert and render (the expensive part); the main process commits each successful
-demo as soon as it arrives. Failed demos are never kept: they are dropped, counted and reported by seed.
+Workers run the scripted expert, render and encode the episode's video (the expensive parts, ~3.8 s of encode for
+a 400-frame 480x640 demo); the main process only appends each successful demo to the dataset and uploads it, as
+soon as it arrives. Failed demos are never kept (nor encoded): they are dropped, counted and reported by seed.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .episode import Episode
-from .recorder import CommitReport, DatasetRecorder
+from .recorder import CommitReport, DatasetRecorder, DatasetSpec, WrittenEpisode, write_episode
 
 TASK_TEXT = {"transfer_cube": "Pick up the cube with the right arm and transfer it to the left arm.",
              "insertion": "Pick up the socket and the peg and insert the peg into the socket."}  # fmt: skip
@@ -39,12 +41,26 @@ class RecordReport:
         return 1 - len(self.failed_seeds) / self.attempted if self.attempted else 0.0
 
 
-def _demo(task: str, seed: int, image_size: tuple[int, int], max_steps: int | None):
+@dataclass(frozen=True)
+class _Target:
+    """Where a worker writes its encoded episode: the recorder's spec, dataset id and staging (picklable)."""
+
+    spec: DatasetSpec
+    repo_id: str
+    staging: Path
+
+
+def _demo(
+    task: str, seed: int, image_size: tuple[int, int], max_steps: int | None, target: _Target, keep_failed: bool
+) -> tuple[int, bool, WrittenEpisode | None]:
     from ..sim import get_task, record_demo  # imported in the worker: each process owns its own MuJoCo and renderer
 
     demo = record_demo(task, seed, image_size=image_size, max_steps=max_steps)
+    if not (demo.success or keep_failed):
+        return seed, False, None
     solved = demo.rewards >= get_task(task).max_reward
-    return seed, demo.success, Episode({"top": demo.frames}, demo.states, demo.actions, TASK_TEXT[task], demo.rewards, solved)
+    episode = Episode({"top": demo.frames}, demo.states, demo.actions, TASK_TEXT[task], demo.rewards, solved)
+    return seed, demo.success, write_episode(target.spec, target.repo_id, target.staging, episode)
 
 
 def record_sim(
@@ -77,13 +93,14 @@ def record_sim(
     max_attempts = max_attempts or 2 * episodes
     report, start = RecordReport(task), time.perf_counter()
     next_seed = seed_start
+    target = _Target(recorder.spec, recorder.url.bucket_id, recorder.staging)
     # spawn, not fork: MuJoCo's EGL context must be created in the worker, never inherited.
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
         pending: set[Future] = set()
 
         def submit() -> None:
             nonlocal next_seed
-            pending.add(pool.submit(_demo, task, next_seed, image_size, max_steps))
+            pending.add(pool.submit(_demo, task, next_seed, image_size, max_steps, target, keep_failed))
             next_seed += 1
 
         while len(pending) < workers and next_seed - seed_start < max_attempts:
@@ -91,15 +108,16 @@ def record_sim(
         while pending and len(report.committed) < episodes:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for future in done:
-                seed, success, episode = future.result()
+                seed, success, written = future.result()
                 if len(report.committed) >= episodes:
+                    _discard(written)
                     continue
                 report.attempted += 1
                 if not success:
                     report.failed_seeds.append(seed)
                     _notify(on_event, "failed", seed, None)
-                if success or keep_failed:
-                    report.committed.append(recorder.commit(episode))
+                if written is not None:
+                    report.committed.append(recorder.commit_written(written))
                     _notify(on_event, "committed", seed, report.committed[-1])
                 if should_stop():
                     pending = {f for f in pending if not f.cancel()}  # queued demos go; running ones finish
@@ -109,6 +127,14 @@ def record_sim(
             future.cancel()
     report.wall_s, report.next_seed = time.perf_counter() - start, next_seed
     return report
+
+
+def _discard(written: WrittenEpisode | None) -> None:
+    """A demo encoded after enough were committed: its staged files go."""
+    import shutil
+
+    if written is not None:
+        shutil.rmtree(Path(written.root).parent, ignore_errors=True)
 
 
 def _notify(callback, kind: str, seed: int, commit: CommitReport | None) -> None:

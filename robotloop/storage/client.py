@@ -268,9 +268,18 @@ class BucketClient:
         return f"hf://buckets/{url.bucket_id}/{url.path}"
 
     def read_range(self, url: BucketUrl, start: int, end: int) -> bytes:
-        """Bytes `[start, end)` of a file."""
+        """Bytes `[start, end)` of a file.
+
+        Raises:
+            NotFound: no file at `url`.
+        """
         with _explained(url, "read"):
-            return self._fresh_fs().cat_file(self._fs_path(url), start=start, end=end)
+            try:
+                return self._fresh_fs().cat_file(self._fs_path(url), start=start, end=end)
+            except KeyError:
+                # HfFileSystem.info looks the file up in its parent's listing and raises KeyError when that listing
+                # is missing, which a writer committing into the folder at that moment can cause.
+                raise FileNotFoundError(str(url)) from None
 
     def download(self, src: BucketUrl | Entry, dest: str | Path) -> Path:
         """Download one file to `dest` (a file path, or an existing folder), through the read cache. `src` is its
