@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -286,3 +287,20 @@ def test_an_episode_whose_encoder_dropped_frames_is_refused(bucket_server, tmp_p
         live.commit()
     assert client.ls(url) == [] and recorder.committed_episodes() == 0
     assert recorder.commit(episode).frames == 12  # whole episodes queue every frame: nothing to drop
+
+
+def test_an_episode_encoded_elsewhere_is_committed_only_from_the_recorders_own_staging(bucket_server, tmp_path):
+    from robotloop.capture.recorder import write_episode
+
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/written")
+    recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / "stage")
+    foreign = write_episode(SPEC, url.bucket_id, tmp_path, synthetic_episode(0))  # not the recorder's staging
+    with pytest.raises(BadEpisode, match="staging"):
+        recorder.commit_written(foreign)
+    assert client.ls(url) == []
+    written = write_episode(SPEC, url.bucket_id, recorder.staging, synthetic_episode(1))  # what a sim worker does
+    report = recorder.commit_written(written)
+    assert report.episode_index == 0 and report.encode_s == written.encode_s > 0
+    assert not Path(written.root).exists()  # staged files go once committed
+    assert load_with_lerobot(client, url, tmp_path / "read").meta.total_episodes == 1

@@ -31,6 +31,9 @@ def test_the_loop_command_goes_from_nothing_to_a_report(bucket_server, tmp_path)
     assert report["robot_running_after_s"] < 60 and report["bytes_pulled"] > 0
     assert report["eval"]["episodes"] == 1 and 0 <= report["eval"]["success_rate"] <= 1
     assert set(report["stage_s"]) == {"record", "train", "publish", "robot", "evaluate"}
+    assert report["gpu_util"] == dict.fromkeys(report["stage_s"])  # no GPU here: not measured, not 0%
+    assert report["wall_s"] >= max(report["stage_s"].values())
+    assert report["eval"]["verdict"].startswith(("Not usable", "Not reliable", "Good"))
     for name in ("report.md", "loss.png", "stages.png"):
         assert (tmp_path / "report" / name).stat().st_size > 0
     assert "not expected to succeed" in (tmp_path / "report" / "report.md").read_text()
@@ -95,3 +98,24 @@ def test_a_later_recording_never_reuses_a_seed(monkeypatch, tmp_path):
     pipeline._record(Recorder(), settings, 2, report)
     pipeline._record(Recorder(), settings, 2, report)
     assert starts == [0, 5]
+
+
+def test_the_h200_preset_is_checked_up_front_and_says_plainly_how_good_the_policy_is():
+    from robotloop.deploy.evaluate import EpisodeResult, EvalReport
+    from robotloop.loop.report import verdict
+
+    with pytest.raises(ValueError, match="unknown policy setting"):
+        LoopSettings(policy={"learning_rate": 1e-4})
+    with pytest.raises(ValueError, match="n_action_steps=1"):  # ensembling with chunked actions: refused before recording
+        LoopSettings(policy={"temporal_ensemble_coeff": 0.01})
+    act = LoopSettings.preset("h200", device="cpu").act()  # the recipe on top of lerobot's default-size ACT
+    assert act.image_size == (240, 320) and act.backbone_norm == "batch" and act.temporal_ensemble_coeff == 0.01
+    assert act.dim_model == 512 and act.lr == 1e-4 and act.lr_schedule == "cosine"
+
+    def report(successes: int, n: int) -> EvalReport:
+        episodes = [EpisodeResult(i, i, i < successes, 4.0, 1.0, 10, 0.1) for i in range(n)]
+        return EvalReport("p", "transfer_cube", 1000, 400, (48, 64), 1, episodes)
+
+    assert verdict(report(48, 50)).startswith("Good: it succeeds in at least 87%")
+    assert verdict(report(4, 50)).startswith("Not usable")
+    assert verdict(report(3, 5)).startswith("Not reliable yet")

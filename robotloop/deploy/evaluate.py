@@ -263,6 +263,7 @@ def evaluate(
     on_episode: Callable[[EpisodeResult], None] | None = None,
     source: str | None = None,
     inference: dict | None = None,
+    threads_per_worker: int | None = None,
 ) -> EvalReport:
     """Run `episodes` sim episodes of `task` with the policy in `policy_dir`, `workers` processes in parallel.
 
@@ -276,6 +277,8 @@ def evaluate(
         on_episode: called in this process as each episode finishes (progress bars).
         source: recorded in the report: where `policy_dir` came from (e.g. the checkpoint's bucket URL).
         inference: overrides of how the policy acts (`PolicyRunner.load`), e.g. temporal ensembling; in the report.
+        threads_per_worker: torch threads of each worker (default: the cores shared out among `workers`; less when
+            other evaluations run beside this one).
 
     Raises:
         ValueError: bad arguments, unknown task, or an image size the policy was not trained on.
@@ -311,7 +314,7 @@ def evaluate(
         steps,
         device,
         video_dir,
-        max(1, (os.cpu_count() or 1) // workers),
+        threads_per_worker or max(1, (os.cpu_count() or 1) // workers),
         inference,
     )
     report = EvalReport(

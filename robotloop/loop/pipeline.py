@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,24 @@ from ..train.device import resolve_device
 from ..train.layout import checkpoint_url
 from ..train.policy import ACTSettings
 from ..train.trainer import Progress, TrainReport, TrainSettings, train
+from .gpu import GpuMonitor
 
+# The recipe measured on one H200 from random init (benchmarks/recipes.py; BENCHMARKS.md lists what was tried and
+# what each scored): the policy sees the 480x640 camera at 240x320, learns its BatchNorm statistics, and trains at
+# 10x lerobot's learning rate with warm-up and cosine decay; it acts with ACT's temporal ensembling (the paper's
+# 0.01). Eager bf16, no compile: a cold torch.compile costs minutes of a 10-minute loop.
+H200_RECIPE = dict(
+    image_size=(240, 320),
+    lr=1e-4,
+    lr_backbone=1e-4,
+    lr_schedule="cosine",
+    warmup_steps=500,
+    backbone_norm="batch",
+    n_action_steps=1,
+    temporal_ensemble_coeff=0.01,
+    compile=False,
+    cuda_graphs=False,
+)
 TINY_ACT = dict(dim_model=64, dim_feedforward=128, n_heads=4, n_encoder_layers=1, n_vae_encoder_layers=1,
                 chunk_size=20, n_action_steps=20)  # fmt: skip
 
@@ -68,6 +85,9 @@ class LoopSettings:
     run: str = field(default_factory=lambda: time.strftime("run-%Y%m%d-%H%M%S"))
     report_dir: Path = Path("loop-report")
     backbone_weights: Path | None = None
+    # ACTSettings fields on top of the architecture (tiny or lerobot's default) and, on CUDA, every speed option:
+    # the recipe (policy image size, learning rate and schedule, normalization, augmentation, inference).
+    policy: dict[str, Any] = field(default_factory=dict)
     # Start training once this many demos are in the bucket; recording of the rest goes on beside it and the
     # trainer folds each new episode in as it lands. None: train after all demos are recorded.
     train_after: int | None = None
@@ -83,21 +103,33 @@ class LoopSettings:
         self.device = resolve_device(self.device)  # a missing GPU fails here, not after the recording stage
         if self.train_after is not None and self.train_after < 1:
             raise ValueError(f"train_after must be at least 1 demo (or None), not {self.train_after}")
+        self.act()  # a bad recipe fails here, before anything is recorded
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> LoopSettings:
         """`cpu` (the default: small images, a tiny ACT, minutes on 2 cores; the policy is not expected to succeed)
-        or `h200` (50 demos at 480x640, lerobot's default ACT with every speed option, 50 evaluation episodes).
+        or `h200` (50 demos at 480x640, lerobot's default-size ACT trained with `H200_RECIPE` for 3,000 steps at
+        batch 64, 50 evaluation episodes: 96% success in 6 minutes on one H200, BENCHMARKS.md).
 
         Raises:
             KeyError: unknown preset.
         """
-        presets = {
-            "cpu": {},
-            "h200": dict(episodes=50, image_size=(480, 640), record_workers=15, steps=20_000, batch_size=8,
-                         device="cuda", tiny_policy=False, decode_workers=8, eval_episodes=50, eval_workers=15,
-                         videos=3, train_after=10),  # fmt: skip
-        }
+        h200 = dict(
+            episodes=50,
+            image_size=(480, 640),
+            record_workers=15,
+            steps=3000,
+            batch_size=64,
+            device="cuda",
+            tiny_policy=False,
+            decode_workers=8,
+            eval_episodes=50,
+            eval_workers=15,
+            videos=3,
+            train_after=10,
+            policy=H200_RECIPE,
+        )
+        presets = {"cpu": {}, "h200": h200}
         if name not in presets:
             raise KeyError(f"unknown loop preset {name!r}; choose one of {sorted(presets)}")
         return cls(**{**presets[name], **overrides})
@@ -111,9 +143,16 @@ class LoopSettings:
         return BucketUrl.parse(f"{self.bucket}/models/{self.run}")
 
     def act(self) -> ACTSettings:
-        arch = TINY_ACT if self.tiny_policy else {}
+        """The policy's settings: architecture, then the preset's recipe (`policy`), then the speed options.
+
+        Raises:
+            ValueError: an unknown or invalid `policy` field.
+        """
+        unknown = set(self.policy) - {f.name for f in fields(ACTSettings)}
+        if unknown:
+            raise ValueError(f"unknown policy setting(s) {sorted(unknown)}; see robotloop.train.policy.ACTSettings")
         make = ACTSettings.fast if self.device.startswith("cuda") else ACTSettings
-        return make(backbone_weights=self.backbone_weights, **arch)
+        return make(**{**(TINY_ACT if self.tiny_policy else {}), "backbone_weights": self.backbone_weights, **self.policy})
 
 
 @dataclass
@@ -131,6 +170,9 @@ class LoopReport:
     eval: EvalReport | None = None
     promotions: list[dict[str, Any]] = field(default_factory=list)  # live mode: one per evaluated checkpoint
     next_seed: int = 0  # the first demo seed not tried yet
+    stage_spans: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # monotonic (start, end) per run
+    gpu_util: dict[str, float | None] = field(default_factory=dict)  # mean GPU utilisation (%) per stage
+    wall_s: float = 0.0  # first stage's start to the last one's end (stages overlap while recording goes on)
 
     @property
     def success_rate(self) -> float | None:
@@ -155,6 +197,17 @@ def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lam
     """
     s, report = settings, LoopReport(settings)
     s.report_dir.mkdir(parents=True, exist_ok=True)
+    with GpuMonitor(s.device) as gpu:
+        try:
+            _run_stages(s, report, client, on_stage, on_train)
+        finally:
+            report.gpu_util = {stage: gpu.mean(spans) for stage, spans in report.stage_spans.items()}
+            spans = [span for spans in report.stage_spans.values() for span in spans]
+            report.wall_s = max(b for _, b in spans) - min(a for a, _ in spans) if spans else 0.0
+    return report
+
+
+def _run_stages(s: LoopSettings, report: LoopReport, client: BucketClient, on_stage: Stage, on_train) -> None:
     recorder = DatasetRecorder(client, s.dataset_url, DatasetSpec.aloha(s.image_size, s.vcodec),
                                staging=s.report_dir / "staging")  # fmt: skip
     on_train = _counting_episodes(report, on_train)
@@ -194,7 +247,6 @@ def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lam
             recording.stop()
         if service is not None:
             service.stop()
-    return report
 
 
 # -- stages --------------------------------------------------------------------------------------------------
@@ -202,11 +254,13 @@ def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lam
 def _timed(report: LoopReport, stage: str, on_stage: Stage, what: str) -> Iterator[None]:
     """Announce `stage`, run the block, add its seconds to `report.stage_s` (a stage may run several times)."""
     on_stage(stage, what)
-    t0 = time.perf_counter()
+    t0 = time.monotonic()
     try:
         yield
     finally:
-        report.stage_s[stage] = report.stage_s.get(stage, 0.0) + time.perf_counter() - t0
+        t1 = time.monotonic()
+        report.stage_s[stage] = report.stage_s.get(stage, 0.0) + t1 - t0
+        report.stage_spans.setdefault(stage, []).append((t0, t1))
 
 
 def _record(recorder: DatasetRecorder, s: LoopSettings, episodes: int, report: LoopReport,

@@ -29,6 +29,8 @@ def summary(report: LoopReport) -> dict:
         "settings": settings_dict(report.settings),
         "stage_s": {k: round(v, 1) for k, v in report.stage_s.items()},
         "total_s": round(report.total_s, 1),
+        "wall_s": round(report.wall_s, 1),
+        "gpu_util": {k: None if v is None else round(v, 1) for k, v in report.gpu_util.items()},
         "episodes": report.episodes,
         "episodes_trained_on": report.episodes_trained_on,
         "bytes_recorded": report.bytes_recorded,
@@ -39,7 +41,8 @@ def summary(report: LoopReport) -> dict:
         "robot_running_after_s": report.robot_running_after_s,
         "bytes_pulled": report.bytes_pulled,
         "eval": None if e is None else {"episodes": len(e.episodes), "success_rate": e.success_rate,
-                                        "ci95": [low, high], "mean_max_reward": _mean([x.max_reward for x in e.episodes])},
+                                        "ci95": [low, high], "mean_max_reward": _mean([x.max_reward for x in e.episodes]),
+                                        "seed": e.seed, "inference": e.inference, "verdict": verdict(e)},
         "promotions": report.promotions,
     }  # fmt: skip
 
@@ -48,9 +51,12 @@ def markdown(report: LoopReport) -> str:
     s, d = report.settings, summary(report)
     lines = [f"# robotloop loop: {s.run}", "",
              (f"{s.task}, {s.episodes} demos at {s.image_size[0]}x{s.image_size[1]}, "
-              f"{'tiny' if s.tiny_policy else 'default'} ACT, {s.steps} steps at batch {s.batch_size} on {s.device}."), "",
-             "| stage | seconds |", "|---|---|"]  # fmt: skip
-    lines += [f"| {k} | {v:.1f} |" for k, v in report.stage_s.items()] + [f"| **total** | **{report.total_s:.1f}** |", ""]
+              f"{'tiny' if s.tiny_policy else 'default'} ACT{_sees(s)}, {s.steps} steps at batch {s.batch_size} on "
+              f"{s.device}."), "",
+             "| stage | seconds | GPU busy |", "|---|---|---|"]  # fmt: skip
+    busy = {k: "-" if v is None else f"{v:.0f}%" for k, v in report.gpu_util.items()}
+    lines += [f"| {k} | {v:.1f} | {busy.get(k, '-')} |" for k, v in report.stage_s.items()]
+    lines += [f"| **total** | **{report.total_s:.1f}** | |", ""]
     ratio = report.bytes_uploaded / report.bytes_recorded if report.bytes_recorded else float("nan")
     lines.append(f"- Episodes recorded: {report.episodes}; bytes recorded {report.bytes_recorded / 1e6:.2f} MB, "
                  f"uploaded {report.bytes_uploaded / 1e6:.2f} MB ({ratio:.2f}x, Xet dedup and metadata included).")  # fmt: skip
@@ -65,7 +71,8 @@ def markdown(report: LoopReport) -> str:
         low, high = e["ci95"]
         lines.append(f"- Evaluation: success {100 * e['success_rate']:.0f}% over {e['episodes']} episodes "
                      f"(95% CI {100 * low:.0f}-{100 * high:.0f}%), mean max reward {e['mean_max_reward']:.2f}.")  # fmt: skip
-        if s.tiny_policy or s.steps < 5000:
+        lines.append(f"  **{e['verdict']}**")
+        if s.tiny_policy:
             lines.append("  This is a short run of a small policy: it is not expected to succeed. "
                          "`robotloop loop --preset h200` trains the real one.")  # fmt: skip
     for p in report.promotions:
@@ -75,6 +82,22 @@ def markdown(report: LoopReport) -> str:
                      f"success {100 * p['success_rate']:.0f}%: {verdict}.")  # fmt: skip
     lines += ["", "![loss](loss.png)", "", "![stages](stages.png)", ""]
     return "\n".join(lines)
+
+
+def _sees(s) -> str:
+    size = s.policy.get("image_size")
+    return f" seeing {size[0]}x{size[1]}" if size else ""
+
+
+def verdict(e) -> str:
+    """Plainly, whether the policy is any good, from the lower and upper ends of its 95% interval."""
+    low, high = e.success_ci95
+    if low >= 0.8:
+        return f"Good: it succeeds in at least {100 * low:.0f}% of episodes (95% confidence)."
+    if high < 0.5:
+        return f"Not usable: it fails in most episodes (success at most {100 * high:.0f}%, 95% confidence)."
+    return (f"Not reliable yet: success is somewhere between {100 * low:.0f}% and {100 * high:.0f}% "
+            "(95% confidence); train longer, on more demos, or evaluate on more episodes.")
 
 
 def _mean(values: list[float]) -> float:
