@@ -174,6 +174,26 @@ def test_a_dataset_with_other_features_is_not_appended_to(bucket_server, tmp_pat
         DatasetRecorder(client, url, other, staging=tmp_path / "b").commit(big)
 
 
+def _children(pid: int) -> set[int]:
+    """Processes whose parent is `pid`, from /proc."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.add(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _total_episodes(client: BucketClient, url: BucketUrl) -> int:
     try:
         return json.loads(client.read_range(url / "meta" / "info.json", 0, 1 << 20))["total_episodes"]
@@ -196,8 +216,14 @@ def test_sigkill_of_the_recorder_loses_at_most_the_episode_in_flight(bucket_serv
         assert recorder.poll() is None, (tmp_path / "recorder.log").read_text()[-3000:]
         time.sleep(0.2)
     time.sleep(0.3)  # somewhere inside the next episode: sim, encode or upload
+    workers = _children(recorder.pid)
+    assert workers, "the recorder runs its sim in worker processes"
     recorder.send_signal(signal.SIGKILL)
     recorder.wait()
+    deadline = time.monotonic() + 20  # its workers die with it (they would idle on their queues for hours)
+    while (alive := [pid for pid in workers if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive, f"worker processes {alive} outlived the killed recorder"
 
     committed = _total_episodes(client, url)
     assert committed >= 2

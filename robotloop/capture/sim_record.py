@@ -8,12 +8,14 @@ soon as it arrives. Failed demos are never kept (nor encoded): they are dropped,
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..workers import die_with_parent
 from .episode import Episode
 from .recorder import CommitReport, DatasetRecorder, DatasetSpec, WrittenEpisode, write_episode
 
@@ -95,7 +97,9 @@ def record_sim(
     next_seed = seed_start
     target = _Target(recorder.spec, recorder.url.bucket_id, recorder.staging)
     # spawn, not fork: MuJoCo's EGL context must be created in the worker, never inherited.
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=mp.get_context("spawn"), initializer=die_with_parent, initargs=(os.getpid(),)
+    ) as pool:
         pending: set[Future] = set()
 
         def submit() -> None:

@@ -162,12 +162,15 @@ class _Job:
 _worker: dict = {}  # per process: the job, its AlohaSim and PolicyRunner, built once
 
 
-def _init_worker(job: _Job, runner: PolicyRunner | None = None) -> None:
+def _init_worker(job: _Job, runner: PolicyRunner | None = None, parent_pid: int | None = None) -> None:
     """Build this process's sim and runner; `runner` given: the caller's process, whose threads stay as set."""
     import torch
 
     from ..sim import AlohaSim
+    from ..workers import die_with_parent
 
+    if parent_pid is not None:  # a pool worker: it goes when the evaluating process goes, however that dies
+        die_with_parent(parent_pid)
     if runner is None:
         # N workers share the cores: without this each torch grabs all of them and they thrash.
         torch.set_num_threads(job.torch_threads)
@@ -351,7 +354,7 @@ def _run_all(
         workers,
         mp_context=mp.get_context("spawn"),
         initializer=_init_worker,
-        initargs=(job,),
+        initargs=(job, None, os.getpid()),
     ) as pool:
         futures = [pool.submit(_run_episode, *a) for a in args]
         try:

@@ -237,10 +237,12 @@ class DatasetSource:
 
 # -- decode workers ------------------------------------------------------------------------------------------
 def _decode_worker(endpoint: str, token: str | None, cache: tuple[str, int] | None, retries: int, backend: str,
-                   jobs: mp.Queue, results: mp.Queue, scratch_root: str) -> None:  # fmt: skip
+                   jobs: mp.Queue, results: mp.Queue, scratch_root: str, parent_pid: int) -> None:  # fmt: skip
     """Worker process: decode episodes until a None job arrives. Opens its own client (nothing is shared)."""
     from ..storage.cache import ReadCache
+    from ..workers import die_with_parent
 
+    die_with_parent(parent_pid)  # a trainer killed with SIGKILL takes its decoders with it
     torch.set_num_threads(1)  # one episode per process; the pool is the parallelism
     client = BucketClient(endpoint, token, ReadCache(Path(cache[0]), cache[1]) if cache else None)
     frames_at = _FRAME_READERS[backend]
@@ -532,7 +534,7 @@ class StreamingSampler:
         self._jobs, self._results = ctx.Queue(), ctx.Queue()
         cache = (str(client.cache.root), client.cache.max_bytes) if client.cache else None
         self._workers = [
-            ctx.Process(target=_decode_worker, args=(client.endpoint, client.token, cache, s.retries, self.video_backend, self._jobs, self._results, self._scratch),
+            ctx.Process(target=_decode_worker, args=(client.endpoint, client.token, cache, s.retries, self.video_backend, self._jobs, self._results, self._scratch, os.getpid()),
                         daemon=True, name=f"robotloop-decode-{i}")  # fmt: skip
             for i in range(max(1, s.decode_workers))
         ]
