@@ -10,8 +10,9 @@ Smoke (CPU):        .venv/bin/python benchmarks/recipes.py --quick --out-dir /tm
    its own frame buffer), for --steps steps or --max-train-s seconds, a checkpoint every third of the steps.
 3. Every final checkpoint (and the first recipe's earlier ones) evaluated on the same seeds, new ones (from
    1000) and the first recipe also on its own training seeds, in parallel evaluation processes.
-Writes `<out-dir>/sweep.json` (and a progress line per event to stderr). Recipes are ACTSettings fields over
-the shared base below; they differ from the loop's only in that several share the GPU, so each trains slower.
+Writes `<out-dir>/sweep.json` (and a progress line per event to stderr). Recipes are changes to the
+h200 preset's recipe (`robotloop.loop.pipeline.H200_RECIPE`); they differ from the loop's only in that several
+share the GPU, so each trains slower.
 """
 
 from __future__ import annotations
@@ -24,24 +25,13 @@ import sys
 import time
 from pathlib import Path
 
+from train_e2e import machine  # a sibling script: the benchmarks folder is on sys.path
+
+from robotloop.loop.pipeline import H200_RECIPE, TINY_ACT
+
 DATASET = "hf://buckets/bench/recipes/datasets/transfer-cube"
 RUNS = "hf://buckets/bench/recipes/models"
-# Shared by every recipe: eager bf16 with fused attention and channels_last (no compile: a cold compile costs
-# minutes and several processes compiling at once share the CPU), lerobot's ACT size, temporal ensembling.
-BASE = dict(
-    precision="bf16",
-    fused_attention=True,
-    channels_last=True,
-    image_size=(240, 320),
-    lr=1e-4,
-    lr_backbone=1e-4,
-    lr_schedule="cosine",
-    warmup_steps=500,
-    backbone_norm="batch",
-    chunk_size=100,
-    n_action_steps=1,
-    temporal_ensemble_coeff=0.01,
-)
+# Each recipe is a change to the h200 preset's recipe (eager bf16, lerobot's default-size ACT, temporal ensembling).
 RECIPES: dict[str, dict] = {
     "base": {},
     "shift": {"random_shift": 8},
@@ -60,23 +50,12 @@ RECIPES: dict[str, dict] = {
         "temporal_ensemble_coeff": None,
     },
 }
-TINY = dict(
-    dim_model=64,
-    dim_feedforward=128,
-    n_heads=4,
-    n_encoder_layers=1,
-    n_vae_encoder_layers=1,
-    chunk_size=10,
-    image_size=None,
-    precision="fp32",
-    fused_attention=False,
-    channels_last=False,
-    warmup_steps=2,
-    lr_schedule="cosine",
-    n_action_steps=1,
-    temporal_ensemble_coeff=0.01,
-    backbone_norm="batch",
-)
+
+
+def recipe(name: str, quick: bool = False) -> dict:
+    """ACTSettings fields of recipe `name`: the preset's recipe with its change (on a tiny ACT for --quick)."""
+    base = {**TINY_ACT, **H200_RECIPE, "image_size": None, "warmup_steps": 2} if quick else H200_RECIPE
+    return {**base, **RECIPES[name]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,7 +168,7 @@ def train_all(args, env: dict) -> dict:
     for name in args.recipes:
         spec = {
             "name": name,
-            "recipe": {**(TINY if args.quick else BASE), **RECIPES[name]},
+            "recipe": recipe(name, args.quick),
             "steps": args.steps,
             "batch": args.batch,
             "max_s": args.max_train_s,
@@ -199,16 +178,7 @@ def train_all(args, env: dict) -> dict:
             "run": f"{RUNS}/{name}-{time.strftime('%H%M%S')}",
             "out": str(args.out_dir / f"train-{name}.json"),
         }
-        log = open(args.out_dir / f"train-{name}.log", "w")
-        procs[name] = (
-            spec,
-            subprocess.Popen(
-                [sys.executable, __file__, "--train-worker", json.dumps(spec)],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            ),
-        )
+        procs[name] = (spec, _spawn("train", spec, args.out_dir / f"train-{name}.log", env))
     out = {}
     for name, (spec, proc) in procs.items():
         code = proc.wait()
@@ -226,8 +196,8 @@ def train_worker(spec: dict) -> None:
     from robotloop.train.policy import ACTSettings
     from robotloop.train.trainer import TrainSettings, train
 
-    recipe = {k: tuple(v) if k == "image_size" and v else v for k, v in spec["recipe"].items()}
-    act = ACTSettings(**recipe)
+    fields = {k: tuple(v) if k == "image_size" and v else v for k, v in spec["recipe"].items()}
+    act = (ACTSettings.fast if spec["device"].startswith("cuda") else ACTSettings)(**fields)
     every = max(1, spec["steps"] // 3)
     settings = TrainSettings(
         steps=spec["steps"],
@@ -311,18 +281,7 @@ def eval_all(args, env: dict, trained: dict) -> list[dict]:
             "cache": str(args.out_dir / "policies"),
             **job,
         }
-        log = open(args.out_dir / f"eval-{i}.log", "w")
-        procs.append(
-            (
-                job,
-                subprocess.Popen(
-                    [sys.executable, __file__, "--eval-worker", json.dumps(job)],
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                ),
-            )
-        )
+        procs.append((job, _spawn("eval", job, args.out_dir / f"eval-{i}.log", env)))
     rows = []
     for job, proc in procs:
         code = proc.wait()
@@ -359,15 +318,11 @@ def eval_worker(job: dict) -> None:
     report.save(Path(job["out"]))
 
 
-def machine() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return f"{torch.cuda.device_count()}x {torch.cuda.get_device_name()}, {os.cpu_count()} cores"
-    except ImportError:
-        pass
-    return f"{os.uname().nodename}, {os.cpu_count()} cores, CPU"
+def _spawn(kind: str, spec: dict, log: Path, env: dict) -> subprocess.Popen:
+    """This script as a `--<kind>-worker` process for `spec`, its output in `log`."""
+    with open(log, "w") as out:
+        cmd = [sys.executable, __file__, f"--{kind}-worker", json.dumps(spec)]
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def _save(args, result: dict) -> None:

@@ -18,6 +18,7 @@ from lerobot.policies.factory import make_pre_post_processors
 
 from robotloop.capture.recorder import DatasetSpec
 from robotloop.deploy.runner import PolicyLoadError, PolicyRunner
+from robotloop.loop.pipeline import TINY_ACT
 from robotloop.train.data import DataSettings, buffer_bytes
 from robotloop.train.policy import INPUTS_FILE, ACTSettings, build_policy, random_shift
 
@@ -34,16 +35,7 @@ STATS = {"observation.state": VEC, "action": VEC}
 
 
 def _settings(**kw) -> ACTSettings:
-    tiny = dict(
-        dim_model=64,
-        dim_feedforward=128,
-        n_heads=4,
-        n_encoder_layers=1,
-        n_vae_encoder_layers=1,
-        chunk_size=CHUNK,
-        n_action_steps=CHUNK,
-    )
-    return ACTSettings(**{**tiny, **kw})
+    return ACTSettings(**{**TINY_ACT, "chunk_size": CHUNK, "n_action_steps": CHUNK, **kw})
 
 
 def _batch(seed: int = 0, n: int = 4) -> dict[str, torch.Tensor]:
