@@ -189,7 +189,7 @@ def test_dedup_query_returns_loadable_shard(server, tmp_path):
     (tmp_path / "d.bin").write_bytes(data)
     [fhash] = _upload(endpoint, [tmp_path / "d.bin"])
     chunk = _first_chunk(store, fhash)
-    r = httpx.get(f"{endpoint}/v1/chunks/default-merkledb/{chunk}", headers=READ)
+    r = httpx.get(f"{endpoint}/v1/chunks/default-merkledb/{chunk}", headers=WRITE)
     assert r.status_code == 200
     shard = xf.parse_shard(r.content)
     # The footer the client loads lookup tables from sits at the very end; it carries the chunk hash key.
@@ -198,9 +198,10 @@ def test_dedup_query_returns_loadable_shard(server, tmp_path):
     key, listed = footer[9], {c.hash for x in shard.xorbs for c in x.chunks}
     assert key != xf.ZERO_HASH and xf.hex_to_hash(chunk) not in listed  # no chunk hash in the clear
     assert xf.keyed_chunk_hash(xf.hex_to_hash(chunk), key) in listed  # the asker, who holds it, can match it
-    again = httpx.get(f"{endpoint}/v1/chunks/default-merkledb/{chunk}", headers=READ).content
+    again = httpx.get(f"{endpoint}/v1/chunks/default-merkledb/{chunk}", headers=WRITE).content
     assert xf.SHARD_FOOTER.unpack_from(again, len(again) - xf.SHARD_FOOTER.size)[9] != key  # a fresh key each time
-    assert httpx.get(f"{endpoint}/v1/chunks/default/{'0' * 64}", headers=READ).status_code == 404
+    assert httpx.get(f"{endpoint}/v1/chunks/default/{'0' * 64}", headers=WRITE).status_code == 404
+    assert httpx.get(f"{endpoint}/v1/chunks/default-merkledb/{chunk}", headers=READ).status_code == 403
 
 
 # ---- bad input ------------------------------------------------------------------------------

@@ -115,10 +115,10 @@ def cas_router(store: cas.CasStore, authorize: Authorize, public_url: str | None
 
     @r.post("/v1/xorbs/{prefix}/{xorb_hash}")
     async def upload_xorb(prefix: str, xorb_hash: str, request: Request) -> dict:
-        authorize(request, True)
+        claims = authorize(request, True)
         _check_prefix(prefix, XORB_PREFIXES)
         body = await _body(request, store.max_xorb_bytes)
-        res = await _run(request, store.put_xorb, xorb_hash, body)
+        res = await _run(request, store.put_xorb, xorb_hash, body, getattr(claims, "namespace", None))
         return {"was_inserted": res.was_inserted}
 
     @r.post("/v1/shards")
@@ -148,9 +148,9 @@ def cas_router(store: cas.CasStore, authorize: Authorize, public_url: str | None
 
     @r.get("/v1/chunks/{prefix}/{chunk_hash}")
     async def dedup_query(prefix: str, chunk_hash: str, request: Request) -> Response:
-        authorize(request, False)
+        claims = authorize(request, True)  # asked by uploaders only; a reader has nothing to deduplicate
         _check_prefix(prefix, DEDUP_PREFIXES)
-        shard = await _run(request, store.dedup_shard, chunk_hash)
+        shard = await _run(request, store.dedup_shard, chunk_hash, getattr(claims, "namespace", None))
         if shard is None:
             raise HTTPException(404, f"chunk {chunk_hash} is not in the global dedup index")
         return Response(shard, media_type="application/octet-stream")

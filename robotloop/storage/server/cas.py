@@ -121,6 +121,8 @@ CREATE TABLE IF NOT EXISTS file_terms (file TEXT NOT NULL, idx INT NOT NULL, xor
 CREATE TABLE IF NOT EXISTS dedup_chunks (hash BLOB PRIMARY KEY, xorb TEXT NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS file_uploaders (file TEXT NOT NULL, namespace TEXT NOT NULL,
     PRIMARY KEY (file, namespace)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS xorb_uploaders (xorb TEXT NOT NULL, namespace TEXT NOT NULL,
+    PRIMARY KEY (xorb, namespace)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INT NOT NULL) WITHOUT ROWID;
 """
 COUNTERS = ("xorb_bytes_received", "shard_bytes_received", "bytes_served")
@@ -245,19 +247,17 @@ class CasStore:
 
     # -- xorbs ------------------------------------------------------------------------------
 
-    def put_xorb(self, hash_hex: str, body: Body) -> XorbResult:
-        """Verify and store a serialized xorb under its hash.
+    def put_xorb(self, hash_hex: str, body: Body, uploader: str | None = None) -> XorbResult:
+        """Verify and store a serialized xorb under its hash; `uploader` (the namespace of the write token) is
+        recorded as holding it (see `holds_xorb`).
 
         Raises BadHash, TooLarge, or CorruptXorb (malformed, or content hashes to another hash).
-        Re-uploading a stored xorb is a no-op with was_inserted=False.
+        Re-uploading a stored xorb stores nothing (was_inserted=False), but its bytes are verified all the same:
+        only bytes that hash to the xorb make the uploader one of its holders.
         """
         _check_hex(hash_hex, "xorb")
         data = _read_body(body, self.max_xorb_bytes, f"xorb {hash_hex}")
         self._add_counter("xorb_bytes_received", len(data))
-        row = self._db().execute("SELECT num_chunks, size FROM xorbs WHERE hash = ?",
-                                 (hash_hex,)).fetchone()
-        if row:
-            return XorbResult(hash_hex, False, row[0], row[1])
         try:
             parsed = xf.parse_xorb(data)
         except xf.FormatError as e:
@@ -265,7 +265,9 @@ class CasStore:
         actual = xf.hash_to_hex(parsed.hash)
         if actual != hash_hex:
             raise CorruptXorb(f"xorb {hash_hex}: content hashes to {actual}")
-        self._write_blob(self._blob_path("xorbs", hash_hex), data)
+        stored = self._db().execute("SELECT 1 FROM xorbs WHERE hash = ?", (hash_hex,)).fetchone() is not None
+        if not stored:
+            self._write_blob(self._blob_path("xorbs", hash_hex), data)
         with self._tx() as db:
             cur = db.execute("INSERT OR IGNORE INTO xorbs VALUES (?, ?, ?, ?, NULL, ?)",
                              (hash_hex, len(data), parsed.raw_len, len(parsed.chunks), time.time()))
@@ -273,7 +275,17 @@ class CasStore:
                 db.executemany("INSERT INTO xorb_chunks VALUES (?, ?, ?, ?, ?, ?)",
                                [(hash_hex, i, c.hash, c.byte_start, c.byte_end, c.raw_len)
                                 for i, c in enumerate(parsed.chunks)])
+            if uploader is not None:
+                db.execute("INSERT OR IGNORE INTO xorb_uploaders VALUES (?, ?)", (hash_hex, uploader))
         return XorbResult(hash_hex, bool(cur.rowcount), len(parsed.chunks), len(data))
+
+    def holds_xorb(self, namespace: str | None, xorb_hex: str) -> bool:
+        """Whether `namespace` uploaded this xorb's bytes (None or "*": every namespace's data is its own)."""
+        if namespace in (None, "*"):
+            return True
+        row = self._db().execute("SELECT 1 FROM xorb_uploaders WHERE xorb = ? AND namespace = ?",
+                                 (xorb_hex, namespace)).fetchone()  # fmt: skip
+        return row is not None
 
     def xorb_size(self, hash_hex: str) -> int | None:
         """Serialized size of a stored xorb, or None. Raises BadHash."""
@@ -309,6 +321,9 @@ class CasStore:
         Checks: format; every xorb in its xorb section is stored with exactly the listed chunks;
         every file term names a stored xorb with an in-bounds chunk range and the right length;
         verification hashes (if present) and the file hash itself match the stored chunk hashes.
+        A term over a xorb that `uploader` does not hold (`holds_xorb`) must carry its verification hash: that
+        proves the uploader knows those chunks' hashes, which only their bytes give (dedup answers key them). No
+        refusal states a hash the uploader could not compute itself.
         Raises TooLarge, TruncatedShard, CorruptShard, UnknownXorb.
         """
         data = _read_body(body, self.max_shard_bytes, "shard")
@@ -343,7 +358,7 @@ class CasStore:
                 if c.flags & xf.CHUNK_FLAG_GLOBAL_DEDUP or xf.is_global_dedup_eligible(c.hash):
                     eligible[c.hash] = xf.hash_to_hex(x.hash)
         for f in shard.files:
-            self._verify_file(shard_hex, f, chunks_of)
+            self._verify_file(shard_hex, f, chunks_of, lambda x: self.holds_xorb(uploader, xf.hash_to_hex(x)))
             if f.terms:  # the first chunk of every file is a global-dedup entry point
                 eligible.setdefault(chunks_of(f.terms[0].xorb, "")[f.terms[0].chunk_start].hash,
                                     xf.hash_to_hex(f.terms[0].xorb))
@@ -372,7 +387,7 @@ class CasStore:
         return ShardResult(shard_hex, inserted, len(shard.files), len(shard.xorbs))
 
     @staticmethod
-    def _verify_file(shard_hex: str, f: xf.ShardFile, chunks_of) -> None:
+    def _verify_file(shard_hex: str, f: xf.ShardFile, chunks_of, holds) -> None:
         f_hex = xf.hash_to_hex(f.hash)
         if f.verification is not None and len(f.verification) != len(f.terms):
             raise CorruptShard(f"shard {shard_hex}: file {f_hex} has {len(f.verification)} "
@@ -385,6 +400,9 @@ class CasStore:
                 raise CorruptShard(f"shard {shard_hex}: file {f_hex} term {i} chunk range "
                                    f"[{t.chunk_start}, {t.chunk_end}) is out of bounds for xorb "
                                    f"{x_hex} with {len(chunks)} chunks")
+            if f.verification is None and not holds(t.xorb):
+                raise CorruptShard(f"shard {shard_hex}: file {f_hex} term {i} references chunks this namespace did "
+                                   "not upload and has no verification entry for them")  # fmt: skip
             span = chunks[t.chunk_start:t.chunk_end]
             if sum(c.raw_len for c in span) != t.raw_len:
                 raise CorruptShard(f"shard {shard_hex}: file {f_hex} term {i} claims {t.raw_len} bytes, "
@@ -394,8 +412,8 @@ class CasStore:
                 raise CorruptShard(f"shard {shard_hex}: file {f_hex} term {i} verification hash mismatch")
             leaves += [(c.hash, c.raw_len) for c in span]
         if xf.file_hash(leaves) != f.hash:
-            raise CorruptShard(f"shard {shard_hex}: file {f_hex} does not hash to its name "
-                               f"(terms give {xf.hash_to_hex(xf.file_hash(leaves))})")
+            # Not the hash the terms give: a caller who named chunks it does not hold would learn it from here.
+            raise CorruptShard(f"shard {shard_hex}: file {f_hex} does not hash to its name")
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -485,9 +503,13 @@ class CasStore:
     def _sign(self, xorb_hex: str, exp: int) -> str:
         return hmac.new(self._key, f"{xorb_hex}.{exp}".encode(), hashlib.sha256).hexdigest()[:32]
 
-    def dedup_shard(self, chunk_hex: str) -> bytes | None:
+    def dedup_shard(self, chunk_hex: str, namespace: str | None = None) -> bytes | None:
         """Global dedup answer: a shard listing the xorb holding this chunk (and the other xorbs
         registered by the same shard, up to a cap), or None if the chunk is not indexed.
+
+        Only xorbs `namespace` holds (`holds_xorb`) are answered with: an answer names a xorb and its chunk
+        lengths, which must not tell a caller about another namespace's data (a chunk of someone's private file
+        it happens to know). Another namespace's chunk is answered as an unknown one.
 
         Only chunks that are global-dedup eligible (first chunk of a file, hash % 1024 == 0, or
         flagged by the client) are indexed, as in the Xet spec. Chunk hashes are keyed with a fresh
@@ -501,9 +523,12 @@ class CasStore:
         if row is None:
             return None
         xorb_hex, shard_hex = row
+        if not self.holds_xorb(namespace, xorb_hex):
+            return None
         others = [r[0] for r in db.execute(
             "SELECT hash FROM xorbs WHERE shard = ? AND hash != ? LIMIT ?",
-            (shard_hex, xorb_hex, DEDUP_SHARD_MAX_XORBS - 1))] if shard_hex else []
+            (shard_hex, xorb_hex, 4 * DEDUP_SHARD_MAX_XORBS))] if shard_hex else []
+        others = [x for x in others if self.holds_xorb(namespace, x)][: DEDUP_SHARD_MAX_XORBS - 1]
         xorbs = []
         for x_hex in [xorb_hex] + others:
             size = db.execute("SELECT size FROM xorbs WHERE hash = ?", (x_hex,)).fetchone()[0]
