@@ -120,6 +120,29 @@ def du(ctx: typer.Context, url: UrlArg) -> None:
 
 
 @app.command()
+def scrub(root: Annotated[Path, typer.Option(help="The bucket server's data root.")] = Path("buckets")) -> None:
+    """Check every stored xorb and shard of a bucket server's data root against its hash; name what is damaged.
+
+    Exit 1 when anything is. Damaged xorbs are never served; uploading the affected files again repairs them.
+    """
+    from ..storage.server.files import scrub_root
+
+    if not (root / "cas" / "index.sqlite").is_file():
+        raise fail(ValueError(f"{root}: not a bucket server's data root (no cas/index.sqlite)"))
+    report = scrub_root(root)
+    console.print(f"checked {report['xorbs']} xorbs and {report['shards']} shards under {root}")
+    for item in report["damaged"]:
+        console.print(f"[red]damaged[/red] xorb {item['xorb']}: {item['detail']}")
+        for path in item["paths"] or ["(no bucket file uses it)"]:
+            console.print(f"  breaks {path}")
+    for shard in report["damaged_shards"]:
+        console.print(f"[red]damaged[/red] shard {shard}")
+    if report["damaged"] or report["damaged_shards"]:
+        raise typer.Exit(1)
+    console.print("nothing damaged")
+
+
+@app.command()
 def serve(
     root: Annotated[Path, typer.Option(help="Data root (xorbs, shards, index).")] = Path("buckets"),
     host: Annotated[str, typer.Option(help="Address to listen on (anything but loopback needs --tokens).")] = "127.0.0.1",

@@ -15,20 +15,18 @@ This module only maps HTTP to CasStore calls and CasError types to status codes.
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from robotloop.storage.server import cas
 
 Authorize = Callable[[Request, bool], Any]  # returns the token's claims (whatever `MayRead` understands)
 MayRead = Callable[[Any, str], bool]
-READ_BLOCK = 1 << 20
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 XORB_PREFIXES = ("default",)
 DEDUP_PREFIXES = ("default", "default-merkledb")  # hf_xet 1.8 sends "default"; the spec names the other
@@ -37,6 +35,9 @@ _STATUS: list[tuple[type[cas.CasError], int]] = [
     (cas.TooLarge, 413),
     (cas.RangeNotSatisfiable, 416),
     (cas.UnknownFile, 404),
+    # The server's own bytes are bad: never sent, and said so. Not a 5xx: clients retry those for minutes, and
+    # the bytes will not come back by waiting; 410 ends the read at once with the message.
+    (cas.DamagedXorb, 410),
     (cas.CasError, 400),  # BadHash, CorruptXorb, CorruptShard, TruncatedShard, UnknownXorb (upload)
 ]
 
@@ -84,22 +85,6 @@ def _parse_range(header: str | None) -> tuple[int | None, int | None] | None:
     if a is not None and b is not None and a > b:
         raise HTTPException(416, f"Range start {a} > end {b}")
     return a, b
-
-
-def _read_slice(s: cas.XorbSlice) -> Iterator[bytes]:
-    # pread in large blocks: no Python-level copies beyond the block itself, and starlette runs
-    # this sync generator in its threadpool. (ASGI offers no portable sendfile path.)
-    fd = os.open(s.path, os.O_RDONLY)
-    try:
-        pos, left = s.offset, s.length
-        while left:
-            block = os.pread(fd, min(READ_BLOCK, left), pos)
-            if not block:
-                raise OSError(f"{s.path} shorter than expected")
-            pos, left = pos + len(block), left - len(block)
-            yield block
-    finally:
-        os.close(fd)
 
 
 def cas_router(store: cas.CasStore, authorize: Authorize, public_url: str | None = None,
@@ -171,12 +156,11 @@ def cas_router(store: cas.CasStore, authorize: Authorize, public_url: str | None
             if total is None:
                 raise HTTPException(404, f"xorb {xorb_hash} is not stored")
             a, b = max(total - b, 0), total - 1
-        s = await _run(request, store.open_xorb_range, xorb_hash, a, b)
-        headers = {"Accept-Ranges": "bytes", "Content-Length": str(s.length)}
+        v = await _run(request, store.read_verified, xorb_hash, a, b)
+        headers = {"Accept-Ranges": "bytes"}
         if rng is not None:
-            headers["Content-Range"] = f"bytes {s.offset}-{s.offset + s.length - 1}/{s.total}"
-        return StreamingResponse(_read_slice(s), status_code=206 if rng else 200,
-                                 headers=headers, media_type="application/octet-stream")
+            headers["Content-Range"] = f"bytes {v.offset}-{v.offset + len(v.data) - 1}/{v.total}"
+        return Response(v.data, status_code=206 if rng else 200, headers=headers, media_type="application/octet-stream")
 
     @r.post("/v1/telemetry")
     async def telemetry(request: Request) -> dict:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -57,6 +58,7 @@ from robotloop.storage.server.buckets import (
     Operation,
     tree_cursor,
 )
+from robotloop.storage.server.cas import CasError, DamagedXorb
 
 FileReader = Callable[[str, int, int], Iterator[bytes]]
 """``read(xet_hash, start, end_exclusive) -> byte chunks`` of a stored file (from the CAS)."""
@@ -465,7 +467,13 @@ def hub_router(
         if byte_range is not None:
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{f.size}"
         status = 206 if byte_range is not None else 200
-        return StreamingResponse(read_file(f.xet_hash, start, end), status_code=status, headers=headers)
+        pieces = read_file(f.xet_hash, start, end)
+        try:  # the first term before any header: a damaged file is an error status, not a 200 cut short
+            first = next(pieces, b"")
+        except CasError as error:
+            return error_response(410 if isinstance(error, DamagedXorb) else 404, str(error))  # 410: see cas_api
+        # A later damaged term ends the body early (its bytes are never sent): the client sees a short read.
+        return StreamingResponse(itertools.chain([first], pieces), status_code=status, headers=headers)
 
     return router
 

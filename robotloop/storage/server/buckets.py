@@ -572,6 +572,14 @@ class BucketStore:
                               "in no bucket you can read: upload the file itself")  # fmt: skip
         return size
 
+    def paths_of(self, xet_hash: str) -> list[str]:
+        """Every '<namespace>/<bucket>/<path>' that holds the file with this Xet hash (what a damaged file affects)."""
+        rows = self._conn().execute(
+            "SELECT b.namespace, b.name, f.path FROM files f JOIN buckets b ON b.id = f.bucket_id WHERE f.xet_hash = ? "
+            "ORDER BY 1, 2, 3", (xet_hash,)
+        ).fetchall()
+        return [f"{ns}/{name}/{path}" for ns, name, path in rows]
+
     @staticmethod
     def _readable_elsewhere(conn: sqlite3.Connection, xet_hash: str, can_read: Callable[[str, str], bool]) -> bool:
         rows = conn.execute("SELECT DISTINCT b.namespace, b.name FROM files f JOIN buckets b ON b.id = f.bucket_id "

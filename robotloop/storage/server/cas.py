@@ -61,6 +61,11 @@ class UnknownXorb(CasError):
     """A xorb that is not stored was referenced or requested."""
 
 
+class DamagedXorb(CasError):
+    """A stored xorb's bytes no longer match the chunk hashes it was verified with at upload (a flipped bit on disk,
+    a truncated or edited file). Its bytes are never served; uploading the xorb again repairs it."""
+
+
 class UnknownFile(CasError):
     """No shard has registered this file hash."""
 
@@ -99,6 +104,15 @@ class XorbSlice:
 
 
 @dataclass(frozen=True)
+class VerifiedRange:
+    """Bytes of a stored xorb, each chunk they touch checked against its hash: `data` starts at `offset`."""
+
+    data: bytes
+    offset: int
+    total: int  # size of the whole xorb, for Content-Range
+
+
+@dataclass(frozen=True)
 class _Chunk:
     hash: bytes
     byte_start: int
@@ -123,6 +137,7 @@ CREATE TABLE IF NOT EXISTS file_uploaders (file TEXT NOT NULL, namespace TEXT NO
     PRIMARY KEY (file, namespace)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS xorb_uploaders (xorb TEXT NOT NULL, namespace TEXT NOT NULL,
     PRIMARY KEY (xorb, namespace)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS damaged_xorbs (hash TEXT PRIMARY KEY, detail TEXT NOT NULL, found REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INT NOT NULL) WITHOUT ROWID;
 """
 COUNTERS = ("xorb_bytes_received", "shard_bytes_received", "bytes_served")
@@ -266,8 +281,9 @@ class CasStore:
         if actual != hash_hex:
             raise CorruptXorb(f"xorb {hash_hex}: content hashes to {actual}")
         stored = self._db().execute("SELECT 1 FROM xorbs WHERE hash = ?", (hash_hex,)).fetchone() is not None
-        if not stored:
-            self._write_blob(self._blob_path("xorbs", hash_hex), data)
+        path = self._blob_path("xorbs", hash_hex)
+        if not stored or _differs(path, data):  # a damaged copy is replaced by these verified bytes: the repair
+            self._write_blob(path, data)
         with self._tx() as db:
             cur = db.execute("INSERT OR IGNORE INTO xorbs VALUES (?, ?, ?, ?, NULL, ?)",
                              (hash_hex, len(data), parsed.raw_len, len(parsed.chunks), time.time()))
@@ -277,7 +293,11 @@ class CasStore:
                                 for i, c in enumerate(parsed.chunks)])
             if uploader is not None:
                 db.execute("INSERT OR IGNORE INTO xorb_uploaders VALUES (?, ?)", (hash_hex, uploader))
+            db.execute("DELETE FROM damaged_xorbs WHERE hash = ?", (hash_hex,))
         return XorbResult(hash_hex, bool(cur.rowcount), len(parsed.chunks), len(data))
+
+    def _damaged(self, xorb_hex: str) -> bool:
+        return self._db().execute("SELECT 1 FROM damaged_xorbs WHERE hash = ?", (xorb_hex,)).fetchone() is not None
 
     def holds_xorb(self, namespace: str | None, xorb_hex: str) -> bool:
         """Whether `namespace` uploaded this xorb's bytes (None or "*": every namespace's data is its own)."""
@@ -311,6 +331,71 @@ class CasStore:
             raise RangeNotSatisfiable(f"xorb {hash_hex}: range {start}-{end} outside 0-{total - 1}")
         self._add_counter("bytes_served", end - start + 1)
         return XorbSlice(self._blob_path("xorbs", hash_hex), start, end - start + 1, total)
+
+    def read_verified(self, hash_hex: str, start: int | None = None, end: int | None = None) -> VerifiedRange:
+        """Bytes [start, end] (inclusive, like HTTP Range) of a stored xorb, once every chunk they touch has been
+        decompressed and checked against the hash it was stored under. Read whole before anything is sent, so a
+        damaged or truncated xorb is an error status, never wrong bytes or a dropped connection (a range is at most
+        one xorb, 64 MiB). Raises BadHash, UnknownXorb, RangeNotSatisfiable, DamagedXorb (and marks it damaged:
+        dedup stops answering with it, so a client uploads the xorb again, which repairs it).
+        """
+        s = self.open_xorb_range(hash_hex, start, end)
+        chunks = self._chunks(self._db(), hash_hex) or []
+        touched = [c for c in chunks if c.byte_start < s.offset + s.length and c.byte_end > s.offset]
+        lo = min([s.offset] + [c.byte_start for c in touched])
+        hi = max([s.offset + s.length] + [c.byte_end for c in touched])
+        with open(s.path, "rb") as f:
+            f.seek(lo)
+            data = f.read(hi - lo)
+            f.seek(0, os.SEEK_END)
+            on_disk = f.tell()
+        try:
+            if on_disk != s.total or len(data) != hi - lo:
+                raise xf.TruncatedError(f"the file holds {on_disk} bytes, {s.total} were stored")
+            for c in touched:
+                [(_, _, raw)] = list(xf.iter_chunks(data[c.byte_start - lo : c.byte_end - lo]))
+                if xf.chunk_hash(raw) != c.hash:
+                    raise xf.FormatError(f"the chunk at byte {c.byte_start} does not match its hash")
+        except (xf.FormatError, ValueError) as error:  # TruncatedError is a FormatError
+            self._mark_damaged(hash_hex, str(error))
+            raise DamagedXorb(f"xorb {hash_hex} is damaged on the server ({error}); its bytes are not served. "
+                              "Upload the file again to repair it, or restore the server's data root") from None
+        return VerifiedRange(data[s.offset - lo : s.offset - lo + s.length], s.offset, s.total)
+
+    def _mark_damaged(self, hash_hex: str, detail: str) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO damaged_xorbs VALUES (?, ?, ?)", (hash_hex, detail, time.time()))
+
+    def scrub(self) -> dict:
+        """Check every stored xorb (and shard) against its hash, as uploads were checked; mark the damaged ones.
+
+        Returns {"xorbs": checked, "shards": checked, "damaged": [{"xorb", "detail", "files": [file hashes]}],
+        "damaged_shards": [hashes]}. A xorb whose file is missing counts as damaged.
+        """
+        db = self._db()
+        damaged, checked = [], 0
+        for (x_hex,) in db.execute("SELECT hash FROM xorbs ORDER BY hash").fetchall():
+            checked += 1
+            try:
+                data = self._blob_path("xorbs", x_hex).read_bytes()
+                parsed = xf.parse_xorb(data)
+                stored = [(c.hash, c.raw_len) for c in self._chunks(db, x_hex) or []]
+                if xf.hash_to_hex(parsed.hash) != x_hex or [(c.hash, c.raw_len) for c in parsed.chunks] != stored:
+                    raise xf.FormatError("its chunks no longer hash to the stored ones")
+            except (OSError, xf.FormatError, ValueError) as error:
+                self._mark_damaged(x_hex, str(error))
+                files = [r[0] for r in db.execute("SELECT DISTINCT file FROM file_terms WHERE xorb = ?", (x_hex,))]
+                damaged.append({"xorb": x_hex, "detail": str(error), "files": files})
+        bad_shards, shards = [], 0
+        for (s_hex,) in db.execute("SELECT hash FROM shards ORDER BY hash").fetchall():
+            shards += 1
+            try:
+                ok = xf.hash_to_hex(xf.chunk_hash(self._blob_path("shards", s_hex).read_bytes())) == s_hex
+            except OSError:
+                ok = False
+            if not ok:
+                bad_shards.append(s_hex)
+        return {"xorbs": checked, "shards": shards, "damaged": damaged, "damaged_shards": bad_shards}
 
     # -- shards -----------------------------------------------------------------------------
 
@@ -523,8 +608,8 @@ class CasStore:
         if row is None:
             return None
         xorb_hex, shard_hex = row
-        if not self.holds_xorb(namespace, xorb_hex):
-            return None
+        if not self.holds_xorb(namespace, xorb_hex) or self._damaged(xorb_hex):
+            return None  # a damaged xorb: the asker uploads its own copy, which repairs it
         others = [r[0] for r in db.execute(
             "SELECT hash FROM xorbs WHERE shard = ? AND hash != ? LIMIT ?",
             (shard_hex, xorb_hex, 4 * DEDUP_SHARD_MAX_XORBS))] if shard_hex else []
@@ -555,6 +640,14 @@ class CasStore:
         out["files"] = db.execute("SELECT COUNT(*) FROM files").fetchone()[0]
         out["stored_bytes"] = out["xorb_bytes"] + out["shard_bytes"]
         return out
+
+
+def _differs(path: Path, data: bytes) -> bool:
+    """Whether the stored file at `path` is not exactly `data` (missing, truncated, or bytes changed)."""
+    try:
+        return path.stat().st_size != len(data) or path.read_bytes() != data
+    except OSError:
+        return True
 
 
 def _merge_fetch(fetch: dict[str, list[dict]]) -> dict[str, list[dict]]:

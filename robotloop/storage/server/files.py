@@ -1,8 +1,9 @@
-"""Whole-file views over the CAS: byte ranges of a stored file (for `/resolve` GETs) and server figures."""
+"""Whole-file views over the CAS: byte ranges of a stored file (for `/resolve` GETs), server figures, the scrub."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from . import xet_format as xf
@@ -48,10 +49,19 @@ def _term_bytes(cas: CasStore, term: dict, fetches: list[dict]) -> bytes:
 
 
 def _read_xorb(cas: CasStore, xorb_hash: str, first: int, last: int) -> Iterator[bytes]:
-    piece = cas.open_xorb_range(xorb_hash, first, last)  # inclusive range, counted as served
-    with open(piece.path, "rb") as f:
-        f.seek(piece.offset)
-        yield f.read(piece.length)
+    yield cas.read_verified(xorb_hash, first, last).data  # inclusive range, counted as served; DamagedXorb if bad
+
+
+def scrub_root(root: Path) -> dict[str, Any]:
+    """Check a bucket server's whole data root (every xorb and shard against its hash, `CasStore.scrub`) and name the
+    bucket files each damaged xorb breaks. Safe beside a running server (SQLite WAL); damaged xorbs are marked, so
+    the server stops offering them for dedup and the next upload of their bytes repairs them."""
+    cas = CasStore(Path(root) / "cas")
+    buckets = BucketStore(root, file_size=cas.file_size)
+    report = cas.scrub()
+    for item in report["damaged"]:
+        item["paths"] = sorted({p for f in item["files"] for p in buckets.paths_of(f)})
+    return report
 
 
 def server_stats(cas: CasStore, buckets: BucketStore) -> dict[str, Any]:
