@@ -113,8 +113,12 @@ class DeploySettings(ServiceSection):
     db: Path = Field(default=CACHE_HOME / "deploy" / "deploy.sqlite", description="The service's SQLite state.")
     key_file: Path = Field(default=CACHE_HOME / "deploy" / "deploy.key", description="Private ed25519 key that signs releases.")
     trusted_keys: list[Path] = Field(
-        default_factory=list, description="The service accepts only releases signed by these keys (empty: any signed "
-        "manifest; robots verify against their own trusted keys regardless)."
+        default_factory=list, description="The service accepts only releases signed by these keys (robots verify "
+        "against their own trusted keys regardless). Without any, the service does not start unless allow_any_signer."
+    )
+    allow_any_signer: bool = Field(
+        default=False, description="Register releases signed by any key when no trusted_keys are given (say it: "
+        "operators then see releases listed that robots may refuse)."
     )
 
 

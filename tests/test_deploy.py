@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -655,3 +656,36 @@ def test_channel_rollback_counts_a_release_promoted_again_after_it_was_rolled_ba
     registry.promote("stable", "c")
     assert registry.rollback_channel("stable", reason="c is worse") == "b"  # b counts again
     registry.close()
+
+
+def test_the_service_refuses_to_start_without_trusted_keys_unless_told_any_signer_will_do(tmp_path):
+    tokens = tmp_path / "ops.tokens"
+    tokens.write_text(f"{OPS} write *\n")
+    cmd = [sys.executable, "-m", "robotloop.cli", "deploy", "serve", "--tokens", str(tokens), "--db",
+           str(tmp_path / "d.sqlite"), "--port", "0"]  # fmt: skip
+    env = {**os.environ, "ROBOTLOOP_CONFIG": "/dev/null"}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    said = " ".join(run.stdout.split() + run.stderr.split())
+    assert run.returncode == 1 and "--trusted-key" in said and "--allow-any-signer" in said, said
+    # Told so explicitly, it serves (what tests and benchmarks start: start_local_deploy_service without keys).
+    proc, url = start_deploy_service(tmp_path / "any")
+    try:
+        assert httpx.get(f"{url}/v1/health").status_code == 200
+        assert "--allow-any-signer" in " ".join(proc.args)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_release_survives_later_writes_to_its_run_folder(deploy, bucket_server, tmp_path):
+    signed = deploy.release("overwritten-v1", "v1", channel=None)
+    model = BucketUrl.parse(signed.manifest.checkpoint) / "pretrained_model"
+    # Training into the same output again rewrites the checkpoint's files (here: another model's weights).
+    deploy.bucket.upload(deploy.ckpts["retrain"] / "model.safetensors", model / "model.safetensors")
+    assert deploy.bucket.stat(model / "model.safetensors").xet_hash != next(
+        f.xet_hash for f in signed.manifest.files if f.path == "model.safetensors"
+    )
+    store = ReleaseStore(tmp_path / "store")
+    report = store.pull(signed, deploy.trusted, XetFetcher(bucket_server.endpoint, WRITE_TOKEN, signed.manifest.bucket))
+    assert report.bytes_fetched == signed.manifest.total_bytes  # the signed bytes, still there for robots
+    store.verify("overwritten-v1", deploy.trusted)

@@ -64,12 +64,17 @@ def serve(
     tokens: Annotated[Path | None, typer.Option(help="Operator tokens: '<token> <read|write> *' per line.")] = None,
     db: Annotated[Path | None, typer.Option(help="SQLite state. Default: deploy.db.")] = None,
     trusted_key: Annotated[list[Path] | None, typer.Option(help=TRUSTED_HELP)] = None,
+    allow_any_signer: Annotated[
+        bool | None,
+        typer.Option("--allow-any-signer", help="Without --trusted-key: register releases signed by any key "
+                     "(robots still verify). Default: refuse to start without trusted keys."),
+    ] = None,
 ) -> None:
     """Serve the deploy service until interrupted."""
     from services.deploy.app import serve as run  # FastAPI/uvicorn only when serving
 
     try:
-        run(_settings(ctx), tokens, db, host, port, trusted_key)
+        run(_settings(ctx), tokens, db, host, port, trusted_key, allow_any_signer)
     except (ValueError, FileNotFoundError) as error:
         raise fail(error) from None
 

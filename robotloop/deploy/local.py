@@ -36,9 +36,11 @@ class LocalDeployService:
 
 
 def start_local_deploy_service(base: Path, token: str | None = None, timeout_s: float = 30.0,
-                               extra_args: tuple[str, ...] = (), extra_tokens: tuple[str, ...] = ()) -> LocalDeployService:  # fmt: skip
+                               extra_args: tuple[str, ...] = (), extra_tokens: tuple[str, ...] = (),
+                               trusted_keys: tuple[Path, ...] = ()) -> LocalDeployService:  # fmt: skip
     """Start `python -m services.deploy` on 127.0.0.1 with an operator write token (`token`, else a fresh one),
-    more tokens-file lines (`extra_tokens`, e.g. "<token> read *") and a database under `base`.
+    more tokens-file lines (`extra_tokens`, e.g. "<token> read *") and a database under `base`. It registers only
+    releases signed by `trusted_keys`; with none (tests, benchmarks) it is started with `--allow-any-signer`.
 
     Raises:
         ServiceStartError: the service exited or did not answer within `timeout_s` (the message ends with its log).
@@ -50,7 +52,10 @@ def start_local_deploy_service(base: Path, token: str | None = None, timeout_s: 
     tokens.write_text("".join(f"{line}\n" for line in (f"{token} write *", *extra_tokens)))
     port, log = free_port(), base / "deploy.log"
     url = f"http://127.0.0.1:{port}"
-    args = ["--tokens", str(tokens), "--db", str(base / "deploy.sqlite"), "--port", str(port), *extra_args]
+    signers = [a for key in trusted_keys for a in ("--trusted-key", str(key))]
+    if not signers and "--trusted-key" not in extra_args:
+        signers = ["--allow-any-signer"]
+    args = ["--tokens", str(tokens), "--db", str(base / "deploy.sqlite"), "--port", str(port), *signers, *extra_args]
     proc = start_service_process("services.deploy", args, log, lambda: _answers(url), timeout_s)
     return LocalDeployService(url, token, proc, log)
 

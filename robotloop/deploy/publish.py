@@ -108,6 +108,12 @@ def _store(client: BucketClient, signed: SignedManifest) -> SignedManifest:
             raise PublishError(f"release {signed.manifest.name!r} already exists in {url} with other files; "
                                "release names are immutable, pick a new one")  # fmt: skip
         return old
+    # The release holds its own paths to the signed files (metadata only: the bytes stay where they are), so
+    # training into the run's folder again, which overwrites its checkpoint files, cannot take them from robots:
+    # the store serves a file's bytes only to readers of a bucket that holds it.
+    m = signed.manifest
+    held = {f"{url.path.rsplit('/', 1)[0]}/files/{f.path}": f.xet_hash for f in m.files}
+    client.point_back(BucketUrl(m.bucket, ""), held)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "manifest.json"
         path.write_bytes(signed.to_json())

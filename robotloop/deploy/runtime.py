@@ -119,7 +119,8 @@ class RobotRuntime:
         self._fetchers: dict[str, XetFetcher] = {}
         self._mismatched: set[str] = set()  # releases whose inputs do not fit this robot: skipped until a restart
         self._unscored: dict[str, int] = defaultdict(int)  # finished episodes with no score, per release
-        self._integrity_failed: set[str] = set()  # releases whose bytes did not verify once (refused the second time)
+        self._integrity_failed: set[str] = set()  # releases whose bytes did not verify
+        self._failures: dict[str, int] = {}  # per release, preparations that failed and will be retried once (refused the second time)
 
     # -- public ----------------------------------------------------------------------------------------------
     @property
@@ -296,8 +297,11 @@ class RobotRuntime:
                     log.exception("preparing %s failed unexpectedly; will retry", known)
                     prepared = False
                 if not prepared:
-                    known = None  # transient failure: ask again (answered at once) after a pause
-                    self._stop.wait(2.0)
+                    # Transient failure: ask again (answered at once) after a pause that doubles per failure of
+                    # this release, up to a minute: a release that cannot be fetched is not hammered every 2 s.
+                    failures = self._failures[known] = self._failures.get(known, 0) + 1
+                    known = None
+                    self._stop.wait(min(2.0 * 2 ** (failures - 1), 60.0))
 
     def _wanted(self, release: str) -> bool:
         with self._lock:

@@ -220,11 +220,11 @@ def _run_stages(s: LoopSettings, report: LoopReport, client: BucketClient, on_st
             _record(recorder, s, s.episodes, report)
     service = None
     try:
-        service = start_local_deploy_service(s.report_dir / "deploy")
-        deploy = DeployClient(service.url, service.token)
         key = s.report_dir / "keys" / "deploy.key"
         if not key.exists():
             generate_keypair(key)
+        service = start_local_deploy_service(s.report_dir / "deploy", trusted_keys=(public_path(key),))
+        deploy = DeployClient(service.url, service.token)
         if s.live:
             _live(client, recorder, deploy, key, report, on_stage, on_train)
         else:

@@ -116,9 +116,10 @@ class BucketClient:
 
     # -- writes ----------------------------------------------------------------------------------------
     def point_back(self, bucket: BucketUrl, files: dict[str, str | None]) -> None:
-        """Point bucket paths (relative to the bucket's root) at Xet hashes the bucket held before, in one batch;
-        None deletes the path. Nothing moves but metadata: the bytes are still in the store. How a writer undoes
-        the part of a change it uploaded when the rest failed.
+        """Point bucket paths (relative to the bucket's root) at Xet hashes the bucket holds or held before, in one
+        batch; None deletes the path. Nothing moves but metadata: the bytes are still in the store. How a writer
+        undoes the part of a change it uploaded when the rest failed, and how a release keeps paths of its own to
+        its files.
 
         Raises:
             StorageError: the batch was refused (e.g. a hash this bucket never held).

@@ -24,8 +24,9 @@ Thin routes over :class:`robotloop.deploy.registry.Registry` (SQLite; it documen
 Auth: operators use tokens from a tokens file (``<token> <read|write> *``, :class:`TokenStore`): read tokens may
 GET, write tokens may also change things. Robots use the token issued at registration (only its SHA-256 is
 stored) and may only read their own robot and assignment and post their own heartbeats and events; another
-robot's routes answer 403. Errors are JSON ``{"error": "..."}`` (401, 403, 404, 409 name reuse, 422 bad body, or a release not signed by
-one of the service's trusted keys when it has any: ``--trusted-key``).
+robot's routes answer 403. Errors are JSON ``{"error": "..."}`` (401, 403, 404, 409 name reuse, 422 bad body, or a
+release not signed by one of the service's trusted keys, ``--trusted-key``). Without trusted keys the service does not
+start, unless told ``--allow-any-signer`` (then it registers releases signed by any key; robots verify regardless).
 Only JSON travels: no pickle on any route.
 
 Example::
@@ -105,14 +106,22 @@ Who = Annotated[Caller, Depends(caller)]
 MAX_BODY_BYTES = 8 * 2**20
 
 
-def create_app(tokens_file: Path | str, db: Path, trusted_keys: list[Path] | None = None) -> FastAPI:
-    """The deploy service app over the SQLite registry at `db`.
+def create_app(
+    tokens_file: Path | str, db: Path, trusted_keys: list[Path] | None = None, allow_any_signer: bool = False
+) -> FastAPI:
+    """The deploy service app over the SQLite registry at `db`; it registers only releases signed by one of
+    `trusted_keys`, or (`allow_any_signer`, said explicitly) by any key.
 
     Raises:
         TokensFileError: malformed tokens file. FileNotFoundError: no such file.
+        ValueError: neither trusted keys nor `allow_any_signer`.
     """
     tokens = TokenStore.from_file(Path(tokens_file))
-    # Optional: refuse releases not signed by these keys at publish time. Robots check regardless.
+    if not trusted_keys and not allow_any_signer:
+        # Operators would see releases listed that every robot refuses (signed by anyone, or edited after signing).
+        raise ValueError("the deploy service registers releases signed by trusted keys only: pass --trusted-key "
+                         "deploy.pub (deploy.trusted_keys), or --allow-any-signer to register releases signed by any "
+                         "key (robots still check against their own keys)")
     trusted = load_public_keys(trusted_keys) if trusted_keys else None
     registry = Registry(db)
     app = FastAPI(title="robotloop deploy service", docs_url=None, redoc_url=None, openapi_url=None)
@@ -232,11 +241,13 @@ def _robot_itself(who: Caller, robot: str) -> None:
 
 
 def serve(settings: Settings, tokens_file: Path | None = None, db: Path | None = None, host: str | None = None,
-          port: int | None = None, trusted_keys: list[Path] | None = None) -> None:  # fmt: skip
+          port: int | None = None, trusted_keys: list[Path] | None = None,
+          allow_any_signer: bool | None = None) -> None:  # fmt: skip
     """Run the service with uvicorn until interrupted; arguments left None come from `settings.deploy`.
 
     Raises:
-        ValueError: no tokens file (there is no open mode: the service decides what robots run).
+        ValueError: no tokens file (there is no open mode: the service decides what robots run), or no trusted
+            keys and not `allow_any_signer`.
         TokensFileError, FileNotFoundError: a malformed or missing tokens file.
     """
     import uvicorn
@@ -246,7 +257,8 @@ def serve(settings: Settings, tokens_file: Path | None = None, db: Path | None =
     if tokens_file is None:
         raise ValueError("the deploy service needs operator tokens: pass --tokens FILE ('<token> write *' per line)")
     host, port, db = host or cfg.host, port or cfg.port, db or cfg.db
-    app = create_app(tokens_file, db, trusted_keys or cfg.trusted_keys)
+    any_signer = cfg.allow_any_signer if allow_any_signer is None else allow_any_signer
+    app = create_app(tokens_file, db, trusted_keys or cfg.trusted_keys, any_signer)
     require_free_port(host, port)
     log.warning("robotloop deploy service on http://%s:%d, state in %s", host, port, db)
 
