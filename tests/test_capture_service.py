@@ -7,6 +7,7 @@ Every refused request must be a 4xx with a clear message and leave nothing in th
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -44,6 +45,7 @@ MAX_BODY, MAX_FRAMES = 200_000, 60  # small limits so the 413 paths are cheap to
 class Capture:
     endpoint: str
     bucket: BucketClient  # reads the bucket with the bucket server's own write token
+    log: Path  # the service's own output
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +74,7 @@ def capture(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         except httpx.HTTPError:
             assert time.monotonic() < deadline, "capture service did not start"
             time.sleep(0.1)
-    yield Capture(endpoint, BucketClient(bucket_server.endpoint, WRITE_TOKEN))
+    yield Capture(endpoint, BucketClient(bucket_server.endpoint, WRITE_TOKEN), base / "capture.log")
     proc.terminate()
     proc.wait(10)
 
@@ -327,3 +329,21 @@ def test_a_meta_info_that_is_no_dataset_is_a_conflict_at_open(capture, tmp_path)
         with CaptureClient(capture.endpoint, ROBOT_A) as robot, pytest.raises(CaptureError) as e:
             robot.open(str(url), CAMERAS, STATE, ACTION)
         assert e.value.status == 409 and "not a LeRobot dataset's" in str(e.value), e.value
+
+
+def test_a_robot_that_disconnects_mid_body_leaves_no_traceback_and_its_episode_open(capture):
+    dataset = "hf://buckets/lab/capture/datasets/disconnect"
+    with CaptureClient(capture.endpoint, ROBOT_A) as robot:
+        eid = robot.open(dataset, CAMERAS, STATE, ACTION)
+        robot.send_frames(eid, **frames(3))
+        before = capture.log.stat().st_size
+        host, port = capture.endpoint.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as raw:  # promise 100 kB, send 50 bytes, hang up
+            raw.sendall(f"POST /v1/episodes/{eid}/frames HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {ROBOT_A}"
+                        f"\r\nContent-Length: 100000\r\n\r\n".encode() + b"x" * 50)
+        time.sleep(1.0)
+        robot.send_frames(eid, **frames(2, 3))  # the episode is as it was
+        report = robot.close(eid, "pick the cube")
+        assert report["frames"] == 5
+    said = capture.log.read_bytes()[before:].decode(errors="replace")
+    assert "Traceback" not in said and "ClientDisconnect" not in said, said

@@ -64,7 +64,9 @@ class CaptureClient:
         """Commit the episode; returns the commit report (episode_index, frames, bytes_sent, ...).
 
         Raises:
-            CaptureError: refused or the commit failed; either way the episode is gone from the service.
+            CaptureError: refused or the commit failed. A bad task, an episode with no frames, or a failed upload
+                leave the episode open on the service (close it again, or `abort` it); an episode the recorder
+                refuses (features that do not fit the dataset) is dropped.
         """
         return self._call("POST", f"/v1/episodes/{episode_id}/close", json={"task": task})
 

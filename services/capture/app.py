@@ -38,9 +38,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from robotloop.capture import BadEpisode
 from robotloop.capture.sessions import EpisodeSessions, Limits, SpecConflict, TooLarge, TooManyEpisodes, UnknownEpisode
@@ -149,7 +150,11 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
 
     @app.post("/v1/episodes/{episode_id}/frames")
     async def add_frames(episode_id: str, request: Request, who: Caller) -> dict[str, Any]:
-        body = await request.body()  # bounded by BodyLimit
+        try:
+            body = await request.body()  # bounded by BodyLimit
+        except ClientDisconnect:  # the robot went away mid-upload: nobody to answer, nothing of it kept
+            log.info("%s disconnected while sending frames to episode %s", who.id, episode_id)
+            return Response(status_code=400)
         frames = await run_in_threadpool(sessions.add_frames, who.id, episode_id, body)
         return {"episode_id": episode_id, "frames": frames}
 
