@@ -83,7 +83,8 @@ class HubError(Exception):
 
 def error_response(status: int, message: str, code: str | None = None, headers: dict | None = None) -> JSONResponse:
     """JSON error in the Hub's shape; header values are made latin-1 safe (paths may be unicode)."""
-    safe = message.encode("ascii", "backslashreplace").decode().replace("\r", " ").replace("\n", " ")
+    text = message.encode("ascii", "backslashreplace").decode()
+    safe = "".join(c if " " <= c <= "~" else " " for c in text)  # no control byte (NUL, CR, LF) in a header
     out = {"X-Error-Message": safe, **(headers or {})}
     if code:
         out["X-Error-Code"] = code
@@ -177,21 +178,49 @@ def parse_batch(body: bytes) -> list[Operation]:
     return ops
 
 
+# Milliseconds since 1970 up to the end of year 9999: what the listings can turn back into dates.
+MAX_MTIME_MS = 253_402_300_799_999
+MAX_SIZE = 2**53  # file sizes the JSON clients read exactly
+
+
 def _operation(item: dict[str, Any]) -> Operation:
-    kind = item["type"]
-    path = item["path"]
-    if not isinstance(path, str):
-        raise TypeError("'path' must be a string")
+    """One batch line as an operation, every field checked for type and range here: the store keeps nothing that a
+    later listing or read could not serve (a year-10000 mtime broke every listing of its bucket)."""
+    if not isinstance(item, dict):
+        raise TypeError(f"a batch line must be a JSON object, got {type(item).__name__}")
+    kind, path = _field(item, "type", str), _field(item, "path", str)
     if kind == "deleteFile":
         return DeleteFile(path)
     mtime = item.get("mtime")
-    mtime_ms = int(mtime) if mtime is not None else None
+    mtime_ms = None if mtime is None else _number(mtime, "mtime", MAX_MTIME_MS)
     if kind == "addFile":
         size = item.get("size")
-        return AddFile(path, str(item["xetHash"]), mtime_ms, int(size) if size is not None else None, item.get("contentType"))
+        content_type = item.get("contentType")
+        if content_type is not None and not (
+            isinstance(content_type, str) and 0 < len(content_type) <= 255 and content_type.isascii()
+            and content_type.isprintable()
+        ):
+            raise ValueError(f"'contentType' must be printable ASCII of at most 255 characters, got {content_type!r}")
+        size_value = None if size is None else _number(size, "size", MAX_SIZE)
+        return AddFile(path, _field(item, "xetHash", str), mtime_ms, size_value, content_type)
     if kind == "copyFile":
-        return CopyFile(path, str(item["xetHash"]), item["sourceRepoType"], item["sourceRepoId"], mtime_ms)
+        source = _field(item, "sourceRepoType", str), _field(item, "sourceRepoId", str)
+        return CopyFile(path, _field(item, "xetHash", str), *source, mtime_ms)
     raise ValueError(f"unknown operation type {kind!r} (expected addFile, copyFile or deleteFile)")
+
+
+def _field(item: dict[str, Any], name: str, kind: type) -> Any:
+    value = item[name]  # KeyError names a missing field
+    if not isinstance(value, kind):
+        raise TypeError(f"'{name}' must be a {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _number(value: Any, name: str, limit: int) -> int:
+    """A whole number in [0, limit]; floats are accepted when whole (JSON has one number type)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value or not 0 <= value <= limit:
+        raise ValueError(f"'{name}' must be a number from 0 to {limit}, got {value!r}")
+    return int(value)
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:

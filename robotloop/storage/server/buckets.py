@@ -179,6 +179,10 @@ def validate_path(bucket_id: str, path: str) -> str:
 
     if not path:
         raise bad("empty path")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: SQLite and every client would fail on it later
+        raise bad("not valid UTF-8 text") from None
     if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
         raise bad(f"longer than {MAX_PATH_BYTES} bytes")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
@@ -195,9 +199,11 @@ def validate_path(bucket_id: str, path: str) -> str:
     return path
 
 
-def _prefix_upper_bound(prefix: str) -> str:
-    """Smallest string greater than every string starting with ``prefix`` (for index range scans)."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+def _prefix_upper_bound(prefix: str) -> str | None:
+    """Smallest string greater than every string starting with ``prefix`` (for index range scans); None when there
+    is none (``prefix`` is only U+10FFFF, the last code point, which has no successor)."""
+    stripped = prefix.rstrip("\U0010ffff")
+    return stripped[:-1] + chr(ord(stripped[-1]) + 1) if stripped else None
 
 
 _SCHEMA = """
@@ -404,8 +410,13 @@ class BucketStore:
           plus the file named exactly ``prefix`` if there is one.
 
         Raises:
-            BucketNotFound.
+            BucketNotFound. InvalidPath: ``prefix`` or ``after`` is not UTF-8 text (a lone surrogate).
         """
+        for what, text in (("prefix", prefix), ("cursor", after or "")):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidPath(f"{what} {text!r} is not valid UTF-8 text") from None
         conn = self._conn()
         bucket_id = self._bucket_id(conn, namespace, name)
         kind, after_path = (after[0], after[2:]) if after else ("f", None)
@@ -418,9 +429,9 @@ class BucketStore:
     ) -> list[FileRecord | FolderRecord]:
         sql = "SELECT * FROM files WHERE bucket_id = ? AND path >= ? AND path > ?"
         args: list = [bucket_id, prefix, after or ""]
-        if prefix:
+        if prefix and (upper := _prefix_upper_bound(prefix)) is not None:
             sql += " AND path < ?"
-            args.append(_prefix_upper_bound(prefix))
+            args.append(upper)
         rows = conn.execute(sql + " ORDER BY path LIMIT ?", (*args, limit)).fetchall()
         return [_file_from_row(r) for r in rows]
 

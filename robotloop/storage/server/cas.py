@@ -581,8 +581,8 @@ class CasStore:
 
     def check_fetch_url(self, xorb_hex: str, exp: str | None, sig: str | None) -> bool:
         """True if (exp, sig) is a valid, unexpired signature for this xorb."""
-        if not exp or not sig or not exp.isdigit() or int(exp) < time.time():
-            return False
+        if not exp or not sig or not (exp.isascii() and exp.isdigit() and sig.isascii()) or int(exp) < time.time():
+            return False  # non-ASCII digits or signatures are no URL of ours (and compare_digest refuses them)
         return hmac.compare_digest(sig, self._sign(xorb_hex, int(exp)))
 
     def _sign(self, xorb_hex: str, exp: int) -> str:
