@@ -1,0 +1,213 @@
+"""Load held, bounded and on 127.0.0.1 only: a fleet on the deploy service, uploaders on the bucket server.
+
+Run:  .venv/bin/python benchmarks/load.py [--robots 200] [--uploaders 16] [--seconds 60] [--out load.json]
+
+1. Fleet: `--robots` simulated robots (asyncio, one httpx client) long-poll their assignment (5 s) and heartbeat
+   every 2 s for `--seconds`, while an operator promotes a new release on their channel every 5 s. Figures: p50/p99
+   latency of heartbeats and of promotions, errors, and how long robots took to see each promotion.
+2. Uploads: `--uploaders` threads each upload files of 0.2-2 MB (random bytes) to their own folder through the real
+   client (huggingface_hub + hf_xet) for `--seconds`; then every acknowledged file is read back and compared.
+Both stop by themselves; nothing leaves 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from robotloop.deploy.client import DeployClient
+from robotloop.deploy.keys import generate_keypair, load_private_key
+from robotloop.deploy.local import start_local_deploy_service
+from robotloop.deploy.publish import publish
+from robotloop.deploy.runner import make_tiny_checkpoint
+from robotloop.storage import BucketClient, BucketUrl
+from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
+
+OPS = "bench-load-ops"
+RUN = "hf://buckets/bench/load/models/tiny"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--robots", type=int, default=200)
+    ap.add_argument("--uploaders", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        server = ensure_embedded_server(work / "buckets")
+        client = BucketClient(server.endpoint, server.token)
+        try:
+            result = {
+                "date": time.strftime("%Y-%m-%d"),
+                "machine": f"{os.uname().nodename}, {os.cpu_count()} cores",
+                "fleet": fleet(client, work, args),
+                "uploads": uploads(client, work, args),
+            }
+        finally:
+            stop_embedded_server(work / "buckets")
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+def _percentiles(values: list[float]) -> dict:
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+    return {
+        "n": len(values),
+        "p50_ms": round(1000 * statistics.median(ordered), 1),
+        "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1),
+    }
+
+
+def fleet(client: BucketClient, work: Path, args) -> dict:
+    service = start_local_deploy_service(work / "deploy", OPS)
+    ops = DeployClient(service.url, OPS)
+    key = work / "keys" / "deploy.key"
+    generate_keypair(key)
+    ckpt = make_tiny_checkpoint(work / "ckpt")
+    names = [f"load-v{i}" for i in range(int(args.seconds // 5) + 2)]
+    client.create_bucket(BucketUrl.parse(RUN))
+    for step, name in enumerate(names, start=1):
+        url = BucketUrl.parse(f"{RUN}/checkpoints/{step:06d}")
+        client.upload(ckpt, url / "pretrained_model")
+        publish(client, str(url), name, load_private_key(key), ops, channel=None)
+    ops.promote("stable", names[0])
+    tokens = {f"robot-{i:03d}": ops.register_robot(f"robot-{i:03d}", channel="stable") for i in range(args.robots)}
+    try:
+        return asyncio.run(_fleet_run(service.url, tokens, ops, names, args.seconds))
+    finally:
+        service.stop()
+
+
+async def _fleet_run(url: str, tokens: dict[str, str], ops: DeployClient, names: list[str], seconds: float) -> dict:
+    beats, errors, seen = [], [], {}  # seen: release -> seconds after its promotion, per robot
+    promoted: dict[str, float] = {names[0]: time.monotonic()}
+    promote_lat: list[float] = []
+    end = time.monotonic() + seconds
+    limits = httpx.Limits(max_connections=2 * len(tokens) + 10, max_keepalive_connections=2 * len(tokens))
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as http:
+
+        async def robot(name: str, token: str) -> None:
+            auth, known = {"authorization": f"Bearer {token}"}, None
+
+            async def heartbeats() -> None:
+                while time.monotonic() < end:
+                    t0 = time.monotonic()
+                    r = await http.post(
+                        f"/v1/robots/{name}/heartbeat", json={"running": known, "status": {}}, headers=auth
+                    )
+                    if r.status_code == 200:
+                        beats.append(time.monotonic() - t0)
+                    else:
+                        errors.append(r.status_code)
+                    await asyncio.sleep(2.0)
+
+            task = asyncio.create_task(heartbeats())
+            while time.monotonic() < end:
+                params = {"wait_s": 5.0, **({"known": known} if known else {})}
+                r = await http.get(f"/v1/robots/{name}/assignment", params=params, headers=auth)
+                if r.status_code != 200:
+                    errors.append(r.status_code)
+                    await asyncio.sleep(1.0)
+                    continue
+                release = r.json().get("release")
+                if release != known and release in promoted:
+                    seen.setdefault(release, []).append(time.monotonic() - promoted[release])
+                known = release
+            await task
+
+        async def operator() -> None:
+            for name in names[1:]:
+                await asyncio.sleep(5.0)
+                if time.monotonic() >= end - 5:
+                    return
+                t0 = time.monotonic()
+                await asyncio.to_thread(ops.promote, "stable", name, "load test")
+                promote_lat.append(time.monotonic() - t0)
+                promoted[name] = time.monotonic()
+
+        await asyncio.gather(operator(), *(robot(n, t) for n, t in tokens.items()))
+    complete = [r for r in promoted if r != names[0]]
+    return {
+        "robots": len(tokens),
+        "seconds": seconds,
+        "heartbeats": _percentiles(beats),
+        "promote": _percentiles(promote_lat),
+        "errors": len(errors),
+        "error_statuses": sorted(set(errors)),
+        "promotions": len(complete),
+        "fewest_robots_that_saw_a_promotion": min((len(seen.get(r, [])) for r in complete), default=len(tokens)),
+        "seen_after": _percentiles([s for r in complete for s in seen.get(r, [])]),
+    }
+
+
+def uploads(client: BucketClient, work: Path, args) -> dict:
+    base = BucketUrl.parse("hf://buckets/bench/load-uploads")
+    client.create_bucket(base)
+    end = time.monotonic() + args.seconds
+    acked: list[tuple[BucketUrl, str]] = []
+    latencies, errors = [], []
+    lock = threading.Lock()
+
+    def uploader(i: int) -> None:
+        rng, n = random.Random(i), 0
+        folder = work / f"up-{i}"
+        folder.mkdir()
+        while time.monotonic() < end:
+            data = rng.randbytes(rng.randint(200_000, 2_000_000))
+            path = folder / f"f{n}.bin"
+            path.write_bytes(data)
+            url = base / f"u{i}" / f"f{n}.bin"
+            t0 = time.monotonic()
+            try:
+                client.upload(path, url)
+            except Exception as error:  # noqa: BLE001 - counted, the figure says how many
+                with lock:
+                    errors.append(repr(error)[:200])
+            else:
+                with lock:
+                    latencies.append(time.monotonic() - t0)
+                    acked.append((url, hashlib.sha256(data).hexdigest()))
+            path.unlink()
+            n += 1
+
+    threads = [threading.Thread(target=uploader, args=(i,)) for i in range(args.uploaders)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    mismatched = 0
+    for url, digest in acked:
+        size = client.stat(url).size
+        if hashlib.sha256(client.read_range(url, 0, size)).hexdigest() != digest:
+            mismatched += 1
+    return {
+        "uploaders": args.uploaders,
+        "seconds": args.seconds,
+        "uploads": _percentiles(latencies),
+        "errors": len(errors),
+        "first_errors": errors[:3],
+        "acknowledged": len(acked),
+        "read_back_mismatched": mismatched,
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
