@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from robotloop.capture import DatasetRecorder
@@ -199,3 +203,35 @@ def test_a_full_queue_refuses_new_jobs_and_creates_nothing(tmp_path):
         assert list((tmp_path / "jobs").iterdir()) == [] and manager.list() == []
     finally:
         manager.close()
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_every_training_route_answers_below_500(trainer, tmp_path_factory, data):
+    """Property-based fuzzing of every route (read from the app itself): any path parameter, query offset and JSON
+    body. Random bodies lack a job spec's required fields, so no job starts."""
+    from fastapi.routing import APIRoute
+
+    from robotloop.config import load_settings
+    from services.trainer.app import create_app
+
+    tokens = tmp_path_factory.getbasetemp() / "fuzz-trainer-tokens"
+    tokens.write_text(f"{WRITER} write lab\n")
+    app = create_app(load_settings(), tokens, root=tmp_path_factory.getbasetemp() / "fuzz-trainer-jobs")
+    routes = sorted((m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods if m != "HEAD")
+    method, template = data.draw(st.sampled_from(routes))
+    value = data.draw(st.text(max_size=30) | st.sampled_from(["\x00", "..", "0" * 32, "\U0010ffff"]))
+    path = re.sub(r"\{[^}]+\}", quote(value.encode("utf-8", "surrogatepass"), safe="") or "x", template)
+    offset = data.draw(st.none() | st.integers() | st.text(max_size=10))
+    params = {} if offset is None else {"offset": str(offset)}
+    body = json.dumps(data.draw(_json)).encode() if method == "POST" else None
+    r = trainer.call(method, path, params=params, content=body)
+    assert r.status_code < 500, (method, path, r.text)
+    assert r.status_code not in (200, 201, 202) or method != "POST" or not path.endswith("/jobs"), "a random body started a job"
