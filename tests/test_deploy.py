@@ -426,7 +426,7 @@ def _wait(predicate, timeout_s: float, what: str) -> float:
 def robot(deploy, tmp_path) -> Iterator[RobotRuntime]:
     """Robot `r1` on channel `e2e`, in a thread: ALOHA TransferCube at 48x64, 15-step episodes. Its health score is
     smoothness (minus the mean action change), so a jerky release fails the check deterministically."""
-    token = deploy.ops().register_robot("r1", channel="e2e")
+    token = deploy.ops().register_robot("r1", channel="e2e", rotate=True)  # a fresh token for each test's robot
     options = RobotSettings(robot_id="r1", poll_wait_s=10, heartbeat_s=0.5, health_window=2)
     made: list[RobotRuntime] = []
 
@@ -689,3 +689,26 @@ def test_a_release_survives_later_writes_to_its_run_folder(deploy, bucket_server
     report = store.pull(signed, deploy.trusted, XetFetcher(bucket_server.endpoint, WRITE_TOKEN, signed.manifest.bucket))
     assert report.bytes_fetched == signed.manifest.total_bytes  # the signed bytes, still there for robots
     store.verify("overwritten-v1", deploy.trusted)
+
+
+def test_a_robot_that_cannot_fetch_its_release_backs_off_and_says_why(deploy, robot, tmp_path):
+    deploy.ckpts["unique"] = _perturbed(deploy.ckpts["v1"], tmp_path / "unique", scale=2e-3)  # bytes of its own
+    signed = deploy.release("gone-v1", "unique", channel=None)
+    root = BucketUrl(signed.manifest.bucket, "")
+    run = BucketUrl.parse(signed.manifest.checkpoint.rsplit("/checkpoints/", 1)[0])
+    held = [e.url.path for e in deploy.bucket.ls(BucketUrl(root.bucket_id, "releases/gone-v1"), recursive=True)]
+    # Every path that holds its files goes (a wrong bucket clean-up): the store no longer serves the bytes.
+    deploy.bucket.point_back(root, {p: None for p in held if "/files/" in p})
+    deploy.bucket.delete(run, recursive=True)
+    deploy.ops().assign("r1", release="gone-v1")
+    _wait(lambda: robot._failures.get("gone-v1", 0) >= 2, 30, "two failed pulls")
+    t0, failures = time.monotonic(), robot._failures["gone-v1"]
+    time.sleep(3.0)
+    assert robot._failures["gone-v1"] <= failures + 1  # backing off (2, 4, 8 s...), not a pull every 2 s
+    def status() -> dict:
+        return next(r for r in deploy.ops().status()["robots"] if r["id"] == "r1")["status"] or {}
+
+    _wait(lambda: status().get("unfetchable", {}).get("gone-v1", {}).get("failures", 0) >= 2, 5, "the report")
+    assert "gone-v1" not in status()["refused"]  # not bad: it could not be fetched, it may be fetched later
+    assert "cannot read" in status()["unfetchable"]["gone-v1"]["error"] and robot.running != "gone-v1"
+    assert time.monotonic() - t0 < 10

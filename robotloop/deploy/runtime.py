@@ -120,7 +120,8 @@ class RobotRuntime:
         self._mismatched: set[str] = set()  # releases whose inputs do not fit this robot: skipped until a restart
         self._unscored: dict[str, int] = defaultdict(int)  # finished episodes with no score, per release
         self._integrity_failed: set[str] = set()  # releases whose bytes did not verify
-        self._failures: dict[str, int] = {}  # per release, preparations that failed and will be retried once (refused the second time)
+        self._failures: dict[str, int] = {}  # per release, preparations that failed and will be retried
+        self._fetch_errors: dict[str, str] = {}  # per release not fetched yet: the last error, shown in heartbeats once (refused the second time)
 
     # -- public ----------------------------------------------------------------------------------------------
     @property
@@ -341,7 +342,9 @@ class RobotRuntime:
             return False
         except (StorageError, OSError) as error:
             log.warning("pull of %s failed, will retry: %s", release, error)
+            self._fetch_errors[release] = str(error)[:500]  # operators see it in the robot's heartbeat status
             return False
+        self._fetch_errors.pop(release, None)
         try:
             runner = PolicyRunner.load(self.store.model_dir(release), self.options.device)
             obs = self._latest_obs
@@ -407,6 +410,8 @@ class RobotRuntime:
             status = {"control_hz": round((steps - last_steps) / max(now - last_t, 1e-6), 1),
                       "max_gap_ms": round(1000 * self.stats.max_gap_s, 1), "episodes": len(self.stats.episodes),
                       "health": health, "probation": probation, "refused": self._refused_sorted(),
+                      "unfetchable": {r: {"failures": self._failures.get(r, 0), "error": e}
+                                      for r, e in list(self._fetch_errors.items())},
                       "last_pull": asdict(self.stats.pulls[-1]) if self.stats.pulls else None}  # fmt: skip
             last_steps, last_t = steps, now
             if running and not probation and running != self._last_good:
