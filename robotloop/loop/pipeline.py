@@ -127,7 +127,7 @@ class LoopSettings:
             eval_workers=15,
             videos=3,
             train_after=10,
-            policy=H200_RECIPE,
+            policy=dict(H200_RECIPE),  # a copy: a run's settings never change the preset
         )
         presets = {"cpu": {}, "h200": h200}
         if name not in presets:
