@@ -179,6 +179,7 @@ class CasStore:
         self._pending: dict[str, int] = {}
         self._flushed_at = time.monotonic()
         self._key = self._load_key()
+        self._verified: dict[str, tuple[int, int, int]] = {}  # xorb -> (size, mtime_ns, inode) when last checked whole
         with self._db() as db:
             db.executescript(SCHEMA)
             db.executemany("INSERT OR IGNORE INTO counters VALUES (?, 0)", [(c,) for c in COUNTERS])
@@ -333,34 +334,44 @@ class CasStore:
         return XorbSlice(self._blob_path("xorbs", hash_hex), start, end - start + 1, total)
 
     def read_verified(self, hash_hex: str, start: int | None = None, end: int | None = None) -> VerifiedRange:
-        """Bytes [start, end] (inclusive, like HTTP Range) of a stored xorb, once every chunk they touch has been
-        decompressed and checked against the hash it was stored under. Read whole before anything is sent, so a
-        damaged or truncated xorb is an error status, never wrong bytes or a dropped connection (a range is at most
-        one xorb, 64 MiB). Raises BadHash, UnknownXorb, RangeNotSatisfiable, DamagedXorb (and marks it damaged:
-        dedup stops answering with it, so a client uploads the xorb again, which repairs it).
+        """Bytes [start, end] (inclusive, like HTTP Range) of a stored xorb whose chunks match the hashes they were
+        stored under. A xorb is checked whole (every chunk decompressed and hashed) the first time this process
+        serves it and again whenever its file changes (size, mtime, inode) or is marked damaged (by a scrub), so a
+        damaged or truncated xorb is an error status, never wrong bytes or a dropped connection. Bit rot that keeps
+        the file's mtime is what `scrub` is for. Raises BadHash, UnknownXorb, RangeNotSatisfiable, DamagedXorb (and
+        marks it damaged: dedup stops answering with it, so a client uploads the xorb again, which repairs it).
         """
         s = self.open_xorb_range(hash_hex, start, end)
-        chunks = self._chunks(self._db(), hash_hex) or []
-        touched = [c for c in chunks if c.byte_start < s.offset + s.length and c.byte_end > s.offset]
-        lo = min([s.offset] + [c.byte_start for c in touched])
-        hi = max([s.offset + s.length] + [c.byte_end for c in touched])
-        with open(s.path, "rb") as f:
-            f.seek(lo)
-            data = f.read(hi - lo)
-            f.seek(0, os.SEEK_END)
-            on_disk = f.tell()
         try:
-            if on_disk != s.total or len(data) != hi - lo:
-                raise xf.TruncatedError(f"the file holds {on_disk} bytes, {s.total} were stored")
-            for c in touched:
-                [(_, _, raw)] = list(xf.iter_chunks(data[c.byte_start - lo : c.byte_end - lo]))
-                if xf.chunk_hash(raw) != c.hash:
-                    raise xf.FormatError(f"the chunk at byte {c.byte_start} does not match its hash")
-        except (xf.FormatError, ValueError) as error:  # TruncatedError is a FormatError
+            st = os.stat(s.path)
+            identity = (st.st_size, st.st_mtime_ns, st.st_ino)
+            if self._verified.get(hash_hex) != identity or self._damaged(hash_hex):
+                self._verify_whole(hash_hex, s.path, s.total)
+                self._verified[hash_hex] = identity
+            with open(s.path, "rb") as f:
+                f.seek(s.offset)
+                data = f.read(s.length)
+            if len(data) != s.length:
+                raise xf.TruncatedError(f"the file ends before byte {s.offset + s.length}")
+        except (OSError, xf.FormatError, ValueError) as error:  # TruncatedError is a FormatError
+            self._verified.pop(hash_hex, None)
             self._mark_damaged(hash_hex, str(error))
             raise DamagedXorb(f"xorb {hash_hex} is damaged on the server ({error}); its bytes are not served. "
                               "Upload the file again to repair it, or restore the server's data root") from None
-        return VerifiedRange(data[s.offset - lo : s.offset - lo + s.length], s.offset, s.total)
+        return VerifiedRange(data, s.offset, s.total)
+
+    def _verify_whole(self, hash_hex: str, path: Path, total: int) -> None:
+        """Raises xf.FormatError when the stored file is not exactly the xorb verified at upload."""
+        data = path.read_bytes()
+        if len(data) != total:
+            raise xf.TruncatedError(f"the file holds {len(data)} bytes, {total} were stored")
+        for c in self._chunks(self._db(), hash_hex) or []:
+            [(_, _, raw)] = list(xf.iter_chunks(data[c.byte_start : c.byte_end]))
+            if xf.chunk_hash(raw) != c.hash:
+                raise xf.FormatError(f"the chunk at byte {c.byte_start} does not match its hash")
+        if self._damaged(hash_hex):  # repaired on disk since it was marked (restored by hand): serve it again
+            with self._tx() as db:
+                db.execute("DELETE FROM damaged_xorbs WHERE hash = ?", (hash_hex,))
 
     def _mark_damaged(self, hash_hex: str, detail: str) -> None:
         with self._tx() as db:
