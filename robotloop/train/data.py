@@ -75,7 +75,7 @@ class DataSettings:
 
     The buffer bound is `buffer_frames` when set, else `buffer_bytes` divided by the bytes one frame takes
     (all cameras' uint8 images plus state and action). `buffer_bytes` None: on CUDA, `buffer_share` of the
-    device's free memory when the sampler starts (an H200 holds ~300 episodes of 480x640 frames, so nothing is
+    device's free memory when the sampler starts (on an H200 about 190 episodes of 480x640 frames, so nothing is
     evicted and decoded again); on CPU 8 GiB.
     """
 
