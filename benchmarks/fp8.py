@@ -2,7 +2,7 @@
 
 Run (GPU, all of it):  .venv/bin/python benchmarks/fp8.py --out fp8.json
     In pieces (each configuration compiles for minutes): --skip speed (parity only), --skip parity
-    --cases large-b128 (one speed case), --modes off tensorwise (some configurations).
+    --cases large-b128 (one speed case), --modes off tensorwise (some configurations), --parity-eager.
 Smoke (CPU):           .venv/bin/python benchmarks/fp8.py --quick
     (tiny ACT, a few steps, no compile; explicit recipes are reported as skipped and "auto" falls back to
     bf16, since this CPU has no FP8: it checks the script's control flow, not FP8)
@@ -28,7 +28,9 @@ import argparse
 import gc
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -121,6 +123,21 @@ def speed_run(mode: str, case: Case, args, device: torch.device, fast: bool) -> 
     return row
 
 
+def parity_side_by_side(args) -> list[dict]:
+    """Each mode's parity run in its own process, all at once on the one GPU: a loss does not depend on what else
+    runs beside it, and the runs take the time of one."""
+    passed = ["--parity-steps", str(args.parity_steps), "--parity-batch", str(args.parity_batch), "--pool",
+              str(args.pool), "--image", args.image, *(["--parity-eager"] if args.parity_eager else []), *(["--quick"] if args.quick else [])]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [(mode, Path(tmp) / f"{mode}.json") for mode in args.modes]
+        running = [subprocess.Popen([sys.executable, __file__, "--skip", "speed", "--modes", mode, "--out", str(out),
+                                     *passed], stdout=subprocess.DEVNULL) for mode, out in procs]  # fmt: skip
+        for p in running:
+            p.wait()
+        return [json.loads(out.read_text())["parity"][0] if out.exists() else {"mode": mode, "error": "no output"}
+                for mode, out in procs]  # fmt: skip
+
+
 def guarded(fn, mode: str, *rest) -> dict:
     """Run one configuration; a device without FP8 is a skip, any other failure an error row."""
     try:
@@ -166,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES), help="speed cases to run")
     ap.add_argument("--parity-steps", type=int, default=2000)
     ap.add_argument("--parity-batch", type=int, default=8)
+    ap.add_argument("--parity-eager", action="store_true",
+                    help="parity without compile or CUDA graphs (same FP8 matmuls, minutes less per configuration)")
+    ap.add_argument("--parity-side-by-side", action="store_true", help="one process per mode, all at once")
     ap.add_argument("--pool", type=int, default=512, help="samples in the parity data pool")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
@@ -186,9 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     fast = device.type == "cuda"  # compile + CUDA graphs need a GPU
 
     parity, speed = [], []
-    if "parity" not in args.skip:
+    if "parity" not in args.skip and args.parity_side_by_side:
+        parity = parity_side_by_side(args)
+    elif "parity" not in args.skip:
         for mode in args.modes:
-            parity.append(row := guarded(parity_run, mode, args, device, fast))
+            parity.append(row := guarded(parity_run, mode, args, device, fast and not args.parity_eager))
             print(json.dumps({"parity": row}), file=sys.stderr, flush=True)
     if "speed" not in args.skip:
         for case in cases:
@@ -201,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "torchao": __import__("torchao").__version__,
         "image": list(args.hw),
+        "parity_compiled": fast and not args.parity_eager,
         "cases": [asdict(c) for c in cases],
         "parity": parity,
         "speed": speed,

@@ -111,6 +111,9 @@ def test_the_h200_preset_is_checked_up_front_and_says_plainly_how_good_the_polic
     act = LoopSettings.preset("h200", device="cpu").act()  # the recipe on top of lerobot's default-size ACT
     assert act.image_size == (240, 320) and act.backbone_norm == "batch" and act.temporal_ensemble_coeff == 0.01
     assert act.dim_model == 512 and act.lr == 1e-4 and act.lr_schedule == "cosine"
+    insertion = LoopSettings.preset("h200", device="cpu", task="insertion")  # the preset's per-task values
+    assert (insertion.episodes, insertion.steps) == (100, 6000)
+    assert LoopSettings.preset("h200", device="cpu", task="insertion", steps=10).steps == 10  # the user's value wins
 
     def report(successes: int, n: int) -> EvalReport:
         episodes = [EpisodeResult(i, i, i < successes, 4.0, 1.0, 10, 0.1) for i in range(n)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 from typing import Annotated
 
@@ -47,6 +48,10 @@ def run(argv: list[str] | None = None) -> None:
     """The `robotloop` entry point. `robotloop train serve|watch` mean `robotloop trainer serve|watch`, so every
     service starts as `robotloop <X> serve`: `train` is a command with required options, which Typer cannot
     also make a group."""
+    # A crash in native code (MuJoCo, EGL, a codec, CUDA) then prints every thread's Python stack instead of a
+    # bare exit 139: one H200 loop run died so, with nothing in its log to say where.
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
     args = list(sys.argv[1:] if argv is None else argv)
     i = 0
     while i < len(args) and args[i].startswith("-"):  # global options come first: --endpoint URL --token T
