@@ -109,10 +109,10 @@ def test_the_h200_preset_is_checked_up_front_and_says_plainly_how_good_the_polic
     with pytest.raises(ValueError, match="n_action_steps=1"):  # ensembling with chunked actions: refused before recording
         LoopSettings(policy={"temporal_ensemble_coeff": 0.01})
     act = LoopSettings.preset("h200", device="cpu").act()  # the recipe on top of lerobot's default-size ACT
-    assert act.image_size == (240, 320) and act.backbone_norm == "batch" and act.temporal_ensemble_coeff == 0.01
+    assert act.image_size == (120, 160) and act.backbone_norm == "batch" and act.temporal_ensemble_coeff == 0.01
     assert act.dim_model == 512 and act.lr == 1e-4 and act.lr_schedule == "cosine"
     insertion = LoopSettings.preset("h200", device="cpu", task="insertion")  # the preset's per-task values
-    assert (insertion.episodes, insertion.steps) == (100, 6000)
+    assert (insertion.episodes, insertion.steps, insertion.act().image_size) == (100, 6000, (240, 320))
     assert LoopSettings.preset("h200", device="cpu", task="insertion", steps=10).steps == 10  # the user's value wins
 
     def report(successes: int, n: int) -> EvalReport:
