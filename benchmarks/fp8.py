@@ -3,6 +3,8 @@
 Run (GPU, all of it):  .venv/bin/python benchmarks/fp8.py --out fp8.json
     In pieces (each configuration compiles for minutes): --skip speed (parity only), --skip parity
     --cases large-b128 (one speed case), --modes off tensorwise (some configurations), --parity-eager.
+    Side by side (one process per configuration, all at once on the one GPU; compile is CPU work, so they compile
+    together, then each is timed alone): --parity-side-by-side, --speed-side-by-side.
 Smoke (CPU):           .venv/bin/python benchmarks/fp8.py --quick
     (tiny ACT, a few steps, no compile; explicit recipes are reported as skipped and "auto" falls back to
     bf16, since this CPU has no FP8: it checks the script's control flow, not FP8)
@@ -25,6 +27,7 @@ channels_last, torch.compile + CUDA graphs, fused AdamW) with `fp8` set to "off"
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gc
 import json
 import statistics
@@ -32,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -108,6 +112,29 @@ def parity_run(mode: str, args, device: torch.device, fast: bool) -> dict:
             "fp8_layers": len(tp.fp8_layers)}  # fmt: skip
 
 
+class Gate:
+    """Side by side without sharing the GPU while timed: every process compiles at once (compile is CPU work), says
+    it is ready, waits until all are ready (or gone), then times its steps holding an exclusive lock."""
+
+    def __init__(self, folder: Path, total: int, name: str, timeout_s: float = 1800.0) -> None:
+        self.folder, self.total, self.name, self.timeout_s = folder, total, name, timeout_s
+
+    @contextmanager
+    def turn(self):
+        (self.folder / f"ready-{self.name}").touch()
+        deadline = time.monotonic() + self.timeout_s
+        while len({f.name.split("-", 1)[1] for f in self.folder.glob("*-*")}) < self.total:  # ready or gone
+            if time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        with open(self.folder / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def speed_run(mode: str, case: Case, args, device: torch.device, fast: bool) -> dict:
     h, w = args.hw
     tp = build(mode, case.arch, h, w, device, fast)
@@ -115,7 +142,9 @@ def speed_run(mode: str, case: Case, args, device: torch.device, fast: bool) -> 
     batch = make_batch(case.batch, chunk, h, w, device)
     first = time_steps(tp.train_step, batch, 1, device)[0]  # compile (and auto's measurement) included
     time_steps(tp.train_step, batch, args.warmup, device)
-    med = statistics.median(time_steps(tp.train_step, batch, args.steps, device))
+    with args.gate.turn() if args.gate else nullcontext():
+        time_steps(tp.train_step, batch, args.warmup, device)  # the GPU was shared until now
+        med = statistics.median(time_steps(tp.train_step, batch, args.steps, device))
     row = {"case": case.name, "batch": case.batch, "mode": mode, "samples_per_s": round(case.batch / med, 1),
            "median_step_ms": round(med * 1e3, 2), "first_step_s": round(first, 1), "fp8_layers": len(tp.fp8_layers)}  # fmt: skip
     if device.type == "cuda":
@@ -136,6 +165,34 @@ def parity_side_by_side(args) -> list[dict]:
             p.wait()
         return [json.loads(out.read_text())["parity"][0] if out.exists() else {"mode": mode, "error": "no output"}
                 for mode, out in procs]  # fmt: skip
+
+
+def speed_side_by_side(args, cases: list[Case]) -> list[dict]:
+    """Every (case, mode) in its own process, compiling at once; `Gate` times them one at a time."""
+    key = {c.name + str(c.batch): k for k, c in CASES.items()}  # --quick's tiny case has none
+    jobs = [(case, mode) for case in cases for mode in args.modes]
+    with tempfile.TemporaryDirectory() as tmp:
+        gate = Path(tmp)
+        procs = []
+        for i, (case, mode) in enumerate(jobs):
+            out = gate / f"out{i}.json"
+            which = ["--cases", key[case.name + str(case.batch)]] if not args.quick else []
+            cmd = [sys.executable, __file__, "--skip", "parity", *which, "--modes", mode, "--out", str(out),
+                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--image", args.image,
+                   "--gate", f"{gate}:{len(jobs)}:{i}", *(["--quick"] if args.quick else [])]  # fmt: skip
+            procs.append((case, mode, out, subprocess.Popen(cmd, stdout=subprocess.DEVNULL)))
+        for *_, p in procs:  # waits in launch order; one that dies early is marked gone at once
+            while p.poll() is None:
+                for i, (*_, q) in enumerate(procs):
+                    if q.poll() is not None:
+                        (gate / f"gone-{i}").touch()
+                time.sleep(1.0)
+        rows = []
+        for case, mode, out, p in procs:
+            found = json.loads(out.read_text())["speed"] if out.exists() else []
+            rows.append(found[0] if found else {"case": case.name, "batch": case.batch, "mode": mode,
+                                                "error": f"exit {p.returncode}, no output"})  # fmt: skip
+        return rows
 
 
 def guarded(fn, mode: str, *rest) -> dict:
@@ -186,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parity-eager", action="store_true",
                     help="parity without compile or CUDA graphs (same FP8 matmuls, minutes less per configuration)")
     ap.add_argument("--parity-side-by-side", action="store_true", help="one process per mode, all at once")
+    ap.add_argument("--speed-side-by-side", action="store_true",
+                    help="one process per speed configuration, compiling at once, timed one at a time")
+    ap.add_argument("--gate", dest="gate_spec", default=None, help=argparse.SUPPRESS)  # FOLDER:TOTAL:NAME, set by --speed-side-by-side
     ap.add_argument("--pool", type=int, default=512, help="samples in the parity data pool")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
@@ -212,7 +272,13 @@ def main(argv: list[str] | None = None) -> int:
         for mode in args.modes:
             parity.append(row := guarded(parity_run, mode, args, device, fast and not args.parity_eager))
             print(json.dumps({"parity": row}), file=sys.stderr, flush=True)
-    if "speed" not in args.skip:
+    args.gate = None
+    if args.gate_spec:
+        folder, total, name = args.gate_spec.rsplit(":", 2)
+        args.gate = Gate(Path(folder), int(total), name)
+    if "speed" not in args.skip and args.speed_side_by_side:
+        speed = speed_side_by_side(args, cases)
+    elif "speed" not in args.skip:
         for case in cases:
             for mode in args.modes:
                 speed.append(row := {"case": case.name, "batch": case.batch, **guarded(speed_run, mode, case, args, device, fast)})

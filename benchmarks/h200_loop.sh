@@ -4,6 +4,9 @@
 #   2. `robotloop eval` of its release over 200 other seeds (2000-2199)
 #   3. the same training alone (benchmarks/loop_train.py), to compare with the loop's own rate
 #   4. `robotloop loop --preset h200 --task insertion`
+#   and, when named in $STEPS, issue 14's: `fp8speed` (benchmarks/fp8.py's speed table, side by side) and
+#   `fp8train` (`robotloop train --fp8 auto` and `--fp8 off` on step 1's dataset, each checkpoint loaded with
+#   lerobot's ACTPolicy.from_pretrained and evaluated on the same 20 seeds)
 # Results go to $1 (default /tmp/h200-loop): logs, report.json/report.md, eval_report.json, and results.tar
 # holding all of them (a device call returns at most 8 files). Steps: $STEPS (default "tc eval200 alone insertion").
 #
@@ -44,6 +47,32 @@ if has insertion; then
   stamp start insertion
   python3 -m robotloop.cli loop --preset h200 --task insertion --report-dir "$R/ins" > "$R/ins.log" 2>&1
   stamp end insertion rc=$?
+fi
+pack
+if has fp8speed; then
+  stamp start fp8speed
+  python3 benchmarks/fp8.py --skip parity --speed-side-by-side --out "$R/fp8_speed.json" > "$R/fp8_speed.log" 2>&1
+  stamp end fp8speed rc=$?
+fi
+if has fp8train && [ -n "$RUN" ]; then
+  stamp start fp8train
+  pids=()
+  for mode in auto off; do
+    python3 -m robotloop.cli train --dataset "hf://buckets/local/loop/datasets/transfer_cube-$RUN" \
+      --output "hf://buckets/local/loop/models/fp8-$mode-$RUN" --steps 1000 --batch-size 64 --fp8 $mode \
+      --checkpoint-every 1000 --decode-workers 4 > "$R/fp8train-$mode.log" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[@]}"  # not dmon
+  for mode in auto off; do
+    python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/fp8-$mode-$RUN" --episodes 20 --workers 10 \
+      --videos 0 --output-dir "$R/fp8eval-$mode" > "$R/fp8eval-$mode.log" 2>&1
+    python3 -c "import json, sys; from lerobot.policies.act.modeling_act import ACTPolicy
+path = json.load(open(sys.argv[1]))['policy']; policy = ACTPolicy.from_pretrained(path)
+print('lerobot ACTPolicy.from_pretrained loaded', path, sum(p.numel() for p in policy.parameters()), 'parameters')" \
+      "$R/fp8eval-$mode/eval_report.json" > "$R/fp8load-$mode.log" 2>&1
+  done
+  stamp end fp8train
 fi
 pack
 stamp done
