@@ -97,9 +97,7 @@ def robotloop_step_fn(settings: ACTSettings, h: int, w: int, device: torch.devic
     return tp.train_step
 
 
-def configs(
-    autotune: bool, with_compile: bool, drop: tuple[str, ...] = ()
-) -> list[tuple[str, ACTSettings | None]]:
+def configs(autotune: bool, with_compile: bool, drop: tuple[str, ...] = ()) -> list[tuple[str, ACTSettings | None]]:
     """The stacked configurations; `drop` leaves those options out of every stack (an ablation)."""
     out: list[tuple[str, ACTSettings | None]] = [("lerobot_fp32_eager", None)]
     s = ACTSettings()
@@ -142,9 +140,7 @@ def time_steps(step: Callable[[dict], Any], batch: dict, n: int, device: torch.d
     return out
 
 
-def bench_one(
-    name: str, settings: ACTSettings | None, base: ACTSettings, b: int, h: int, w: int, args, device
-) -> dict:
+def bench_one(name: str, settings: ACTSettings | None, base: ACTSettings, b: int, h: int, w: int, args, device) -> dict:
     torch.manual_seed(0)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
@@ -192,8 +188,12 @@ def profile(step: Callable[[dict], Any], batch: dict, name: str, b: int, n: int 
         wall = (time.perf_counter() - t0) / n
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy = sum(e.device_time for e in kernels) / 1e6 / n
-    print(f"PROFILE {name} b{b}: wall {wall * 1e3:.2f} ms/step, GPU busy {busy * 1e3:.2f} ms/step, "
-          f"{len(kernels) / n:.0f} kernels/step", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"PROFILE {name} b{b}: wall {wall * 1e3:.2f} ms/step, GPU busy {busy * 1e3:.2f} ms/step, "
+        f"{len(kernels) / n:.0f} kernels/step",
+        file=sys.stderr,
+        flush=True,
+    )
     print(prof.key_averages().table(sort_by="device_time_total", row_limit=25), file=sys.stderr, flush=True)
 
 
@@ -207,8 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--image", default="480x640", help="HxW of the one camera")
     ap.add_argument("--only", nargs="*", default=None, help="config names to run (default: all)")
-    ap.add_argument("--drop", nargs="*", default=[], choices=["bf16", "fused_attention", "channels_last"],
-                    help="leave these options out of the stack (ablation), e.g. --drop channels_last")
+    ap.add_argument(
+        "--drop",
+        nargs="*",
+        default=[],
+        choices=["bf16", "fused_attention", "channels_last"],
+        help="leave these options out of the stack (ablation), e.g. --drop channels_last",
+    )
     ap.add_argument("--autotune", action="store_true", help="add a max-autotune configuration (slow compile)")
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny ACT, 48x64, no compile")
     ap.add_argument("--compile-on-cpu", action="store_true", help="with --quick: also the compiled configs")

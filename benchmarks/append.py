@@ -38,8 +38,14 @@ def add_episode(ds: LeRobotDataset, seed: int, frames: int, h: int, w: int) -> N
     base = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
     for t in range(frames):  # a moving scene, so video frames differ as a camera's would
         img = np.roll(base, shift=t, axis=1)
-        ds.add_frame({"observation.images.top": img, "observation.state": rng.normal(size=14).astype(np.float32),
-                      "action": rng.normal(size=14).astype(np.float32), "task": "transfer the cube"})  # fmt: skip
+        ds.add_frame(
+            {
+                "observation.images.top": img,
+                "observation.state": rng.normal(size=14).astype(np.float32),
+                "action": rng.normal(size=14).astype(np.float32),
+                "task": "transfer the cube",
+            }
+        )
     ds.save_episode()
 
 
@@ -54,7 +60,12 @@ def main() -> None:
     ap.add_argument("--image", default="96x128")
     args = ap.parse_args()
     h, w = map(int, args.image.split("x"))
-    results = {"date": time.strftime("%Y-%m-%d"), "episodes_before": args.episodes, "frames": args.frames, "image": args.image}
+    results = {
+        "date": time.strftime("%Y-%m-%d"),
+        "episodes_before": args.episodes,
+        "frames": args.frames,
+        "image": args.image,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         server = ensure_embedded_server(work / "server")
@@ -77,7 +88,9 @@ def record(root: Path, episodes: range, args: argparse.Namespace, h: int, w: int
     ds.finalize()
 
 
-def measure(client: BucketClient, work: Path, case: str, args: argparse.Namespace, h: int, w: int, resume: bool) -> dict:
+def measure(
+    client: BucketClient, work: Path, case: str, args: argparse.Namespace, h: int, w: int, resume: bool
+) -> dict:
     url = BucketUrl.parse(f"hf://buckets/bench/append/{case}")
     client.create_bucket(url)
     first, second = work / f"{case}-n", work / f"{case}-n1"
@@ -95,9 +108,13 @@ def measure(client: BucketClient, work: Path, case: str, args: argparse.Namespac
     received_before = server_bytes_received(client)
     report = client.upload(second, url)
     received = server_bytes_received(client) - received_before
-    return {"episode_bytes": episode_bytes, "server_bytes_received": received, "client_bytes_sent": report.bytes_sent,
-            "ratio": received / episode_bytes,
-            "files": sorted(str(p.relative_to(second)) for p in second.rglob("*") if p.is_file() and "meta" not in p.parts)}  # fmt: skip
+    return {
+        "episode_bytes": episode_bytes,
+        "server_bytes_received": received,
+        "client_bytes_sent": report.bytes_sent,
+        "ratio": received / episode_bytes,
+        "files": sorted(str(p.relative_to(second)) for p in second.rglob("*") if p.is_file() and "meta" not in p.parts),
+    }
 
 
 if __name__ == "__main__":

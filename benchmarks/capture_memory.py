@@ -21,7 +21,9 @@ from robotloop.storage import BucketClient, BucketUrl
 from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
 
 
-def close_peak(sessions: EpisodeSessions, url: BucketUrl, size: tuple[int, int], frames: int, batch: int, seed: int) -> float:
+def close_peak(
+    sessions: EpisodeSessions, url: BucketUrl, size: tuple[int, int], frames: int, batch: int, seed: int
+) -> float:
     """MiB at the peak of `close`, counting everything allocated since the episode opened."""
     h, w = size
     episode = sessions.open("bench", url, {"top": (h, w, 3)}, 14, 14, fps=50)
@@ -29,9 +31,18 @@ def close_peak(sessions: EpisodeSessions, url: BucketUrl, size: tuple[int, int],
     rng = np.random.default_rng(seed)
     for start in range(0, frames, batch):
         n = min(batch, frames - start)
-        sessions.add_frames("bench", episode, Frames(
-            (np.arange(start, start + n) + 0.5) / 50, np.zeros((n, 14), np.float32), np.zeros((n, 14), np.float32),
-            {"top": rng.integers(0, 255, (n, h, w, 3), dtype=np.uint8)}, np.zeros(n, np.float32), np.zeros(n, bool)))  # fmt: skip
+        sessions.add_frames(
+            "bench",
+            episode,
+            Frames(
+                (np.arange(start, start + n) + 0.5) / 50,
+                np.zeros((n, 14), np.float32),
+                np.zeros((n, 14), np.float32),
+                {"top": rng.integers(0, 255, (n, h, w, 3), dtype=np.uint8)},
+                np.zeros(n, np.float32),
+                np.zeros(n, bool),
+            ),
+        )
     tracemalloc.reset_peak()
     sessions.close("bench", episode, "bench task")
     peak = tracemalloc.get_traced_memory()[1] / 2**20
@@ -51,18 +62,32 @@ def main() -> None:
         server = ensure_embedded_server(Path(tmp) / "server")
         try:
             client = BucketClient(server.endpoint, server.token)
-            sessions = EpisodeSessions(client, Limits(max_frames=100_000, max_bytes=2**34), vcodec="h264",
-                                       staging=Path(tmp) / "staging")  # fmt: skip
+            sessions = EpisodeSessions(
+                client, Limits(max_frames=100_000, max_bytes=2**34), vcodec="h264", staging=Path(tmp) / "staging"
+            )
             # The first close also pays for imports and the encoder's set-up: reported apart, not in the median.
-            peaks = [close_peak(sessions, BucketUrl.parse(f"hf://buckets/bench/mem/datasets/d{k}"), size, args.frames,
-                                args.batch, k) for k in range(args.repeats + 1)]  # fmt: skip
+            peaks = [
+                close_peak(
+                    sessions, BucketUrl.parse(f"hf://buckets/bench/mem/datasets/d{k}"), size, args.frames, args.batch, k
+                )
+                for k in range(args.repeats + 1)
+            ]
         finally:
             stop_embedded_server(Path(tmp) / "server")
     episode_mib = args.frames * size[0] * size[1] * 3 / 2**20
     median = statistics.median(peaks[1:])
-    print(json.dumps({"episode_image_mib": round(episode_mib, 1), "first_close_peak_mib": round(peaks[0], 1),
-                      "close_peaks_mib": [round(p, 1) for p in peaks[1:]], "median_mib": round(median, 1),
-                      "ratio_to_episode": round(median / episode_mib, 2)}, indent=1))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "episode_image_mib": round(episode_mib, 1),
+                "first_close_peak_mib": round(peaks[0], 1),
+                "close_peaks_mib": [round(p, 1) for p in peaks[1:]],
+                "median_mib": round(median, 1),
+                "ratio_to_episode": round(median / episode_mib, 2),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

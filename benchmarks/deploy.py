@@ -64,8 +64,9 @@ def save_variants(work: Path, image_size: tuple[int, int]) -> dict[str, Path]:
     torch.manual_seed(0)
     start = joint_state(START_ARM_POSE).astype(np.float32)
     vec = {"mean": start, "std": np.full(14, 0.05, np.float32), "min": start - 1, "max": start + 1}
-    policy = build_policy(DatasetSpec.aloha(image_size).features(), {"observation.state": vec, "action": vec},
-                          ACTSettings())  # fmt: skip
+    policy = build_policy(
+        DatasetSpec.aloha(image_size).features(), {"observation.state": vec, "action": vec}, ACTSettings()
+    )
     print(f"ACT: {sum(p.numel() for p in policy.policy.parameters()) / 1e6:.1f}M parameters")
     original = {k: v.clone() for k, v in policy.policy.state_dict().items()}
     out = {"v1": policy.save_pretrained(work / "v1")}
@@ -125,9 +126,17 @@ def bytes_per_update(bench: Bench, ckpts: dict[str, Path]) -> list[dict]:
         before = bench.served()
         report = store.pull(new, bench.trusted, bench.fetcher(new.manifest.bucket))
         served = bench.served() - before
-        rows.append({"case": case, "release_mb": new.manifest.total_bytes / MB, "changed_mb": changed / MB,
-                     "fetched_mb": report.bytes_fetched / MB, "served_mb": served / MB,
-                     "target_mb": (1.1 * changed + MB) / MB, "pull_s": round(report.seconds, 2)})  # fmt: skip
+        rows.append(
+            {
+                "case": case,
+                "release_mb": new.manifest.total_bytes / MB,
+                "changed_mb": changed / MB,
+                "fetched_mb": report.bytes_fetched / MB,
+                "served_mb": served / MB,
+                "target_mb": (1.1 * changed + MB) / MB,
+                "pull_s": round(report.seconds, 2),
+            }
+        )
         print(rows[-1])
     return rows
 
@@ -138,8 +147,16 @@ def publish_to_running(bench: Bench, ckpts: dict[str, Path], image_size: tuple[i
 
     def control() -> None:  # MuJoCo's EGL context belongs to this thread
         env = SimControlEnv("transfer_cube", image_size, episode_steps=400)
-        made.append(RobotRuntime(env, DeployClient(bench.deploy_url, token), ReleaseStore(bench.work / "robot"),
-                                 bench.trusted, RobotSettings(robot_id="bench-robot", poll_wait_s=30), bench.fetcher))  # fmt: skip
+        made.append(
+            RobotRuntime(
+                env,
+                DeployClient(bench.deploy_url, token),
+                ReleaseStore(bench.work / "robot"),
+                bench.trusted,
+                RobotSettings(robot_id="bench-robot", poll_wait_s=30),
+                bench.fetcher,
+            )
+        )
         made[0].run()
         env.close()
 
@@ -161,10 +178,14 @@ def publish_to_running(bench: Bench, ckpts: dict[str, Path], image_size: tuple[i
             time.sleep(0.01)
         pull = robot.stats.pulls[-1]
         ready = robot.stats.ready_at[name] - t0  # pulled, verified, loaded and warmed up
-        out[name] = {"publish_s": round(published, 2), "publish_to_ready_s": round(ready, 2),
-                     "publish_to_running_s": round(running, 2),
-                     "pull_s": round(pull.seconds, 2), "fetched_mb": pull.bytes_fetched / MB,
-                     "swap_gap_ms": None if swap["gap_s"] is None else round(1000 * swap["gap_s"], 1)}  # fmt: skip
+        out[name] = {
+            "publish_s": round(published, 2),
+            "publish_to_ready_s": round(ready, 2),
+            "publish_to_running_s": round(running, 2),
+            "pull_s": round(pull.seconds, 2),
+            "fetched_mb": pull.bytes_fetched / MB,
+            "swap_gap_ms": None if swap["gap_s"] is None else round(1000 * swap["gap_s"], 1),
+        }
         print(name, out[name])
         time.sleep(3)  # let the loop run on the new release before the next one
     steps0, t0 = robot.stats.steps, time.monotonic()
@@ -189,8 +210,12 @@ def main() -> None:
             bench = Bench(work, server.endpoint, server.token, deploy_url)
             bench.bucket.create_bucket(BucketUrl.parse(RUN))
             ckpts = save_variants(work / "ckpt", image_size)
-            results = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
-                       "bytes": bytes_per_update(bench, ckpts), "latency": publish_to_running(bench, ckpts, image_size)}  # fmt: skip
+            results = {
+                "date": time.strftime("%Y-%m-%d"),
+                "machine": f"{platform.node()} {os.cpu_count()} cores",
+                "bytes": bytes_per_update(bench, ckpts),
+                "latency": publish_to_running(bench, ckpts, image_size),
+            }
         finally:
             proc.terminate()
             stop_embedded_server(work / "buckets")

@@ -53,9 +53,7 @@ def runner_latency(ckpt: Path, size: tuple[int, int], device: str, chunks: int) 
     boundary, queued = [], []
     chunk = runner.policy.config.n_action_steps
     for _ in range(chunks * chunk):
-        (boundary if runner.at_chunk_boundary else queued).append(
-            timed_ms(lambda: runner.act(obs))
-        )
+        (boundary if runner.at_chunk_boundary else queued).append(timed_ms(lambda: runner.act(obs)))
     return {
         "load_s": load_s,
         "first_act_cold_ms": cold,
@@ -79,9 +77,7 @@ def main() -> None:
     size = parse_image_size(args.image_size)
     settings = ACTSettings(dropout=0.0) if args.size == "full" else None
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = make_tiny_checkpoint(
-            Path(tmp) / "pretrained_model", size, settings=settings
-        )
+        ckpt = make_tiny_checkpoint(Path(tmp) / "pretrained_model", size, settings=settings)
         result = {
             "date": time.strftime("%Y-%m-%d"),
             "machine": f"{platform.node()} {os.cpu_count()} cores",
@@ -90,8 +86,9 @@ def main() -> None:
             "device": args.device,
             **runner_latency(ckpt, size, args.device, args.chunks),
         }
-        report = evaluate(ckpt, "transfer_cube", args.episodes, args.workers, max_steps=args.max_steps,
-                          device=args.device)  # fmt: skip
+        report = evaluate(
+            ckpt, "transfer_cube", args.episodes, args.workers, max_steps=args.max_steps, device=args.device
+        )
     steps = sum(e.steps for e in report.episodes)
     result.update(
         eval_workers=args.workers,

@@ -82,8 +82,12 @@ def learnable_pool(n: int, chunk: int, h: int, w: int, device: torch.device) -> 
     mix = torch.randn(STATE_DIM, ACTION_DIM, generator=g) / STATE_DIM**0.5
     ramp = torch.linspace(0, 1, chunk).view(1, chunk, 1)
     action = torch.tanh(state @ mix).unsqueeze(1) * (1 - ramp) + brightness.view(n, 1, 1) * ramp
-    pool = {CAM: images, "observation.state": state, "action": action,
-            "action_is_pad": torch.zeros(n, chunk, dtype=torch.bool)}  # fmt: skip
+    pool = {
+        CAM: images,
+        "observation.state": state,
+        "action": action,
+        "action_is_pad": torch.zeros(n, chunk, dtype=torch.bool),
+    }
     return {k: v.to(device) for k, v in pool.items()}
 
 
@@ -107,9 +111,14 @@ def parity_run(mode: str, args, device: torch.device, fast: bool) -> dict:
         losses.append(tp.train_step({k: v[idx] for k, v in pool.items()}))
     values = [float(x) for x in losses]  # one host sync, after the run
     tail = values[-min(LOSS_TAIL, len(values)) :]
-    return {"mode": mode, "steps": len(values), "first_loss": round(values[0], 4),
-            "final_loss": round(statistics.fmean(tail), 4), "wall_s": round(time.perf_counter() - t0, 1),
-            "fp8_layers": len(tp.fp8_layers)}  # fmt: skip
+    return {
+        "mode": mode,
+        "steps": len(values),
+        "first_loss": round(values[0], 4),
+        "final_loss": round(statistics.fmean(tail), 4),
+        "wall_s": round(time.perf_counter() - t0, 1),
+        "fp8_layers": len(tp.fp8_layers),
+    }
 
 
 class Gate:
@@ -145,8 +154,15 @@ def speed_run(mode: str, case: Case, args, device: torch.device, fast: bool) -> 
     with args.gate.turn() if args.gate else nullcontext():
         time_steps(tp.train_step, batch, args.warmup, device)  # the GPU was shared until now
         med = statistics.median(time_steps(tp.train_step, batch, args.steps, device))
-    row = {"case": case.name, "batch": case.batch, "mode": mode, "samples_per_s": round(case.batch / med, 1),
-           "median_step_ms": round(med * 1e3, 2), "first_step_s": round(first, 1), "fp8_layers": len(tp.fp8_layers)}  # fmt: skip
+    row = {
+        "case": case.name,
+        "batch": case.batch,
+        "mode": mode,
+        "samples_per_s": round(case.batch / med, 1),
+        "median_step_ms": round(med * 1e3, 2),
+        "first_step_s": round(first, 1),
+        "fp8_layers": len(tp.fp8_layers),
+    }
     if device.type == "cuda":
         row["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     return row
@@ -155,16 +171,33 @@ def speed_run(mode: str, case: Case, args, device: torch.device, fast: bool) -> 
 def parity_side_by_side(args) -> list[dict]:
     """Each mode's parity run in its own process, all at once on the one GPU: a loss does not depend on what else
     runs beside it, and the runs take the time of one."""
-    passed = ["--parity-steps", str(args.parity_steps), "--parity-batch", str(args.parity_batch), "--pool",
-              str(args.pool), "--image", args.image, *(["--parity-eager"] if args.parity_eager else []), *(["--quick"] if args.quick else [])]  # fmt: skip
+    passed = [
+        "--parity-steps",
+        str(args.parity_steps),
+        "--parity-batch",
+        str(args.parity_batch),
+        "--pool",
+        str(args.pool),
+        "--image",
+        args.image,
+        *(["--parity-eager"] if args.parity_eager else []),
+        *(["--quick"] if args.quick else []),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         procs = [(mode, Path(tmp) / f"{mode}.json") for mode in args.modes]
-        running = [subprocess.Popen([sys.executable, __file__, "--skip", "speed", "--modes", mode, "--out", str(out),
-                                     *passed], stdout=subprocess.DEVNULL) for mode, out in procs]  # fmt: skip
+        running = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--skip", "speed", "--modes", mode, "--out", str(out), *passed],
+                stdout=subprocess.DEVNULL,
+            )
+            for mode, out in procs
+        ]
         for p in running:
             p.wait()
-        return [json.loads(out.read_text())["parity"][0] if out.exists() else {"mode": mode, "error": "no output"}
-                for mode, out in procs]  # fmt: skip
+        return [
+            json.loads(out.read_text())["parity"][0] if out.exists() else {"mode": mode, "error": "no output"}
+            for mode, out in procs
+        ]
 
 
 def speed_side_by_side(args, cases: list[Case]) -> list[dict]:
@@ -177,9 +210,26 @@ def speed_side_by_side(args, cases: list[Case]) -> list[dict]:
         for i, (case, mode) in enumerate(jobs):
             out = gate / f"out{i}.json"
             which = ["--cases", key[case.name + str(case.batch)]] if not args.quick else []
-            cmd = [sys.executable, __file__, "--skip", "parity", *which, "--modes", mode, "--out", str(out),
-                   "--steps", str(args.steps), "--warmup", str(args.warmup), "--image", args.image,
-                   "--gate", f"{gate}:{len(jobs)}:{i}", *(["--quick"] if args.quick else [])]  # fmt: skip
+            cmd = [
+                sys.executable,
+                __file__,
+                "--skip",
+                "parity",
+                *which,
+                "--modes",
+                mode,
+                "--out",
+                str(out),
+                "--steps",
+                str(args.steps),
+                "--warmup",
+                str(args.warmup),
+                "--image",
+                args.image,
+                "--gate",
+                f"{gate}:{len(jobs)}:{i}",
+                *(["--quick"] if args.quick else []),
+            ]
             procs.append((case, mode, out, subprocess.Popen(cmd, stdout=subprocess.DEVNULL)))
         for *_, p in procs:  # waits in launch order; one that dies early is marked gone at once
             while p.poll() is None:
@@ -190,8 +240,11 @@ def speed_side_by_side(args, cases: list[Case]) -> list[dict]:
         rows = []
         for case, mode, out, p in procs:
             found = json.loads(out.read_text())["speed"] if out.exists() else []
-            rows.append(found[0] if found else {"case": case.name, "batch": case.batch, "mode": mode,
-                                                "error": f"exit {p.returncode}, no output"})  # fmt: skip
+            rows.append(
+                found[0]
+                if found
+                else {"case": case.name, "batch": case.batch, "mode": mode, "error": f"exit {p.returncode}, no output"}
+            )
         return rows
 
 
@@ -219,7 +272,9 @@ def verdicts(parity: list[dict], speed: list[dict]) -> dict:
         if r["mode"] != "off" and "final_loss" in r and base:
             rel = abs(r["final_loss"] - base) / base
             out["parity"][r["mode"]] = {"relative_diff": round(rel, 4), "ok": rel <= PARITY_TOLERANCE}
-    bf16 = {(r["case"], r["batch"]): r["samples_per_s"] for r in speed if r.get("mode") == "off" and "samples_per_s" in r}
+    bf16 = {
+        (r["case"], r["batch"]): r["samples_per_s"] for r in speed if r.get("mode") == "off" and "samples_per_s" in r
+    }
     for r in speed:
         key = (r.get("case"), r.get("batch"))
         if r.get("mode") != "off" and "samples_per_s" in r and key in bf16:
@@ -240,12 +295,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES), help="speed cases to run")
     ap.add_argument("--parity-steps", type=int, default=2000)
     ap.add_argument("--parity-batch", type=int, default=8)
-    ap.add_argument("--parity-eager", action="store_true",
-                    help="parity without compile or CUDA graphs (same FP8 matmuls, minutes less per configuration)")
+    ap.add_argument(
+        "--parity-eager",
+        action="store_true",
+        help="parity without compile or CUDA graphs (same FP8 matmuls, minutes less per configuration)",
+    )
     ap.add_argument("--parity-side-by-side", action="store_true", help="one process per mode, all at once")
-    ap.add_argument("--speed-side-by-side", action="store_true",
-                    help="one process per speed configuration, compiling at once, timed one at a time")
-    ap.add_argument("--gate", dest="gate_spec", default=None, help=argparse.SUPPRESS)  # FOLDER:TOTAL:NAME, set by --speed-side-by-side
+    ap.add_argument(
+        "--speed-side-by-side",
+        action="store_true",
+        help="one process per speed configuration, compiling at once, timed one at a time",
+    )
+    ap.add_argument(
+        "--gate", dest="gate_spec", default=None, help=argparse.SUPPRESS
+    )  # FOLDER:TOTAL:NAME, set by --speed-side-by-side
     ap.add_argument("--pool", type=int, default=512, help="samples in the parity data pool")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
@@ -281,7 +344,13 @@ def main(argv: list[str] | None = None) -> int:
     elif "speed" not in args.skip:
         for case in cases:
             for mode in args.modes:
-                speed.append(row := {"case": case.name, "batch": case.batch, **guarded(speed_run, mode, case, args, device, fast)})
+                speed.append(
+                    row := {
+                        "case": case.name,
+                        "batch": case.batch,
+                        **guarded(speed_run, mode, case, args, device, fast),
+                    }
+                )
                 print(json.dumps({"speed": row}), file=sys.stderr, flush=True)
 
     result = {

@@ -38,8 +38,9 @@ def measure(dataset: str, preset: str, batch: int, steps: int, skip: int, run: s
         connect(),
         [BucketUrl.parse(dataset)],
         BucketUrl.parse(f"{s.bucket}/models/{run}-b{batch}"),
-        TrainSettings(steps=steps, batch_size=batch, log_every=25, checkpoint_every=steps, device=s.device,
-                      deterministic=True),  # fmt: skip
+        TrainSettings(
+            steps=steps, batch_size=batch, log_every=25, checkpoint_every=steps, device=s.device, deterministic=True
+        ),
         s.act(),
         DataSettings(decode_workers=s.decode_workers),
         points.append,

@@ -60,16 +60,23 @@ def main() -> None:
         report = record_sim(recorder, args.task, args.episodes, args.workers, size)
     commits = report.committed
     result = {
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
-        "task": args.task, "image_size": args.image_size, "codec": args.codec, "workers": args.workers,
-        "episodes": len(commits), "scripted_success": report.success_rate, "failed_seeds": report.failed_seeds,
-        "episodes_per_minute": report.episodes_per_minute, "wall_s": report.wall_s,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.node()} {os.cpu_count()} cores",
+        "task": args.task,
+        "image_size": args.image_size,
+        "codec": args.codec,
+        "workers": args.workers,
+        "episodes": len(commits),
+        "scripted_success": report.success_rate,
+        "failed_seeds": report.failed_seeds,
+        "episodes_per_minute": report.episodes_per_minute,
+        "wall_s": report.wall_s,
         "bytes_sent_per_episode_bytes": sum(c.bytes_sent for c in commits) / sum(c.episode_bytes for c in commits),
         "median_episode_bytes": statistics.median(c.episode_bytes for c in commits),
         "median_encode_s": statistics.median(c.encode_s for c in commits),
         "median_upload_s": statistics.median(c.upload_s for c in commits),
         "median_end_to_visible_s": statistics.median(c.encode_s + c.upload_s for c in commits),
-    }  # fmt: skip
+    }
     print(json.dumps(result, indent=1), flush=True)
 
 
@@ -85,18 +92,36 @@ def realtime(args: argparse.Namespace) -> None:
             live, start = recorder.begin(TASK_TEXT[args.task]), time.perf_counter()
             for t in range(len(demo)):
                 time.sleep(max(0.0, start + t / 50 - time.perf_counter()))  # frames arrive at 50 Hz
-                live.add_frame({"observation.images.top": demo.frames[t], "observation.state": demo.states[t],
-                                "action": demo.actions[t], "next.reward": demo.rewards[t : t + 1],
-                                "next.success": demo.rewards[t : t + 1] >= 4})  # fmt: skip
+                live.add_frame(
+                    {
+                        "observation.images.top": demo.frames[t],
+                        "observation.state": demo.states[t],
+                        "action": demo.actions[t],
+                        "next.reward": demo.rewards[t : t + 1],
+                        "next.success": demo.rewards[t : t + 1] >= 4,
+                    }
+                )
             end = time.perf_counter()
             report = live.commit()
             latencies.append(time.perf_counter() - end)
             sent, own = sent + report.bytes_sent, own + report.episode_bytes
             print(f"episode {report.episode_index}: visible {latencies[-1]:.2f} s after its last frame", flush=True)
-    print(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()} {os.cpu_count()} cores",
-                      "task": args.task, "image_size": args.image_size, "codec": args.codec, "episodes": len(latencies),
-                      "median_end_to_visible_s": statistics.median(latencies), "max_end_to_visible_s": max(latencies),
-                      "bytes_sent_per_episode_bytes": sent / own}, indent=1))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "date": time.strftime("%Y-%m-%d"),
+                "machine": f"{platform.node()} {os.cpu_count()} cores",
+                "task": args.task,
+                "image_size": args.image_size,
+                "codec": args.codec,
+                "episodes": len(latencies),
+                "median_end_to_visible_s": statistics.median(latencies),
+                "max_end_to_visible_s": max(latencies),
+                "bytes_sent_per_episode_bytes": sent / own,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

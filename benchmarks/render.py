@@ -35,7 +35,7 @@ def measure(size: tuple[int, int], frames: int) -> dict:
         cameras[side] = _rebuilt(sim, size)
     times: dict[int, list[float]] = {side: [] for side in cameras}
     diffs = []
-    for i in range(frames):
+    for _ in range(frames):
         sim.step(np.zeros(14))
         images = {}
         for side, camera in cameras.items():  # interleaved: the same moment of the machine's load for both
@@ -49,8 +49,12 @@ def measure(size: tuple[int, int], frames: int) -> dict:
         camera.close()
     sim.close()
     ms = {side: 1000 * statistics.median(t[3:]) for side, t in times.items()}
-    out = {"size": f"{size[0]}x{size[1]}", "shadowsize": shadow_map_size(*size), "ms_4096": round(ms[4096], 2),
-           "ms_chosen": round(ms[shadow_map_size(*size)], 2)}
+    out = {
+        "size": f"{size[0]}x{size[1]}",
+        "shadowsize": shadow_map_size(*size),
+        "ms_4096": round(ms[4096], 2),
+        "ms_chosen": round(ms[shadow_map_size(*size)], 2),
+    }
     out["speedup"] = round(out["ms_4096"] / out["ms_chosen"], 2)
     if diffs:
         d = np.stack(diffs)

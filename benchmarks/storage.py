@@ -40,8 +40,14 @@ def dedup_figures(client: BucketClient, work: Path, size_mb: int) -> list[dict]:
     path.write_bytes(original)
     before = server_bytes_received(client)
     report = client.upload(path, url)
-    rows = [{"case": "first upload", "file_mb": size_mb, "server_mb": (server_bytes_received(client) - before) / MB,
-             "client_sent_mb": report.bytes_sent / MB}]  # fmt: skip
+    rows = [
+        {
+            "case": "first upload",
+            "file_mb": size_mb,
+            "server_mb": (server_bytes_received(client) - before) / MB,
+            "client_sent_mb": report.bytes_sent / MB,
+        }
+    ]
     for percent in (1, 5, 10):
         data = bytearray(original)
         start, length = len(data) // 3, len(data) * percent // 100
@@ -49,8 +55,15 @@ def dedup_figures(client: BucketClient, work: Path, size_mb: int) -> list[dict]:
         path.write_bytes(data)
         before = server_bytes_received(client)
         report = client.upload(path, url)
-        rows.append({"case": f"{percent}% changed", "file_mb": size_mb, "server_mb": (server_bytes_received(client) - before) / MB,
-                     "client_sent_mb": report.bytes_sent / MB, "hub_public_mb": {1: 5.5, 5: 27.5, 10: 55}[percent] * size_mb / 500})  # fmt: skip
+        rows.append(
+            {
+                "case": f"{percent}% changed",
+                "file_mb": size_mb,
+                "server_mb": (server_bytes_received(client) - before) / MB,
+                "client_sent_mb": report.bytes_sent / MB,
+                "hub_public_mb": {1: 5.5, 5: 27.5, 10: 55}[percent] * size_mb / 500,
+            }
+        )
     return rows
 
 
@@ -93,8 +106,14 @@ def download_figures(client: BucketClient, work: Path, size_mb: int, repeats: in
         for p in ("from-server.bin", "from-local.bin"):
             (work / p).unlink(missing_ok=True)
     server_mbs, local_mbs = size_mb / statistics.median(server_s), size_mb / statistics.median(local_s)
-    return {"file_mb": size_mb, "server_MBps": server_mbs, "local_store_MBps": local_mbs, "ratio": server_mbs / local_mbs,
-            "server_s": server_s, "local_s": local_s}  # fmt: skip
+    return {
+        "file_mb": size_mb,
+        "server_MBps": server_mbs,
+        "local_store_MBps": local_mbs,
+        "ratio": server_mbs / local_mbs,
+        "server_s": server_s,
+        "local_s": local_s,
+    }
 
 
 def main() -> None:

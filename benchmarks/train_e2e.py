@@ -58,8 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     server = ensure_embedded_server(args.root.resolve())
     client = BucketClient(server.endpoint, server.token)
     record_s = ensure_dataset(client, args)
-    env = {**os.environ, "ROBOTLOOP_STORAGE__ENDPOINT": server.endpoint, "ROBOTLOOP_STORAGE__TOKEN": server.token,
-           "HF_ENDPOINT": server.endpoint, "HF_TOKEN": server.token, "HF_HUB_OFFLINE": "0"}  # fmt: skip
+    env = {
+        **os.environ,
+        "ROBOTLOOP_STORAGE__ENDPOINT": server.endpoint,
+        "ROBOTLOOP_STORAGE__TOKEN": server.token,
+        "HF_ENDPOINT": server.endpoint,
+        "HF_TOKEN": server.token,
+        "HF_HUB_OFFLINE": "0",
+    }
     rows = []
     for batch in args.batch:
         if args.only != "lerobot":
@@ -69,8 +75,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.only != "robotloop":
             rows.append(run_lerobot(args, env, batch))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    result = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "dataset": DATASET, "image": args.image_size,
-              "record_s": record_s, "steps": args.steps, "skip": args.skip, "rows": rows}  # fmt: skip
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "dataset": DATASET,
+        "image": args.image_size,
+        "record_s": record_s,
+        "steps": args.steps,
+        "skip": args.skip,
+        "rows": rows,
+    }
     text = json.dumps(result, indent=1)
     print(text, flush=True)
     if args.out:
@@ -102,7 +116,9 @@ def ensure_dataset(client, args) -> float | None:
     have = recorder.committed_episodes()
     if have >= args.episodes:
         return None
-    report = record_sim(recorder, "transfer_cube", args.episodes - have, args.record_workers, size, seed_start=1000 + have)
+    report = record_sim(
+        recorder, "transfer_cube", args.episodes - have, args.record_workers, size, seed_start=1000 + have
+    )
     print(f"recorded {len(report.committed)} episodes in {report.wall_s:.0f} s", file=sys.stderr, flush=True)
     return round(report.wall_s, 1)
 
@@ -113,13 +129,38 @@ def run_robotloop(args, env: dict, batch: int, nproc: int) -> dict:
         progress = Path(tmp) / "progress.jsonl"
         launcher = [sys.executable, "-m", "robotloop.train"]
         if nproc > 1:
-            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-                        "-m", "robotloop.train"]  # fmt: skip
+            launcher = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(nproc),
+                "-m",
+                "robotloop.train",
+            ]
         device = "cpu" if args.quick else "cuda"
-        cmd = [*launcher, "--dataset", DATASET, "--output", f"hf://buckets/bench/e2e-runs/models/{name}-{time.time_ns()}",
-               "--steps", str(args.steps), "--batch-size", str(batch), "--device", device, "--log-every", "25",
-               "--checkpoint-every", str(10 * args.steps), "--decode-workers", str(args.decode_workers),
-               "--progress-file", str(progress)] + (["--tiny", "--log-every", "1"] if args.quick else [])  # fmt: skip
+        cmd = [
+            *launcher,
+            "--dataset",
+            DATASET,
+            "--output",
+            f"hf://buckets/bench/e2e-runs/models/{name}-{time.time_ns()}",
+            "--steps",
+            str(args.steps),
+            "--batch-size",
+            str(batch),
+            "--device",
+            device,
+            "--log-every",
+            "25",
+            "--checkpoint-every",
+            str(10 * args.steps),
+            "--decode-workers",
+            str(args.decode_workers),
+            "--progress-file",
+            str(progress),
+        ] + (["--tiny", "--log-every", "1"] if args.quick else [])
         t0 = time.perf_counter()
         run = subprocess.run(cmd, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
@@ -134,20 +175,38 @@ def run_robotloop(args, env: dict, batch: int, nproc: int) -> dict:
     rate = (b["step"] - a["step"]) * batch * nproc / span if span > 0 else float("nan")
     step_s = batch * nproc / rate
     return {
-        "run": name, "batch_per_gpu": batch, "gpus": nproc, "steps": done["steps"],
-        "steady_samples_per_s": round(rate, 1), "steady_window": [a["step"], b["step"]],
+        "run": name,
+        "batch_per_gpu": batch,
+        "gpus": nproc,
+        "steps": done["steps"],
+        "steady_samples_per_s": round(rate, 1),
+        "steady_window": [a["step"], b["step"]],
         "steady_data_wait_share": round((b["data_wait_s"] - a["data_wait_s"]) / span, 4) if span > 0 else None,
         # the data path's cost on the GPU: blocked on an empty buffer + GPU time of the sampler's gathers
         "steady_data_gpu_share": round((b["data_gpu_s"] - a["data_gpu_s"]) / span, 4) if span > 0 else None,
         "first_steps_s": round(a["elapsed_s"] - a["step"] * step_s, 1),  # compile + waiting for the first episode
-        "train_loop_s": round(done["wall_s"], 1), "process_wall_s": round(wall, 1),
-        "steady_500_steps_s": round(500 * step_s, 2), "final_loss": done["final_loss"],
-    }  # fmt: skip
+        "train_loop_s": round(done["wall_s"], 1),
+        "process_wall_s": round(wall, 1),
+        "steady_500_steps_s": round(500 * step_s, 2),
+        "final_loss": done["final_loss"],
+    }
 
 
 def run_lerobot(args, env: dict, batch: int) -> dict:
-    cmd = [sys.executable, __file__, "--lerobot-worker", json.dumps({"batch": batch, "steps": args.steps,
-           "max_s": args.lerobot_max_s, "skip": min(args.skip, 20), "quick": args.quick})]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--lerobot-worker",
+        json.dumps(
+            {
+                "batch": batch,
+                "steps": args.steps,
+                "max_s": args.lerobot_max_s,
+                "skip": min(args.skip, 20),
+                "quick": args.quick,
+            }
+        ),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         env = {**env, "HF_HOME": f"{tmp}/hf", "HF_LEROBOT_HOME": f"{tmp}/lerobot"}
         run = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -173,18 +232,34 @@ def lerobot_worker(spec: dict) -> None:
     chunk = 5 if spec["quick"] else 100
     features = dataset_to_policy_features(probe.meta.features)
     tiny = dict(dim_model=64, dim_feedforward=128, n_encoder_layers=1, n_vae_encoder_layers=1) if spec["quick"] else {}
-    cfg = ACTConfig(device=device.type, chunk_size=chunk, n_action_steps=chunk, pretrained_backbone_weights=None,
-                    input_features={k: f for k, f in features.items() if k != "action" and "reward" not in k and "success" not in k},
-                    output_features={"action": features["action"]}, **tiny)  # fmt: skip
+    cfg = ACTConfig(
+        device=device.type,
+        chunk_size=chunk,
+        n_action_steps=chunk,
+        pretrained_backbone_weights=None,
+        input_features={
+            k: f for k, f in features.items() if k != "action" and "reward" not in k and "success" not in k
+        },
+        output_features={"action": features["action"]},
+        **tiny,
+    )
     delta = {"action": [i / probe.meta.fps for i in range(chunk)]}  # what resolve_delta_timestamps gives ACT
-    dataset = StreamingLeRobotDataset(repo_id, repo_type="bucket", delta_timestamps=delta, max_num_shards=4,
-                                      return_uint8=True)  # fmt: skip
+    dataset = StreamingLeRobotDataset(
+        repo_id, repo_type="bucket", delta_timestamps=delta, max_num_shards=4, return_uint8=True
+    )
     policy = ACTPolicy(cfg).to(device)
     pre, _ = make_pre_post_processors(cfg, dataset_stats=probe.meta.stats)
     opt = cfg.get_optimizer_preset().build(policy.get_optim_params())
-    loader = torch.utils.data.DataLoader(dataset, batch_size=spec["batch"], num_workers=4, pin_memory=device.type == "cuda",
-                                         drop_last=False, prefetch_factor=4, persistent_workers=True,
-                                         multiprocessing_context="spawn")  # fmt: skip
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=spec["batch"],
+        num_workers=4,
+        pin_memory=device.type == "cuda",
+        drop_last=False,
+        prefetch_factor=4,
+        persistent_workers=True,
+        multiprocessing_context="spawn",
+    )
     it, cams = iter(loader), probe.meta.camera_keys
     marks, wait, t0 = [], 0.0, time.perf_counter()
     for step in range(spec["steps"]):
@@ -211,13 +286,25 @@ def lerobot_worker(spec: dict) -> None:
     skip = min(spec["skip"], len(marks) // 2)
     (s0, e0, w0), (s1, e1, w1) = marks[max(skip - 1, 0)], marks[-1]
     rate = (s1 - s0) * spec["batch"] / (e1 - e0) if e1 > e0 else float("nan")
-    print(json.dumps({
-        "run": f"lerobot-b{spec['batch']}", "batch_per_gpu": spec["batch"], "gpus": 1, "steps": s1,
-        "stopped_at_max_s": s1 < spec["steps"], "steady_samples_per_s": round(rate, 1), "steady_window": [s0, s1],
-        "steady_data_wait_share": round((w1 - w0) / (e1 - e0), 4) if e1 > e0 else None,
-        "first_steps_s": round(e0 - s0 * spec["batch"] / rate, 1), "train_loop_s": round(e1, 1),
-        "steady_500_steps_s": round(500 * spec["batch"] / rate, 2), "final_loss": loss_value,
-    }), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "run": f"lerobot-b{spec['batch']}",
+                "batch_per_gpu": spec["batch"],
+                "gpus": 1,
+                "steps": s1,
+                "stopped_at_max_s": s1 < spec["steps"],
+                "steady_samples_per_s": round(rate, 1),
+                "steady_window": [s0, s1],
+                "steady_data_wait_share": round((w1 - w0) / (e1 - e0), 4) if e1 > e0 else None,
+                "first_steps_s": round(e0 - s0 * spec["batch"] / rate, 1),
+                "train_loop_s": round(e1, 1),
+                "steady_500_steps_s": round(500 * spec["batch"] / rate, 2),
+                "final_loss": loss_value,
+            }
+        ),
+        flush=True,
+    )
     os._exit(0)  # persistent DataLoader workers: do not wait for their slow teardown
 
 

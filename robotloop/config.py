@@ -50,7 +50,9 @@ class StorageSettings(Section):
     cache_dir: Path = Field(default=CACHE_HOME / "read-cache", description="Local read cache, keyed by Xet hash.")
     cache_max_bytes: int = Field(default=20 * 2**30, ge=0, description="Bound of the read cache in bytes.")
     embedded_root: Path = Field(default=CACHE_HOME / "buckets", description="Data root of the embedded server.")
-    embedded_port: int = Field(default=0, ge=0, le=65535, description="Port of the embedded server; 0 picks a free one.")
+    embedded_port: int = Field(
+        default=0, ge=0, le=65535, description="Port of the embedded server; 0 picks a free one."
+    )
 
 
 class CaptureSettings(Section):
@@ -61,11 +63,19 @@ class CaptureSettings(Section):
     tokens_file: Path | None = Field(
         default=None, description="Robot tokens, one '<token> <read|write> <namespace|*>' per line (required to serve)."
     )
-    max_body_bytes: int = Field(default=64 * 2**20, ge=1024, description="Largest request body; larger is refused (413).")
-    max_episode_frames: int = Field(default=50 * 60 * 10, ge=1, description="Frames one episode may hold (10 min at 50 Hz).")
-    max_episode_bytes: int = Field(default=2 * 2**30, ge=1, description="Image bytes one open episode may hold in memory.")
+    max_body_bytes: int = Field(
+        default=64 * 2**20, ge=1024, description="Largest request body; larger is refused (413)."
+    )
+    max_episode_frames: int = Field(
+        default=50 * 60 * 10, ge=1, description="Frames one episode may hold (10 min at 50 Hz)."
+    )
+    max_episode_bytes: int = Field(
+        default=2 * 2**30, ge=1, description="Image bytes one open episode may hold in memory."
+    )
     max_open_per_robot: int = Field(default=4, ge=1, description="Episodes one robot may have open at once.")
-    idle_timeout_s: float = Field(default=600.0, gt=0, description="An open episode without requests this long is dropped.")
+    idle_timeout_s: float = Field(
+        default=600.0, gt=0, description="An open episode without requests this long is dropped."
+    )
     vcodec: str = Field(default="libsvtav1", description="Video codec of the datasets it writes (h264: faster on CPU).")
 
 
@@ -74,8 +84,11 @@ class ServiceSection(Section):
 
     host: str = Field(default="127.0.0.1", description="Address the service listens on.")
     port: int = Field(ge=1, le=65535, description="Port of the service (each service has its own default).")
-    url: str | None = Field(default=None, description="Where callers reach the service. Unset: http://host:port "
-                            "(127.0.0.1 when it listens on every address).")  # fmt: skip
+    url: str | None = Field(
+        default=None,
+        description="Where callers reach the service. Unset: http://host:port "
+        "(127.0.0.1 when it listens on every address).",
+    )
 
     @property
     def client_url(self) -> str:
@@ -91,15 +104,20 @@ class TrainerServiceSettings(ServiceSection):
 
     port: int = Field(default=8770, ge=1, le=65535, description="Port of the training service.")
     tokens_file: Path | None = Field(
-        default=None, description="Caller tokens, one '<token> <read|write> <namespace|*>' per line (required to serve)."
+        default=None,
+        description="Caller tokens, one '<token> <read|write> <namespace|*>' per line (required to serve).",
     )
-    root: Path = Field(default=CACHE_HOME / "train-jobs", description="Job directories: spec, log, progress, exit code.")
+    root: Path = Field(
+        default=CACHE_HOME / "train-jobs", description="Job directories: spec, log, progress, exit code."
+    )
     max_running: int = Field(default=1, ge=1, description="Jobs run at once; later ones wait as 'queued'.")
     max_queued: int = Field(default=32, ge=1, description="Jobs that may wait at once; more are refused (429).")
     cancel_grace_s: float = Field(
         default=120.0, gt=0, description="After cancel's SIGTERM, how long a job may take to checkpoint before SIGKILL."
     )
-    token: SecretStr | None = Field(default=None, description="Caller token used by `robotloop trainer watch` and the agent.")
+    token: SecretStr | None = Field(
+        default=None, description="Caller token used by `robotloop trainer watch` and the agent."
+    )
 
 
 class DeploySettings(ServiceSection):
@@ -111,14 +129,18 @@ class DeploySettings(ServiceSection):
     )
     token: SecretStr | None = Field(default=None, description="Operator token used by `robotloop deploy` commands.")
     db: Path = Field(default=CACHE_HOME / "deploy" / "deploy.sqlite", description="The service's SQLite state.")
-    key_file: Path = Field(default=CACHE_HOME / "deploy" / "deploy.key", description="Private ed25519 key that signs releases.")
+    key_file: Path = Field(
+        default=CACHE_HOME / "deploy" / "deploy.key", description="Private ed25519 key that signs releases."
+    )
     trusted_keys: list[Path] = Field(
-        default_factory=list, description="The service accepts only releases signed by these keys (robots verify "
-        "against their own trusted keys regardless). Without any, the service does not start unless allow_any_signer."
+        default_factory=list,
+        description="The service accepts only releases signed by these keys (robots verify "
+        "against their own trusted keys regardless). Without any, the service does not start unless allow_any_signer.",
     )
     allow_any_signer: bool = Field(
-        default=False, description="Register releases signed by any key when no trusted_keys are given (say it: "
-        "operators then see releases listed that robots may refuse)."
+        default=False,
+        description="Register releases signed by any key when no trusted_keys are given (say it: "
+        "operators then see releases listed that robots may refuse).",
     )
 
 
@@ -128,16 +150,24 @@ class RobotSettings(Section):
     robot_id: str | None = Field(default=None, description="This robot's id, as registered with the deploy service.")
     token: SecretStr | None = Field(default=None, description="This robot's deploy token (issued at registration).")
     trusted_keys: list[Path] = Field(default_factory=list, description="Public key files of trusted release signers.")
-    store_dir: Path = Field(default=CACHE_HOME / "robot", description="Local release store (verified releases, staging).")
+    store_dir: Path = Field(
+        default=CACHE_HOME / "robot", description="Local release store (verified releases, staging)."
+    )
     device: str = Field(default="cpu", description="Where the policy runs.")
     poll_wait_s: float = Field(default=30.0, gt=0, le=60, description="Long-poll length for assignment changes.")
     heartbeat_s: float = Field(default=2.0, gt=0, description="Seconds between heartbeats.")
-    health_window: int = Field(default=5, ge=1, description="Episodes of a new release judged against the previous one.")
-    health_margin: float = Field(
-        default=0.0, ge=0, description="Roll back when the new release's mean episode score is below the previous "
-        "release's by more than this."
+    health_window: int = Field(
+        default=5, ge=1, description="Episodes of a new release judged against the previous one."
     )
-    keep_releases: int = Field(default=3, ge=2, description="Releases kept on disk (the running and previous never pruned).")
+    health_margin: float = Field(
+        default=0.0,
+        ge=0,
+        description="Roll back when the new release's mean episode score is below the previous "
+        "release's by more than this.",
+    )
+    keep_releases: int = Field(
+        default=3, ge=2, description="Releases kept on disk (the running and previous never pruned)."
+    )
 
 
 class AgentSettings(Section):
@@ -145,16 +175,23 @@ class AgentSettings(Section):
 
     provider: Literal["bedrock", "openai", "ollama"] = Field(default="bedrock", description="Model provider.")
     model_id: str | None = Field(
-        default=None, description="Model id (Bedrock model or inference profile, OpenAI/Ollama model name). "
-        "Unset: strands' Bedrock default; required for openai and ollama."
+        default=None,
+        description="Model id (Bedrock model or inference profile, OpenAI/Ollama model name). "
+        "Unset: strands' Bedrock default; required for openai and ollama.",
     )
     base_url: str | None = Field(
-        default=None, description="openai: an OpenAI-compatible endpoint (vLLM, llama.cpp, LM Studio: "
-        "http://127.0.0.1:8000/v1); ollama: the server (default http://127.0.0.1:11434); bedrock: a custom endpoint."
+        default=None,
+        description="openai: an OpenAI-compatible endpoint (vLLM, llama.cpp, LM Studio: "
+        "http://127.0.0.1:8000/v1); ollama: the server (default http://127.0.0.1:11434); bedrock: a custom endpoint.",
     )
-    api_key: SecretStr | None = Field(default=None, description="openai: the endpoint's API key (unset: "
-                                      "OPENAI_API_KEY); bedrock: a Bedrock API key instead of AWS credentials.")
-    region: str | None = Field(default=None, description="bedrock: AWS region (unset: the AWS profile's, else us-west-2).")
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="openai: the endpoint's API key (unset: "
+        "OPENAI_API_KEY); bedrock: a Bedrock API key instead of AWS credentials.",
+    )
+    region: str | None = Field(
+        default=None, description="bedrock: AWS region (unset: the AWS profile's, else us-west-2)."
+    )
     max_tokens: int = Field(default=4096, ge=1, description="Most tokens the model may write per turn.")
     temperature: float | None = Field(default=None, ge=0, description="Sampling temperature (unset: the provider's).")
 
@@ -212,8 +249,10 @@ def load_settings(overrides: dict[str, Any] | None = None) -> Settings:
     except tomllib.TOMLDecodeError as error:
         raise SettingsError(f"{config or 'robotloop.toml'}: not valid TOML: {error}") from None
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: "
-                             f"{'unknown setting' if e['type'] == 'extra_forbidden' else e['msg']}" for e in error.errors())
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {'unknown setting' if e['type'] == 'extra_forbidden' else e['msg']}"
+            for e in error.errors()
+        )
         raise SettingsError(f"bad settings ({where}): {problems}") from None
 
 

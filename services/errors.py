@@ -15,8 +15,12 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def json_errors(app: FastAPI, statuses: dict[type[Exception], int | None], validation_status: int = 422,
-                respond: Callable[..., JSONResponse] = error_response) -> None:  # fmt: skip
+def json_errors(
+    app: FastAPI,
+    statuses: dict[type[Exception], int | None],
+    validation_status: int = 422,
+    respond: Callable[..., JSONResponse] = error_response,
+) -> None:
     """Install the handlers. `statuses` maps the service's exception types to their HTTP status; None takes the
     exception's own `status` attribute (422 when it has none). `respond(status, message, headers=...)` builds
     the answer (the bucket server's adds the Hub's X-Error-Message header)."""

@@ -23,5 +23,7 @@ def require_free_port(host: str, port: int) -> None:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(address)
     except OSError as error:
-        raise PortInUse(f"cannot listen on {host}:{port}: {error.strerror or error}; another server may be running "
-                        "there (choose another --port)") from None  # fmt: skip
+        raise PortInUse(
+            f"cannot listen on {host}:{port}: {error.strerror or error}; another server may be running "
+            "there (choose another --port)"
+        ) from None

@@ -31,6 +31,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     stop_embedded_server(CACHE_HOME / "buckets")  # a test that used the embedded default started it
     shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
+
 WRITE_TOKEN = "rl_test_write"
 READ_TOKEN = "rl_test_read"
 OTHER_NS_TOKEN = "rl_test_other"
@@ -44,7 +45,9 @@ class Server:
     proc: subprocess.Popen
 
     def stats(self) -> dict:
-        return httpx.get(f"{self.endpoint}/api/robotloop/stats", headers={"authorization": f"Bearer {WRITE_TOKEN}"}).json()
+        return httpx.get(
+            f"{self.endpoint}/api/robotloop/stats", headers={"authorization": f"Bearer {WRITE_TOKEN}"}
+        ).json()
 
 
 def start_server(root: Path, tokens_file: Path, port: int | None = None) -> Server:
@@ -52,10 +55,22 @@ def start_server(root: Path, tokens_file: Path, port: int | None = None) -> Serv
     port = port or free_port()
     log = open(root.parent / f"server-{port}.log", "ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.bucket", "--root", str(root), "--host", "127.0.0.1", "--port", str(port),
-         "--tokens", str(tokens_file)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "services.bucket",
+            "--root",
+            str(root),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--tokens",
+            str(tokens_file),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     server = Server(f"http://127.0.0.1:{port}", root, tokens_file, proc)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -72,9 +87,7 @@ def start_server(root: Path, tokens_file: Path, port: int | None = None) -> Serv
 @pytest.fixture(scope="session")
 def tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("auth") / "tokens"
-    path.write_text(
-        f"# test tokens\n{WRITE_TOKEN} write *\n{READ_TOKEN} read *\n{OTHER_NS_TOKEN} write other\n"
-    )
+    path.write_text(f"# test tokens\n{WRITE_TOKEN} write *\n{READ_TOKEN} read *\n{OTHER_NS_TOKEN} write other\n")
     return path
 
 

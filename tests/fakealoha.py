@@ -32,11 +32,11 @@ class FakeAloha(FakeArm):
         super().__init__(config)
         self.q = np.zeros(len(JOINTS))
 
-    observation_features = property(lambda self: {**{j: float for j in JOINTS}, "top": (*IMAGE, 3)})
-    action_features = property(lambda self: {j: float for j in JOINTS})
+    observation_features = property(lambda self: {**dict.fromkeys(JOINTS, float), "top": (*IMAGE, 3)})
+    action_features = property(lambda self: dict.fromkeys(JOINTS, float))
 
     def get_observation(self):
-        return {**dict(zip(JOINTS, self.q.tolist())), "top": np.full((*IMAGE, 3), 100, np.uint8)}
+        return {**dict(zip(JOINTS, self.q.tolist(), strict=True)), "top": np.full((*IMAGE, 3), 100, np.uint8)}
 
     def send_action(self, action):
         self.q = np.array([action[j] for j in JOINTS])

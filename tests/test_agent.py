@@ -120,27 +120,65 @@ def test_agent_records_trains_publishes_rolls_back_and_evaluates(services: Setti
     ops = DeployClient(services.deploy.url, OPS)
     robot_token = ops.register_robot("arm1", channel="stable")
     script: list[Step] = [
-        ("record_episodes", {"dataset": DATASET, "episodes": 2, "image_size": "48x64", "max_steps": 30,
-                             "codec": "h264", "keep_failed": True}),
+        (
+            "record_episodes",
+            {
+                "dataset": DATASET,
+                "episodes": 2,
+                "image_size": "48x64",
+                "max_steps": 30,
+                "codec": "h264",
+                "keep_failed": True,
+            },
+        ),
         ("dataset_info", {"dataset": DATASET}),
-        ("start_training", {"datasets": [DATASET], "output": RUN, "steps": 4, "batch_size": 2, "tiny": True,
-                            "checkpoint_every": 2, "log_every": 1}),
+        (
+            "start_training",
+            {
+                "datasets": [DATASET],
+                "output": RUN,
+                "steps": 4,
+                "batch_size": 2,
+                "tiny": True,
+                "checkpoint_every": 2,
+                "log_every": 1,
+            },
+        ),
         lambda job: ("watch_training", {"job_id": job["id"], "wait_s": 120}),
         ("publish_release", {"checkpoint": f"{RUN}/checkpoints/000002", "name": "v1", "channel": "stable"}),
-        [("publish_release", {"checkpoint": RUN, "name": "v2"}),  # one turn: run in order, not raced
-         ("promote_release", {"release": "v2", "channel": "stable", "reason": "4 steps beat 2"})],
+        [
+            ("publish_release", {"checkpoint": RUN, "name": "v2"}),  # one turn: run in order, not raced
+            ("promote_release", {"release": "v2", "channel": "stable", "reason": "4 steps beat 2"}),
+        ],
         ("rollback", {"channel": "stable", "reason": "arm1 dropped the cube"}),
         "Recorded 2 episodes, trained 4 steps, released v1 and v2, rolled stable back to v1.",
-    ]  # fmt: skip
+    ]
     model, answer = run_agent(services, script, tmp_path)
     assert answer.startswith("Recorded 2 episodes")
-    assert set(model.tool_names) == {"record_episodes", "dataset_info", "start_training", "watch_training",
-                                     "publish_release", "promote_release", "rollback", "robot_status",
-                                     "evaluate_policy"}  # fmt: skip
+    assert set(model.tool_names) == {
+        "record_episodes",
+        "dataset_info",
+        "start_training",
+        "watch_training",
+        "publish_release",
+        "promote_release",
+        "rollback",
+        "robot_status",
+        "evaluate_policy",
+    }
     # the robot follows stable: it reports running v1; a second question about it
-    DeployClient(services.deploy.url, robot_token).heartbeat("arm1", "v1", {"control_hz": 49.5, "health": {"score": 4.0}})
-    later, _ = run_agent(services, [("robot_status", {"robot": "arm1"}),
-                                    ("evaluate_policy", {"policy": RUN, "episodes": 1, "max_steps": 5}), "ok"], tmp_path)
+    DeployClient(services.deploy.url, robot_token).heartbeat(
+        "arm1", "v1", {"control_hz": 49.5, "health": {"score": 4.0}}
+    )
+    later, _ = run_agent(
+        services,
+        [
+            ("robot_status", {"robot": "arm1"}),
+            ("evaluate_policy", {"policy": RUN, "episodes": 1, "max_steps": 5}),
+            "ok",
+        ],
+        tmp_path,
+    )
     recorded, info, job, watched, v1, v2, promoted, rolled, status, evaluated = model.results + later.results
     assert not [r for r in model.results + later.results if "error" in r], model.results + later.results
 
@@ -169,9 +207,16 @@ def test_agent_records_trains_publishes_rolls_back_and_evaluates(services: Setti
 
     # robot status: the heartbeat the robot sent, the assignment after the rollback
     (arm1,) = status["robots"]
-    assert arm1 | {"last_seen_s_ago": None} == {"id": "arm1", "channel": "stable", "pinned": None, "assigned": "v1",
-                                                "running": "v1", "control_hz": 49.5, "health": {"score": 4.0},
-                                                "last_seen_s_ago": None}  # fmt: skip
+    assert arm1 | {"last_seen_s_ago": None} == {
+        "id": "arm1",
+        "channel": "stable",
+        "pinned": None,
+        "assigned": "v1",
+        "running": "v1",
+        "control_hz": 49.5,
+        "health": {"score": 4.0},
+        "last_seen_s_ago": None,
+    }
     assert status["channels"]["stable"] == "v1"
 
     # evaluated: one episode of the trained policy, its report on disk
@@ -194,13 +239,23 @@ def test_bad_arguments_are_error_results_the_agent_reads(services: Settings, tmp
         ("watch_training", {"job_id": "no-such-job"}),
         ("evaluate_policy", {"policy": "hf://buckets/lab/agent/models/never-trained"}),
         lambda last: f"I could not do that: {last['error']}",
-    ]  # fmt: skip
+    ]
     model, answer = run_agent(services, script, tmp_path)
     errors = [r.get("error", "") for r in model.results]
     assert all(errors), model.results  # every call was refused, none crashed the agent
-    expected = ["exactly one of channel or robot", "v404", "nothing-here/meta/info.json", "hf://buckets/", "episodes",
-                "unknown sim task 'juggling'", "403", "fp8", "needs device 'cuda'", "no job 'no-such-job'",
-                "no checkpoints/last.json"]  # fmt: skip
+    expected = [
+        "exactly one of channel or robot",
+        "v404",
+        "nothing-here/meta/info.json",
+        "hf://buckets/",
+        "episodes",
+        "unknown sim task 'juggling'",
+        "403",
+        "fp8",
+        "needs device 'cuda'",
+        "no job 'no-such-job'",
+        "no checkpoints/last.json",
+    ]
     for text, want in zip(errors, expected, strict=True):
         assert want in text, (want, text)
         assert "Traceback" not in text
@@ -222,7 +277,10 @@ def test_cli_prints_tool_calls_and_the_answer(services: Settings, monkeypatch: p
 
 def test_models_from_settings_and_missing_packages():
     bedrock = build_model(AgentSettings(model_id="us.anthropic.claude-sonnet-4-5", region="eu-west-1"))
-    assert type(bedrock).__name__ == "BedrockModel" and bedrock.get_config()["model_id"] == "us.anthropic.claude-sonnet-4-5"
+    assert (
+        type(bedrock).__name__ == "BedrockModel"
+        and bedrock.get_config()["model_id"] == "us.anthropic.claude-sonnet-4-5"
+    )
     with pytest.raises(ModelUnavailable, match="needs a model id"):
         build_model(AgentSettings(provider="ollama"))
     for provider, package in (("openai", "openai"), ("ollama", "ollama")):
@@ -238,6 +296,9 @@ def test_models_from_settings_and_missing_packages():
 def test_the_agent_and_publishing_start_without_torch():
     # torch takes seconds to import: the agent's tools and `robotloop deploy publish` find checkpoints and catch
     # policy errors without it (evaluation imports it when it runs).
-    code = "import sys, robotloop.agent.tools, robotloop.deploy.publish; print(sorted(m for m in sys.modules if m == 'torch'))"
+    code = (
+        "import sys, robotloop.agent.tools, robotloop.deploy.publish; "
+        "print(sorted(m for m in sys.modules if m == 'torch'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr

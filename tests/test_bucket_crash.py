@@ -58,7 +58,9 @@ def test_sigkill_during_uploads_leaves_old_or_new_content(tmp_path, tokens_file)
         with open(log, "w") as out:
             work = tmp_path / f"writer-{round_}"  # under tmp_path: the killed writer cannot clean up after itself
             work.mkdir()
-            writer = subprocess.Popen([sys.executable, "-c", WRITER, server.endpoint, WRITE_TOKEN, str(work)], stdout=out)
+            writer = subprocess.Popen(
+                [sys.executable, "-c", WRITER, server.endpoint, WRITE_TOKEN, str(work)], stdout=out
+            )
             time.sleep(delay)
             os.kill(server.proc.pid, signal.SIGKILL)
             server.proc.wait()

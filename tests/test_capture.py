@@ -51,10 +51,16 @@ def test_each_commit_is_a_complete_lerobot_dataset(bucket_server, tmp_path):
     assert last["observation.images.top"].shape == (3, 24, 32)
     assert bool(dataset[23]["next.success"]) and not bool(dataset[12]["next.success"])
     assert report.bytes_sent < 3 * report.episode_bytes + 60_000  # metadata rides along; payload is the episode
-    local = sorted(p.relative_to(tmp_path / "stage" / "dataset").as_posix() for p in (tmp_path / "stage" / "dataset").rglob("*") if p.is_file())
+    local = sorted(
+        p.relative_to(tmp_path / "stage" / "dataset").as_posix()
+        for p in (tmp_path / "stage" / "dataset").rglob("*")
+        if p.is_file()
+    )
     # episodes are packed into the growing files as lerobot packs them; locally only those and meta/ stay
-    assert [p for p in local if not p.startswith("meta/")] == ["data/chunk-000/file-000.parquet",
-                                                               "videos/observation.images.top/chunk-000/file-000.mp4"]
+    assert [p for p in local if not p.startswith("meta/")] == [
+        "data/chunk-000/file-000.parquet",
+        "videos/observation.images.top/chunk-000/file-000.mp4",
+    ]
 
     # A recorder starting from nothing (another machine, or after a crash) continues the numbering.
     fresh = DatasetRecorder(client, url, SPEC, staging=tmp_path / "fresh-stage")
@@ -137,8 +143,11 @@ def test_stats_json_describes_the_appended_dataset(bucket_server, tmp_path):
         recorder.commit(episode)
     dataset = load_with_lerobot(client, url, tmp_path / "read")
     stats = dataset.meta.stats
-    for column, values in (("index", range(36)), ("episode_index", [0] * 12 + [1] * 12 + [2] * 12),
-                           ("task_index", [0] * 12 + [1] * 12 + [0] * 12)):  # fmt: skip
+    for column, values in (
+        ("index", range(36)),
+        ("episode_index", [0] * 12 + [1] * 12 + [2] * 12),
+        ("task_index", [0] * 12 + [1] * 12 + [0] * 12),
+    ):
         assert (float(stats[column]["min"][0]), float(stats[column]["max"][0])) == (min(values), max(values)), column
         assert abs(float(stats[column]["mean"][0]) - np.mean(values)) < 1e-6, column
     assert float(stats["action"]["max"][0]) == 2.0 and float(stats["action"]["min"][0]) == 0.0
@@ -170,7 +179,12 @@ def test_a_dataset_with_other_features_is_not_appended_to(bucket_server, tmp_pat
     DatasetRecorder(client, url, SPEC, staging=tmp_path / "a").commit(synthetic_episode(0))
     other = DatasetSpec({"top": (48, 64, 3)}, 14, 14, vcodec="h264")
     with pytest.raises(BadEpisode, match="another dataset URL"):
-        big = Episode({"top": np.zeros((12, 48, 64, 3), np.uint8)}, np.zeros((12, 14), np.float32), np.zeros((12, 14), np.float32), "x")
+        big = Episode(
+            {"top": np.zeros((12, 48, 64, 3), np.uint8)},
+            np.zeros((12, 14), np.float32),
+            np.zeros((12, 14), np.float32),
+            "x",
+        )
         DatasetRecorder(client, url, other, staging=tmp_path / "b").commit(big)
 
 
@@ -205,10 +219,32 @@ def _total_episodes(client: BucketClient, url: BucketUrl) -> int:
 def test_sigkill_of_the_recorder_loses_at_most_the_episode_in_flight(bucket_server, tmp_path):
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     url = BucketUrl.parse("hf://buckets/lab/capture-kill/datasets/cube")
-    env = {**os.environ, "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint, "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN,
-           "XDG_CACHE_HOME": str(tmp_path / "cache"), "COLUMNS": "300"}  # fmt: skip
-    cmd = [sys.executable, "-m", "robotloop.cli", "record", "--to", str(url), "--sim", "transfer_cube",
-           "--image-size", "24x32", "--max-steps", "25", "--keep-failed", "--codec", "h264", "--workers", "1"]  # fmt: skip
+    env = {
+        **os.environ,
+        "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
+        "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN,
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "COLUMNS": "300",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "robotloop.cli",
+        "record",
+        "--to",
+        str(url),
+        "--sim",
+        "transfer_cube",
+        "--image-size",
+        "24x32",
+        "--max-steps",
+        "25",
+        "--keep-failed",
+        "--codec",
+        "h264",
+        "--workers",
+        "1",
+    ]
     log = open(tmp_path / "recorder.log", "w")
     recorder = subprocess.Popen([*cmd, "--episodes", "50"], env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 240
@@ -286,11 +322,17 @@ def test_lerobot_streams_what_the_recorder_committed(bucket_server, tmp_path):
         from lerobot.datasets.streaming_dataset import StreamingLeRobotDataset
         ds = StreamingLeRobotDataset("lab/capture/datasets/streamed", repo_type="bucket", shuffle=False)
         items = list(ds)
-        print(len(items), sorted({float(i["action"][0]) for i in items}), tuple(items[0]["observation.images.top"].shape))
+        actions = sorted({float(i["action"][0]) for i in items})
+        print(len(items), actions, tuple(items[0]["observation.images.top"].shape))
         """
     )
-    env = {**os.environ, "HF_ENDPOINT": bucket_server.endpoint, "HF_TOKEN": WRITE_TOKEN, "HF_HOME": str(tmp_path / "hf"),
-           "HF_LEROBOT_HOME": str(tmp_path / "lerobot")}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": bucket_server.endpoint,
+        "HF_TOKEN": WRITE_TOKEN,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_LEROBOT_HOME": str(tmp_path / "lerobot"),
+    }
     out = sp.run([sys.executable, "-c", reader], env=env, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "24 [0.0, 1.0] (3, 24, 32)"

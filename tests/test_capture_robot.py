@@ -38,8 +38,8 @@ class FakeArm(Robot):
         super().__init__(config)
         self.q, self.connected = np.zeros(3), False
 
-    observation_features = property(lambda self: {**{j: float for j in JOINTS}, "wrist": (24, 32, 3)})
-    action_features = property(lambda self: {j: float for j in JOINTS})
+    observation_features = property(lambda self: {**dict.fromkeys(JOINTS, float), "wrist": (24, 32, 3)})
+    action_features = property(lambda self: dict.fromkeys(JOINTS, float))
     is_connected = property(lambda self: self.connected)
     is_calibrated = property(lambda self: True)
 
@@ -54,11 +54,11 @@ class FakeArm(Robot):
 
     def get_observation(self):
         image = np.full((24, 32, 3), int(self.q[0]) % 255, np.uint8)
-        return {**dict(zip(JOINTS, self.q.tolist())), "wrist": image}
+        return {**dict(zip(JOINTS, self.q.tolist(), strict=True)), "wrist": image}
 
     def send_action(self, action):
         self.q = np.clip([action[j] for j in JOINTS], -50, 50)  # the robot's safety limit
-        return dict(zip(JOINTS, self.q.tolist()))
+        return dict(zip(JOINTS, self.q.tolist(), strict=True))
 
     def disconnect(self):
         self.connected = False
@@ -73,7 +73,7 @@ class FakeLeader(Teleoperator):
         super().__init__(config)
         self.t = 0
 
-    action_features = property(lambda self: {j: float for j in JOINTS})
+    action_features = property(lambda self: dict.fromkeys(JOINTS, float))
     feedback_features = property(lambda self: {})
     is_connected = property(lambda self: True)
     is_calibrated = property(lambda self: True)
@@ -89,7 +89,7 @@ class FakeLeader(Teleoperator):
 
     def get_action(self):
         self.t += 1
-        return {j: 10.0 * self.t for j in JOINTS}
+        return dict.fromkeys(JOINTS, 10.0 * self.t)
 
     def send_feedback(self, feedback):
         pass

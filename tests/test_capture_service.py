@@ -53,17 +53,34 @@ def capture(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     """`python -m services.capture` writing to the test bucket server with its own storage token."""
     base = tmp_path_factory.mktemp("capture")
     tokens = base / "robots"
-    lines = [f"{ROBOT_A} write lab", f"{ROBOT_B} write lab", f"{ROBOT_READ_ONLY} read lab", f"{ROBOT_ELSEWHERE} write elsewhere"]
+    lines = [
+        f"{ROBOT_A} write lab",
+        f"{ROBOT_B} write lab",
+        f"{ROBOT_READ_ONLY} read lab",
+        f"{ROBOT_ELSEWHERE} write elsewhere",
+    ]
     tokens.write_text("\n".join(lines) + "\n")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROBOTLOOP_", "HF_"))}
-    env.update({"ROBOTLOOP_CONFIG": os.devnull, "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
-                "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN, "ROBOTLOOP_CAPTURE__MAX_BODY_BYTES": str(MAX_BODY),
-                "ROBOTLOOP_CAPTURE__MAX_EPISODE_FRAMES": str(MAX_FRAMES), "ROBOTLOOP_CAPTURE__VCODEC": "h264",
-                "XDG_CACHE_HOME": str(base / "cache"), "HF_HOME": str(base / "hf")})  # fmt: skip
+    env.update(
+        {
+            "ROBOTLOOP_CONFIG": os.devnull,
+            "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
+            "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN,
+            "ROBOTLOOP_CAPTURE__MAX_BODY_BYTES": str(MAX_BODY),
+            "ROBOTLOOP_CAPTURE__MAX_EPISODE_FRAMES": str(MAX_FRAMES),
+            "ROBOTLOOP_CAPTURE__VCODEC": "h264",
+            "XDG_CACHE_HOME": str(base / "cache"),
+            "HF_HOME": str(base / "hf"),
+        }
+    )
     log = open(base / "capture.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "services.capture", "--host", "127.0.0.1", "--port", str(port),
-                             "--tokens", str(tokens)], env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.capture", "--host", "127.0.0.1", "--port", str(port), "--tokens", str(tokens)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -82,9 +99,12 @@ def capture(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def frames(n: int, start: int = 0, tag: float = 0.0) -> dict:
     """`n` frames numbered from `start`: image value 20 * i (one flat colour), state i, action tag."""
     i = np.arange(start, start + n)
-    return {"timestamp": i / 50, "state": np.repeat(i[:, None], STATE, 1).astype(np.float32),
-            "action": np.full((n, ACTION), tag, np.float32),
-            "images": {"top": np.broadcast_to((20 * (i % 12)).astype(np.uint8)[:, None, None, None], (n, H, W, 3))}}  # fmt: skip
+    return {
+        "timestamp": i / 50,
+        "state": np.repeat(i[:, None], STATE, 1).astype(np.float32),
+        "action": np.full((n, ACTION), tag, np.float32),
+        "images": {"top": np.broadcast_to((20 * (i % 12)).astype(np.uint8)[:, None, None, None], (n, H, W, 3))},
+    }
 
 
 def bucket_files(capture: Capture, dataset: str) -> list[str]:
@@ -285,8 +305,13 @@ def test_another_spec_for_an_open_dataset_is_a_conflict(capture):
 def test_idle_episodes_expire_and_each_robot_has_an_open_cap(capture, tmp_path):
     """The library directly, with a clock we move: idle episodes go, and free their robot's slot."""
     now = [0.0]
-    sessions = EpisodeSessions(capture.bucket, Limits(max_open_per_robot=2, idle_timeout_s=10), "h264",
-                               clock=lambda: now[0], staging=tmp_path / "staging")  # fmt: skip
+    sessions = EpisodeSessions(
+        capture.bucket,
+        Limits(max_open_per_robot=2, idle_timeout_s=10),
+        "h264",
+        clock=lambda: now[0],
+        staging=tmp_path / "staging",
+    )
     url = BucketUrl.parse("hf://buckets/lab/capture/datasets/idle")
     first = sessions.open("robot-1", url, CAMERAS, STATE, ACTION)
     now[0] = 6
@@ -339,8 +364,11 @@ def test_a_robot_that_disconnects_mid_body_leaves_no_traceback_and_its_episode_o
         before = capture.log.stat().st_size
         host, port = capture.endpoint.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as raw:  # promise 100 kB, send 50 bytes, hang up
-            raw.sendall(f"POST /v1/episodes/{eid}/frames HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {ROBOT_A}"
-                        f"\r\nContent-Length: 100000\r\n\r\n".encode() + b"x" * 50)
+            raw.sendall(
+                f"POST /v1/episodes/{eid}/frames HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {ROBOT_A}"
+                f"\r\nContent-Length: 100000\r\n\r\n".encode()
+                + b"x" * 50
+            )
         time.sleep(1.0)
         robot.send_frames(eid, **frames(2, 3))  # the episode is as it was
         report = robot.close(eid, "pick the cube")

@@ -81,8 +81,10 @@ def server(tmp_path_factory):
 
 
 def _auth(endpoint: str, kind: str) -> dict:
-    return {"token_refresh_url": f"{endpoint}/api/buckets/me/test/xet-{kind}-token",
-            "token_refresh_headers": {"Authorization": "Bearer hub-user-token"}}
+    return {
+        "token_refresh_url": f"{endpoint}/api/buckets/me/test/xet-{kind}-token",
+        "token_refresh_headers": {"Authorization": "Bearer hub-user-token"},
+    }
 
 
 def _upload(endpoint: str, paths: list[Path]) -> list[str]:
@@ -112,6 +114,7 @@ def _schemes(store: CasStore) -> set[int]:
 
 # ---- the real client ------------------------------------------------------------------------
 
+
 def test_client_roundtrip_dedup_and_ranges(server, tmp_path):
     endpoint, store, log = server
     rng = random.Random(0)
@@ -122,7 +125,7 @@ def test_client_roundtrip_dedup_and_ranges(server, tmp_path):
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
 
-    hashes = dict(zip(files, _upload(endpoint, [tmp_path / n for n in files])))
+    hashes = dict(zip(files, _upload(endpoint, [tmp_path / n for n in files]), strict=True))
     st = store.stats()
     assert st["files"] == 4 and st["xorbs"] >= 1 and st["shards"] >= 1
     assert st["xorb_bytes"] < sum(map(len, files.values()))  # text compressed
@@ -151,7 +154,7 @@ def test_client_roundtrip_dedup_and_ranges(server, tmp_path):
     # A byte range, read by hand: reconstruction JSON -> ranged xorb fetches -> chunk decode.
     start, end = 123_456, 654_321
     got = _read_range(endpoint, hashes["big.bin"], start, end)
-    assert got == big[start:end + 1]
+    assert got == big[start : end + 1]
     assert store.stats()["bytes_served"] > 0
 
 
@@ -169,18 +172,21 @@ def _read_range(endpoint: str, file_hash: str, start: int, end: int) -> bytes:
     assert set(rec) == {"offset_into_first_range", "terms", "fetch_info"}
     out = bytearray()
     for term in rec["terms"]:
-        fi = next(f for f in rec["fetch_info"][term["hash"]]
-                  if f["range"]["start"] <= term["range"]["start"] and term["range"]["end"] <= f["range"]["end"])
+        fi = next(
+            f
+            for f in rec["fetch_info"][term["hash"]]
+            if f["range"]["start"] <= term["range"]["start"] and term["range"]["end"] <= f["range"]["end"]
+        )
         ur = fi["url_range"]
         body = httpx.get(fi["url"], headers={"Range": f"bytes={ur['start']}-{ur['end']}"})  # no token
         assert body.status_code == 206
         chunks = [raw for _, _, raw in xf.iter_chunks(body.content)]
         skip = term["range"]["start"] - fi["range"]["start"]
-        data = b"".join(chunks[skip:skip + term["range"]["end"] - term["range"]["start"]])
+        data = b"".join(chunks[skip : skip + term["range"]["end"] - term["range"]["start"]])
         assert len(data) == term["unpacked_length"]
         out += data
     off = rec["offset_into_first_range"]
-    return bytes(out[off:off + end - start + 1])
+    return bytes(out[off : off + end - start + 1])
 
 
 def test_dedup_query_returns_loadable_shard(server, tmp_path):
@@ -206,6 +212,7 @@ def test_dedup_query_returns_loadable_shard(server, tmp_path):
 
 # ---- bad input ------------------------------------------------------------------------------
 
+
 def _xorb(chunks: list[bytes]) -> tuple[str, bytes]:
     body = b"".join(xf.serialize_chunk(c, xf.SCHEME_LZ4 if i % 2 else xf.SCHEME_NONE) for i, c in enumerate(chunks))
     return xf.hash_to_hex(xf.xorb_hash([(xf.chunk_hash(c), len(c)) for c in chunks])), body
@@ -216,10 +223,13 @@ def _shard(xorb_hex: str, chunks: list[bytes], packed: int, *, term=None, fhash=
     hashes = [xf.chunk_hash(c) for c in chunks]
     xh, total = xf.hex_to_hash(xorb_hex), sum(map(len, chunks))
     term = term or xf.FileTerm(xh, 0, len(chunks), total)
-    f = xf.ShardFile(fhash or xf.file_hash([(h, len(c)) for h, c in zip(hashes, chunks)]), [term],
-                     verification=[xf.verification_hash(hashes)])
+    f = xf.ShardFile(
+        fhash or xf.file_hash([(h, len(c)) for h, c in zip(hashes, chunks, strict=True)]),
+        [term],
+        verification=[xf.verification_hash(hashes)],
+    )
     pos, entries = 0, []
-    for h, c in zip(hashes, chunks):
+    for h, c in zip(hashes, chunks, strict=True):
         entries.append(xf.ShardChunk(h, pos, len(c), 0))
         pos += len(c)
     return xf.serialize_shard(xf.Shard([f], [xf.ShardXorb(xh, entries, total, packed)]))

@@ -11,7 +11,9 @@ def robotloop(server, *args, token=WRITE_TOKEN, cwd=None):
     env = {**os.environ, "ROBOTLOOP_STORAGE__ENDPOINT": server.endpoint, "COLUMNS": "200"}
     if token:
         env["ROBOTLOOP_STORAGE__TOKEN"] = token
-    return subprocess.run([sys.executable, "-m", "robotloop.cli", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "robotloop.cli", *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_put_ls_du_get(bucket_server, tmp_path):
@@ -53,7 +55,10 @@ def test_put_ls_du_get(bucket_server, tmp_path):
     assert into_file.returncode == 1 and "is a file: give a folder" in " ".join(into_file.stdout.split())
     # A trailing slash names a folder, existing or not: the file goes into it.
     put = robotloop(bucket_server, "bucket", "put", str(tmp_path / "b.txt"), "hf://buckets/lab/cli/new/")
-    assert put.returncode == 0 and "new/b.txt" in robotloop(bucket_server, "bucket", "ls", "-R", "hf://buckets/lab/cli").stdout
+    assert (
+        put.returncode == 0
+        and "new/b.txt" in robotloop(bucket_server, "bucket", "ls", "-R", "hf://buckets/lab/cli").stdout
+    )
 
 
 def test_bad_input_is_a_clear_error(bucket_server, tmp_path):

@@ -34,8 +34,13 @@ def test_compose_validates_the_file(tmp_path):
     import shutil
     import subprocess
 
-    compose = (["docker", "compose"] if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
-               else ["docker-compose"] if shutil.which("docker-compose") else None)  # fmt: skip
+    compose = (
+        ["docker", "compose"]
+        if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+        else ["docker-compose"]
+        if shutil.which("docker-compose")
+        else None
+    )
     if compose is None:
         pytest.skip("neither `docker compose` nor docker-compose is installed (scripts/system-deps installs it)")
     shutil.copy(COMPOSE, tmp_path / "docker-compose.yml")
@@ -45,6 +50,7 @@ def test_compose_validates_the_file(tmp_path):
     env = {"PATH": os.environ["PATH"], "ROBOTLOOP_SERVICE_TOKEN": "t", "ROBOTLOOP_ROBOT_TOKEN": "r"}
     ok = subprocess.run([*compose, "config", "-q"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
-    unset = subprocess.run([*compose, "config", "-q"], cwd=tmp_path, env={"PATH": os.environ["PATH"]},
-                           capture_output=True, text=True)  # fmt: skip
+    unset = subprocess.run(
+        [*compose, "config", "-q"], cwd=tmp_path, env={"PATH": os.environ["PATH"]}, capture_output=True, text=True
+    )
     assert unset.returncode != 0 and "ROBOTLOOP_SERVICE_TOKEN" in unset.stderr  # no silent empty token

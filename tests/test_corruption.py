@@ -78,7 +78,9 @@ def test_a_flipped_bit_is_never_served_is_found_by_scrub_and_an_upload_repairs_i
 def test_a_truncated_xorb_is_an_error_status_not_a_dropped_connection(damaged):
     server, client, url, data, xorb = damaged
     xorb.write_bytes(xorb.read_bytes()[: xorb.stat().st_size // 2])
-    r = httpx.get(f"{server.endpoint}/buckets/lab/corrupt/resolve/f.bin", headers={"authorization": f"Bearer {WRITE_TOKEN}"})
+    r = httpx.get(
+        f"{server.endpoint}/buckets/lab/corrupt/resolve/f.bin", headers={"authorization": f"Bearer {WRITE_TOKEN}"}
+    )
     assert r.status_code == 410 and "damaged" in r.text
     t0 = time.monotonic()
     with pytest.raises(StorageError):

@@ -108,8 +108,9 @@ def _jerky(src: Path, dst: Path) -> Path:
 
 def start_deploy_service(base: Path, *args: str) -> tuple[subprocess.Popen, str]:
     """`python -m services.deploy` with the test operator tokens and a fresh database under `base`."""
-    service = start_local_deploy_service(base, OPS, extra_args=args,
-                                         extra_tokens=(f"{OPS_READ} read *", f"{BUCKET_STYLE} write lab"))
+    service = start_local_deploy_service(
+        base, OPS, extra_args=args, extra_tokens=(f"{OPS_READ} read *", f"{BUCKET_STYLE} write lab")
+    )
     return service.proc, service.url
 
 
@@ -119,15 +120,23 @@ def deploy(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     proc, url = start_deploy_service(base)
     generate_keypair(base / "keys" / "deploy.key")
     v1 = make_tiny_checkpoint(base / "ckpt" / "v1", image_size=IMAGE)
-    ckpts = {"v1": v1,
-             "finetune": _perturbed(v1, base / "ckpt" / "finetune", keep=("model.backbone.",)),
-             "retrain": _perturbed(v1, base / "ckpt" / "retrain"),
-             "nan": _perturbed(v1, base / "ckpt" / "nan", keep=("",), nan=True),
-             "jerky": _jerky(v1, base / "ckpt" / "jerky")}  # fmt: skip
+    ckpts = {
+        "v1": v1,
+        "finetune": _perturbed(v1, base / "ckpt" / "finetune", keep=("model.backbone.",)),
+        "retrain": _perturbed(v1, base / "ckpt" / "retrain"),
+        "nan": _perturbed(v1, base / "ckpt" / "nan", keep=("",), nan=True),
+        "jerky": _jerky(v1, base / "ckpt" / "jerky"),
+    }
     bucket = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     bucket.create_bucket(BucketUrl.parse(RUN))
-    yield Deploy(url, bucket, base / "keys" / "deploy.key", load_public_keys([public_path(base / "keys" / "deploy.key")]),
-                 ckpts, proc)  # fmt: skip
+    yield Deploy(
+        url,
+        bucket,
+        base / "keys" / "deploy.key",
+        load_public_keys([public_path(base / "keys" / "deploy.key")]),
+        ckpts,
+        proc,
+    )
     proc.terminate()
     proc.wait(10)
 
@@ -165,8 +174,11 @@ def test_manifest_signature_refuses_tampering_and_untrusted_keys(tmp_path):
         Manifest.from_dict({**raw["manifest"], "name": "a/b"})
     raw = json.loads(signed.to_json())
     file0 = raw["manifest"]["files"][0]
-    for bad, message in (({**file0, "path": 123}, "expected a string"), ({**file0, "path": "config.json/"}, "unsafe"),
-                         ({**file0, "segments": file0["segments"] * 2}, "segment")):  # fmt: skip
+    for bad, message in (
+        ({**file0, "path": 123}, "expected a string"),
+        ({**file0, "path": "config.json/"}, "unsafe"),
+        ({**file0, "segments": file0["segments"] * 2}, "segment"),
+    ):
         with pytest.raises(BadManifest, match=message):  # malformed input is a refusal, never a crash
             Manifest.from_dict({**raw["manifest"], "files": [bad]})
     with pytest.raises(FileExistsError):
@@ -241,10 +253,17 @@ def test_robot_tokens_are_isolated_and_writes_need_operator_write_tokens(deploy)
     r1 = DeployClient(deploy.url, t1)
     assert r1.assignment("iso1")["robot"] == "iso1"
     r1.heartbeat("iso1", None, {"control_hz": 50})
-    for call in (lambda: r1.assignment("iso2"), lambda: r1.robot("iso2"), lambda: r1.heartbeat("iso2", "x", {}),
-                 lambda: r1.event("iso2", "swap", None, None), lambda: r1.status(),
-                 lambda: r1.assign("iso2", channel="canary"), lambda: r1.promote("stable", "v1"),
-                 lambda: r1.register_robot("iso3"), lambda: r1.history(robot="iso2")):  # fmt: skip
+    for call in (
+        lambda: r1.assignment("iso2"),
+        lambda: r1.robot("iso2"),
+        lambda: r1.heartbeat("iso2", "x", {}),
+        lambda: r1.event("iso2", "swap", None, None),
+        lambda: r1.status(),
+        lambda: r1.assign("iso2", channel="canary"),
+        lambda: r1.promote("stable", "v1"),
+        lambda: r1.register_robot("iso3"),
+        lambda: r1.history(robot="iso2"),
+    ):
         with pytest.raises(DeployError) as error:
             call()
         assert error.value.status == 403, error.value
@@ -267,12 +286,17 @@ def test_robot_tokens_are_isolated_and_writes_need_operator_write_tokens(deploy)
     assert DeployClient(deploy.url, rotated).robot("iso2")["id"] == "iso2"
     assert httpx.post(f"{deploy.url}/v1/releases", json={"manifest": {}}).status_code == 401
     # Sizes: a huge body is refused before anyone reads it, token or not; robots cannot store unbounded figures.
-    huge = httpx.post(f"{deploy.url}/v1/releases", content=b"{" + b" " * (9 * 2**20) + b"}",
-                      headers={"content-type": "application/json"})  # fmt: skip
+    huge = httpx.post(
+        f"{deploy.url}/v1/releases",
+        content=b"{" + b" " * (9 * 2**20) + b"}",
+        headers={"content-type": "application/json"},
+    )
     assert huge.status_code == 413 and "limit" in huge.json()["error"]
-    for call, want in ((lambda: r1.heartbeat("iso1", None, {"log": "x" * 20_000}), "at most"),
-                       (lambda: r1.heartbeat("iso1", "../../etc", {}), "bad release name"),
-                       (lambda: r1.event("iso1", "swap", "x" * 500, None), "bad release name")):  # fmt: skip
+    for call, want in (
+        (lambda: r1.heartbeat("iso1", None, {"log": "x" * 20_000}), "at most"),
+        (lambda: r1.heartbeat("iso1", "../../etc", {}), "bad release name"),
+        (lambda: r1.event("iso1", "swap", "x" * 500, None), "bad release name"),
+    ):
         with pytest.raises(DeployError) as error:
             call()
         assert error.value.status == 422 and want in str(error.value), error.value
@@ -280,9 +304,11 @@ def test_robot_tokens_are_isolated_and_writes_need_operator_write_tokens(deploy)
     deep: dict = {}
     for _ in range(300):
         deep = {"a": deep}
-    for call, status, want in ((lambda: r1.heartbeat("iso1", None, deep), 422, "nests deeper than 32"),
-                               (lambda: r1.event("iso1", "swap", "never-published", None), 404, "no release"),
-                               (lambda: ops.assign("iso1", channel=""), 400, "bad channel name")):  # fmt: skip
+    for call, status, want in (
+        (lambda: r1.heartbeat("iso1", None, deep), 422, "nests deeper than 32"),
+        (lambda: r1.event("iso1", "swap", "never-published", None), 404, "no release"),
+        (lambda: ops.assign("iso1", channel=""), 400, "bad channel name"),
+    ):
         with pytest.raises(DeployError) as error:
             call()
         assert error.value.status == status and want in str(error.value), error.value
@@ -301,8 +327,12 @@ def test_malformed_publishes_are_refused_and_leave_nothing(deploy):
     deep: dict = {}
     for _ in range(300):
         deep = {"a": deep}
-    for response, want in ((post(channel="../x"), "bad channel name"), (post(lineage=deep), "lineage"),
-                           (post(checkpoint=None), "expected a string"), (post(created_at="nan"), "not a time")):  # fmt: skip
+    for response, want in (
+        (post(channel="../x"), "bad channel name"),
+        (post(lineage=deep), "lineage"),
+        (post(checkpoint=None), "expected a string"),
+        (post(created_at="nan"), "not a time"),
+    ):
         assert 400 <= response.status_code < 500 and want in response.text, response.text
     assert httpx.get(f"{deploy.url}/v1/releases/pub-bad", headers={"authorization": f"Bearer {OPS}"}).status_code == 404
 
@@ -344,8 +374,9 @@ def test_update_moves_only_changed_tensors_and_tampered_content_is_refused(deplo
     store.verify("store-ft", deploy.trusted)
 
     # The same name signed again over other files (a rebuilt registry, another service): the assigned one wins.
-    renamed = SignedManifest.sign(Manifest.from_dict({**json.loads(ft.to_json())["manifest"], "name": "store-v1"}),
-                                  load_private_key(deploy.key))  # fmt: skip
+    renamed = SignedManifest.sign(
+        Manifest.from_dict({**json.loads(ft.to_json())["manifest"], "name": "store-v1"}), load_private_key(deploy.key)
+    )
     store.pull(renamed, deploy.trusted, fetch)
     assert store.verify("store-v1", deploy.trusted).canonical() == renamed.manifest.canonical()
 
@@ -376,7 +407,8 @@ def hang(path, start, end):
     if path == "model.safetensors":
         print("piece", path, start, end, flush=True)
         time.sleep(3600)  # the parent kills us here, mid-download
-ReleaseStore(sys.argv[2]).pull(signed, load_public_keys([sys.argv[3]]), XetFetcher(sys.argv[4], sys.argv[5], signed.manifest.bucket), on_piece=hang)
+fetcher = XetFetcher(sys.argv[4], sys.argv[5], signed.manifest.bucket)
+ReleaseStore(sys.argv[2]).pull(signed, load_public_keys([sys.argv[3]]), fetcher, on_piece=hang)
 """
 
 
@@ -384,9 +416,20 @@ def test_pull_killed_mid_download_resumes_and_never_exposes_a_partial_release(de
     signed = deploy.release("crash-v1", "retrain", channel=None)
     (tmp_path / "m.json").write_bytes(signed.to_json())
     root = tmp_path / "store"
-    child = subprocess.Popen([sys.executable, "-c", CRASHING_PULL, str(tmp_path / "m.json"), str(root),
-                              str(public_path(deploy.key)), bucket_server.endpoint, WRITE_TOKEN],
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            CRASHING_PULL,
+            str(tmp_path / "m.json"),
+            str(root),
+            str(public_path(deploy.key)),
+            bucket_server.endpoint,
+            WRITE_TOKEN,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout.readline().startswith("piece model.safetensors 0 ")
     child.send_signal(signal.SIGKILL)
     child.wait(10)
@@ -432,8 +475,17 @@ def robot(deploy, tmp_path) -> Iterator[RobotRuntime]:
 
     def control_thread() -> None:  # MuJoCo's EGL context belongs to the thread that made it
         env = SimControlEnv("transfer_cube", IMAGE, episode_steps=15)
-        made.append(RobotRuntime(env, DeployClient(deploy.url, token), ReleaseStore(tmp_path / "store"), deploy.trusted,
-                                 options, _fetcher(deploy), score=lambda episode: -episode.action_jerk))  # fmt: skip
+        made.append(
+            RobotRuntime(
+                env,
+                DeployClient(deploy.url, token),
+                ReleaseStore(tmp_path / "store"),
+                deploy.trusted,
+                options,
+                _fetcher(deploy),
+                score=lambda episode: -episode.action_jerk,
+            )
+        )
         try:
             made[0].run()
         finally:
@@ -470,19 +522,25 @@ def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot, tmp_
 
     # A release signed by a key the robot does not trust, and one whose content is not what was signed.
     generate_keypair(deploy.key.parent / "rogue.key")
-    v2 = SignedManifest.from_json(ops._call("GET", "/v1/releases/e2e-v2")["manifest"] and
-                                  json.dumps(ops._call("GET", "/v1/releases/e2e-v2")["manifest"]))  # fmt: skip
-    rogue = SignedManifest.sign(Manifest.from_dict({**json.loads(v2.to_json())["manifest"], "name": "e2e-rogue"}),
-                                load_private_key(deploy.key.parent / "rogue.key"))  # fmt: skip
+    v2 = SignedManifest.from_json(
+        ops._call("GET", "/v1/releases/e2e-v2")["manifest"]
+        and json.dumps(ops._call("GET", "/v1/releases/e2e-v2")["manifest"])
+    )
+    rogue = SignedManifest.sign(
+        Manifest.from_dict({**json.loads(v2.to_json())["manifest"], "name": "e2e-rogue"}),
+        load_private_key(deploy.key.parent / "rogue.key"),
+    )
     ops.publish(rogue, "e2e")
     _wait(lambda: any(r["release"] == "e2e-rogue" for r in stats.refused), 10, "the rogue release to be refused")
     assert "does not trust" in stats.refused[-1]["reason"]
     retrain = deploy.release("e2e-retrain", "retrain", channel=None)
     raw = json.loads(v2.to_json())["manifest"]
-    raw["files"] = [dict(f, xet_hash=next(r.xet_hash for r in retrain.manifest.files if r.path == f["path"]))
-                    for f in raw["files"]]  # fmt: skip
-    ops.publish(SignedManifest.sign(Manifest.from_dict({**raw, "name": "e2e-tampered"}), load_private_key(deploy.key)),
-                "e2e")  # fmt: skip
+    raw["files"] = [
+        dict(f, xet_hash=next(r.xet_hash for r in retrain.manifest.files if r.path == f["path"])) for f in raw["files"]
+    ]
+    ops.publish(
+        SignedManifest.sign(Manifest.from_dict({**raw, "name": "e2e-tampered"}), load_private_key(deploy.key)), "e2e"
+    )
     _wait(lambda: any(r["release"] == "e2e-tampered" for r in stats.refused), 10, "the tampered release to be refused")
     assert robot.running == "e2e-v2" and not robot.store.has("e2e-tampered")
 
@@ -503,14 +561,25 @@ def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot, tmp_
     assert "image_size=(24, 32)" in stats.refused[-1]["reason"] and robot.running == "e2e-v2"
     assert "e2e-small" not in json.loads((robot.store.root / "runtime.json").read_text())["refused"]
 
-    _wait(lambda: (ops.robot("r1")["status"] or {}).get("refused") == sorted(
-        ["e2e-jerky", "e2e-nan", "e2e-rogue", "e2e-tampered"]), 5, "the heartbeat")  # fmt: skip
+    _wait(
+        lambda: (
+            (ops.robot("r1")["status"] or {}).get("refused")
+            == sorted(["e2e-jerky", "e2e-nan", "e2e-rogue", "e2e-tampered"])
+        ),
+        5,
+        "the heartbeat",
+    )
     assert ops.robot("r1")["running"] == "e2e-v2"
     ops.rollback_robot("r1", reason="by command")  # pins the last good release it ran before v2, not the jerky one
     _wait(lambda: robot.running == "e2e-v1", 10, "the robot rollback to v1")
     kinds = {(e["kind"], e["previous"] if e["kind"] == "rollback" else e["release"]) for e in ops.history(robot="r1")}
-    assert {("refused", "e2e-rogue"), ("refused", "e2e-tampered"), ("rollback", "e2e-nan"),
-            ("rollback", "e2e-jerky"), ("swap", "e2e-v2")} <= kinds  # fmt: skip
+    assert {
+        ("refused", "e2e-rogue"),
+        ("refused", "e2e-tampered"),
+        ("rollback", "e2e-nan"),
+        ("rollback", "e2e-jerky"),
+        ("swap", "e2e-v2"),
+    } <= kinds
 
 
 # -- the command line, and LeRobot hardware (test double) ------------------------------------------------------------
@@ -531,8 +600,23 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
     (tmp_path / "last.json").write_text(json.dumps({"step": 300}))
     deploy.bucket.upload(tmp_path / "last.json", run / "checkpoints" / "last.json")
 
-    result = cli.invoke(app, [*storage, "deploy", "publish", "--checkpoint", str(run), "--name", "cli-v1",
-                              "--channel", "hw", "--key", str(key), *ops])  # fmt: skip
+    result = cli.invoke(
+        app,
+        [
+            *storage,
+            "deploy",
+            "publish",
+            "--checkpoint",
+            str(run),
+            "--name",
+            "cli-v1",
+            "--channel",
+            "hw",
+            "--key",
+            str(key),
+            *ops,
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "checkpoints/000300" in deploy.ops()._call("GET", "/v1/releases/cli-v1")["checkpoint"]
     result = cli.invoke(
@@ -542,24 +626,89 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
     result = cli.invoke(app, ["deploy", "register", "hw1", "--channel", "hw", *ops])
     token = json.loads(result.output)["token"]
 
-    result = cli.invoke(app, [*storage, "robot", "run", "--robot.type", "robotloop_fake_aloha", "--robot-id", "hw1",
-                              "--deploy-url", deploy.url, "--robot-token", token, "--trusted-key", str(key.with_suffix(".pub")),
-                              "--store", str(tmp_path / "store"), "--fps", "20", "--duration-s", "6"])  # fmt: skip
+    result = cli.invoke(
+        app,
+        [
+            *storage,
+            "robot",
+            "run",
+            "--robot.type",
+            "robotloop_fake_aloha",
+            "--robot-id",
+            "hw1",
+            "--deploy-url",
+            deploy.url,
+            "--robot-token",
+            token,
+            "--trusted-key",
+            str(key.with_suffix(".pub")),
+            "--store",
+            str(tmp_path / "store"),
+            "--fps",
+            "20",
+            "--duration-s",
+            "6",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "pulled 45.4 MB; swaps 1, rollbacks 0, refused 0; running cli-v1" in _flat(result.output)
     assert FakeAloha.sent > 20  # commands reached the (double of the) hardware
     # The same robot id on the sim, restarted: the release is already in its store (verified again, not fetched).
-    result = cli.invoke(app, [*storage, "robot", "run", "--sim", "transfer_cube", "--image-size", "48x64",
-                              "--episode-steps", "10", "--robot-id", "hw1", "--deploy-url", deploy.url, "--robot-token",
-                              token, "--trusted-key", str(key.with_suffix(".pub")), "--store", str(tmp_path / "store"),
-                              "--duration-s", "4"])  # fmt: skip
+    result = cli.invoke(
+        app,
+        [
+            *storage,
+            "robot",
+            "run",
+            "--sim",
+            "transfer_cube",
+            "--image-size",
+            "48x64",
+            "--episode-steps",
+            "10",
+            "--robot-id",
+            "hw1",
+            "--deploy-url",
+            deploy.url,
+            "--robot-token",
+            token,
+            "--trusted-key",
+            str(key.with_suffix(".pub")),
+            "--store",
+            str(tmp_path / "store"),
+            "--duration-s",
+            "4",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "pulled 0.0 MB; swaps 1, rollbacks 0, refused 0; running cli-v1" in _flat(result.output)
     # Restarted while the deploy service is unreachable: it runs its last good release from the store.
-    result = cli.invoke(app, [*storage, "robot", "run", "--sim", "transfer_cube", "--image-size", "48x64",
-                              "--episode-steps", "10", "--robot-id", "hw1", "--deploy-url", f"http://127.0.0.1:{free_port()}",
-                              "--robot-token", token, "--trusted-key", str(key.with_suffix(".pub")), "--store",
-                              str(tmp_path / "store"), "--duration-s", "3"])  # fmt: skip
+    result = cli.invoke(
+        app,
+        [
+            *storage,
+            "robot",
+            "run",
+            "--sim",
+            "transfer_cube",
+            "--image-size",
+            "48x64",
+            "--episode-steps",
+            "10",
+            "--robot-id",
+            "hw1",
+            "--deploy-url",
+            f"http://127.0.0.1:{free_port()}",
+            "--robot-token",
+            token,
+            "--trusted-key",
+            str(key.with_suffix(".pub")),
+            "--store",
+            str(tmp_path / "store"),
+            "--duration-s",
+            "3",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "pulled 0.0 MB; swaps 1, rollbacks 0, refused 0; running cli-v1" in _flat(result.output)
     wide = {"COLUMNS": "200"}  # rich wraps table cells at the runner's 80 columns
@@ -586,8 +735,13 @@ def test_eval_resolves_a_release_name_and_verifies_it_as_robots_do(deploy, bucke
         resolve_policy("nosuchrelease", release_resolver=pull)
     generate_keypair(tmp_path / "stranger.key")
     with pytest.raises(BadSignature):
-        pull_release("evalme", deploy.ops(OPS_READ), _fetcher(deploy), load_public_keys([public_path(tmp_path / "stranger.key")]),
-                     ReleaseStore(tmp_path / "other-store"))  # fmt: skip
+        pull_release(
+            "evalme",
+            deploy.ops(OPS_READ),
+            _fetcher(deploy),
+            load_public_keys([public_path(tmp_path / "stranger.key")]),
+            ReleaseStore(tmp_path / "other-store"),
+        )
 
 
 def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_order(tmp_path):
@@ -611,16 +765,24 @@ def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_or
             self.sent.append((kind, release))
 
     service = Service()
-    runtime = RobotRuntime(None, service, ReleaseStore(tmp_path / "store"), {},
-                           RobotSettings(robot_id="r9", health_window=2), lambda bucket: None,
-                           score=lambda result: None)  # hardware: no reward, no score  # fmt: skip
+    runtime = RobotRuntime(
+        None,
+        service,
+        ReleaseStore(tmp_path / "store"),
+        {},
+        RobotSettings(robot_id="r9", health_window=2),
+        lambda bucket: None,
+        score=lambda result: None,
+    )  # hardware: no reward, no score
 
     def swap(release: str) -> None:
         runtime._standby = _Loaded(release, Runner())
         assert runtime._maybe_swap(None)
 
     def episode(release: str) -> None:
-        runtime._finish({"mixed": False, "release": release, "steps": 10, "max_reward": None, "success": None, "jerk": 0.0})
+        runtime._finish(
+            {"mixed": False, "release": release, "steps": 10, "max_reward": None, "success": None, "jerk": 0.0}
+        )
 
     swap("A")
     runtime._probation = False  # A is proven
@@ -661,8 +823,19 @@ def test_channel_rollback_counts_a_release_promoted_again_after_it_was_rolled_ba
 def test_the_service_refuses_to_start_without_trusted_keys_unless_told_any_signer_will_do(tmp_path):
     tokens = tmp_path / "ops.tokens"
     tokens.write_text(f"{OPS} write *\n")
-    cmd = [sys.executable, "-m", "robotloop.cli", "deploy", "serve", "--tokens", str(tokens), "--db",
-           str(tmp_path / "d.sqlite"), "--port", "0"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "robotloop.cli",
+        "deploy",
+        "serve",
+        "--tokens",
+        str(tokens),
+        "--db",
+        str(tmp_path / "d.sqlite"),
+        "--port",
+        "0",
+    ]
     env = {**os.environ, "ROBOTLOOP_CONFIG": "/dev/null"}
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     said = " ".join(run.stdout.split() + run.stderr.split())
@@ -705,6 +878,7 @@ def test_a_robot_that_cannot_fetch_its_release_backs_off_and_says_why(deploy, ro
     t0, failures = time.monotonic(), robot._failures["gone-v1"]
     time.sleep(3.0)
     assert robot._failures["gone-v1"] <= failures + 1  # backing off (2, 4, 8 s...), not a pull every 2 s
+
     def status() -> dict:
         return next(r for r in deploy.ops().status()["robots"] if r["id"] == "r1")["status"] or {}
 

@@ -33,9 +33,7 @@ CHUNK = 10
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_checkpoint(
-        tmp_path_factory.mktemp("policy") / "pretrained_model", SIZE, chunk_size=CHUNK
-    )
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("policy") / "pretrained_model", SIZE, chunk_size=CHUNK)
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +48,13 @@ def _copy(src: Path, dest: Path) -> Path:
 
 def _forward_counter(runner: PolicyRunner) -> list[int]:
     calls = [0]
-    runner.policy.model.register_forward_hook(
-        lambda *_: calls.__setitem__(0, calls[0] + 1)
-    )
+    runner.policy.model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     return calls
 
 
 def test_runner_acts_chunk_by_chunk(tiny: Path, sim: AlohaSim) -> None:
     runner = PolicyRunner.load(tiny)
-    assert (
-        runner.image_size == SIZE and runner.action_dim == 14 and not runner.ensembling
-    )
+    assert runner.image_size == SIZE and runner.action_dim == 14 and not runner.ensembling
     obs = sim.reset(seed=0)
     runner.reset()
     runner.warmup(obs)
@@ -70,11 +64,7 @@ def test_runner_acts_chunk_by_chunk(tiny: Path, sim: AlohaSim) -> None:
     for _ in range(2 * CHUNK + 1):
         boundaries.append(runner.at_chunk_boundary)
         action = runner.act(obs)
-        assert (
-            action.shape == (14,)
-            and action.dtype == np.float32
-            and np.isfinite(action).all()
-        )
+        assert action.shape == (14,) and action.dtype == np.float32 and np.isfinite(action).all()
         actions.append(action)
         obs, *_ = sim.step(action)
     assert [i for i, b in enumerate(boundaries) if b] == [0, CHUNK, 2 * CHUNK]
@@ -87,14 +77,10 @@ def test_runner_acts_chunk_by_chunk(tiny: Path, sim: AlohaSim) -> None:
     assert runner.at_chunk_boundary
 
 
-def test_temporal_ensembling_runs_every_step(
-    tiny: Path, sim: AlohaSim, tmp_path: Path
-) -> None:
+def test_temporal_ensembling_runs_every_step(tiny: Path, sim: AlohaSim, tmp_path: Path) -> None:
     ckpt = _copy(tiny, tmp_path / "ensembled")
     cfg = json.loads((ckpt / "config.json").read_text())
-    (ckpt / "config.json").write_text(
-        json.dumps({**cfg, "temporal_ensemble_coeff": 0.01, "n_action_steps": 1})
-    )
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "temporal_ensemble_coeff": 0.01, "n_action_steps": 1}))
     plain, ensembled = PolicyRunner.load(tiny), PolicyRunner.load(ckpt)
     assert ensembled.ensembling
     obs = sim.reset(seed=1)
@@ -125,9 +111,7 @@ def _drop_a_weight(ckpt: Path) -> None:
             "missing policy_preprocessor.json",
         ),
         (
-            lambda d: (d / "model.safetensors").write_bytes(
-                b"\x10\x00\x00\x00\x00\x00\x00\x00not a header"
-            ),
+            lambda d: (d / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not a header"),
             "cannot load the weights",
         ),
         (_drop_a_weight, "cannot load the weights"),
@@ -146,9 +130,7 @@ def _drop_a_weight(ckpt: Path) -> None:
         "bad-field",
     ],
 )
-def test_load_errors_say_what_is_wrong(
-    tiny: Path, tmp_path: Path, breakage, message: str
-) -> None:
+def test_load_errors_say_what_is_wrong(tiny: Path, tmp_path: Path, breakage, message: str) -> None:
     ckpt = _copy(tiny, tmp_path / "broken")
     breakage(ckpt)
     with pytest.raises(PolicyLoadError, match=message):
@@ -167,14 +149,10 @@ def test_load_leaves_no_temp_files(tiny: Path, tmp_path: Path, monkeypatch) -> N
     assert list(tmp_path.iterdir()) == []
 
 
-def test_non_finite_weights_raise_before_acting(
-    tiny: Path, sim: AlohaSim, tmp_path: Path
-) -> None:
+def test_non_finite_weights_raise_before_acting(tiny: Path, sim: AlohaSim, tmp_path: Path) -> None:
     ckpt = _copy(tiny, tmp_path / "nan")
     weights = load_file(ckpt / "model.safetensors")
-    weights["model.action_head.bias"] = torch.full_like(
-        weights["model.action_head.bias"], float("nan")
-    )
+    weights["model.action_head.bias"] = torch.full_like(weights["model.action_head.bias"], float("nan"))
     save_file(weights, ckpt / "model.safetensors")
     runner = PolicyRunner.load(ckpt)
     with pytest.raises(NonFiniteAction, match="non-finite"):
@@ -186,13 +164,9 @@ def test_bad_observations_are_refused(tiny: Path) -> None:
     runner = PolicyRunner.load(tiny)
     state = np.zeros(14)
     with pytest.raises(ValueError, match="48x64"):
-        runner.act(
-            {"pixels": {"top": np.zeros((96, 128, 3), np.uint8)}, "agent_pos": state}
-        )
+        runner.act({"pixels": {"top": np.zeros((96, 128, 3), np.uint8)}, "agent_pos": state})
     with pytest.raises(ValueError, match="uint8"):
-        runner.act(
-            {"pixels": {"top": np.zeros((48, 64, 3), np.float32)}, "agent_pos": state}
-        )
+        runner.act({"pixels": {"top": np.zeros((48, 64, 3), np.float32)}, "agent_pos": state})
     with pytest.raises(ValueError, match="camera 'top'"):
         runner.act({"agent_pos": state})
     with pytest.raises(ValueError, match="agent_pos"):
@@ -204,9 +178,7 @@ def test_bad_observations_are_refused(tiny: Path) -> None:
         )
 
 
-def test_runner_sees_what_the_recorder_stored(
-    tiny: Path, bucket_server, tmp_path: Path
-) -> None:
+def test_runner_sees_what_the_recorder_stored(tiny: Path, bucket_server, tmp_path: Path) -> None:
     """A recorded demo read back with LeRobotDataset vs the runner's conversion of the same sim observations."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
     from lerobot.envs.utils import preprocess_observation
@@ -215,9 +187,7 @@ def test_runner_sees_what_the_recorder_stored(
     demo = record_demo("transfer_cube", seed=3, image_size=SIZE, max_steps=steps)
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     url = BucketUrl.parse("hf://buckets/lab/deploy-runner/datasets/demo")
-    recorder = DatasetRecorder(
-        client, url, DatasetSpec.aloha(SIZE), staging=tmp_path / "stage"
-    )
+    recorder = DatasetRecorder(client, url, DatasetSpec.aloha(SIZE), staging=tmp_path / "stage")
     recorder.commit(
         Episode(
             {"top": demo.frames},
@@ -250,13 +220,9 @@ def test_runner_sees_what_the_recorder_stored(
             # Exactly lerobot's own env -> policy conversion, and exactly the frame handed to the recorder.
             lerobot_batch = preprocess_observation(obs)
             for key in mine:
-                torch.testing.assert_close(
-                    mine[key], lerobot_batch[key], rtol=0, atol=0
-                )
+                torch.testing.assert_close(mine[key], lerobot_batch[key], rtol=0, atol=0)
             raw = torch.from_numpy(demo.frames[t]).permute(2, 0, 1).float() / 255
-            torch.testing.assert_close(
-                mine["observation.images.top"][0], raw, rtol=0, atol=0
-            )
+            torch.testing.assert_close(mine["observation.images.top"][0], raw, rtol=0, atol=0)
             # The stored video frame is a lossy copy of it: close, and closer than a BGR or transposed mix-up.
             image, decoded = (
                 mine["observation.images.top"][0],
@@ -269,9 +235,7 @@ def test_runner_sees_what_the_recorder_stored(
             obs, *_ = sim.step(demo.actions[t])
 
 
-def test_load_never_downloads_backbone_weights(
-    tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_load_never_downloads_backbone_weights(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A config saved by lerobot-train names ImageNet weights; building it as-is makes torchvision download."""
     import torchvision
 
@@ -279,9 +243,7 @@ def test_load_never_downloads_backbone_weights(
         raise AssertionError("tried to download weights")
 
     monkeypatch.setattr(torch.hub, "load_state_dict_from_url", no_network)
-    monkeypatch.setattr(
-        torchvision.models._api, "load_state_dict_from_url", no_network, raising=False
-    )
+    monkeypatch.setattr(torchvision.models._api, "load_state_dict_from_url", no_network, raising=False)
     ckpt = _copy(tiny, tmp_path / "imagenet-config")
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg["pretrained_backbone_weights"] = "ResNet18_Weights.IMAGENET1K_V1"

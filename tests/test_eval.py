@@ -25,9 +25,7 @@ SIZE = (48, 64)
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_checkpoint(
-        tmp_path_factory.mktemp("policy") / "pretrained_model", SIZE
-    )
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("policy") / "pretrained_model", SIZE)
 
 
 def _decode(path: str) -> list:
@@ -66,11 +64,7 @@ def test_parallel_eval_gives_a_sane_report(tiny: Path, tmp_path: Path) -> None:
     lo, hi = report.success_ci95
     assert lo <= report.success_rate <= hi
     for e in report.episodes:
-        assert (
-            1 <= e.steps <= 12
-            and 0 <= e.max_reward <= 4
-            and 0 <= e.sum_reward <= 4 * e.steps
-        )
+        assert 1 <= e.steps <= 12 and 0 <= e.max_reward <= 4 and 0 <= e.sum_reward <= 4 * e.steps
         assert e.success == (e.max_reward == 4)
     assert len(report.videos) == 1 and report.episodes[0].video == report.videos[0]
     frames = _decode(report.videos[0])
@@ -113,12 +107,12 @@ def test_resolve_policy_local_forms(tiny: Path, tmp_path: Path) -> None:
     with pytest.raises(PolicyLoadError, match="release name"):
         resolve_policy("cube@v3")
     with pytest.raises(PolicyLoadError, match="no such directory"):  # a mistyped path is not taken for a release
-        resolve_policy(str(tmp_path / "runs" / "typo"), release_resolver=lambda name: pytest.fail("asked for a release"))
+        resolve_policy(
+            str(tmp_path / "runs" / "typo"), release_resolver=lambda name: pytest.fail("asked for a release")
+        )
 
 
-def test_cli_evaluates_a_checkpoint_in_a_bucket(
-    tiny: Path, bucket_server, tmp_path: Path
-) -> None:
+def test_cli_evaluates_a_checkpoint_in_a_bucket(tiny: Path, bucket_server, tmp_path: Path) -> None:
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     run = BucketUrl.parse("hf://buckets/lab/eval/models/run1")
     client.create_bucket(run)
@@ -133,9 +127,7 @@ def test_cli_evaluates_a_checkpoint_in_a_bucket(
         f"{run}/checkpoints/000005/pretrained_model",
     ):
         local = resolve_policy(form, lambda: client, cache)
-        assert (local / "model.safetensors").read_bytes() == (
-            tiny / "model.safetensors"
-        ).read_bytes()
+        assert (local / "model.safetensors").read_bytes() == (tiny / "model.safetensors").read_bytes()
     with pytest.raises(PolicyLoadError, match="no checkpoints/last.json"):
         resolve_policy("hf://buckets/lab/eval/models/nothing", lambda: client, cache)
 
@@ -175,7 +167,5 @@ def test_cli_evaluates_a_checkpoint_in_a_bucket(
     assert saved["summary"]["n_episodes"] == 2 and saved["image_size"] == list(SIZE)
     # downloaded beside the read cache, not into ~/.cache
     downloaded = Path(saved["policy"])
-    assert saved["source"] == str(run) and downloaded.is_relative_to(
-        tmp_path / "cache" / "policies"
-    )
+    assert saved["source"] == str(run) and downloaded.is_relative_to(tmp_path / "cache" / "policies")
     assert len(_decode(saved["episodes"][0]["video"])) == 9

@@ -103,8 +103,12 @@ def test_fp8_layers_are_linears_called_as_modules_with_dims_of_16() -> None:
     # The rest of ACT's linears: the 6-dim state and 5-dim action projections and the action head (5 outputs).
     left_out = {n for n, m in tp.policy.named_modules() if isinstance(m, nn.Linear) and ".out_proj" not in n}
     left_out -= candidates.keys()
-    assert left_out == {"model.vae_encoder_robot_state_input_proj", "model.vae_encoder_action_input_proj",
-                        "model.encoder_robot_state_input_proj", "model.action_head"}  # fmt: skip
+    assert left_out == {
+        "model.vae_encoder_robot_state_input_proj",
+        "model.vae_encoder_action_input_proj",
+        "model.encoder_robot_state_input_proj",
+        "model.action_head",
+    }
     # The rule holds for lerobot's ACT: every candidate runs as a module in a training forward.
     shapes = record_linear_shapes(tp.policy, candidates, lambda: tp.loss(_batch()))
     assert shapes.keys() == candidates.keys()
@@ -175,7 +179,7 @@ def test_auto_converts_only_faster_shapes_and_caches_timings(tmp_path: Path, mon
     assert len(measured) == len(set(measured)) == 8  # 2 FFN shapes x 3 token counts, plus the 2 latent ones
 
     cache = json.loads((tmp_path / "fp8" / "linear_timings.json").read_text())
-    (key, table), = cache.items()
+    ((key, table),) = cache.items()
     assert "NVIDIA H100 80GB HBM3 (SM 9.0)" in key and "tensorwise" in key and len(table) == 8
 
     def no_timing(shape: LinearShape) -> ShapeTiming:

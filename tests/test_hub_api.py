@@ -48,16 +48,30 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = open(base / "server.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.bucket", "--root", str(base / "root"), "--port", str(port),
-         "--tokens", str(base / "tokens")],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "services.bucket",
+            "--root",
+            str(base / "root"),
+            "--port",
+            str(port),
+            "--tokens",
+            str(base / "tokens"),
+        ],
+        cwd=REPO,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
         assert proc.poll() is None, (base / "server.log").read_text()
         try:
-            if httpx.get(f"{endpoint}/api/robotloop/stats", headers={"authorization": f"Bearer {R}"}).status_code == 200:
+            if (
+                httpx.get(f"{endpoint}/api/robotloop/stats", headers={"authorization": f"Bearer {R}"}).status_code
+                == 200
+            ):
                 break
         except httpx.HTTPError:
             pass
@@ -82,8 +96,12 @@ def _ndjson(*ops: dict) -> bytes:
 def test_tokens_file_is_parsed_and_errors_name_the_line(tmp_path: Path) -> None:
     entries = parse_tokens_text(TOKENS)
     assert entries[R].write is False and entries[ADMIN].namespace == "*"
-    for text, needle in [("a write\n", ":1: expected"), ("# c\n\na admin ns\n", ":3: access"),
-                         ("a read ns\na write ns\n", ":2: duplicated"), ("a read bad/ns\n", ":1: invalid namespace")]:  # fmt: skip
+    for text, needle in [
+        ("a write\n", ":1: expected"),
+        ("# c\n\na admin ns\n", ":3: access"),
+        ("a read ns\na write ns\n", ":2: duplicated"),
+        ("a read bad/ns\n", ":1: invalid namespace"),
+    ]:
         with pytest.raises(TokensFileError, match=needle):
             parse_tokens_text(text, source="tokens")
     with pytest.raises(TokensFileError, match=r"missing: no such tokens file .*<token> <read\|write>"):
@@ -99,10 +117,13 @@ def test_authorize_rules() -> None:
     assert store.authorize(OTHER, "robots", write=False, bucket_public=True).name == "other"
     assert store.authorize(None, "robots", write=False, bucket_public=True).anonymous
     for bearer, ns, write, public, error in [
-        (None, "robots", True, True, Unauthorized), (None, "robots", False, False, Unauthorized),
-        ("nope", "robots", False, True, Unauthorized), (R, "robots", True, False, Forbidden),
-        (OTHER, "robots", True, False, Forbidden), (OTHER, "robots", False, False, Forbidden),
-    ]:  # fmt: skip
+        (None, "robots", True, True, Unauthorized),
+        (None, "robots", False, False, Unauthorized),
+        ("nope", "robots", False, True, Unauthorized),
+        (R, "robots", True, False, Forbidden),
+        (OTHER, "robots", True, False, Forbidden),
+        (OTHER, "robots", False, False, Forbidden),
+    ]:
         with pytest.raises(error):
             store.authorize(bearer, ns, write=write, bucket_public=public)
 
@@ -210,16 +231,24 @@ def test_upload_list_read_copy_delete(hub: str, tmp_path: Path) -> None:
     w.create_bucket("robots/data")
     big = os.urandom(2_500_000)
     (tmp_path / "big.bin").write_bytes(big)
-    w.batch_bucket_files("robots/data", add=[(tmp_path / "big.bin", "ep/0/big.bin"), (b"hi", "ep/0/hi.txt"),
-                                             (b"", "ep/empty"), (b"top", "top.txt")])  # fmt: skip
+    w.batch_bucket_files(
+        "robots/data",
+        add=[(tmp_path / "big.bin", "ep/0/big.bin"), (b"hi", "ep/0/hi.txt"), (b"", "ep/empty"), (b"top", "top.txt")],
+    )
     info = w.bucket_info("robots/data")
     assert (info.total_files, info.size) == (4, len(big) + 5)
 
     assert [(type(e).__name__, e.path) for e in w.list_bucket_tree("robots/data")] == [
-        ("BucketFolder", "ep"), ("BucketFile", "top.txt")]  # fmt: skip
+        ("BucketFolder", "ep"),
+        ("BucketFile", "top.txt"),
+    ]
     assert [e.path for e in w.list_bucket_tree("robots/data", prefix="ep")] == ["ep/0", "ep/empty"]
     assert [e.path for e in w.list_bucket_tree("robots/data", recursive=True)] == [
-        "ep/0/big.bin", "ep/0/hi.txt", "ep/empty", "top.txt"]  # fmt: skip
+        "ep/0/big.bin",
+        "ep/0/hi.txt",
+        "ep/empty",
+        "top.txt",
+    ]
     files = {f.path: f for f in w.get_bucket_paths_info("robots/data", ["ep/0/big.bin", "ep/empty", "nope"])}
     assert set(files) == {"ep/0/big.bin", "ep/empty"} and files["ep/0/big.bin"].size == len(big)
 
@@ -227,8 +256,9 @@ def test_upload_list_read_copy_delete(hub: str, tmp_path: Path) -> None:
     assert meta.size == len(big) and meta.xet_file_data.file_hash == files["ep/0/big.bin"].xet_hash
     assert meta.xet_file_data.refresh_route == f"{hub}/api/buckets/robots/data/xet-read-token"
 
-    w.download_bucket_files("robots/data", [("ep/0/big.bin", tmp_path / "out/big.bin"),
-                                             ("ep/empty", tmp_path / "out/empty")])  # fmt: skip
+    w.download_bucket_files(
+        "robots/data", [("ep/0/big.bin", tmp_path / "out/big.bin"), ("ep/empty", tmp_path / "out/empty")]
+    )
     assert (tmp_path / "out/big.bin").read_bytes() == big and (tmp_path / "out/empty").read_bytes() == b""
 
     fs = HfFileSystem(endpoint=hub, token=R, skip_instance_cache=True)
@@ -237,18 +267,25 @@ def test_upload_list_read_copy_delete(hub: str, tmp_path: Path) -> None:
         assert f.read(300_000) == big[1_234_567:1_534_567]
     assert fs.cat_file("hf://buckets/robots/data/ep/0/big.bin", start=len(big) - 10) == big[-10:]
     assert fs.info("hf://buckets/robots/data/ep/0/hi.txt")["size"] == 2
-    with HfFileSystem(endpoint=hub, token=W, skip_instance_cache=True).open("hf://buckets/robots/data/fs.txt", "wb") as f:
+    with HfFileSystem(endpoint=hub, token=W, skip_instance_cache=True).open(
+        "hf://buckets/robots/data/fs.txt", "wb"
+    ) as f:
         f.write(b"written through fsspec")
     assert fs.cat_file("hf://buckets/robots/data/fs.txt") == b"written through fsspec"
     fs.invalidate_cache()
     assert fs.find("hf://buckets/robots/data/ep") == [
-        "buckets/robots/data/ep/0/big.bin", "buckets/robots/data/ep/0/hi.txt", "buckets/robots/data/ep/empty"]  # fmt: skip
-    r = httpx.get(f"{hub}/buckets/robots/data/resolve/top.txt", headers={"authorization": f"Bearer {R}",
-                                                                       "range": "bytes=5-"})  # fmt: skip
+        "buckets/robots/data/ep/0/big.bin",
+        "buckets/robots/data/ep/0/hi.txt",
+        "buckets/robots/data/ep/empty",
+    ]
+    r = httpx.get(
+        f"{hub}/buckets/robots/data/resolve/top.txt", headers={"authorization": f"Bearer {R}", "range": "bytes=5-"}
+    )
     assert r.status_code == 416 and r.headers["content-range"] == "bytes */3"
 
-    w.batch_bucket_files("robots/data", copy=[("bucket", "robots/data", files["ep/0/big.bin"].xet_hash, "copy.bin")],
-                         delete=["top.txt"])  # fmt: skip
+    w.batch_bucket_files(
+        "robots/data", copy=[("bucket", "robots/data", files["ep/0/big.bin"].xet_hash, "copy.bin")], delete=["top.txt"]
+    )
     assert fs.cat_file("hf://buckets/robots/data/copy.bin", start=0, end=100) == big[:100]
     assert [e.path for e in w.list_bucket_tree("robots/data")] == ["copy.bin", "ep", "fs.txt"]
     with pytest.raises(HfHubHTTPError, match="403 Forbidden"):  # fs holds the read-only token
@@ -264,9 +301,11 @@ def test_batch_is_all_or_nothing(hub: str) -> None:
     w.create_bucket("robots/atomic")
     w.batch_bucket_files("robots/atomic", add=[(b"v1", "keep.txt")])
     known = next(iter(w.get_bucket_paths_info("robots/atomic", ["keep.txt"]))).xet_hash
-    body = _ndjson({"type": "addFile", "path": "new.txt", "xetHash": known, "mtime": 0},
-                   {"type": "deleteFile", "path": "keep.txt"},
-                   {"type": "addFile", "path": "ghost.txt", "xetHash": "ab" * 32, "mtime": 0})  # fmt: skip
+    body = _ndjson(
+        {"type": "addFile", "path": "new.txt", "xetHash": known, "mtime": 0},
+        {"type": "deleteFile", "path": "keep.txt"},
+        {"type": "addFile", "path": "ghost.txt", "xetHash": "ab" * 32, "mtime": 0},
+    )
     r = httpx.post(f"{hub}/api/buckets/robots/atomic/batch", content=body, headers={"authorization": f"Bearer {W}"})
     assert r.status_code == 422
     assert [f["path"] for f in r.json()["failed"]] == ["ghost.txt"] and "unknown to the CAS" in r.text
@@ -277,7 +316,11 @@ def test_batch_is_all_or_nothing(hub: str) -> None:
     assert [e.path for e in w.list_bucket_tree("robots/atomic")] == ["keep.txt"]
 
     auth = {"authorization": f"Bearer {W}"}
-    for bad in (b"{not json\n", b'{"type": "addFile", "path": "a", "xetHash": "x", "size": 1e400}\n', b"[" * 5000 + b"\n"):
+    for bad in (
+        b"{not json\n",
+        b'{"type": "addFile", "path": "a", "xetHash": "x", "size": 1e400}\n',
+        b"[" * 5000 + b"\n",
+    ):
         r = httpx.post(f"{hub}/api/buckets/robots/atomic/batch", content=bad, headers=auth)
         assert r.status_code == 400 and "line 1" in r.json()["error"], r.text
     r = httpx.get(f"{hub}/api/no-such-route", headers=auth)  # the Hub's error shape, header included
@@ -296,7 +339,9 @@ def test_knowing_a_private_files_hash_is_not_enough_to_read_it(hub: str, tmp_pat
     other.batch_bucket_files("other/mine", add=[(b"mine", "mine.txt")])
     # 1. Another namespace's CAS token cannot reconstruct it (the same answer as for an unknown file).
     cas = httpx.get(f"{hub}/api/buckets/other/mine/xet-read-token", headers={"authorization": f"Bearer {OTHER}"}).json()
-    r = httpx.get(f"{cas['casUrl']}/v1/reconstructions/{leaked}", headers={"authorization": f"Bearer {cas['accessToken']}"})
+    r = httpx.get(
+        f"{cas['casUrl']}/v1/reconstructions/{leaked}", headers={"authorization": f"Bearer {cas['accessToken']}"}
+    )
     assert r.status_code == 404
     # 2. Nor link it into its own bucket by hash, to read it from there.
     link = _ndjson({"type": "addFile", "path": "stolen.bin", "xetHash": leaked, "mtime": 0})
@@ -320,7 +365,9 @@ def test_tree_pagination_follows_link_headers(hub: str) -> None:
     h = next(iter(w.get_bucket_paths_info("robots/many", ["seed"]))).xet_hash
     ops = [{"type": "addFile", "path": f"d{i % 3}/f{i:05d}", "xetHash": h, "mtime": 0} for i in range(2400)]
     ops += [{"type": "addFile", "path": f"top{i:05d}", "xetHash": h, "mtime": 0} for i in range(1100)]
-    r = httpx.post(f"{hub}/api/buckets/robots/many/batch", content=_ndjson(*ops), headers={"authorization": f"Bearer {W}"})
+    r = httpx.post(
+        f"{hub}/api/buckets/robots/many/batch", content=_ndjson(*ops), headers={"authorization": f"Bearer {W}"}
+    )
     assert r.status_code == 200, r.text
     paths = [e.path for e in w.list_bucket_tree("robots/many", recursive=True)]
     assert len(paths) == 3501 and paths == sorted(paths)
@@ -349,8 +396,14 @@ def test_sync_bucket_round_trip(hub: str, tmp_path: Path) -> None:
 
 
 def test_hf_buckets_cli(hub: str, tmp_path: Path) -> None:
-    env = {**os.environ, "HF_ENDPOINT": hub, "HF_TOKEN": W, "HF_HUB_DISABLE_UPDATE_CHECK": "1",
-           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_HOME": str(tmp_path / "hf")}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": hub,
+        "HF_TOKEN": W,
+        "HF_HUB_DISABLE_UPDATE_CHECK": "1",
+        "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+    }
     hf = str(Path(sys.executable).with_name("hf"))
 
     def run(*args: str) -> str:
@@ -398,11 +451,13 @@ def test_body_limit(tmp_path: Path) -> None:
         assert client.post("/api/buckets/robots/b/batch", content=many).status_code == 401
         r = client.post("/api/buckets/robots/b/batch", content=many, headers={"authorization": f"Bearer {W}"})
         assert r.status_code == 413 and "at most 10000 operations" in r.headers["X-Error-Message"]
-        r = client.post("/api/buckets/robots/b/paths-info", json={"paths": ["p"] * 10_001},
-                        headers={"authorization": f"Bearer {W}"})  # fmt: skip
+        r = client.post(
+            "/api/buckets/robots/b/paths-info", json={"paths": ["p"] * 10_001}, headers={"authorization": f"Bearer {W}"}
+        )
         assert r.status_code == 413
-        r = client.post("/api/buckets/robots/b2", content=b"{" + b" " * (5 * 2**20) + b"}",
-                        headers={"authorization": f"Bearer {W}"})  # fmt: skip
+        r = client.post(
+            "/api/buckets/robots/b2", content=b"{" + b" " * (5 * 2**20) + b"}", headers={"authorization": f"Bearer {W}"}
+        )
         assert r.status_code == 413
 
 

@@ -52,8 +52,13 @@ def test_lerobot_streams_a_bucket_dataset(bucket_server, tmp_path):
     client.create_bucket(url)
     client.upload(tmp_path / "ds", url)
     # huggingface_hub reads HF_ENDPOINT at import, so the reader runs as its own process, as a user's would.
-    env = {**os.environ, "HF_ENDPOINT": bucket_server.endpoint, "HF_TOKEN": WRITE_TOKEN, "HF_HOME": str(tmp_path / "hf"),
-           "HF_LEROBOT_HOME": str(tmp_path / "lerobot")}  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": bucket_server.endpoint,
+        "HF_TOKEN": WRITE_TOKEN,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_LEROBOT_HOME": str(tmp_path / "lerobot"),
+    }
     read = subprocess.run([sys.executable, "-c", READ], env=env, capture_output=True, text=True, timeout=240)
     assert read.returncode == 0, read.stderr[-4000:]
     assert "ok 20 2" in read.stdout

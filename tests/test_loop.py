@@ -15,14 +15,38 @@ from robotloop.storage import BucketClient
 
 from .conftest import WRITE_TOKEN
 
-TINY = dict(episodes=1, steps=4, batch_size=2, eval_episodes=1, eval_workers=1, record_workers=1, eval_max_steps=10,
-            videos=1)  # fmt: skip
+TINY = dict(
+    episodes=1, steps=4, batch_size=2, eval_episodes=1, eval_workers=1, record_workers=1, eval_max_steps=10, videos=1
+)
 
 
 def test_the_loop_command_goes_from_nothing_to_a_report(bucket_server, tmp_path):
-    cmd = [sys.executable, "-m", "robotloop.cli", "--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN, "loop",
-           "--episodes", "1", "--steps", "4", "--batch-size", "2", "--eval-episodes", "1", "--eval-max-steps", "10",
-           "--workers", "1", "--bucket", "hf://buckets/lab/loop-cli", "--report-dir", str(tmp_path / "report")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "robotloop.cli",
+        "--endpoint",
+        bucket_server.endpoint,
+        "--token",
+        WRITE_TOKEN,
+        "loop",
+        "--episodes",
+        "1",
+        "--steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--eval-episodes",
+        "1",
+        "--eval-max-steps",
+        "10",
+        "--workers",
+        "1",
+        "--bucket",
+        "hf://buckets/lab/loop-cli",
+        "--report-dir",
+        str(tmp_path / "report"),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "MUJOCO_GL": "egl"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads((tmp_path / "report" / "report.json").read_text())
@@ -41,8 +65,9 @@ def test_the_loop_command_goes_from_nothing_to_a_report(bucket_server, tmp_path)
 
 def test_live_mode_folds_in_new_episodes_and_promotes_only_improvements(bucket_server, tmp_path):
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
-    settings = LoopSettings(**TINY, live=True, live_rounds=2, bucket="hf://buckets/lab/loop-live",
-                            report_dir=tmp_path / "report")  # fmt: skip
+    settings = LoopSettings(
+        **TINY, live=True, live_rounds=2, bucket="hf://buckets/lab/loop-live", report_dir=tmp_path / "report"
+    )
     report = run_loop(settings, client)
     assert [p["step"] for p in report.promotions] == [4, 8]
     assert report.promotions[0]["promoted"]  # the first checkpoint has nothing to beat
@@ -58,8 +83,12 @@ def test_live_mode_folds_in_new_episodes_and_promotes_only_improvements(bucket_s
 
 def test_training_starts_once_the_first_demos_land_and_folds_in_the_rest(bucket_server, tmp_path):
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
-    settings = LoopSettings(**{**TINY, "episodes": 3, "steps": 2}, train_after=1, bucket="hf://buckets/lab/loop-overlap",
-                            report_dir=tmp_path / "report")  # fmt: skip
+    settings = LoopSettings(
+        **{**TINY, "episodes": 3, "steps": 2},
+        train_after=1,
+        bucket="hf://buckets/lab/loop-overlap",
+        report_dir=tmp_path / "report",
+    )
     at_train_start: list[int] = []
 
     def on_stage(stage: str, what: str) -> None:
@@ -106,7 +135,9 @@ def test_the_h200_preset_is_checked_up_front_and_says_plainly_how_good_the_polic
 
     with pytest.raises(ValueError, match="unknown policy setting"):
         LoopSettings(policy={"learning_rate": 1e-4})
-    with pytest.raises(ValueError, match="n_action_steps=1"):  # ensembling with chunked actions: refused before recording
+    with pytest.raises(
+        ValueError, match="n_action_steps=1"
+    ):  # ensembling with chunked actions: refused before recording
         LoopSettings(policy={"temporal_ensemble_coeff": 0.01})
     act = LoopSettings.preset("h200", device="cpu").act()  # the recipe on top of lerobot's default-size ACT
     assert act.image_size == (120, 160) and act.backbone_norm == "batch" and act.temporal_ensemble_coeff == 0.01

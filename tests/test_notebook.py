@@ -20,6 +20,9 @@ def test_quickstart_notebook_runs(bucket_server, tmp_path, monkeypatch):
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "1 episodes" in outputs and "samples/s" in outputs and "success" in outputs
-    assert any(o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
-               for c in nb.cells for o in c.get("outputs", []))  # fmt: skip
+    assert any(
+        o.get("output_type") == "display_data" and "image/png" in o.get("data", {})
+        for c in nb.cells
+        for o in c.get("outputs", [])
+    )
     assert (tmp_path / "out" / "eval" / "eval_report.json").exists()

@@ -29,7 +29,11 @@ def readme_commands() -> list[list[str]]:
 def test_readme_command_exists_with_its_options(argv):
     words = [a for a in argv if not a.startswith("-")]
     groups = {"bucket", "capture", "trainer", "deploy", "robot", "train"}
-    path = words[:2] if words and words[0] in groups and len(words) > 1 and words[1] in _subcommands(words[0]) else words[:1]
+    path = (
+        words[:2]
+        if words and words[0] in groups and len(words) > 1 and words[1] in _subcommands(words[0])
+        else words[:1]
+    )
     if path[:1] == ["train"] and path[1:] in (["serve"], ["watch"]):
         path = ["trainer", *path[1:]]
     result = CliRunner().invoke(app, [*path, "--help"], terminal_width=200)

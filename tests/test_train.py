@@ -17,7 +17,15 @@ from robotloop.train.trainer import TrainSettings, train
 from .conftest import WRITE_TOKEN
 from .test_capture import SPEC, synthetic_episode
 
-TINY = dict(dim_model=32, dim_feedforward=64, n_heads=2, n_encoder_layers=1, n_vae_encoder_layers=1, chunk_size=5, n_action_steps=5)
+TINY = dict(
+    dim_model=32,
+    dim_feedforward=64,
+    n_heads=2,
+    n_encoder_layers=1,
+    n_vae_encoder_layers=1,
+    chunk_size=5,
+    n_action_steps=5,
+)
 
 
 def _dataset(bucket_server, tmp_path, name, episodes=2):
@@ -30,7 +38,9 @@ def _dataset(bucket_server, tmp_path, name, episodes=2):
 
 
 def _run(client, url, out, steps, resume=False, **kw):
-    settings = TrainSettings(steps=steps, batch_size=4, log_every=1, checkpoint_every=3, seed=7, resume=resume, deterministic=True)
+    settings = TrainSettings(
+        steps=steps, batch_size=4, log_every=1, checkpoint_every=3, seed=7, resume=resume, deterministic=True
+    )
     return train(client, [url], out, settings, ACTSettings(**TINY), DataSettings(decode_workers=1), **kw)
 
 
@@ -77,7 +87,15 @@ def test_an_episode_committed_mid_run_is_trained_on(bucket_server, tmp_path):
 
     settings = TrainSettings(steps=40, batch_size=4, log_every=1, checkpoint_every=40, seed=1)
     data = DataSettings(decode_workers=1, refresh_every_s=0.2)
-    report = train(client, [url], BucketUrl.parse("hf://buckets/lab/train/models/live"), settings, ACTSettings(**TINY), data, on_progress)
+    report = train(
+        client,
+        [url],
+        BucketUrl.parse("hf://buckets/lab/train/models/live"),
+        settings,
+        ACTSettings(**TINY),
+        data,
+        on_progress,
+    )
     client.fetch(BucketUrl.parse(report.checkpoints[-1]) / "lineage.json", tmp_path / "lineage.json")
     lineage = json.loads((tmp_path / "lineage.json").read_text())
     assert [e["episode_index"] for e in lineage["episodes"]] == [0, 1]
@@ -94,16 +112,48 @@ def test_two_ranks_under_torchrun_share_the_episodes_and_one_checkpoint(bucket_s
 
     client, url, _ = _dataset(bucket_server, tmp_path, "ddp", episodes=3)
     out = BucketUrl.parse("hf://buckets/lab/train/models/ddp")
-    env = {**os.environ, "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint, "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN,
-           "OMP_NUM_THREADS": "1"}  # fmt: skip
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "robotloop.cli",
-           "train", "--dataset", str(url), "--output", str(out), "--steps", "4", "--batch-size", "2", "--log-every", "2",
-           "--checkpoint-every", "4", "--tiny", "--decode-workers", "1", "--device", "cpu"]  # fmt: skip
+    env = {
+        **os.environ,
+        "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
+        "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN,
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "robotloop.cli",
+        "train",
+        "--dataset",
+        str(url),
+        "--output",
+        str(out),
+        "--steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--log-every",
+        "2",
+        "--checkpoint-every",
+        "4",
+        "--tiny",
+        "--decode-workers",
+        "1",
+        "--device",
+        "cpu",
+    ]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     client.fetch(out / "checkpoints" / "000004", tmp_path / "ckpt")
     state = tmp_path / "ckpt" / "training_state"
-    assert {p.name for p in state.glob("sampler_state_rank*.json")} == {"sampler_state_rank0.json", "sampler_state_rank1.json"}
+    assert {p.name for p in state.glob("sampler_state_rank*.json")} == {
+        "sampler_state_rank0.json",
+        "sampler_state_rank1.json",
+    }
     ranks = [json.loads((state / f"sampler_state_rank{r}.json").read_text())["known"] for r in (0, 1)]
     assert sorted(k[1] for k in ranks[0]) == [0, 2] and sorted(k[1] for k in ranks[1]) == [1]  # disjoint shares
     lineage = json.loads((tmp_path / "ckpt" / "lineage.json").read_text())
@@ -138,12 +188,15 @@ def test_channels_last_optimizer_state_checkpoints_and_keeps_its_layout(bucket_s
     assert got.stride() == conv.stride() and torch.equal(got, want)
 
 
-@pytest.mark.parametrize(("option", "message"), [
-    (["--device", "gpu"], "not a device; use auto, cpu, cuda or cuda:N"),
-    (["--device", "cuda:99"], "device 'cuda:99'"),
-    (["--progress-file", "/nonexistent/p.jsonl"], "/nonexistent: no such folder"),
-    (["--backbone-weights", "/nonexistent.pt"], "does not exist"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--device", "gpu"], "not a device; use auto, cpu, cuda or cuda:N"),
+        (["--device", "cuda:99"], "device 'cuda:99'"),
+        (["--progress-file", "/nonexistent/p.jsonl"], "/nonexistent: no such folder"),
+        (["--backbone-weights", "/nonexistent.pt"], "does not exist"),
+    ],
+)
 def test_bad_train_options_are_refused_before_any_data_streams(option, message):
     from typer.testing import CliRunner
 

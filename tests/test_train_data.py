@@ -70,7 +70,10 @@ def full(bucket_server, dataset, tmp_path_factory):
 def test_batches_hold_the_recorded_values(full):
     sampler, _ = full
     batch = sampler.next_batch(256)
-    assert batch["observation.images.top"].shape == (256, 3, 24, 32) and batch["observation.images.top"].dtype == torch.uint8
+    assert (
+        batch["observation.images.top"].shape == (256, 3, 24, 32)
+        and batch["observation.images.top"].dtype == torch.uint8
+    )
     assert batch["observation.state"].shape == (256, 4) and batch["observation.state"].dtype == torch.float32
     assert batch["action"].shape == (256, CHUNK, 3) and batch["action"].dtype == torch.float32
     assert batch["action_is_pad"].shape == (256, CHUNK) and batch["action_is_pad"].dtype == torch.bool
@@ -83,7 +86,9 @@ def test_batches_hold_the_recorded_values(full):
     assert (batch["action"][:, :, 0].numpy() == want).all()
     assert (batch["action_is_pad"].numpy() == (ahead >= length[:, None])).all()
     pixels = batch["observation.images.top"].float().mean(dim=(1, 2, 3)).numpy()
-    assert np.abs(pixels - (20 * t + 40 * k) % 250).max() < 4  # h264 at crf 30: flat frames come back within a few levels
+    assert (
+        np.abs(pixels - (20 * t + 40 * k) % 250).max() < 4
+    )  # h264 at crf 30: flat frames come back within a few levels
 
 
 def test_action_chunks_pad_exactly_as_lerobot(full, bucket_server, dataset, tmp_path):
@@ -92,7 +97,9 @@ def test_action_chunks_pad_exactly_as_lerobot(full, bucket_server, dataset, tmp_
     sampler, _ = full
     reference = tmp_path / "copy"  # a full copy for lerobot, through a client without the sampler's cache
     BucketClient(bucket_server.endpoint, WRITE_TOKEN).fetch(dataset, reference)
-    lerobot = LeRobotDataset(dataset.bucket_id, root=reference, delta_timestamps={"action": [i / SPEC.fps for i in range(CHUNK)]})
+    lerobot = LeRobotDataset(
+        dataset.bucket_id, root=reference, delta_timestamps={"action": [i / SPEC.fps for i in range(CHUNK)]}
+    )
     batch = sampler.next_batch(3000)  # covers all 62 frames (seeded, so always the same draw)
     k, t = where(batch)
     starts = np.cumsum([0, *LENGTHS])
@@ -118,11 +125,11 @@ def test_same_seed_same_batches_and_resume_is_exact(full, bucket_server, dataset
     # The fixture's sampler has drawn other batches; loading the state makes it continue a's sequence.
     sampler.load_state_dict(torch.load(_saved(state), weights_only=True))
     resumed = [sampler.next_batch(8) for _ in range(3)]
-    for x, y in zip(after, resumed):
+    for x, y in zip(after, resumed, strict=True):
         assert all(torch.equal(x[key], y[key]) for key in x)
     with StreamingSampler(client, [dataset], settings()) as b:  # same seed, fresh: same sequence from the start
         b.wait_ready(timeout_s=120)
-        for x, y in zip(first, [b.next_batch(8) for _ in range(3)]):
+        for x, y in zip(first, [b.next_batch(8) for _ in range(3)], strict=True):
             assert all(torch.equal(x[key], y[key]) for key in x)
 
 
@@ -158,15 +165,20 @@ def test_nothing_is_downloaded_whole(full):
     assert {p.name for p in cache.root.glob("??/*")} == set()
     lineage = sampler.episodes()
     assert [e["episode_index"] for e in lineage] == [0, 1, 2]
-    assert all(f["url"].startswith(str(sampler.sources[0].url)) and len(f["xet_hash"]) == 64 for e in lineage for f in e["files"])
+    assert all(
+        f["url"].startswith(str(sampler.sources[0].url)) and len(f["xet_hash"]) == 64
+        for e in lineage
+        for f in e["files"]
+    )
 
 
 def test_ranks_take_disjoint_episodes(bucket_server, dataset, tmp_path):
     shares = []
     for rank in range(2):
         cache = ReadCache(tmp_path / f"cache-{rank}", 1 << 30)
-        with StreamingSampler(BucketClient(bucket_server.endpoint, WRITE_TOKEN, cache), [dataset], settings(),
-                              rank=rank, world_size=2) as sampler:  # fmt: skip
+        with StreamingSampler(
+            BucketClient(bucket_server.endpoint, WRITE_TOKEN, cache), [dataset], settings(), rank=rank, world_size=2
+        ) as sampler:
             sampler.wait_ready(timeout_s=120)
             k, _ = where(sampler.next_batch(200))
             shares.append({e["episode_index"] for e in sampler.episodes()})
@@ -223,13 +235,24 @@ def test_files_shared_by_episodes_are_read_by_ranges(bucket_server, tmp_path):
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     url = BucketUrl.parse("hf://buckets/lab/train-data/datasets/packed")
-    writer = LeRobotDataset.create(url.bucket_id, fps=SPEC.fps, features=SPEC.features(), root=tmp_path / "ds",
-                                   rgb_encoder=RGBEncoderConfig(vcodec="h264"))  # fmt: skip
+    writer = LeRobotDataset.create(
+        url.bucket_id,
+        fps=SPEC.fps,
+        features=SPEC.features(),
+        root=tmp_path / "ds",
+        rgb_encoder=RGBEncoderConfig(vcodec="h264"),
+    )
     for k, n in enumerate([12, 20]):
         episode = known_episode(k, n)
         for t in range(n):
-            writer.add_frame({"observation.images.top": episode.images["top"][t], "observation.state": episode.state[t],
-                              "action": episode.action[t], "task": episode.task})  # fmt: skip
+            writer.add_frame(
+                {
+                    "observation.images.top": episode.images["top"][t],
+                    "observation.state": episode.state[t],
+                    "action": episode.action[t],
+                    "task": episode.task,
+                }
+            )
         writer.save_episode()
     writer.finalize()
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN, ReadCache(tmp_path / "cache", 1 << 30))

@@ -95,11 +95,14 @@ def _lerobot_loss(ref: ACTPolicy, pre, batch: dict[str, torch.Tensor]) -> torch.
 def test_loss_matches_lerobot(kw: dict) -> None:
     torch.manual_seed(0)
     tp = build_policy(FEATURES, _stats(), _settings(**kw))
-    assert all(
-        type(m) is FusedMultiheadAttention
-        for m in tp.policy.modules()
-        if isinstance(m, torch.nn.MultiheadAttention)
-    ) == kw["fused_attention"]
+    assert (
+        all(
+            type(m) is FusedMultiheadAttention
+            for m in tp.policy.modules()
+            if isinstance(m, torch.nn.MultiheadAttention)
+        )
+        == kw["fused_attention"]
+    )
     ref, pre = _lerobot_reference(tp)
     batch = _batch()
     torch.manual_seed(123)
@@ -178,8 +181,10 @@ def test_no_download_and_local_backbone_weights(tmp_path: Path, monkeypatch: pyt
     build_policy(FEATURES, _stats(), ACTSettings())  # lerobot's full default ACT, random backbone
 
     torch.manual_seed(3)
-    sd = {k: torch.randn_like(v.float()) if v.is_floating_point() else v for k, v in
-          torchvision.models.resnet18(weights=None).state_dict().items()}
+    sd = {
+        k: torch.randn_like(v.float()) if v.is_floating_point() else v
+        for k, v in torchvision.models.resnet18(weights=None).state_dict().items()
+    }
     path = tmp_path / "resnet18.pt"
     torch.save(sd, path)
     tp = build_policy(FEATURES, _stats(), _settings(backbone_weights=path, channels_last=True))

@@ -68,13 +68,35 @@ def trainer(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     tokens.write_text(f"{WRITER} write lab\n{READER} read lab\n{ELSEWHERE} write elsewhere\n")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ROBOTLOOP_", "HF_"))}
-    env.update({"ROBOTLOOP_CONFIG": os.devnull, "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
-                "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN, "ROBOTLOOP_TRAINER__CANCEL_GRACE_S": "60",
-                "XDG_CACHE_HOME": str(base / "cache"), "HF_HOME": str(base / "hf")})  # fmt: skip
+    env.update(
+        {
+            "ROBOTLOOP_CONFIG": os.devnull,
+            "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
+            "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN,
+            "ROBOTLOOP_TRAINER__CANCEL_GRACE_S": "60",
+            "XDG_CACHE_HOME": str(base / "cache"),
+            "HF_HOME": str(base / "hf"),
+        }
+    )
     log = open(base / "trainer.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "services.trainer", "--host", "127.0.0.1", "--port", str(port),
-                             "--tokens", str(tokens), "--root", str(base / "jobs")],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.trainer",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--tokens",
+            str(tokens),
+            "--root",
+            str(base / "jobs"),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -91,8 +113,18 @@ def trainer(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 
 def job(output: str, steps: int, **kw) -> dict:
-    return {"datasets": [DATASET], "output": output, "steps": steps, "batch_size": 4, "device": "cpu", "tiny": True,
-            "log_every": 1, "checkpoint_every": 10, "decode_workers": 1, **kw}  # fmt: skip
+    return {
+        "datasets": [DATASET],
+        "output": output,
+        "steps": steps,
+        "batch_size": 4,
+        "device": "cpu",
+        "tiny": True,
+        "log_every": 1,
+        "checkpoint_every": 10,
+        "decode_workers": 1,
+        **kw,
+    }
 
 
 def last_checkpoint_step(trainer: Trainer, output: str) -> int:
@@ -132,7 +164,9 @@ def test_cancel_checkpoints_first_and_a_queued_job_then_runs_to_the_end(trainer)
     assert state["status"] == "succeeded" and state["step"] == 30 and state["exit_code"] == 0, state
     assert state["last_checkpoint"].endswith("checkpoints/000030") and last_checkpoint_step(trainer, short_out) == 30
 
-    watched = CliRunner().invoke(trainer_service.app, ["watch", second, "--url", trainer.endpoint, "--service-token", READER])
+    watched = CliRunner().invoke(
+        trainer_service.app, ["watch", second, "--url", trainer.endpoint, "--service-token", READER]
+    )
     assert watched.exit_code == 0 and "succeeded: finished 30 steps" in watched.output, watched.output
     listed = trainer.call("GET", "/v1/jobs", token=READER).json()["jobs"]  # a read token may watch
     assert [(j["id"], j["status"]) for j in listed][-2:] == [(first, "cancelled"), (second, "succeeded")]
@@ -152,7 +186,14 @@ def test_cancel_checkpoints_first_and_a_queued_job_then_runs_to_the_end(trainer)
         ("POST", "/v1/jobs", "rl_nobody", job("hf://buckets/lab/x/models/a", 5), 401, "Invalid credentials"),
         ("POST", "/v1/jobs", READER, job("hf://buckets/lab/x/models/a", 5), 403, "read-only"),
         ("POST", "/v1/jobs", ELSEWHERE, job("hf://buckets/lab/x/models/a", 5), 403, "scoped to namespace"),
-        ("POST", "/v1/jobs", WRITER, {**job("hf://buckets/lab/x/models/a", 5), "datasets": ["s3://lab/cube"]}, 422, "datasets"),
+        (
+            "POST",
+            "/v1/jobs",
+            WRITER,
+            {**job("hf://buckets/lab/x/models/a", 5), "datasets": ["s3://lab/cube"]},
+            422,
+            "datasets",
+        ),
         ("POST", "/v1/jobs", WRITER, job("hf://models/lab/a", 5), 422, "buckets"),
         ("POST", "/v1/jobs", WRITER, job("hf://buckets/lab/x/models/a", 0), 422, "steps"),
         ("POST", "/v1/jobs", WRITER, {**job("hf://buckets/lab/x/models/a", 5), "lr": 1}, 422, "lr"),
@@ -178,8 +219,11 @@ def test_bad_requests_are_4xx_with_a_message(trainer, method, path, token, body,
 
 
 def test_a_huge_body_is_refused_before_anyone_reads_it(trainer):
-    response = httpx.post(f"{trainer.endpoint}/v1/jobs", content=b"[" + b" " * (2 * 2**20) + b"]",
-                          headers={"content-type": "application/json"})  # no token: refused by size first
+    response = httpx.post(
+        f"{trainer.endpoint}/v1/jobs",
+        content=b"[" + b" " * (2 * 2**20) + b"]",
+        headers={"content-type": "application/json"},
+    )  # no token: refused by size first
     assert response.status_code == 413 and "limit" in response.json()["error"]
 
 
@@ -234,4 +278,6 @@ def test_every_training_route_answers_below_500(trainer, tmp_path_factory, data)
     body = json.dumps(data.draw(_json)).encode() if method == "POST" else None
     r = trainer.call(method, path, params=params, content=body)
     assert r.status_code < 500, (method, path, r.text)
-    assert r.status_code not in (200, 201, 202) or method != "POST" or not path.endswith("/jobs"), "a random body started a job"
+    assert r.status_code not in (200, 201, 202) or method != "POST" or not path.endswith("/jobs"), (
+        "a random body started a job"
+    )

@@ -7,5 +7,12 @@ from .agent import SYSTEM_PROMPT, make_agent
 from .model import ModelUnavailable, build_model
 from .tools import AgentContext, RobotloopTools, make_tools
 
-__all__ = ["SYSTEM_PROMPT", "AgentContext", "ModelUnavailable", "RobotloopTools", "build_model", "make_agent",
-           "make_tools"]  # fmt: skip
+__all__ = [
+    "SYSTEM_PROMPT",
+    "AgentContext",
+    "ModelUnavailable",
+    "RobotloopTools",
+    "build_model",
+    "make_agent",
+    "make_tools",
+]

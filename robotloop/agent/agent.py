@@ -28,8 +28,9 @@ user, do not retry blindly. Publishing, promoting and rolling back change what r
 when the user asked for it. Finish with a short summary of what was done and the key numbers."""
 
 
-def make_agent(settings: Settings, model: Model | None = None, ctx: AgentContext | None = None,
-               **agent_kwargs: Any) -> Agent:  # fmt: skip
+def make_agent(
+    settings: Settings, model: Model | None = None, ctx: AgentContext | None = None, **agent_kwargs: Any
+) -> Agent:
     """An Agent over robotloop's tools, with `model` or the one `settings.agent` configures.
 
     `agent_kwargs` go to `strands.Agent` (e.g. `callback_handler=None` to print nothing while it streams).
@@ -40,5 +41,6 @@ def make_agent(settings: Settings, model: Model | None = None, ctx: AgentContext
     ctx = ctx or AgentContext(settings)
     # One tool at a time, in the order the model asked: "publish v8, then promote it" must not race.
     agent_kwargs.setdefault("tool_executor", SequentialToolExecutor())
-    return Agent(model=model or build_model(settings.agent), tools=make_tools(ctx), system_prompt=SYSTEM_PROMPT,
-                 **agent_kwargs)  # fmt: skip
+    return Agent(
+        model=model or build_model(settings.agent), tools=make_tools(ctx), system_prompt=SYSTEM_PROMPT, **agent_kwargs
+    )

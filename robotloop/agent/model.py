@@ -39,8 +39,10 @@ def build_model(cfg: AgentSettings) -> Model:
     if cfg.provider == "bedrock":
         return _bedrock(cfg)
     if not cfg.model_id:
-        raise ModelUnavailable(f"the {cfg.provider} provider needs a model id: set agent.model_id "
-                               "(ROBOTLOOP_AGENT__MODEL_ID or --model-id)")  # fmt: skip
+        raise ModelUnavailable(
+            f"the {cfg.provider} provider needs a model id: set agent.model_id "
+            "(ROBOTLOOP_AGENT__MODEL_ID or --model-id)"
+        )
     return _openai(cfg) if cfg.provider == "openai" else _ollama(cfg)
 
 
@@ -51,24 +53,28 @@ def _sampling(cfg: AgentSettings) -> dict[str, Any]:
 def _bedrock(cfg: AgentSettings) -> Model:
     from strands.models.bedrock import BedrockModel
 
-    extra = {"model_id": cfg.model_id, "region_name": cfg.region, "endpoint_url": cfg.base_url,
-             "api_key": cfg.api_key.get_secret_value() if cfg.api_key else None}  # fmt: skip
+    extra = {
+        "model_id": cfg.model_id,
+        "region_name": cfg.region,
+        "endpoint_url": cfg.base_url,
+        "api_key": cfg.api_key.get_secret_value() if cfg.api_key else None,
+    }
     return BedrockModel(**{k: v for k, v in extra.items() if v is not None}, **_sampling(cfg))
 
 
 def _openai(cfg: AgentSettings) -> Model:
-    OpenAIModel = _import("openai", "strands.models.openai", "OpenAIModel")
+    openai_model = _import("openai", "strands.models.openai", "OpenAIModel")
     key = cfg.api_key.get_secret_value() if cfg.api_key else os.environ.get("OPENAI_API_KEY")
     # Local servers rarely check the key, but the openai client refuses to start without one.
     client_args = {"api_key": key or ("unused" if cfg.base_url else None)}
     if cfg.base_url:
         client_args["base_url"] = cfg.base_url
-    return OpenAIModel(client_args=client_args, model_id=cfg.model_id, params=_sampling(cfg))
+    return openai_model(client_args=client_args, model_id=cfg.model_id, params=_sampling(cfg))
 
 
 def _ollama(cfg: AgentSettings) -> Model:
-    OllamaModel = _import("ollama", "strands.models.ollama", "OllamaModel")
-    return OllamaModel(cfg.base_url or OLLAMA_HOST, model_id=cfg.model_id, **_sampling(cfg))
+    ollama_model = _import("ollama", "strands.models.ollama", "OllamaModel")
+    return ollama_model(cfg.base_url or OLLAMA_HOST, model_id=cfg.model_id, **_sampling(cfg))
 
 
 def _import(provider: str, module: str, name: str) -> type:
@@ -77,5 +83,6 @@ def _import(provider: str, module: str, name: str) -> type:
     try:
         return getattr(importlib.import_module(module), name)
     except ImportError as error:
-        raise ModelUnavailable(f"the {provider} provider needs the '{error.name}' package: "
-                               f"pip install '{EXTRAS[provider]}'") from None  # fmt: skip
+        raise ModelUnavailable(
+            f"the {provider} provider needs the '{error.name}' package: pip install '{EXTRAS[provider]}'"
+        ) from None

@@ -38,8 +38,19 @@ from ..train.jobs import JobSpec
 
 # What a tool may fail with because of its input or a service's answer: reported to the model as an error
 # result. ValueError covers bad URLs (BadBucketUrl), bad sizes and pydantic validation; KeyError unknown tasks.
-EXPECTED = (StorageError, DeployError, TrainerError, PublishError, DeployKeyError, BadManifest, PolicyLoadError,
-            NonFiniteAction, FileNotFoundError, ValueError, KeyError)  # fmt: skip
+EXPECTED = (
+    StorageError,
+    DeployError,
+    TrainerError,
+    PublishError,
+    DeployKeyError,
+    BadManifest,
+    PolicyLoadError,
+    NonFiniteAction,
+    FileNotFoundError,
+    ValueError,
+    KeyError,
+)
 
 
 @dataclass
@@ -123,10 +134,15 @@ class RobotloopTools:
         recorder = DatasetRecorder(self.ctx.bucket, url, DatasetSpec.aloha(size, vcodec=codec))
         before = recorder.committed_episodes()
         report = record_sim(recorder, task, episodes, workers, size, max_steps, before, keep_failed=keep_failed)
-        return {"dataset": str(url), "committed": len(report.committed), "episodes_before": before,
-                "failed_seeds": report.failed_seeds, "scripted_success_rate": round(report.success_rate, 3),
-                "episodes_per_minute": round(report.episodes_per_minute, 2),
-                "bytes_sent": sum(c.bytes_sent for c in report.committed)}  # fmt: skip
+        return {
+            "dataset": str(url),
+            "committed": len(report.committed),
+            "episodes_before": before,
+            "failed_seeds": report.failed_seeds,
+            "scripted_success_rate": round(report.success_rate, 3),
+            "episodes_per_minute": round(report.episodes_per_minute, 2),
+            "bytes_sent": sum(c.bytes_sent for c in report.committed),
+        }
 
     @tool
     @reported
@@ -176,9 +192,20 @@ class RobotloopTools:
             seed: seed for weights and sampling
         """
         # The service's own model: a bad option fails here, naming the field, before anything is sent.
-        spec = JobSpec(datasets=datasets, output=output, steps=steps, batch_size=batch_size, device=device, tiny=tiny,
-                       resume=resume, checkpoint_every=checkpoint_every, log_every=log_every, fp8=fp8, gpus=gpus,
-                       seed=seed)  # fmt: skip
+        spec = JobSpec(
+            datasets=datasets,
+            output=output,
+            steps=steps,
+            batch_size=batch_size,
+            device=device,
+            tiny=tiny,
+            resume=resume,
+            checkpoint_every=checkpoint_every,
+            log_every=log_every,
+            fp8=fp8,
+            gpus=gpus,
+            seed=seed,
+        )
         return _job(self.ctx.trainer.submit(spec.model_dump(mode="json", exclude_none=True)))
 
     @tool
@@ -210,8 +237,15 @@ class RobotloopTools:
         signer = load_private_key(self.ctx.settings.deploy.key_file)
         signed = publish(self.ctx.bucket, checkpoint, name, signer, self.ctx.deploy, channel)
         m = signed.manifest
-        return {"release": m.name, "files": len(m.files), "bytes": m.total_bytes, "key_id": signed.key_id,
-                "checkpoint": m.checkpoint, "manifest": str(manifest_url(m.bucket, m.name)), "channel": channel}  # fmt: skip
+        return {
+            "release": m.name,
+            "files": len(m.files),
+            "bytes": m.total_bytes,
+            "key_id": signed.key_id,
+            "checkpoint": m.checkpoint,
+            "manifest": str(manifest_url(m.bucket, m.name)),
+            "channel": channel,
+        }
 
     @tool
     @reported
@@ -258,8 +292,12 @@ class RobotloopTools:
         if robot is not None and not robots:
             return error(f"no robot {robot!r}; known: {[r['id'] for r in state['robots']]}")
         events = deploy.history(robot, None, history) if history else []
-        return {"channels": state["channels"], "releases": [r["name"] for r in state["releases"]], "robots": robots,
-                "history": [_event(e) for e in events]}  # fmt: skip
+        return {
+            "channels": state["channels"],
+            "releases": [r["name"] for r in state["releases"]],
+            "robots": robots,
+            "history": [_event(e) for e in events],
+        }
 
     @tool
     @reported
@@ -292,18 +330,43 @@ class RobotloopTools:
 
         local = resolve_policy_for(self.ctx.settings, policy, lambda: self.ctx.bucket)
         out = self.ctx.eval_dir / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{task}"
-        report = evaluate(local, task, episodes, workers, seed=seed, max_steps=max_steps, videos=videos,
-                          output_dir=out, device=device, source=policy)  # fmt: skip
+        report = evaluate(
+            local,
+            task,
+            episodes,
+            workers,
+            seed=seed,
+            max_steps=max_steps,
+            videos=videos,
+            output_dir=out,
+            device=device,
+            source=policy,
+        )
         summary = report.to_dict()["summary"]
-        return {"policy": policy, "task": report.task, **_rounded(summary), "wall_s": round(report.wall_s, 1),
-                "report": str(out / REPORT_FILE), "videos": report.videos}  # fmt: skip
+        return {
+            "policy": policy,
+            "task": report.task,
+            **_rounded(summary),
+            "wall_s": round(report.wall_s, 1),
+            "report": str(out / REPORT_FILE),
+            "videos": report.videos,
+        }
 
 
 def make_tools(ctx: AgentContext) -> list:
     """The tools for `strands.Agent(tools=...)`, bound to `ctx`."""
     tools = RobotloopTools(ctx)
-    return [tools.record_episodes, tools.dataset_info, tools.start_training, tools.watch_training,
-            tools.publish_release, tools.promote_release, tools.rollback, tools.robot_status, tools.evaluate_policy]  # fmt: skip
+    return [
+        tools.record_episodes,
+        tools.dataset_info,
+        tools.start_training,
+        tools.watch_training,
+        tools.publish_release,
+        tools.promote_release,
+        tools.rollback,
+        tools.robot_status,
+        tools.evaluate_policy,
+    ]
 
 
 def _rounded(values: dict[str, Any]) -> dict[str, Any]:
@@ -314,18 +377,36 @@ def _rounded(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _job(state: dict[str, Any]) -> dict[str, Any]:
-    keep = ("id", "status", "step", "loss", "samples_per_s", "data_wait_share", "episodes", "last_checkpoint",
-            "exit_code", "message")  # fmt: skip
-    return _rounded({**{k: state.get(k) for k in keep}, "steps": state["spec"]["steps"],
-                     "output": state["spec"]["output"]})  # fmt: skip
+    keep = (
+        "id",
+        "status",
+        "step",
+        "loss",
+        "samples_per_s",
+        "data_wait_share",
+        "episodes",
+        "last_checkpoint",
+        "exit_code",
+        "message",
+    )
+    return _rounded(
+        {**{k: state.get(k) for k in keep}, "steps": state["spec"]["steps"], "output": state["spec"]["output"]}
+    )
 
 
 def _robot(r: dict[str, Any]) -> dict[str, Any]:
     status = r.get("status") or {}
     seen = r.get("last_seen")
-    return {"id": r["id"], "channel": r["channel"], "pinned": r.get("pinned"), "assigned": r.get("assigned"),
-            "running": r.get("running"), "control_hz": status.get("control_hz"), "health": status.get("health"),
-            "last_seen_s_ago": round(time.time() - seen, 1) if seen else None}  # fmt: skip
+    return {
+        "id": r["id"],
+        "channel": r["channel"],
+        "pinned": r.get("pinned"),
+        "assigned": r.get("assigned"),
+        "running": r.get("running"),
+        "control_hz": status.get("control_hz"),
+        "health": status.get("health"),
+        "last_seen_s_ago": round(time.time() - seen, 1) if seen else None,
+    }
 
 
 def _event(e: dict[str, Any]) -> dict[str, Any]:

@@ -40,8 +40,10 @@ def append_episode(dst_root: Path, src_root: Path, repo_id: str) -> None:
     before = SimpleNamespace(total_episodes=dst.total_episodes, total_frames=dst.total_frames, stats=dst.stats)
     new_tasks = [t for t in src.tasks.index if t not in dst.tasks.index]
     if new_tasks:
-        added = pd.DataFrame({"task_index": range(len(dst.tasks), len(dst.tasks) + len(new_tasks))},
-                             index=pd.Index(new_tasks, name="task"))  # fmt: skip
+        added = pd.DataFrame(
+            {"task_index": range(len(dst.tasks), len(dst.tasks) + len(new_tasks))},
+            index=pd.Index(new_tasks, name="task"),
+        )
         dst.tasks = pd.concat([dst.tasks, added])
 
     last = dst.episodes[dst.total_episodes - 1]
@@ -49,9 +51,18 @@ def append_episode(dst_root: Path, src_root: Path, repo_id: str) -> None:
     videos_idx = {}
     for key in dst.video_keys:
         _require(dst_root / dst.get_video_file_path(dst.total_episodes - 1, key))
-        chunk, file, end = last[f"videos/{key}/chunk_index"], last[f"videos/{key}/file_index"], last[f"videos/{key}/to_timestamp"]
-        videos_idx[key] = {"chunk": chunk, "file": file, "latest_duration": end, "episode_duration": 0,
-                           "dst_file_durations": {(chunk, file): end}}  # fmt: skip
+        chunk, file, end = (
+            last[f"videos/{key}/chunk_index"],
+            last[f"videos/{key}/file_index"],
+            last[f"videos/{key}/to_timestamp"],
+        )
+        videos_idx[key] = {
+            "chunk": chunk,
+            "file": file,
+            "latest_duration": end,
+            "episode_duration": 0,
+            "dst_file_durations": {(chunk, file): end},
+        }
     data_idx = {"chunk": last["data/chunk_index"], "file": last["data/file_index"]}
     meta_idx = {"chunk": last["meta/episodes/chunk_index"], "file": last["meta/episodes/file_index"]}
     info = dst.info
@@ -66,8 +77,9 @@ def append_episode(dst_root: Path, src_root: Path, repo_id: str) -> None:
         task = src.tasks.index[0]
         offsets["task_index"] = int(dst.tasks.loc[task, "task_index"]) - int(src.tasks.loc[task, "task_index"])
     shifted = _shift_stats(src.stats, offsets)
-    finalize_aggregation(dst, [before, SimpleNamespace(total_episodes=src.total_episodes,
-                                                       total_frames=src.total_frames, stats=shifted)])  # fmt: skip
+    finalize_aggregation(
+        dst, [before, SimpleNamespace(total_episodes=src.total_episodes, total_frames=src.total_frames, stats=shifted)]
+    )
 
 
 def _shift_stats(stats: dict, offsets: dict[str, int]) -> dict:
@@ -75,8 +87,9 @@ def _shift_stats(stats: dict, offsets: dict[str, int]) -> dict:
     out = dict(stats)
     for column, offset in offsets.items():
         if column in stats and offset:
-            out[column] = {name: (value if name in ("std", "count") else value + offset)
-                           for name, value in stats[column].items()}  # fmt: skip
+            out[column] = {
+                name: (value if name in ("std", "count") else value + offset) for name, value in stats[column].items()
+            }
     return out
 
 

@@ -32,21 +32,37 @@ class CaptureClient:
 
     def __init__(self, url: str, token: str, timeout_s: float = 300.0) -> None:
         # The close encodes and uploads the whole episode before it answers: hence the long default timeout.
-        self.http = httpx.Client(base_url=url.rstrip("/"), headers={"authorization": f"Bearer {token}"}, timeout=timeout_s)
+        self.http = httpx.Client(
+            base_url=url.rstrip("/"), headers={"authorization": f"Bearer {token}"}, timeout=timeout_s
+        )
 
-    def open(self, dataset: str, cameras: dict[str, tuple[int, int, int]], state_dim: int, action_dim: int,
-             fps: int = 50, robot_type: str | None = None) -> str:  # fmt: skip
+    def open(
+        self,
+        dataset: str,
+        cameras: dict[str, tuple[int, int, int]],
+        state_dim: int,
+        action_dim: int,
+        fps: int = 50,
+        robot_type: str | None = None,
+    ) -> str:
         """Open an episode in the dataset at `dataset` (an hf://buckets/... URL); returns its id.
 
         Raises:
             CaptureError: refused (bad URL or shapes 400/422, token 401/403, other features 409, too many open 429).
         """
-        body = {"dataset": dataset, "cameras": {k: list(v) for k, v in cameras.items()}, "state_dim": state_dim,
-                "action_dim": action_dim, "fps": fps, "robot_type": robot_type}  # fmt: skip
+        body = {
+            "dataset": dataset,
+            "cameras": {k: list(v) for k, v in cameras.items()},
+            "state_dim": state_dim,
+            "action_dim": action_dim,
+            "fps": fps,
+            "robot_type": robot_type,
+        }
         return self._call("POST", "/v1/episodes", json=body)["episode_id"]
 
-    def send_frames(self, episode_id: str, timestamp, state, action, images: dict[str, np.ndarray],
-                    reward=None, success=None) -> int:  # fmt: skip
+    def send_frames(
+        self, episode_id: str, timestamp, state, action, images: dict[str, np.ndarray], reward=None, success=None
+    ) -> int:
         """Send N frames (timestamps in seconds from the episode start); returns the episode's frame count.
 
         Raises:

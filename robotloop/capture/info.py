@@ -42,6 +42,14 @@ def dataset_info(client: BucketClient, url: BucketUrl) -> DatasetInfo:
     entry = client.stat(url / "meta" / "info.json")
     info = json.loads(client.read_range(entry.url, 0, entry.size))
     features = {name: {"dtype": f["dtype"], "shape": list(f["shape"])} for name, f in info.get("features", {}).items()}
-    return DatasetInfo(str(url), info.get("total_episodes", 0), info.get("total_frames", 0), info.get("fps", 0),
-                       info.get("total_tasks", 0), features, client.du(url), info.get("robot_type"),
-                       info.get("codebase_version"))  # fmt: skip
+    return DatasetInfo(
+        str(url),
+        info.get("total_episodes", 0),
+        info.get("total_frames", 0),
+        info.get("fps", 0),
+        info.get("total_tasks", 0),
+        features,
+        client.du(url),
+        info.get("robot_type"),
+        info.get("codebase_version"),
+    )

@@ -222,7 +222,9 @@ class DatasetRecorder:
 
     def _push_episode(self, episode_root: Path, frames: int) -> CommitReport:
         """Append the encoded one-episode dataset at `episode_root` to the bucket's dataset; upload what changed."""
-        episode_bytes = sum(p.stat().st_size for sub in ("data", "videos") for p in (episode_root / sub).rglob("*") if p.is_file())
+        episode_bytes = sum(
+            p.stat().st_size for sub in ("data", "videos") for p in (episode_root / sub).rglob("*") if p.is_file()
+        )
         t1 = time.perf_counter()
         try:
             with self._lock():
@@ -233,8 +235,10 @@ class DatasetRecorder:
                     except _CommittedMeanwhile:
                         self._forget_local_copy()
                         if attempt == COMMIT_ATTEMPTS:
-                            raise StorageError(f"{self.url}: other recorders kept committing while this one tried "
-                                               f"{COMMIT_ATTEMPTS} times; nothing of this episode was uploaded") from None
+                            raise StorageError(
+                                f"{self.url}: other recorders kept committing while this one tried "
+                                f"{COMMIT_ATTEMPTS} times; nothing of this episode was uploaded"
+                            ) from None
                     except BaseException:
                         self._forget_local_copy()  # half-appended files must not be trusted by the next commit
                         raise
@@ -254,7 +258,9 @@ class DatasetRecorder:
             before = {}
             shutil.copytree(episode_root, self.root)
         index = self._read_info()["total_episodes"] - 1
-        changed = [p for p, stamp in _snapshot(self.root).items() if before.get(p) != stamp and not p.startswith("meta/")]
+        changed = [
+            p for p, stamp in _snapshot(self.root).items() if before.get(p) != stamp and not p.startswith("meta/")
+        ]
         self._check_not_committed_meanwhile()
         sent, paths = self._push(changed)
         return index, sent, paths
@@ -312,7 +318,9 @@ class DatasetRecorder:
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    return {p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()
+    }
 
 
 class LiveEpisode:
@@ -329,8 +337,16 @@ class LiveEpisode:
             BadEpisode: a value does not fit the dataset's features (the episode so far is kept).
         """
         spec = self.recorder.spec
-        one = Episode({k.removeprefix("observation.images."): frame[k][None] for k in frame if k.startswith("observation.images.")},
-                      np.asarray(frame[STATE_KEY])[None], np.asarray(frame[ACTION_KEY])[None], self.task)  # fmt: skip
+        one = Episode(
+            {
+                k.removeprefix("observation.images."): frame[k][None]
+                for k in frame
+                if k.startswith("observation.images.")
+            },
+            np.asarray(frame[STATE_KEY])[None],
+            np.asarray(frame[ACTION_KEY])[None],
+            self.task,
+        )
         one.validate(spec.cameras, spec.state_dim, spec.action_dim)
         self.dataset.add_frame({**frame, "task": self.task})
         self.frames += 1
@@ -346,9 +362,11 @@ class LiveEpisode:
             raise BadEpisode("the episode has no frames")
         if dropped := self.dropped_frames():
             self.abort()
-            raise BadEpisode(f"the video encoder fell behind and dropped {dropped} frame(s): the episode is not "
-                             "committed, since its video would be shorter than its data (record at a lower rate or "
-                             "image size, or with a faster codec)")  # fmt: skip
+            raise BadEpisode(
+                f"the video encoder fell behind and dropped {dropped} frame(s): the episode is not "
+                "committed, since its video would be shorter than its data (record at a lower rate or "
+                "image size, or with a faster codec)"
+            )
         return self.recorder._finish(self.dataset, self.frames)
 
     def dropped_frames(self) -> int:
@@ -449,8 +467,10 @@ def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
     have = {k: list(v["shape"]) for k, v in info["features"].items() if k not in DEFAULT_FEATURES}
     want = {k: list(v["shape"]) for k, v in spec.features().items()}
     if info.get("robot_type") != spec.robot_type:
-        return (f"holds episodes of robot type {info.get('robot_type')!r}, not {spec.robot_type!r}: one dataset, one "
-                "robot type (lerobot refuses to mix them)")  # fmt: skip
+        return (
+            f"holds episodes of robot type {info.get('robot_type')!r}, not {spec.robot_type!r}: one dataset, one "
+            "robot type (lerobot refuses to mix them)"
+        )
     if have != want or info.get("fps") != spec.fps:
         return f"holds a dataset with features {have} at {info.get('fps')} fps; episodes here have {want} at {spec.fps}"
     return None
@@ -464,7 +484,7 @@ class _FileLock:
     """An exclusive lock on a file, held from construction until `release()` (idempotent)."""
 
     def __init__(self, path: Path) -> None:
-        self._file = open(path, "w")
+        self._file = open(path, "w")  # noqa: SIM115 - held open for the lock's lifetime, closed in release()
         fcntl.flock(self._file, fcntl.LOCK_EX)
 
     def release(self) -> None:

@@ -8,6 +8,7 @@ vector, array entries of shape (H, W, 3) are cameras, and the action is what `se
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 
@@ -24,8 +25,14 @@ def robot_spec(robot, fps: int = 30, vcodec: str = "libsvtav1") -> DatasetSpec:
     return DatasetSpec(cameras, len(state), len(robot.action_features), fps, robot.name, vcodec, with_reward=False)
 
 
-def teleop_frames(robot, teleop, seconds: float, fps: int, sleep: Callable[[float], None] = time.sleep,
-                  clock: Callable[[], float] = time.perf_counter) -> Iterator[dict]:  # fmt: skip
+def teleop_frames(
+    robot,
+    teleop,
+    seconds: float,
+    fps: int,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Iterator[dict]:
     """Teleoperate `robot` for `seconds` at `fps`, yielding one lerobot frame per step: the observation before
     the action, and the action `send_action` actually sent."""
     obs_features = robot.observation_features
@@ -43,8 +50,16 @@ def teleop_frames(robot, teleop, seconds: float, fps: int, sleep: Callable[[floa
         sleep(max(0.0, start + (step + 1) * period - clock()))  # hold the rate without drift
 
 
-def record_robot(recorder: DatasetRecorder, robot, teleop, episodes: int, seconds: float, task: str,
-                 reset_s: float = 0.0, on_commit: Callable[[CommitReport], None] | None = None) -> list[CommitReport]:  # fmt: skip
+def record_robot(
+    recorder: DatasetRecorder,
+    robot,
+    teleop,
+    episodes: int,
+    seconds: float,
+    task: str,
+    reset_s: float = 0.0,
+    on_commit: Callable[[CommitReport], None] | None = None,
+) -> list[CommitReport]:
     """Record and commit `episodes` teleoperated episodes; `reset_s` of free teleoperation between them.
 
     Frames are written while the episode runs (streaming encoder), so each commit follows its episode's
@@ -87,13 +102,13 @@ def make_hardware(kind: str, type_name: str, port: str | None, id_: str | None):
         from lerobot.teleoperators import TeleoperatorConfig as Config
         from lerobot.teleoperators.utils import make_teleoperator_from_config as make
     for module in pkgutil.iter_modules(package.__path__):  # each module registers its config types on import
-        try:
+        with contextlib.suppress(ImportError):  # a robot whose optional SDK is not installed cannot be chosen
             importlib.import_module(f"{package.__name__}.{module.name}")
-        except ImportError:  # a robot whose optional SDK is not installed cannot be chosen
-            pass
     try:
         config_class = Config.get_choice_class(type_name)
     except KeyError:
-        raise ValueError(f"unknown {kind} type {type_name!r}; LeRobot knows {sorted(Config.get_known_choices())}") from None
+        raise ValueError(
+            f"unknown {kind} type {type_name!r}; LeRobot knows {sorted(Config.get_known_choices())}"
+        ) from None
     kwargs = {k: v for k, v in {"port": port, "id": id_}.items() if v is not None}
     return make(config_class(**kwargs))

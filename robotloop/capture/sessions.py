@@ -117,8 +117,11 @@ def encode_frames(timestamp, state, action, images: dict[str, np.ndarray], rewar
 
     Arrays are converted, not checked: the service checks them, so a robot learns exactly what was wrong.
     """
-    fields = {"timestamp": np.asarray(timestamp, np.float64).tolist(), "state": np.asarray(state, np.float64).tolist(),
-              "action": np.asarray(action, np.float64).tolist()}  # fmt: skip
+    fields = {
+        "timestamp": np.asarray(timestamp, np.float64).tolist(),
+        "state": np.asarray(state, np.float64).tolist(),
+        "action": np.asarray(action, np.float64).tolist(),
+    }
     if reward is not None:
         fields["reward"] = np.asarray(reward, np.float64).tolist()
     if success is not None:
@@ -185,8 +188,10 @@ def _images(raw: memoryview, n: int, spec: DatasetSpec) -> dict[str, np.ndarray]
     per_frame = frame_bytes(spec)
     if len(raw) != n * per_frame:
         shapes = ", ".join(f"{k} {h}x{w}x{c}" for k, (h, w, c) in sorted(spec.cameras.items()))
-        raise BadEpisode(f"got {len(raw)} image bytes; {n} frames of uint8 images ({shapes}) are "
-                         f"{n} x {per_frame} = {n * per_frame} bytes")  # fmt: skip
+        raise BadEpisode(
+            f"got {len(raw)} image bytes; {n} frames of uint8 images ({shapes}) are "
+            f"{n} x {per_frame} = {n * per_frame} bytes"
+        )
     flat = np.frombuffer(raw, np.uint8).reshape(n, per_frame).copy()
     out, offset = {}, 0
     for name in sorted(spec.cameras):
@@ -228,16 +233,30 @@ class EpisodeSessions:
     before each commit, so no episode overwrites another.
     """
 
-    def __init__(self, client: BucketClient, limits: Limits = Limits(), vcodec: str = "libsvtav1",
-                 clock: Callable[[], float] = time.monotonic, staging: Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: BucketClient,
+        limits: Limits = Limits(),
+        vcodec: str = "libsvtav1",
+        clock: Callable[[], float] = time.monotonic,
+        staging: Path | None = None,
+    ) -> None:
         """`staging`: where recorders keep their local meta/ (a folder per dataset); default the recorder's own."""
         self.client, self.limits, self.vcodec, self.clock, self.staging = client, limits, vcodec, clock, staging
         self._sessions: dict[str, _Session] = {}
         self._datasets: dict[str, _Dataset] = {}
         self._lock = threading.Lock()  # guards both dicts and every session's fields
 
-    def open(self, robot: str, url: BucketUrl, cameras: dict[str, tuple[int, int, int]], state_dim: int,
-             action_dim: int, fps: int = 50, robot_type: str | None = None) -> str:  # fmt: skip
+    def open(
+        self,
+        robot: str,
+        url: BucketUrl,
+        cameras: dict[str, tuple[int, int, int]],
+        state_dim: int,
+        action_dim: int,
+        fps: int = 50,
+        robot_type: str | None = None,
+    ) -> str:
         """Open an episode of `robot` in the dataset at `url`; returns its id.
 
         Raises:
@@ -248,15 +267,18 @@ class EpisodeSessions:
         """
         if not cameras or any(len(s) != 3 or s[2] != 3 or min(s) < 1 for s in cameras.values()):
             raise BadEpisode(f"cameras must map names to (height, width, 3) RGB shapes; got {cameras}")
-        spec = DatasetSpec({k: tuple(v) for k, v in cameras.items()}, state_dim, action_dim, fps, robot_type, self.vcodec)
+        spec = DatasetSpec(
+            {k: tuple(v) for k, v in cameras.items()}, state_dim, action_dim, fps, robot_type, self.vcodec
+        )
         self.expire()
         self._dataset(url, spec)  # outside the lock: it may talk to the bucket
         episode_id = secrets.token_hex(16)  # unguessable: ids are never a capability, but need not leak either
         with self._lock:  # count and insert in one step, so concurrent opens cannot pass the cap
             mine = sum(s.robot == robot for s in self._sessions.values())
             if mine >= self.limits.max_open_per_robot:
-                raise TooManyEpisodes(f"robot {robot} already has {mine} open episodes (the limit); "
-                                      "close or abort one first")  # fmt: skip
+                raise TooManyEpisodes(
+                    f"robot {robot} already has {mine} open episodes (the limit); close or abort one first"
+                )
             self._sessions[episode_id] = _Session(robot, url, spec, self.clock())
         return episode_id
 
@@ -278,15 +300,21 @@ class EpisodeSessions:
         with self._lock:  # continuity and caps are checked and updated in one step
             session = self._get_locked(robot, episode_id)
             if batch.timestamp[0] <= session.last_timestamp:
-                raise BadEpisode(f"timestamp {batch.timestamp[0]} is not after the episode's last frame "
-                                 f"({session.last_timestamp}); frames must arrive in time order")  # fmt: skip
+                raise BadEpisode(
+                    f"timestamp {batch.timestamp[0]} is not after the episode's last frame "
+                    f"({session.last_timestamp}); frames must arrive in time order"
+                )
             _check_frame_rate(batch.timestamp, session.last_timestamp if session.frames else None, spec.fps)
             if session.frames + len(batch) > self.limits.max_frames:
-                raise TooLarge(f"episode would hold {session.frames + len(batch)} frames; the limit is "
-                               f"{self.limits.max_frames}. Close it and open another")  # fmt: skip
+                raise TooLarge(
+                    f"episode would hold {session.frames + len(batch)} frames; the limit is "
+                    f"{self.limits.max_frames}. Close it and open another"
+                )
             if session.image_bytes + batch.image_bytes > self.limits.max_bytes:
-                raise TooLarge(f"episode would hold {session.image_bytes + batch.image_bytes} image bytes; the limit "
-                               f"is {self.limits.max_bytes}. Close it and open another")  # fmt: skip
+                raise TooLarge(
+                    f"episode would hold {session.image_bytes + batch.image_bytes} image bytes; the limit "
+                    f"is {self.limits.max_bytes}. Close it and open another"
+                )
             session.batches.append(batch)
             session.frames += len(batch)
             session.image_bytes += batch.image_bytes
@@ -309,9 +337,11 @@ class EpisodeSessions:
         with self._lock:
             session = self._get_locked(robot, episode_id)
             if not task or len(task) > MAX_TASK_CHARS or not task.isprintable():
-                raise BadEpisode(f"task must be 1 to {MAX_TASK_CHARS} printable characters of instruction text (one "
-                                 "line, no control characters); the episode "
-                                 "is still open")  # fmt: skip
+                raise BadEpisode(
+                    f"task must be 1 to {MAX_TASK_CHARS} printable characters of instruction text (one "
+                    "line, no control characters); the episode "
+                    "is still open"
+                )
             if not session.batches:
                 raise BadEpisode("the episode has no frames; nothing was committed and it is still open")
             del self._sessions[episode_id]  # from here on, a concurrent add_frames sees an unknown episode
@@ -362,8 +392,10 @@ class EpisodeSessions:
         session = self._sessions.get(episode_id)
         # Another robot's episode reads exactly like a missing one: ids of others are not even confirmed.
         if session is None or session.robot != robot:
-            raise UnknownEpisode(f"no open episode {episode_id!r} for this robot: never opened, already closed or "
-                                 f"aborted, or dropped after {self.limits.idle_timeout_s:g} s idle")  # fmt: skip
+            raise UnknownEpisode(
+                f"no open episode {episode_id!r} for this robot: never opened, already closed or "
+                f"aborted, or dropped after {self.limits.idle_timeout_s:g} s idle"
+            )
         return session
 
     def _dataset(self, url: BucketUrl, spec: DatasetSpec) -> _Dataset:
@@ -373,13 +405,17 @@ class EpisodeSessions:
             dataset = self._datasets.get(key)
         if dataset is None:
             staging = self.staging / hashlib.sha256(key.encode()).hexdigest()[:16] if self.staging else None
-            recorder = DatasetRecorder(self.client, url, spec, staging)  # creates the bucket: fails early without access
+            recorder = DatasetRecorder(
+                self.client, url, spec, staging
+            )  # creates the bucket: fails early without access
             _check_remote_spec(self.client, url, spec)
             with self._lock:
                 dataset = self._datasets.setdefault(key, _Dataset(recorder))
         if dataset.recorder.spec != spec:
-            raise SpecConflict(f"{url} is recorded here with {_describe(dataset.recorder.spec)}; this episode asks for "
-                               f"{_describe(spec)}. Use the same features or another dataset URL")  # fmt: skip
+            raise SpecConflict(
+                f"{url} is recorded here with {_describe(dataset.recorder.spec)}; this episode asks for "
+                f"{_describe(spec)}. Use the same features or another dataset URL"
+            )
         return dataset
 
 
@@ -395,9 +431,11 @@ def _check_frame_rate(timestamps: np.ndarray, previous: float | None, fps: int) 
     steps = np.diff(times) * fps
     if len(steps) and (bad := np.flatnonzero(np.abs(steps - 1) > 0.5)).size:
         j = int(bad[0])
-        raise BadEpisode(f"frames {times[j]:.4f} s and {times[j + 1]:.4f} s are {steps[j]:.2f} frame periods apart; "
-                         f"the dataset records at {fps} fps and stores frame k at k/{fps} s: send every frame at "
-                         "that rate (a dropped frame would shift all later ones against their actions)")
+        raise BadEpisode(
+            f"frames {times[j]:.4f} s and {times[j + 1]:.4f} s are {steps[j]:.2f} frame periods apart; "
+            f"the dataset records at {fps} fps and stores frame k at k/{fps} s: send every frame at "
+            "that rate (a dropped frame would shift all later ones against their actions)"
+        )
 
 
 def _merge(batches: list[Frames]) -> Frames:
@@ -407,8 +445,10 @@ def _merge(batches: list[Frames]) -> Frames:
 
 
 def _describe(spec: DatasetSpec) -> str:
-    return (f"cameras {spec.cameras}, state_dim {spec.state_dim}, action_dim {spec.action_dim}, fps {spec.fps}, "
-            f"robot type {spec.robot_type!r}")
+    return (
+        f"cameras {spec.cameras}, state_dim {spec.state_dim}, action_dim {spec.action_dim}, fps {spec.fps}, "
+        f"robot type {spec.robot_type!r}"
+    )
 
 
 def _check_remote_spec(client: BucketClient, url: BucketUrl, spec: DatasetSpec) -> None:
@@ -427,7 +467,8 @@ def _check_remote_spec(client: BucketClient, url: BucketUrl, spec: DatasetSpec) 
     try:
         why = spec_mismatch(info, spec)
     except (AttributeError, KeyError, TypeError):
-        raise SpecConflict(f"{url} holds a meta/info.json that is not a LeRobot dataset's; use another dataset "
-                           "URL") from None  # fmt: skip
+        raise SpecConflict(
+            f"{url} holds a meta/info.json that is not a LeRobot dataset's; use another dataset URL"
+        ) from None
     if why is not None:
         raise SpecConflict(f"{url} {why}. Use the same features or another dataset URL")

@@ -19,8 +19,10 @@ from ..workers import die_with_parent
 from .episode import Episode
 from .recorder import CommitReport, DatasetRecorder, DatasetSpec, WrittenEpisode, write_episode
 
-TASK_TEXT = {"transfer_cube": "Pick up the cube with the right arm and transfer it to the left arm.",
-             "insertion": "Pick up the socket and the peg and insert the peg into the socket."}  # fmt: skip
+TASK_TEXT = {
+    "transfer_cube": "Pick up the cube with the right arm and transfer it to the left arm.",
+    "insertion": "Pick up the socket and the peg and insert the peg into the socket.",
+}
 
 
 @dataclass

@@ -17,7 +17,12 @@ from .eval import eval_policy
 from .loop import loop
 from .output import fail
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Close the robot-learning data loop.\n\nSettings come from robotloop.toml (or the file in ROBOTLOOP_CONFIG), then ROBOTLOOP_* variables (ROBOTLOOP_STORAGE__ENDPOINT, ...), then options.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Close the robot-learning data loop.\n\nSettings come from robotloop.toml (or the file in ROBOTLOOP_CONFIG), "
+    "then ROBOTLOOP_* variables (ROBOTLOOP_STORAGE__ENDPOINT, ...), then options.",
+)
 app.add_typer(bucket.app, name="bucket")
 app.add_typer(capture.app, name="capture")
 app.add_typer(trainer_service.app, name="trainer")
@@ -34,8 +39,15 @@ app.command("loop")(loop)
 @app.callback()
 def main(
     ctx: typer.Context,
-    endpoint: Annotated[str | None, typer.Option(help="Bucket endpoint (Hub or robotloop server). Default: embedded server.")] = None,
-    token: Annotated[str | None, typer.Option(help="Access token. Default: ROBOTLOOP_STORAGE__TOKEN, HF_TOKEN, or the embedded server's.", envvar=None)] = None,
+    endpoint: Annotated[
+        str | None, typer.Option(help="Bucket endpoint (Hub or robotloop server). Default: embedded server.")
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help="Access token. Default: ROBOTLOOP_STORAGE__TOKEN, HF_TOKEN, or the embedded server's.", envvar=None
+        ),
+    ] = None,
 ) -> None:
     """Settings come from robotloop.toml, then ROBOTLOOP_* env vars, then these flags."""
     try:

@@ -17,7 +17,9 @@ PROVIDER_HELP = "bedrock, openai (any OpenAI-compatible endpoint) or ollama. Def
 
 def agent(
     ctx: typer.Context,
-    prompt: Annotated[str, typer.Argument(help='What to do, e.g. "record 5 demos of transfer cube and train on them".')],
+    prompt: Annotated[
+        str, typer.Argument(help='What to do, e.g. "record 5 demos of transfer cube and train on them".')
+    ],
     provider: Annotated[str | None, typer.Option(help=PROVIDER_HELP)] = None,
     model_id: Annotated[str | None, typer.Option(help="Model id. Default: agent.model_id.")] = None,
     base_url: Annotated[str | None, typer.Option(help="openai/ollama endpoint. Default: agent.base_url.")] = None,
@@ -33,8 +35,9 @@ def agent(
     settings = ctx.obj
     try:
         overrides = {k: v for k, v in {"provider": provider, "model_id": model_id, "base_url": base_url}.items() if v}
-        settings = settings.model_copy(update={"agent": settings.agent.model_validate(
-            {**settings.agent.model_dump(), **overrides})})  # fmt: skip
+        settings = settings.model_copy(
+            update={"agent": settings.agent.model_validate({**settings.agent.model_dump(), **overrides})}
+        )
         runner = make_agent(settings, callback_handler=None)
     except (ModelUnavailable, ValidationError) as error:
         raise fail(error) from None

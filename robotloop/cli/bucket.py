@@ -26,7 +26,11 @@ def _url(text: str) -> BucketUrl:
 
 
 @app.command()
-def create(ctx: typer.Context, url: Annotated[str, typer.Argument(help="hf://buckets/<namespace>/<bucket>")], public: bool = typer.Option(False, help="Allow anonymous reads.")) -> None:
+def create(
+    ctx: typer.Context,
+    url: Annotated[str, typer.Argument(help="hf://buckets/<namespace>/<bucket>")],
+    public: bool = typer.Option(False, help="Allow anonymous reads."),
+) -> None:
     """Create a bucket (private unless --public)."""
     root = BucketUrl(_url(url).bucket_id, "")
     try:
@@ -43,7 +47,11 @@ def create(ctx: typer.Context, url: Annotated[str, typer.Argument(help="hf://buc
 
 
 @app.command()
-def ls(ctx: typer.Context, url: UrlArg, recursive: bool = typer.Option(False, "-R", "--recursive", help="Every file below, not only the first level.")) -> None:
+def ls(
+    ctx: typer.Context,
+    url: UrlArg,
+    recursive: bool = typer.Option(False, "-R", "--recursive", help="Every file below, not only the first level."),
+) -> None:
     """List files and folders."""
     target = _url(url)
     try:
@@ -62,7 +70,12 @@ def ls(ctx: typer.Context, url: UrlArg, recursive: bool = typer.Option(False, "-
 
 
 @app.command()
-def put(ctx: typer.Context, local: Annotated[Path, typer.Argument(help="File or folder to upload.")], url: UrlArg, create: bool = typer.Option(True, help="Create the bucket if missing.")) -> None:
+def put(
+    ctx: typer.Context,
+    local: Annotated[Path, typer.Argument(help="File or folder to upload.")],
+    url: UrlArg,
+    create: bool = typer.Option(True, help="Create the bucket if missing."),
+) -> None:
     """Upload a file or a folder; prints how many bytes were new and how many deduplicated. As with `cp`, a file
     put to an existing folder, or to a URL ending in `/`, goes into it."""
     target = _url(url)
@@ -84,7 +97,9 @@ def put(ctx: typer.Context, local: Annotated[Path, typer.Argument(help="File or 
 
 
 @app.command()
-def get(ctx: typer.Context, url: UrlArg, dest: Path = typer.Argument(Path("."), help="File or folder.")) -> None:
+def get(
+    ctx: typer.Context, url: UrlArg, dest: Annotated[Path, typer.Argument(help="File or folder.")] = Path(".")
+) -> None:
     """Download a file, or every file under a folder."""
     target = _url(url)
     try:
@@ -97,8 +112,11 @@ def get(ctx: typer.Context, url: UrlArg, dest: Path = typer.Argument(Path("."), 
 
 
 @app.command()
-def rm(ctx: typer.Context, url: UrlArg, recursive: bool = typer.Option(False, "-R", "--recursive",
-                                                                        help="A folder: every file under it.")) -> None:  # fmt: skip
+def rm(
+    ctx: typer.Context,
+    url: UrlArg,
+    recursive: bool = typer.Option(False, "-R", "--recursive", help="A folder: every file under it."),
+) -> None:
     """Delete a file, or with -R every file under a folder (one batch)."""
     target = _url(url)
     try:
@@ -145,9 +163,13 @@ def scrub(root: Annotated[Path, typer.Option(help="The bucket server's data root
 @app.command()
 def serve(
     root: Annotated[Path, typer.Option(help="Data root (xorbs, shards, index).")] = Path("buckets"),
-    host: Annotated[str, typer.Option(help="Address to listen on (anything but loopback needs --tokens).")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="Address to listen on (anything but loopback needs --tokens).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8750,
-    tokens: Annotated[Path | None, typer.Option(help="Tokens file: '<token> <read|write> <namespace|*>' per line.")] = None,
+    tokens: Annotated[
+        Path | None, typer.Option(help="Tokens file: '<token> <read|write> <namespace|*>' per line.")
+    ] = None,
 ) -> None:
     """Run the Hub-compatible Xet bucket server."""
     from services.bucket.app import serve as run_server

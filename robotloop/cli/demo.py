@@ -51,7 +51,9 @@ def demo(
     for step, total, sent in rows:
         table.add_row(step, f"{total:,}", f"{sent:,}")
     console.print(table)
-    console.print(f"ranged read: {'ok' if ranged else 'MISMATCH'}; download verified: {'ok' if same else 'MISMATCH'}; "
-                  f"{time.perf_counter() - t0:.1f} s")  # fmt: skip
+    console.print(
+        f"ranged read: {'ok' if ranged else 'MISMATCH'}; download verified: {'ok' if same else 'MISMATCH'}; "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
     if not same:
         raise typer.Exit(1)

@@ -21,8 +21,9 @@ TRUSTED_HELP = (
     "Accept only releases signed by these public keys (robots check regardless). Default: deploy.trusted_keys."
 )
 DeployUrl = Annotated[str | None, typer.Option("--deploy-url", help="Deploy service. Default: deploy.url.")]
-DeployToken = Annotated[str | None, typer.Option("--deploy-token", help="Operator token. Default: deploy.token "
-                                                 "(ROBOTLOOP_DEPLOY__TOKEN).")]  # fmt: skip
+DeployToken = Annotated[
+    str | None, typer.Option("--deploy-token", help="Operator token. Default: deploy.token (ROBOTLOOP_DEPLOY__TOKEN).")
+]
 
 
 def _settings(ctx: typer.Context) -> Settings:
@@ -66,8 +67,11 @@ def serve(
     trusted_key: Annotated[list[Path] | None, typer.Option(help=TRUSTED_HELP)] = None,
     allow_any_signer: Annotated[
         bool | None,
-        typer.Option("--allow-any-signer", help="Without --trusted-key: register releases signed by any key "
-                     "(robots still verify). Default: refuse to start without trusted keys."),
+        typer.Option(
+            "--allow-any-signer",
+            help="Without --trusted-key: register releases signed by any key "
+            "(robots still verify). Default: refuse to start without trusted keys.",
+        ),
     ] = None,
 ) -> None:
     """Serve the deploy service until interrupted."""
@@ -82,7 +86,9 @@ def serve(
 @app.command()
 def publish(
     ctx: typer.Context,
-    checkpoint: Annotated[str, typer.Option(help="hf://buckets/.../models/<run>\\[/checkpoints/<step>] (run: latest).")],
+    checkpoint: Annotated[
+        str, typer.Option(help="hf://buckets/.../models/<run>\\[/checkpoints/<step>] (run: latest).")
+    ],
     name: Annotated[str, typer.Option(help="Release name, e.g. v7 (immutable).")],
     channel: Annotated[
         str | None, typer.Option(help="Point this channel (canary, stable, ...) at the release.")
@@ -107,12 +113,21 @@ def publish(
         signer = load_private_key(key or settings.deploy.key_file)
         deploy = _client(ctx, deploy_url, deploy_token) if register else None
         signed = run(connect(settings), checkpoint, name, signer, deploy, channel)
-    except (FileNotFoundError, DeployKeyError, BadManifest, PublishError, BadBucketUrl, StorageError,
-            DeployError) as error:  # fmt: skip
+    except (
+        FileNotFoundError,
+        DeployKeyError,
+        BadManifest,
+        PublishError,
+        BadBucketUrl,
+        StorageError,
+        DeployError,
+    ) as error:
         raise fail(error) from None
     m = signed.manifest
-    console.print(f"release {m.name}: {len(m.files)} files, {m.total_bytes / 1e6:.1f} MB, signed by {signed.key_id}, "
-                  f"manifest {manifest_url(m.bucket, m.name)}" + (f", channel {channel}" if channel else ""))  # fmt: skip
+    console.print(
+        f"release {m.name}: {len(m.files)} files, {m.total_bytes / 1e6:.1f} MB, signed by {signed.key_id}, "
+        f"manifest {manifest_url(m.bucket, m.name)}" + (f", channel {channel}" if channel else "")
+    )
 
 
 @app.command()
@@ -140,8 +155,12 @@ def rollback(
     """Roll a channel (or one robot) back to the release before the current one."""
     if (channel is None) == (robot is None):
         raise typer.BadParameter("give exactly one of --channel or --robot")
-    _run(ctx, deploy_url, deploy_token,
-         lambda c: c.rollback_channel(channel, reason) if channel else c.rollback_robot(robot, reason))  # fmt: skip
+    _run(
+        ctx,
+        deploy_url,
+        deploy_token,
+        lambda c: c.rollback_channel(channel, reason) if channel else c.rollback_robot(robot, reason),
+    )
 
 
 @app.command()
@@ -180,8 +199,15 @@ def status(ctx: typer.Context, deploy_url: DeployUrl = None, deploy_token: Deplo
     table = Table("robot", "channel", "assigned", "running", "Hz", "health", "last seen")
     for r in state["robots"]:
         s = r["status"] or {}
-        table.add_row(r["id"], r["channel"], r["assigned"] or "-", r["running"] or "-", str(s.get("control_hz", "-")),
-                      _health(s.get("health")), f"{time.time() - r['last_seen']:.0f} s ago" if r["last_seen"] else "never")  # fmt: skip
+        table.add_row(
+            r["id"],
+            r["channel"],
+            r["assigned"] or "-",
+            r["running"] or "-",
+            str(s.get("control_hz", "-")),
+            _health(s.get("health")),
+            f"{time.time() - r['last_seen']:.0f} s ago" if r["last_seen"] else "never",
+        )
     console.print(table)
 
 
@@ -198,8 +224,10 @@ def history(
     client = _client(ctx, deploy_url, deploy_token)
     for e in _call(lambda: client.history(robot, channel, limit)):
         who = e["robot"] or e["channel"] or ""
-        console.print(f"{_when(e['at'])} {e['kind']:<16} {who:<10} {e['release'] or '-'} (was {e['previous'] or '-'}) "
-                      f"{e['detail'] or ''}")  # fmt: skip
+        console.print(
+            f"{_when(e['at'])} {e['kind']:<16} {who:<10} {e['release'] or '-'} (was {e['previous'] or '-'}) "
+            f"{e['detail'] or ''}"
+        )
 
 
 def _when(epoch_s: float) -> str:
@@ -207,7 +235,9 @@ def _when(epoch_s: float) -> str:
 
 
 def _health(health: dict | None) -> str:
-    return ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in health.items()) if health else "-"
+    return (
+        ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in health.items()) if health else "-"
+    )
 
 
 def _call(fn):

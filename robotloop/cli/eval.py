@@ -33,38 +33,25 @@ def eval_policy(
             "and verified as robots do)."
         ),
     ],
-    sim: Annotated[
-        str, typer.Option(help="Sim task: transfer_cube or insertion.")
-    ] = "transfer_cube",
+    sim: Annotated[str, typer.Option(help="Sim task: transfer_cube or insertion.")] = "transfer_cube",
     episodes: Annotated[int, typer.Option(min=1, help="Episodes, seeded SEED, SEED+1, ...")] = 50,
     workers: Annotated[
         int,
-        typer.Option(
-            min=1, help="Sim worker processes, each with its own copy of the policy."
-        ),
+        typer.Option(min=1, help="Sim worker processes, each with its own copy of the policy."),
     ] = 1,
-    image_size: Annotated[
-        str | None, typer.Option(help="Camera HxW; must be the policy's (the default).")
-    ] = None,
+    image_size: Annotated[str | None, typer.Option(help="Camera HxW; must be the policy's (the default).")] = None,
     seed: Annotated[
         int,
-        typer.Option(
-            help="Episode i uses seed SEED+i (lerobot-eval's default start, 1000)."
-        ),
+        typer.Option(help="Episode i uses seed SEED+i (lerobot-eval's default start, 1000)."),
     ] = 1000,
     max_steps: Annotated[
         int | None,
         typer.Option(min=1, help="Steps per episode (default: the task's, 400)."),
     ] = None,
-    videos: Annotated[
-        int, typer.Option(min=0, help="Record the first N episodes as mp4.")
-    ] = 3,
+    videos: Annotated[int, typer.Option(min=0, help="Record the first N episodes as mp4.")] = 3,
     output_dir: Annotated[
         Path | None,
-        typer.Option(
-            file_okay=False,
-            help="Videos and eval_report.json (default: outputs/eval/<time>_<task>)."
-        ),
+        typer.Option(file_okay=False, help="Videos and eval_report.json (default: outputs/eval/<time>_<task>)."),
     ] = None,
     device: Annotated[str, typer.Option(help="auto (cuda when there is a GPU, else cpu), cpu or cuda.")] = "auto",
 ) -> None:
@@ -85,13 +72,8 @@ def eval_policy(
     try:
         size = parse_image_size(image_size)
     except ValueError:
-        raise typer.BadParameter(
-            f"{image_size!r}: expected HxW, e.g. 480x640", param_hint="--image-size"
-        ) from None
-    out = (
-        output_dir
-        or Path("outputs/eval") / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{sim}"
-    )
+        raise typer.BadParameter(f"{image_size!r}: expected HxW, e.g. 480x640", param_hint="--image-size") from None
+    out = output_dir or Path("outputs/eval") / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{sim}"
     try:
         local = resolve_policy_for(ctx.obj, policy)
         with Progress(

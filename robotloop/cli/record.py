@@ -34,10 +34,14 @@ def record(
     workers: Annotated[int, typer.Option(min=1, help="Sim worker processes.")] = 1,
     image_size: Annotated[str, typer.Option(help="Camera image HxW.")] = "480x640",
     max_steps: Annotated[int | None, typer.Option(min=1, help="Steps per episode (default: the task's, 400).")] = None,
-    codec: Annotated[str, typer.Option(help="Video codec (lerobot's default libsvtav1; h264 is faster on CPU).")] = "libsvtav1",
+    codec: Annotated[
+        str, typer.Option(help="Video codec (lerobot's default libsvtav1; h264 is faster on CPU).")
+    ] = "libsvtav1",
     seed: Annotated[int | None, typer.Option(help="First seed (default: the number of committed episodes).")] = None,
     keep_failed: Annotated[bool, typer.Option(help="Commit failed demos too, marked by next.success=false.")] = False,
-    robot_type: Annotated[str | None, typer.Option("--robot.type", help="LeRobot robot type (hardware instead of sim).")] = None,
+    robot_type: Annotated[
+        str | None, typer.Option("--robot.type", help="LeRobot robot type (hardware instead of sim).")
+    ] = None,
     robot_port: Annotated[str | None, typer.Option("--robot.port")] = None,
     robot_id: Annotated[str | None, typer.Option("--robot.id")] = None,
     teleop_type: Annotated[str | None, typer.Option("--teleop.type", help="LeRobot teleoperator type.")] = None,
@@ -54,8 +58,22 @@ def record(
     """
     quiet_encoders()
     if robot_type:
-        return _record_hardware(ctx, to, episodes, codec, robot_type, robot_port, robot_id, teleop_type, teleop_port,
-                                teleop_id, episode_time_s, reset_time_s, fps, task)  # fmt: skip
+        return _record_hardware(
+            ctx,
+            to,
+            episodes,
+            codec,
+            robot_type,
+            robot_port,
+            robot_id,
+            teleop_type,
+            teleop_port,
+            teleop_id,
+            episode_time_s,
+            reset_time_s,
+            fps,
+            task,
+        )
     if sim not in TASK_TEXT:
         raise typer.BadParameter(f"unknown sim task {sim!r}; choose one of {', '.join(TASK_TEXT)}", param_hint="--sim")
     try:
@@ -66,35 +84,71 @@ def record(
     try:
         recorder = DatasetRecorder(connect(ctx.obj), url, DatasetSpec.aloha(size, vcodec=codec))
         first = recorder.committed_episodes()
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.fields[note]}"), console=console) as bars:  # fmt: skip
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[note]}"),
+            console=console,
+        ) as bars:
             bar = bars.add_task(f"recording {sim}", total=episodes, note="")
 
             def on_event(kind: str, seed_: int, commit) -> None:
                 if kind == "committed":
-                    bars.update(bar, advance=1, note=f"episode {commit.episode_index} committed ({commit.upload_s:.2f} s upload)")
+                    bars.update(
+                        bar,
+                        advance=1,
+                        note=f"episode {commit.episode_index} committed ({commit.upload_s:.2f} s upload)",
+                    )
                 else:
                     bars.update(bar, note=f"seed {seed_} failed" + ("" if keep_failed else ", dropped"))
 
-            report = record_sim(recorder, sim, episodes, workers, size, max_steps, first if seed is None else seed,
-                                keep_failed=keep_failed, on_event=on_event)
+            report = record_sim(
+                recorder,
+                sim,
+                episodes,
+                workers,
+                size,
+                max_steps,
+                first if seed is None else seed,
+                keep_failed=keep_failed,
+                on_event=on_event,
+            )
     except (StorageError, ValueError) as error:
         raise fail(error) from None
     sent = sum(c.bytes_sent for c in report.committed)
     own = sum(c.episode_bytes for c in report.committed)
     console.print(
         f"committed {len(report.committed)} episodes to {url} ({first} were there); scripted success "
-        f"{report.success_rate:.0%}, failed seeds ({'kept, marked' if keep_failed else 'dropped'}): {report.failed_seeds or 'none'}; "
+        f"{report.success_rate:.0%}, failed seeds ({'kept, marked' if keep_failed else 'dropped'}): "
+        f"{report.failed_seeds or 'none'}; "
         f"{report.episodes_per_minute:.1f} episodes/min; {sent:,} bytes sent for {own:,} episode bytes"
     )
     if len(report.committed) < episodes:  # a script or CI must not take a short dataset for a finished one
         short = f" (--max-steps {max_steps} may end episodes before the task is done)" if max_steps else ""
-        raise fail(f"committed {len(report.committed)} of {episodes} episodes: the scripted expert failed on seeds "
-                   f"{report.failed_seeds}{short}. Run again to add more, or pass --keep-failed")  # fmt: skip
+        raise fail(
+            f"committed {len(report.committed)} of {episodes} episodes: the scripted expert failed on seeds "
+            f"{report.failed_seeds}{short}. Run again to add more, or pass --keep-failed"
+        )
 
 
-def _record_hardware(ctx, to, episodes, codec, robot_type, robot_port, robot_id, teleop_type, teleop_port, teleop_id,
-                     episode_time_s, reset_time_s, fps, task) -> None:  # fmt: skip
+def _record_hardware(
+    ctx,
+    to,
+    episodes,
+    codec,
+    robot_type,
+    robot_port,
+    robot_id,
+    teleop_type,
+    teleop_port,
+    teleop_id,
+    episode_time_s,
+    reset_time_s,
+    fps,
+    task,
+) -> None:
     from ..capture.robot_record import make_hardware, record_robot, robot_spec
 
     if not teleop_type or not task:
@@ -109,8 +163,16 @@ def _record_hardware(ctx, to, episodes, codec, robot_type, robot_port, robot_id,
     teleop.connect()
     try:
         recorder = DatasetRecorder(connect(ctx.obj), url, robot_spec(robot, fps, codec))
-        reports = record_robot(recorder, robot, teleop, episodes, episode_time_s, task, reset_time_s,
-                               on_commit=lambda r: console.print(f"episode {r.episode_index} committed"))  # fmt: skip
+        reports = record_robot(
+            recorder,
+            robot,
+            teleop,
+            episodes,
+            episode_time_s,
+            task,
+            reset_time_s,
+            on_commit=lambda r: console.print(f"episode {r.episode_index} committed"),
+        )
     finally:
         robot.disconnect()
         teleop.disconnect()

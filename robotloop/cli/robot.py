@@ -30,10 +30,15 @@ def run(
     trusted_key: Annotated[list[Path] | None, typer.Option("--trusted-key", help=KEYS_HELP)] = None,
     store: Annotated[Path | None, typer.Option(help="Local release store. Default: robot.store_dir.")] = None,
     sim: Annotated[str | None, typer.Option(help="Sim task (transfer_cube, insertion).")] = None,
-    image_size: Annotated[str, typer.Option(help="Sim camera HxW; must match the policy's (as `record` wrote "
-                                            "its dataset).")] = "480x640",
-    episode_steps: Annotated[int, typer.Option("--max-steps", "--episode-steps", min=1, help="Sim: steps per "
-                                               "episode (as record and eval call it).")] = 400,
+    image_size: Annotated[
+        str, typer.Option(help="Sim camera HxW; must match the policy's (as `record` wrote its dataset).")
+    ] = "480x640",
+    episode_steps: Annotated[
+        int,
+        typer.Option(
+            "--max-steps", "--episode-steps", min=1, help="Sim: steps per episode (as record and eval call it)."
+        ),
+    ] = 400,
     robot_type: Annotated[str | None, typer.Option("--robot.type", help="LeRobot robot type (hardware).")] = None,
     robot_port: Annotated[str | None, typer.Option("--robot.port")] = None,
     robot_hw_id: Annotated[str | None, typer.Option("--robot.id", help="LeRobot calibration id.")] = None,
@@ -70,8 +75,14 @@ def run(
     endpoint, storage_token = resolve_endpoint(settings)
     env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fps, episode_time_s)
     options = cfg.model_copy(update={"robot_id": robot_id, "device": device or cfg.device})
-    runtime = RobotRuntime(env, deploy, ReleaseStore(store or cfg.store_dir), trusted, options,
-                           lambda bucket: XetFetcher(endpoint, storage_token, bucket))  # fmt: skip
+    runtime = RobotRuntime(
+        env,
+        deploy,
+        ReleaseStore(store or cfg.store_dir),
+        trusted,
+        options,
+        lambda bucket: XetFetcher(endpoint, storage_token, bucket),
+    )
     console.print(f"robot {robot_id}: {sim or robot_type} at {env.rate_hz:g} Hz, following {deploy.url}")
     try:
         stats = runtime.run(duration_s)
@@ -81,9 +92,11 @@ def run(
     finally:
         env.close()
     pulled = sum(p.bytes_fetched for p in stats.pulls) / 1e6
-    console.print(f"ran {stats.steps} steps, {len(stats.episodes)} whole episodes; pulled {pulled:.1f} MB; swaps "
-                  f"{len(stats.swaps)}, rollbacks {len(stats.rollbacks)}, refused {len(stats.refused)}; running "
-                  f"{runtime.running or 'no release (none was assigned, or none could run)'}")  # fmt: skip
+    console.print(
+        f"ran {stats.steps} steps, {len(stats.episodes)} whole episodes; pulled {pulled:.1f} MB; swaps "
+        f"{len(stats.swaps)}, rollbacks {len(stats.rollbacks)}, refused {len(stats.refused)}; running "
+        f"{runtime.running or 'no release (none was assigned, or none could run)'}"
+    )
 
 
 def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fps, episode_time_s):

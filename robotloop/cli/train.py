@@ -27,18 +27,37 @@ def train(
     output: Annotated[str, typer.Option(help="Run URL: hf://buckets/<ns>/<bucket>/models/<run>")],
     steps: Annotated[int, typer.Option(min=1, help="Optimizer steps (the run's total, counting resumed ones).")] = 1000,
     batch_size: Annotated[int, typer.Option(min=1, help="Samples per step (per GPU under torchrun).")] = 8,
-    device: Annotated[str, typer.Option(help="auto (cuda when there is a GPU, else cpu), cpu, cuda or cuda:N.")] = "auto",
+    device: Annotated[
+        str, typer.Option(help="auto (cuda when there is a GPU, else cpu), cpu, cuda or cuda:N.")
+    ] = "auto",
     resume: Annotated[bool, typer.Option(help="Continue from the run's last checkpoint.")] = False,
     log_every: Annotated[int, typer.Option(min=1, help="Steps between progress lines.")] = 50,
-    checkpoint_every: Annotated[int, typer.Option(min=1, help="Steps between checkpoints (the last step always "
-                                                              "writes one).")] = 1000,
-    fast: Annotated[bool | None, typer.Option(help="bf16, fused attention, channels_last, compile + CUDA graphs (default: on with cuda).")] = None,
-    backbone_weights: Annotated[Path | None, typer.Option(exists=True, dir_okay=False, help="Local torchvision resnet18 weights; default none: random init.")] = None,
+    checkpoint_every: Annotated[
+        int, typer.Option(min=1, help="Steps between checkpoints (the last step always writes one).")
+    ] = 1000,
+    fast: Annotated[
+        bool | None,
+        typer.Option(help="bf16, fused attention, channels_last, compile + CUDA graphs (default: on with cuda)."),
+    ] = None,
+    backbone_weights: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True, dir_okay=False, help="Local torchvision resnet18 weights; default none: random init."
+        ),
+    ] = None,
     decode_workers: Annotated[int, typer.Option(min=1, help="Processes decoding video for the frame buffer.")] = 4,
     seed: Annotated[int, typer.Option(help="Seed of the weights and the sampler.")] = 0,
     tiny: Annotated[bool, typer.Option(help="A small ACT (dim 64) for smoke tests on CPU.")] = False,
-    progress_file: Annotated[Path | None, typer.Option(help="Append one JSON line per progress report, and the final report.")] = None,
-    fp8: Annotated[str, typer.Option(help="FP8 linear layers (TorchAO): off, auto (only shapes measured faster; bf16 where there is no FP8), tensorwise, rowwise, rowwise_with_gw_hp.")] = "off",
+    progress_file: Annotated[
+        Path | None, typer.Option(help="Append one JSON line per progress report, and the final report.")
+    ] = None,
+    fp8: Annotated[
+        str,
+        typer.Option(
+            help="FP8 linear layers (TorchAO): off, auto (only shapes measured faster; bf16 where there is no FP8), "
+            "tensorwise, rowwise, rowwise_with_gw_hp."
+        ),
+    ] = "off",
 ) -> None:
     """Train ACT; checkpoints (LeRobot format + lineage + loss plot) land under --output every --checkpoint-every steps.
 
@@ -70,18 +89,42 @@ def train(
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--fp8") from None
     use_fast = device.startswith("cuda") if fast is None else fast
-    arch = dict(dim_model=64, dim_feedforward=128, n_encoder_layers=1, n_vae_encoder_layers=1, chunk_size=10, n_action_steps=10) if tiny else {}
+    arch = (
+        dict(
+            dim_model=64,
+            dim_feedforward=128,
+            n_encoder_layers=1,
+            n_vae_encoder_layers=1,
+            chunk_size=10,
+            n_action_steps=10,
+        )
+        if tiny
+        else {}
+    )
     arch |= {"fp8": fp8, "precision": "bf16"} if fp8 != "off" else {}  # FP8 trains the other layers in bf16
-    act = ACTSettings.fast(backbone_weights=backbone_weights, **arch) if use_fast else ACTSettings(backbone_weights=backbone_weights, **arch)
+    act = (
+        ACTSettings.fast(backbone_weights=backbone_weights, **arch)
+        if use_fast
+        else ACTSettings(backbone_weights=backbone_weights, **arch)
+    )
     if backbone_weights is None:
-        console.print("[yellow]note:[/yellow] no --backbone-weights: the ResNet18 backbone starts from random weights (nothing is downloaded)")
+        console.print(
+            "[yellow]note:[/yellow] no --backbone-weights: the ResNet18 backbone starts from random weights "
+            "(nothing is downloaded)"
+        )
     settings = TrainSettings(steps, batch_size, log_every, checkpoint_every, seed, device, resume)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # the trainer polls it each step, then checkpoints
     write_progress = _progress_writer(progress_file)
     failure: Exception | None = None
-    with Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  TextColumn("{task.fields[note]}"), console=console) as bars:  # fmt: skip
+    with Progress(
+        TextColumn("training"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[note]}"),
+        console=console,
+    ) as bars:
         bar = bars.add_task("train", total=steps, note="streaming first episodes")
 
         def on_progress(p) -> None:
@@ -92,16 +135,28 @@ def train(
             write_progress({"event": "progress", **asdict(p)})
 
         try:
-            report = run(connect(ctx.obj), datasets, out, settings, act, DataSettings(decode_workers=decode_workers),
-                         on_progress, stop.is_set)  # fmt: skip
+            report = run(
+                connect(ctx.obj),
+                datasets,
+                out,
+                settings,
+                act,
+                DataSettings(decode_workers=decode_workers),
+                on_progress,
+                stop.is_set,
+            )
         except (StorageError, DataError, ValueError) as error:
             failure = error  # reported once the progress bar is gone, so that it is the last line on screen
     if failure is not None:
         raise fail(failure) from None
-    console.print(f"{report.steps} steps in {report.wall_s:.1f} s: {report.samples_per_s:.1f} samples/s, "
-                  f"data wait {100 * report.data_wait_share:.1f}%, final loss {report.final_loss:.4f}")  # fmt: skip
+    console.print(
+        f"{report.steps} steps in {report.wall_s:.1f} s: {report.samples_per_s:.1f} samples/s, "
+        f"data wait {100 * report.data_wait_share:.1f}%, final loss {report.final_loss:.4f}"
+    )
     console.print(f"last checkpoint: {report.checkpoints[-1] if report.checkpoints else 'none'}")
-    write_progress({"event": "done", **{k: v for k, v in asdict(report).items() if k != "losses"}, "stopped": stop.is_set()})
+    write_progress(
+        {"event": "done", **{k: v for k, v in asdict(report).items() if k != "losses"}, "stopped": stop.is_set()}
+    )
 
 
 def _progress_writer(path: Path | None):

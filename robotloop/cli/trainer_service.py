@@ -13,7 +13,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..config import Settings, load_settings
 from .output import fail
 
-app = typer.Typer(no_args_is_help=True, help="The training service: `serve` takes jobs over HTTP (POST /v1/jobs, cancel, logs), `watch` follows one. Also spelled `robotloop train serve|watch`.")
+app = typer.Typer(
+    no_args_is_help=True,
+    help="The training service: `serve` takes jobs over HTTP (POST /v1/jobs, cancel, logs), `watch` follows one. "
+    "Also spelled `robotloop train serve|watch`.",
+)
 console = Console()
 
 
@@ -22,7 +26,9 @@ def serve(
     ctx: typer.Context,
     host: Annotated[str | None, typer.Option(help="Listen address. Default: trainer.host (127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port. Default: trainer.port (8770).")] = None,
-    tokens: Annotated[Path | None, typer.Option(help="Caller tokens: '<token> <read|write> <namespace|*>' per line.")] = None,
+    tokens: Annotated[
+        Path | None, typer.Option(help="Caller tokens: '<token> <read|write> <namespace|*>' per line.")
+    ] = None,
     root: Annotated[Path | None, typer.Option(help="Job directories (log, progress). Default: trainer.root.")] = None,
 ) -> None:
     """Serve until interrupted; jobs use the storage endpoint and token (--endpoint/--token, ROBOTLOOP_STORAGE__*)."""
@@ -39,11 +45,22 @@ def serve(
 def watch(
     ctx: typer.Context,
     job_id: Annotated[str, typer.Argument(help="The job's id (POST /v1/jobs answered it).")],
-    service_token: Annotated[str | None, typer.Option("--trainer-token", "--service-token", help="A read or write "
-                                                      "token of the service. Default: trainer.token "
-                                                      "(ROBOTLOOP_TRAINER__TOKEN), else asked.")] = None,
-    url: Annotated[str | None, typer.Option("--trainer-url", "--url", help="The training service. Default: "
-                                            "trainer.url, else http://trainer.host:trainer.port.")] = None,
+    service_token: Annotated[
+        str | None,
+        typer.Option(
+            "--trainer-token",
+            "--service-token",
+            help="A read or write token of the service. Default: trainer.token (ROBOTLOOP_TRAINER__TOKEN), else asked.",
+        ),
+    ] = None,
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--trainer-url",
+            "--url",
+            help="The training service. Default: trainer.url, else http://trainer.host:trainer.port.",
+        ),
+    ] = None,
     every_s: Annotated[float, typer.Option(min=0.1, help="Seconds between polls.")] = 1.0,
 ) -> None:
     """Show a job's progress bar until it ends; exit 0 only if it succeeded."""
@@ -53,14 +70,28 @@ def watch(
     if not (service_token or settings.trainer.token):
         service_token = typer.prompt("Service token", hide_input=True)
     client = TrainerClient.from_settings(settings, url, service_token)
-    with Progress(TextColumn("{task.fields[status]}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  TextColumn("{task.fields[note]}"), console=console) as bars:  # fmt: skip
+    with Progress(
+        TextColumn("{task.fields[status]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[note]}"),
+        console=console,
+    ) as bars:
         bar = bars.add_task("job", total=None, status="…", note="")
 
         def show(state: dict) -> None:
-            note = "" if state["step"] is None else (f"loss {state['loss']:.3f}  {state['samples_per_s']:.0f} samples/s  "
-                                                     f"data wait {100 * state['data_wait_share']:.1f}%")  # fmt: skip
-            bars.update(bar, total=state["spec"]["steps"], completed=state["step"] or 0, status=state["status"], note=note)
+            note = (
+                ""
+                if state["step"] is None
+                else (
+                    f"loss {state['loss']:.3f}  {state['samples_per_s']:.0f} samples/s  "
+                    f"data wait {100 * state['data_wait_share']:.1f}%"
+                )
+            )
+            bars.update(
+                bar, total=state["spec"]["steps"], completed=state["step"] or 0, status=state["status"], note=note
+            )
 
         try:
             state = client.wait(job_id, every_s=every_s, on_state=show)

@@ -44,10 +44,12 @@ class DeployClient(ServiceClient):
     def register_robot(self, robot: str, channel: str = "stable", rotate: bool = False) -> str:
         return self._call("POST", "/v1/robots", json={"robot": robot, "channel": channel, "rotate": rotate})["token"]
 
-    def assign(self, robot: str, channel: str | None = None, release: str | None = None,
-               unpin: bool = False) -> dict[str, Any]:  # fmt: skip
-        return self._call("PUT", f"/v1/robots/{robot}/assignment",
-                          json={"channel": channel, "release": release, "unpin": unpin})  # fmt: skip
+    def assign(
+        self, robot: str, channel: str | None = None, release: str | None = None, unpin: bool = False
+    ) -> dict[str, Any]:
+        return self._call(
+            "PUT", f"/v1/robots/{robot}/assignment", json={"channel": channel, "release": release, "unpin": unpin}
+        )
 
     def release(self, name: str) -> dict[str, Any]:
         """One release as registered, with its signed manifest under "manifest"."""
@@ -55,9 +57,11 @@ class DeployClient(ServiceClient):
 
     def status(self) -> dict[str, Any]:
         """Channels, releases and robots in one answer (for `robotloop deploy status`)."""
-        return {"channels": self._call("GET", "/v1/channels")["channels"],
-                "releases": self._call("GET", "/v1/releases")["releases"],
-                "robots": self._call("GET", "/v1/robots")["robots"]}  # fmt: skip
+        return {
+            "channels": self._call("GET", "/v1/channels")["channels"],
+            "releases": self._call("GET", "/v1/releases")["releases"],
+            "robots": self._call("GET", "/v1/robots")["robots"],
+        }
 
     def history(self, robot: str | None = None, channel: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         params = {k: v for k, v in {"robot": robot, "channel": channel, "limit": limit}.items() if v is not None}
@@ -76,5 +80,8 @@ class DeployClient(ServiceClient):
         self._call("POST", f"/v1/robots/{robot}/heartbeat", json={"running": running, "status": status})
 
     def event(self, robot: str, kind: str, release: str | None, previous: str | None, detail: str = "") -> None:
-        self._call("POST", f"/v1/robots/{robot}/events",
-                   json={"kind": kind, "release": release, "previous": previous, "detail": detail})  # fmt: skip
+        self._call(
+            "POST",
+            f"/v1/robots/{robot}/events",
+            json={"kind": kind, "release": release, "previous": previous, "detail": detail},
+        )

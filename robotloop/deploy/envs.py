@@ -33,8 +33,9 @@ class SimControlEnv:
 
     rate_hz = 50.0
 
-    def __init__(self, task: str, image_size: tuple[int, int] = (96, 128), episode_steps: int = 400,
-                 seed: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, task: str, image_size: tuple[int, int] = (96, 128), episode_steps: int = 400, seed: int = 0
+    ) -> None:
         from ..sim import AlohaSim
 
         self.sim = AlohaSim(task, image_size=image_size, max_episode_steps=episode_steps)
@@ -73,8 +74,10 @@ class HardwareControlEnv:
 
     def _obs(self) -> dict[str, Any]:
         raw = self.robot.get_observation()
-        return {"pixels": {k: np.asarray(raw[k], np.uint8) for k in self.camera_keys},
-                "agent_pos": np.array([raw[k] for k in self.state_keys], np.float64)}  # fmt: skip
+        return {
+            "pixels": {k: np.asarray(raw[k], np.uint8) for k in self.camera_keys},
+            "agent_pos": np.array([raw[k] for k in self.state_keys], np.float64),
+        }
 
     def reset(self) -> dict[str, Any]:
         self._steps = 0
@@ -83,7 +86,7 @@ class HardwareControlEnv:
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], StepResult]:
         if len(action) != len(self.action_keys):
             raise ValueError(f"the policy gives {len(action)} actions; the robot takes {len(self.action_keys)}")
-        self.robot.send_action({k: float(v) for k, v in zip(self.action_keys, action)})
+        self.robot.send_action({k: float(v) for k, v in zip(self.action_keys, action, strict=True)})
         self._steps += 1
         return self._obs(), StepResult(None, self._steps >= self.episode_steps, None)
 

@@ -71,9 +71,7 @@ class EvalReport:
     workers: int
     episodes: list[EpisodeResult] = field(default_factory=list)
     wall_s: float = 0.0
-    source: str | None = (
-        None  # what the policy was resolved from (a bucket URL), when not `policy` itself
-    )
+    source: str | None = None  # what the policy was resolved from (a bucket URL), when not `policy` itself
     inference: dict | None = None  # how the policy acted: n_action_steps, temporal_ensemble_coeff
 
     @property
@@ -209,11 +207,7 @@ def _run_episode(index: int, seed: int, record: bool) -> EpisodeResult:
             frames.append(obs["pixels"]["top"])
     video = None
     if record and job.video_dir:
-        video = str(
-            write_video(
-                Path(job.video_dir) / f"episode_{index:03d}_seed{seed}.mp4", frames
-            )
-        )
+        video = str(write_video(Path(job.video_dir) / f"episode_{index:03d}_seed{seed}.mp4", frames))
     return EpisodeResult(
         index,
         seed,
@@ -239,13 +233,7 @@ def write_video(path: Path, frames: list[np.ndarray], fps: int = 50) -> Path:
         for frame in frames:
             if (ph, pw) != (h, w):
                 frame = np.pad(frame, ((0, ph - h), (0, pw - w), (0, 0)), mode="edge")
-            container.mux(
-                stream.encode(
-                    av.VideoFrame.from_ndarray(
-                        np.ascontiguousarray(frame), format="rgb24"
-                    )
-                )
-            )
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")))
         container.mux(stream.encode())
     return path
 
@@ -291,17 +279,13 @@ def evaluate(
 
     spec = get_task(task)  # KeyError/ValueError for an unknown task
     if episodes < 1 or workers < 1 or videos < 0:
-        raise ValueError(
-            f"episodes and workers must be >= 1 and videos >= 0, got {episodes}, {workers}, {videos}"
-        )
+        raise ValueError(f"episodes and workers must be >= 1 and videos >= 0, got {episodes}, {workers}, {videos}")
     if videos and output_dir is None:
         raise ValueError("videos need an output_dir to be written to")
     # Load once here: a broken checkpoint fails now, with its own error, not as a broken worker pool.
     runner = _load_quietly(Path(policy_dir), device, inference)
     if set(runner.image_keys) - {"observation.images.top"}:
-        raise ValueError(
-            f"the policy reads cameras {runner.image_keys}; the ALOHA sim renders only 'top'"
-        )
+        raise ValueError(f"the policy reads cameras {runner.image_keys}; the ALOHA sim renders only 'top'")
     trained = runner.image_size
     if image_size is not None and tuple(image_size) != trained:
         raise ValueError(
@@ -336,9 +320,7 @@ def evaluate(
     return report
 
 
-def _run_all(
-    job: _Job, args: list[tuple[int, int, bool]], workers: int, runner: PolicyRunner
-):
+def _run_all(job: _Job, args: list[tuple[int, int, bool]], workers: int, runner: PolicyRunner):
     """Yield EpisodeResults as they finish: in this process (with `runner`) for one worker, else in a spawn pool."""
     if workers == 1:
         _init_worker(job, runner)
@@ -408,8 +390,10 @@ def resolve_policy(
     if local.exists():
         return _resolve_local(local)
     if "/" in spec or spec.startswith(("~", ".")):  # release names have no slashes: a path that is not there
-        raise PolicyLoadError(f"{spec}: no such directory (a policy is a local checkpoint folder, a bucket URL "
-                              "hf://buckets/..., or a release name)")  # fmt: skip
+        raise PolicyLoadError(
+            f"{spec}: no such directory (a policy is a local checkpoint folder, a bucket URL "
+            "hf://buckets/..., or a release name)"
+        )
     return (release_resolver or resolve_release)(spec)
 
 
@@ -420,9 +404,12 @@ def resolve_policy_for(settings: Settings, spec: str, client_factory: Callable[[
     Raises:
         PolicyLoadError, and for release names DeployError / BadSignature / IntegrityError.
     """
-    return resolve_policy(spec, client_factory or (lambda: connect(settings)),
-                          settings.storage.cache_dir.parent / "policies",
-                          release_resolver=lambda name: pull_release_for(settings, name))  # fmt: skip
+    return resolve_policy(
+        spec,
+        client_factory or (lambda: connect(settings)),
+        settings.storage.cache_dir.parent / "policies",
+        release_resolver=lambda name: pull_release_for(settings, name),
+    )
 
 
 def pull_release_for(settings: Settings, name: str) -> Path:
@@ -442,12 +429,18 @@ def pull_release_for(settings: Settings, name: str) -> Path:
     if not keys and public_path(settings.deploy.key_file).exists():
         keys = [public_path(settings.deploy.key_file)]
     if not keys:
-        raise PolicyLoadError(f"{name!r}: to evaluate a release, configure the keys that sign releases "
-                              "(robot.trusted_keys)")  # fmt: skip
+        raise PolicyLoadError(
+            f"{name!r}: to evaluate a release, configure the keys that sign releases (robot.trusted_keys)"
+        )
     endpoint, storage_token = resolve_endpoint(settings)
     store = ReleaseStore(settings.storage.cache_dir.parent / "eval-releases")
-    return pull_release(name, DeployClient.from_settings(settings), lambda b: XetFetcher(endpoint, storage_token, b),
-                        load_public_keys(keys), store)  # fmt: skip
+    return pull_release(
+        name,
+        DeployClient.from_settings(settings),
+        lambda b: XetFetcher(endpoint, storage_token, b),
+        load_public_keys(keys),
+        store,
+    )
 
 
 def resolve_release(name: str) -> Path:
@@ -473,14 +466,10 @@ def _resolve_local(path: Path) -> Path:
     if last.is_file():
         step = json.loads(last.read_text())["step"]
         return path / "checkpoints" / STEP_DIR.format(step) / "pretrained_model"
-    raise PolicyLoadError(
-        f"{path}: neither a pretrained_model directory, a checkpoint directory nor a run directory"
-    )
+    raise PolicyLoadError(f"{path}: neither a pretrained_model directory, a checkpoint directory nor a run directory")
 
 
-def _resolve_bucket(
-    spec: str, client_factory: Callable[[], BucketClient] | None, cache_dir: Path | None
-) -> Path:
+def _resolve_bucket(spec: str, client_factory: Callable[[], BucketClient] | None, cache_dir: Path | None) -> Path:
     from ..config import CACHE_HOME
     from .publish import PublishError, resolve_checkpoint
 

@@ -39,11 +39,13 @@ class XetFetcher:
         )
 
         if self._group is None:
-            refresh = xet_connection_info_refresh_url(token_type=XetTokenType.READ, repo_id=self.bucket_id,
-                                                      repo_type="bucket", endpoint=self.endpoint)  # fmt: skip
+            refresh = xet_connection_info_refresh_url(
+                token_type=XetTokenType.READ, repo_id=self.bucket_id, repo_type="bucket", endpoint=self.endpoint
+            )
             headers = build_hf_headers(token=self.token, library_name="robotloop")
-            self._group = get_xet_session().new_download_stream_group(token_refresh_url=refresh,
-                                                                      token_refresh_headers=headers)  # fmt: skip
+            self._group = get_xet_session().new_download_stream_group(
+                token_refresh_url=refresh, token_refresh_headers=headers
+            )
         return self._group
 
     def stream(self, xet_hash: str, size: int, start: int, end: int) -> Iterator[bytes]:
@@ -58,5 +60,7 @@ class XetFetcher:
             yield from self._stream_group().download_stream(hf_xet.XetFileInfo(xet_hash, size), start=start, end=end)
         except (RuntimeError, ConnectionError, OSError) as error:  # how hf_xet reports failed transfers
             self._group = None  # a broken group (expired token, server restart) is rebuilt on the next call
-            raise StorageError(f"cannot read bytes {start}-{end} of {xet_hash[:12]} from bucket {self.bucket_id} "
-                               f"at {self.endpoint}: {error}") from None  # fmt: skip
+            raise StorageError(
+                f"cannot read bytes {start}-{end} of {xet_hash[:12]} from bucket {self.bucket_id} "
+                f"at {self.endpoint}: {error}"
+            ) from None

@@ -97,8 +97,10 @@ def load_private_key(path: Path) -> Signer:
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
-        raise DeployKeyError(f"{path}: no deploy key there; make one with `robotloop deploy keygen` or pass "
-                             "the one that signs your releases (--key)") from None  # fmt: skip
+        raise DeployKeyError(
+            f"{path}: no deploy key there; make one with `robotloop deploy keygen` or pass "
+            "the one that signs your releases (--key)"
+        ) from None
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError) as error:
@@ -140,8 +142,10 @@ def load_public_keys(paths: list[Path]) -> dict[str, Ed25519PublicKey]:
         try:
             text = Path(path).read_text()
         except FileNotFoundError:
-            raise DeployKeyError(f"{path}: no public key file there; copy the .pub file made beside the deploy key "
-                                 "(`robotloop deploy keygen`) to the robot") from None  # fmt: skip
+            raise DeployKeyError(
+                f"{path}: no public key file there; copy the .pub file made beside the deploy key "
+                "(`robotloop deploy keygen`) to the robot"
+            ) from None
         for n, line in enumerate(text.splitlines(), start=1):
             line = line.split("#", 1)[0].strip()
             if line:
@@ -149,8 +153,10 @@ def load_public_keys(paths: list[Path]) -> dict[str, Ed25519PublicKey]:
                 keys[key_id(public)] = public
     if not keys:
         where = f"in {', '.join(map(str, paths))}" if paths else "configured"
-        raise DeployKeyError(f"no trusted public key {where}: a robot loads only releases signed by a key it trusts. "
-                             "Give the .pub file made beside the deploy key (--trusted-key, or robot.trusted_keys)")  # fmt: skip
+        raise DeployKeyError(
+            f"no trusted public key {where}: a robot loads only releases signed by a key it trusts. "
+            "Give the .pub file made beside the deploy key (--trusted-key, or robot.trusted_keys)"
+        )
     return keys
 
 

@@ -35,9 +35,14 @@ class LocalDeployService:
             self.proc.kill()
 
 
-def start_local_deploy_service(base: Path, token: str | None = None, timeout_s: float = 30.0,
-                               extra_args: tuple[str, ...] = (), extra_tokens: tuple[str, ...] = (),
-                               trusted_keys: tuple[Path, ...] = ()) -> LocalDeployService:  # fmt: skip
+def start_local_deploy_service(
+    base: Path,
+    token: str | None = None,
+    timeout_s: float = 30.0,
+    extra_args: tuple[str, ...] = (),
+    extra_tokens: tuple[str, ...] = (),
+    trusted_keys: tuple[Path, ...] = (),
+) -> LocalDeployService:
     """Start `python -m services.deploy` on 127.0.0.1 with an operator write token (`token`, else a fresh one),
     more tokens-file lines (`extra_tokens`, e.g. "<token> read *") and a database under `base`. It registers only
     releases signed by `trusted_keys`; with none (tests, benchmarks) it is started with `--allow-any-signer`.

@@ -97,19 +97,33 @@ class Manifest:
         """
         try:
             files = tuple(
-                ReleaseFile(_text(f["path"]), int(f["size"]), str(f["xet_hash"]), str(f["sha256"]),
-                            tuple(Segment(_text(s["name"]), int(s["offset"]), int(s["length"]), str(s["sha256"]))
-                                  for s in f["segments"]))
+                ReleaseFile(
+                    _text(f["path"]),
+                    int(f["size"]),
+                    str(f["xet_hash"]),
+                    str(f["sha256"]),
+                    tuple(
+                        Segment(_text(s["name"]), int(s["offset"]), int(s["length"]), str(s["sha256"]))
+                        for s in f["segments"]
+                    ),
+                )
                 for f in data["files"]
-            )  # fmt: skip
+            )
             lineage = data.get("lineage") or {}
             if not isinstance(lineage, dict) or json_depth(lineage) > MAX_JSON_DEPTH:
                 raise ValueError(f"lineage must be a JSON object at most {MAX_JSON_DEPTH} levels deep")
             created_at = float(data["created_at"])
             if not math.isfinite(created_at):
                 raise ValueError(f"created_at {created_at} is not a time")
-            manifest = cls(_text(data["name"]), _text(data["bucket"]), _text(data["checkpoint"]), created_at, files,
-                           dict(lineage), int(data.get("format", FORMAT)))  # fmt: skip
+            manifest = cls(
+                _text(data["name"]),
+                _text(data["bucket"]),
+                _text(data["checkpoint"]),
+                created_at,
+                files,
+                dict(lineage),
+                int(data.get("format", FORMAT)),
+            )
         except (KeyError, TypeError, ValueError) as error:
             raise BadManifest(f"malformed release manifest: {type(error).__name__} {error}") from None
         manifest.validate()
@@ -142,8 +156,9 @@ class Manifest:
 def check_release_name(name: str) -> str:
     """Raises BadManifest unless `name` is 1-96 of [A-Za-z0-9._-], starting with a letter or digit."""
     if not isinstance(name, str) or not RELEASE_NAME.match(name):
-        raise BadManifest(f"bad release name {name!r}: use 1-96 letters, digits, '.', '_' or '-', starting with a "
-                          "letter or digit")  # fmt: skip
+        raise BadManifest(
+            f"bad release name {name!r}: use 1-96 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
     return name
 
 
@@ -225,8 +240,14 @@ class SignedManifest:
 
 
 # -- building --------------------------------------------------------------------------------------------
-def build_manifest(root: Path, name: str, bucket: str, checkpoint: str, xet_hashes: dict[str, str],
-                   lineage: dict[str, Any] | None = None) -> Manifest:  # fmt: skip
+def build_manifest(
+    root: Path,
+    name: str,
+    bucket: str,
+    checkpoint: str,
+    xet_hashes: dict[str, str],
+    lineage: dict[str, Any] | None = None,
+) -> Manifest:
     """The manifest of the files under `root` (e.g. a downloaded ``pretrained_model/``).
 
     `xet_hashes` maps each relative path to the Xet hash the bucket holds for it (robots fetch by that hash).

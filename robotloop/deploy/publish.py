@@ -45,13 +45,21 @@ def resolve_checkpoint(client: BucketClient, url: BucketUrl) -> BucketUrl:
         return checkpoint_url(BucketUrl(url.bucket_id, "/".join(parts[:-2])), int(parts[-1]))
     step = latest_step(client, url)
     if step is None:
-        raise PublishError(f"{url}: neither a checkpoint folder (<run>/checkpoints/<step>) nor a run with a complete "
-                           "checkpoint (no checkpoints/last.json)")  # fmt: skip
+        raise PublishError(
+            f"{url}: neither a checkpoint folder (<run>/checkpoints/<step>) nor a run with a complete "
+            "checkpoint (no checkpoints/last.json)"
+        )
     return checkpoint_url(url, step)
 
 
-def publish(client: BucketClient, checkpoint: str, name: str, signer: Signer, deploy: DeployClient | None = None,
-            channel: str | None = None) -> SignedManifest:  # fmt: skip
+def publish(
+    client: BucketClient,
+    checkpoint: str,
+    name: str,
+    signer: Signer,
+    deploy: DeployClient | None = None,
+    channel: str | None = None,
+) -> SignedManifest:
     """Build, sign and store the release manifest of `checkpoint`, then register it (and point `channel` at it).
 
     Example:
@@ -105,8 +113,10 @@ def _store(client: BucketClient, signed: SignedManifest) -> SignedManifest:
     if existing is not None:
         old = SignedManifest.from_json(existing)
         if old.manifest.files != signed.manifest.files:
-            raise PublishError(f"release {signed.manifest.name!r} already exists in {url} with other files; "
-                               "release names are immutable, pick a new one")  # fmt: skip
+            raise PublishError(
+                f"release {signed.manifest.name!r} already exists in {url} with other files; "
+                "release names are immutable, pick a new one"
+            )
         return old
     # The release holds its own paths to the signed files (metadata only: the bytes stay where they are), so
     # training into the run's folder again, which overwrites its checkpoint files, cannot take them from robots:

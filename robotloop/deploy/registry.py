@@ -130,10 +130,18 @@ class Registry:
             return self._db.execute(sql, params).fetchall()
 
     @staticmethod
-    def _event(kind: str, robot: str | None = None, channel: str | None = None, release: str | None = None,
-               previous: str | None = None, detail: str | None = None) -> tuple[str, tuple]:  # fmt: skip
-        return ("INSERT INTO events (at, robot, channel, kind, release, previous, detail) VALUES (?,?,?,?,?,?,?)",
-                (time.time(), robot, channel, kind, release, previous, detail))  # fmt: skip
+    def _event(
+        kind: str,
+        robot: str | None = None,
+        channel: str | None = None,
+        release: str | None = None,
+        previous: str | None = None,
+        detail: str | None = None,
+    ) -> tuple[str, tuple]:
+        return (
+            "INSERT INTO events (at, robot, channel, kind, release, previous, detail) VALUES (?,?,?,?,?,?,?)",
+            (time.time(), robot, channel, kind, release, previous, detail),
+        )
 
     # -- releases ------------------------------------------------------------------------------------------
     def add_release(self, signed: SignedManifest, by: str = "") -> None:
@@ -150,9 +158,15 @@ class Registry:
                 if existing["manifest"] != raw:
                     raise RegistryError(f"release {m.name!r} exists with other contents; publish under a new name", 409)
                 return
-            self._tx([("INSERT INTO releases VALUES (?,?,?,?,?,?)", (m.name, raw, signed.key_id, m.checkpoint,
-                                                                      m.created_at, time.time())),
-                      self._event("publish", release=m.name, detail=f"{m.checkpoint} by {by}".strip())])  # fmt: skip
+            self._tx(
+                [
+                    (
+                        "INSERT INTO releases VALUES (?,?,?,?,?,?)",
+                        (m.name, raw, signed.key_id, m.checkpoint, m.created_at, time.time()),
+                    ),
+                    self._event("publish", release=m.name, detail=f"{m.checkpoint} by {by}".strip()),
+                ]
+            )
 
     def release(self, name: str) -> dict[str, Any]:
         """Raises RegistryError (404)."""
@@ -186,9 +200,18 @@ class Registry:
                 "INSERT INTO channels VALUES (?,?,?) ON CONFLICT(name) DO UPDATE SET release = excluded.release, "
                 "updated_at = excluded.updated_at"
             )
-            self._tx([(upsert, (channel, release, time.time())),
-                      self._event("promote", channel=channel, release=release, previous=previous,
-                                  detail=f"{reason} (by {by})" if by else reason)])  # fmt: skip
+            self._tx(
+                [
+                    (upsert, (channel, release, time.time())),
+                    self._event(
+                        "promote",
+                        channel=channel,
+                        release=release,
+                        previous=previous,
+                        detail=f"{reason} (by {by})" if by else reason,
+                    ),
+                ]
+            )
         return previous
 
     def rollback_channel(self, channel: str, by: str = "", reason: str = "") -> str:
@@ -205,24 +228,42 @@ class Registry:
             if target is None:
                 what = f"no release before {current!r}" if current else "no release yet"
                 raise RegistryError(f"channel {channel!r} has {what}: nothing to roll back to", 404)
-            self._tx([("UPDATE channels SET release = ?, updated_at = ? WHERE name = ?", (target, time.time(), channel)),
-                      self._event("rollback", channel=channel, release=target, previous=current,
-                                  detail=f"{reason} (by {by})" if by else reason)])  # fmt: skip
+            self._tx(
+                [
+                    ("UPDATE channels SET release = ?, updated_at = ? WHERE name = ?", (target, time.time(), channel)),
+                    self._event(
+                        "rollback",
+                        channel=channel,
+                        release=target,
+                        previous=current,
+                        detail=f"{reason} (by {by})" if by else reason,
+                    ),
+                ]
+            )
         return target
 
     def _previous_of(self, channel: str, current: str | None) -> str | None:
         # The newest release the channel pointed at before `current`, skipping releases whose latest word on this
         # channel is a rollback away from them (one promoted again since counts again).
-        events = self._all("SELECT kind, release, previous FROM events WHERE channel = ? AND kind IN "
-                           "('promote', 'rollback') ORDER BY id DESC", (channel,))  # fmt: skip
+        events = self._all(
+            "SELECT kind, release, previous FROM events WHERE channel = ? AND kind IN "
+            "('promote', 'rollback') ORDER BY id DESC",
+            (channel,),
+        )
         left: dict[str, bool] = {}  # release -> its newest event left it (True) or chose it (False)
         for e in events:
             if e["release"]:
                 left.setdefault(e["release"], False)
             if e["kind"] == "rollback" and e["previous"]:
                 left.setdefault(e["previous"], True)
-        return next((e["release"] for e in events if e["release"] and e["release"] != current
-                     and not left.get(e["release"], False)), None)  # fmt: skip
+        return next(
+            (
+                e["release"]
+                for e in events
+                if e["release"] and e["release"] != current and not left.get(e["release"], False)
+            ),
+            None,
+        )
 
     # -- robots --------------------------------------------------------------------------------------------
     def register_robot(self, robot: str, channel: str = "stable", rotate: bool = False, by: str = "") -> str:
@@ -236,15 +277,27 @@ class Registry:
         token = f"rlr_{secrets.token_urlsafe(32)}"
         exists = self._one("SELECT id FROM robots WHERE id = ?", (robot,)) is not None
         if exists and not rotate:
-            raise RegistryError(f"robot {robot!r} is registered; register it again with rotate (CLI: --rotate) to issue "
-                               "it a new token", 409)  # fmt: skip
+            raise RegistryError(
+                f"robot {robot!r} is registered; register it again with rotate (CLI: --rotate) to issue it a new token",
+                409,
+            )
         if exists:
-            self._tx([("UPDATE robots SET token_hash = ? WHERE id = ?", (hash_token(token), robot)),
-                      self._event("token_rotated", robot=robot, detail=f"by {by}")])  # fmt: skip
+            self._tx(
+                [
+                    ("UPDATE robots SET token_hash = ? WHERE id = ?", (hash_token(token), robot)),
+                    self._event("token_rotated", robot=robot, detail=f"by {by}"),
+                ]
+            )
         else:
-            self._tx([("INSERT INTO robots (id, token_hash, channel, created_at) VALUES (?,?,?,?)",
-                       (robot, hash_token(token), channel, time.time())),
-                      self._event("register", robot=robot, channel=channel, detail=f"by {by}")])  # fmt: skip
+            self._tx(
+                [
+                    (
+                        "INSERT INTO robots (id, token_hash, channel, created_at) VALUES (?,?,?,?)",
+                        (robot, hash_token(token), channel, time.time()),
+                    ),
+                    self._event("register", robot=robot, channel=channel, detail=f"by {by}"),
+                ]
+            )
         return token
 
     def robot_for_token(self, token: str) -> str | None:
@@ -264,8 +317,9 @@ class Registry:
     def robots(self) -> list[dict[str, Any]]:
         return [self.robot(r["id"]) for r in self._all("SELECT id FROM robots ORDER BY id")]
 
-    def assign(self, robot: str, channel: str | None = None, release: str | None = None, unpin: bool = False,
-               by: str = "") -> Assignment:  # fmt: skip
+    def assign(
+        self, robot: str, channel: str | None = None, release: str | None = None, unpin: bool = False, by: str = ""
+    ) -> Assignment:
         """Move a robot to `channel` and/or pin it to `release` (`unpin` follows the channel again).
 
         Raises:
@@ -280,9 +334,12 @@ class Registry:
         pinned = None if unpin else (release if release is not None else row["pinned"])
         if release is not None:
             self.release(release)
-        self._tx([("UPDATE robots SET channel = ?, pinned = ? WHERE id = ?", (new_channel, pinned, robot)),
-                  self._event("assign", robot=robot, channel=new_channel, release=pinned,
-                              detail=f"by {by}")])  # fmt: skip
+        self._tx(
+            [
+                ("UPDATE robots SET channel = ?, pinned = ? WHERE id = ?", (new_channel, pinned, robot)),
+                self._event("assign", robot=robot, channel=new_channel, release=pinned, detail=f"by {by}"),
+            ]
+        )
         return self.assignment(robot)
 
     def rollback_robot(self, robot: str, by: str = "", reason: str = "") -> Assignment:
@@ -293,17 +350,29 @@ class Registry:
             RegistryError (404): unknown robot, or it never ran an earlier good release.
         """
         current = self.robot(robot)["running"]
-        events = self._all("SELECT kind, release, previous FROM events WHERE robot = ? AND kind IN "
-                           "('swap', 'rollback', 'refused') ORDER BY id DESC", (robot,))  # fmt: skip
+        events = self._all(
+            "SELECT kind, release, previous FROM events WHERE robot = ? AND kind IN "
+            "('swap', 'rollback', 'refused') ORDER BY id DESC",
+            (robot,),
+        )
         bad = {e["previous"] if e["kind"] == "rollback" else e["release"] for e in events if e["kind"] != "swap"}
         ran = [e["release"] for e in events if e["kind"] in ("swap", "rollback")]
         target = next((r for r in ran if r and r != current and r not in bad), None)
         if target is None:
             what = f"before {current!r}" if current else "yet"
             raise RegistryError(f"robot {robot!r} has not run a good release {what}: nothing to roll back to", 404)
-        self._tx([("UPDATE robots SET pinned = ? WHERE id = ?", (target, robot)),
-                  self._event("rollback_command", robot=robot, release=target, previous=current,
-                              detail=f"{reason} (by {by})" if by else reason)])  # fmt: skip
+        self._tx(
+            [
+                ("UPDATE robots SET pinned = ? WHERE id = ?", (target, robot)),
+                self._event(
+                    "rollback_command",
+                    robot=robot,
+                    release=target,
+                    previous=current,
+                    detail=f"{reason} (by {by})" if by else reason,
+                ),
+            ]
+        )
         return self.assignment(robot)
 
     def assignment(self, robot: str) -> Assignment:
@@ -314,8 +383,11 @@ class Registry:
 
     def _assigned(self, robot: str) -> tuple[str, bool, str | None]:
         """(channel, pinned, release) without the manifest: what a long-poll compares on each wake-up."""
-        row = self._one("SELECT r.channel, r.pinned, c.release FROM robots r LEFT JOIN channels c ON c.name = r.channel"
-                        " WHERE r.id = ?", (robot,))  # fmt: skip
+        row = self._one(
+            "SELECT r.channel, r.pinned, c.release FROM robots r LEFT JOIN channels c ON c.name = r.channel"
+            " WHERE r.id = ?",
+            (robot,),
+        )
         if row is None:
             raise RegistryError(f"no robot {robot!r}", 404)
         return row["channel"], row["pinned"] is not None, row["pinned"] or row["release"]
@@ -351,8 +423,15 @@ class Registry:
         raw = json.dumps(status)
         if len(raw) > MAX_STATUS_BYTES:
             raise RegistryError(f"heartbeat status is {len(raw)} bytes of JSON; at most {MAX_STATUS_BYTES}", 422)
-        self._tx([("UPDATE robots SET last_seen = ?, running = ?, status = ? WHERE id = ?",
-                   (time.time(), _release_name(running), raw, robot))], wakes_polls=False)  # fmt: skip
+        self._tx(
+            [
+                (
+                    "UPDATE robots SET last_seen = ?, running = ?, status = ? WHERE id = ?",
+                    (time.time(), _release_name(running), raw, robot),
+                )
+            ],
+            wakes_polls=False,
+        )
 
     def robot_event(self, robot: str, kind: str, release: str | None, previous: str | None, detail: str) -> None:
         """A robot's own report: swap, rollback (automatic, with the reason), refused (bad release)."""

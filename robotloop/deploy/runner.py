@@ -93,7 +93,9 @@ class PolicyRunner:
 
     # -- loading -----------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, pretrained_dir: str | Path, device: str = "cpu", inference: dict[str, Any] | None = None) -> PolicyRunner:
+    def load(
+        cls, pretrained_dir: str | Path, device: str = "cpu", inference: dict[str, Any] | None = None
+    ) -> PolicyRunner:
         """Load a LeRobot ACT checkpoint directory (`.../checkpoints/<step>/pretrained_model`), offline.
 
         The saved config's `pretrained_backbone_weights` is cleared before the model is built: those weights
@@ -120,7 +122,9 @@ class PolicyRunner:
         if cfg.temporal_ensemble_coeff is not None and cfg.n_action_steps != 1:
             raise PolicyLoadError("temporal ensembling runs the model every step: it needs n_action_steps=1")
         if not 1 <= cfg.n_action_steps <= cfg.chunk_size:
-            raise PolicyLoadError(f"n_action_steps must be 1..{cfg.chunk_size} (the chunk size), not {cfg.n_action_steps}")
+            raise PolicyLoadError(
+                f"n_action_steps must be 1..{cfg.chunk_size} (the chunk size), not {cfg.n_action_steps}"
+            )
         cfg.device = _check_device(device)
         try:
             # It prints "Loading weights from local directory" to stdout. Not silenced here: swapping
@@ -128,9 +132,7 @@ class PolicyRunner:
             policy = ACTPolicy.from_pretrained(path, config=cfg, strict=True)
         # safetensors' HeaderTooLarge, torch's size mismatch, ...
         except Exception as error:
-            raise PolicyLoadError(
-                f"{path / 'model.safetensors'}: cannot load the weights: {error}"
-            ) from error
+            raise PolicyLoadError(f"{path / 'model.safetensors'}: cannot load the weights: {error}") from error
         try:
             pre, post = make_pre_post_processors(
                 cfg,
@@ -138,9 +140,7 @@ class PolicyRunner:
                 preprocessor_overrides={"device_processor": {"device": cfg.device}},
             )
         except Exception as error:
-            raise PolicyLoadError(
-                f"{path}: cannot load the saved pre/post processors: {error}"
-            ) from error
+            raise PolicyLoadError(f"{path}: cannot load the saved pre/post processors: {error}") from error
         return cls(policy, pre, post, torch.device(cfg.device), path)
 
     # -- properties --------------------------------------------------------------------------------------
@@ -181,9 +181,7 @@ class PolicyRunner:
         """
         if self.ensembling:
             with torch.inference_mode():
-                action = self.policy.select_action(
-                    self.preprocessor(self.to_batch(obs))
-                )
+                action = self.policy.select_action(self.preprocessor(self.to_batch(obs)))
             return _finite(self.postprocessor(action)[0].cpu().numpy())
         if not self._queue:
             chunk = self._predict_chunk(self.to_batch(obs))
@@ -226,9 +224,7 @@ class PolicyRunner:
         if self.state_dim is not None:
             state = np.asarray(obs.get("agent_pos", ()), dtype=np.float64)
             if state.shape != (self.state_dim,) or not np.all(np.isfinite(state)):
-                raise ValueError(
-                    f"agent_pos must be {self.state_dim} finite values, got {state}"
-                )
+                raise ValueError(f"agent_pos must be {self.state_dim} finite values, got {state}")
             batch[STATE_KEY] = torch.from_numpy(state.astype(np.float32)).unsqueeze(0)
         return batch
 
@@ -254,9 +250,7 @@ def _check_files(path: Path) -> None:
         raise PolicyLoadError(f"{path}: no such checkpoint directory")
     missing = [name for name in REQUIRED_FILES if not (path / name).is_file()]
     if missing:
-        raise PolicyLoadError(
-            f"{path}: not a LeRobot pretrained_model directory, missing {', '.join(missing)}"
-        )
+        raise PolicyLoadError(f"{path}: not a LeRobot pretrained_model directory, missing {', '.join(missing)}")
 
 
 def _read_config(path: Path) -> Any:
@@ -345,9 +339,7 @@ def make_tiny_checkpoint(
     features = DatasetSpec.aloha(image_size).features()
     # build_policy's "random backbone" warning is expected here
     with _quiet("robotloop.train.policy"):
-        policy = build_policy(
-            features, {"observation.state": vec, "action": vec}, settings
-        )
+        policy = build_policy(features, {"observation.state": vec, "action": vec}, settings)
     return policy.save_pretrained(directory)
 
 

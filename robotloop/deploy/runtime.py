@@ -92,9 +92,16 @@ class RuntimeStats:
 
 
 class RobotRuntime:
-    def __init__(self, env: Any, deploy: DeployClient, store: ReleaseStore, trusted: dict, options: RobotSettings,
-                 fetcher_for: Callable[[str], XetFetcher],
-                 score: Callable[[EpisodeResult], float | None] = default_score) -> None:  # fmt: skip
+    def __init__(
+        self,
+        env: Any,
+        deploy: DeployClient,
+        store: ReleaseStore,
+        trusted: dict,
+        options: RobotSettings,
+        fetcher_for: Callable[[str], XetFetcher],
+        score: Callable[[EpisodeResult], float | None] = default_score,
+    ) -> None:
         if not options.robot_id:
             raise ValueError("a robot runtime needs RobotSettings.robot_id (the id registered with the deploy service)")
         self.env, self.deploy, self.store, self.trusted, self.options = env, deploy, store, trusted, options
@@ -102,7 +109,9 @@ class RobotRuntime:
         self.stats = RuntimeStats()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._state_lock = threading.RLock()  # _refused and runtime.json: changed by the updater, control, reporter threads
+        self._state_lock = (
+            threading.RLock()
+        )  # _refused and runtime.json: changed by the updater, control, reporter threads
         self._active: _Loaded | None = None
         self._previous: _Loaded | None = None
         self._standby: _Loaded | None = None
@@ -121,7 +130,9 @@ class RobotRuntime:
         self._unscored: dict[str, int] = defaultdict(int)  # finished episodes with no score, per release
         self._integrity_failed: set[str] = set()  # releases whose bytes did not verify
         self._failures: dict[str, int] = {}  # per release, preparations that failed and will be retried
-        self._fetch_errors: dict[str, str] = {}  # per release not fetched yet: the last error, shown in heartbeats once (refused the second time)
+        self._fetch_errors: dict[
+            str, str
+        ] = {}  # per release not fetched yet: the last error, shown in heartbeats once (refused the second time)
 
     # -- public ----------------------------------------------------------------------------------------------
     @property
@@ -136,8 +147,10 @@ class RobotRuntime:
 
     def run(self, duration_s: float | None = None) -> RuntimeStats:
         """Run until `stop()` (or `duration_s`); starts and joins the updater and reporter threads."""
-        threads = [threading.Thread(target=self._updater, name="robotloop-updater", daemon=True),
-                   threading.Thread(target=self._reporter, name="robotloop-reporter", daemon=True)]  # fmt: skip
+        threads = [
+            threading.Thread(target=self._updater, name="robotloop-updater", daemon=True),
+            threading.Thread(target=self._reporter, name="robotloop-reporter", daemon=True),
+        ]
         self._resume_installed()
         for thread in threads:
             thread.start()
@@ -191,8 +204,15 @@ class RobotRuntime:
         active = self._active
         if active is not None:
             active.runner.reset()
-        return obs, {"release": active.release if active else None, "steps": 0, "max_reward": None, "success": None,
-                     "jerk": 0.0, "last": None, "mixed": active is None}  # fmt: skip
+        return obs, {
+            "release": active.release if active else None,
+            "steps": 0,
+            "max_reward": None,
+            "success": None,
+            "jerk": 0.0,
+            "last": None,
+            "mixed": active is None,
+        }
 
     @staticmethod
     def _track(episode: dict, action: np.ndarray, result: StepResult) -> None:
@@ -207,8 +227,13 @@ class RobotRuntime:
     def _finish(self, episode: dict) -> None:
         if episode["mixed"] or episode["release"] is None:
             return
-        result = EpisodeResult(episode["release"], episode["steps"], episode["max_reward"], episode["success"],
-                               episode["jerk"] / max(1, episode["steps"] - 1))  # fmt: skip
+        result = EpisodeResult(
+            episode["release"],
+            episode["steps"],
+            episode["max_reward"],
+            episode["success"],
+            episode["jerk"] / max(1, episode["steps"] - 1),
+        )
         self.stats.episodes.append(result)
         score = self.score(result)
         if score is None:  # no reward (hardware): a release that ran its window of episodes has passed
@@ -231,8 +256,10 @@ class RobotRuntime:
         if theirs:
             new, old = float(np.mean(mine)), float(np.mean(theirs))
             if new < old - self.options.health_margin:
-                self._rollback(f"health check: mean episode score {new:.3f} over {len(mine)} episodes is below the "
-                               f"previous release's {old:.3f} (margin {self.options.health_margin})")  # fmt: skip
+                self._rollback(
+                    f"health check: mean episode score {new:.3f} over {len(mine)} episodes is below the "
+                    f"previous release's {old:.3f} (margin {self.options.health_margin})"
+                )
                 return
         self._previous = None  # passed: the old policy's memory can go
 
@@ -247,8 +274,15 @@ class RobotRuntime:
             was = active.release if active else None
             # Recorded before the new release is visible as `running`; gap_s (set after the first action of the
             # new release) exists only for a swap within an episode.
-            self.stats.swaps.append({"release": standby.release, "previous": was, "at": time.monotonic(),
-                                     "gap_s": None, "mid_episode": last_action is not None})  # fmt: skip
+            self.stats.swaps.append(
+                {
+                    "release": standby.release,
+                    "previous": was,
+                    "at": time.monotonic(),
+                    "gap_s": None,
+                    "mid_episode": last_action is not None,
+                }
+            )
             standby.runner.reset()  # a runner used before (an operator's rollback) holds a past episode's actions
             # The release to go back to is the last one proven: a swap during another's probation keeps it.
             proven = self._previous if self._probation and self._previous is not None else active
@@ -307,7 +341,9 @@ class RobotRuntime:
     def _wanted(self, release: str) -> bool:
         with self._lock:
             standby = self._standby.release if self._standby else None
-        return release not in self._refused and release not in self._mismatched and release not in (self.running, standby)
+        return (
+            release not in self._refused and release not in self._mismatched and release not in (self.running, standby)
+        )
 
     def _prepare(self, release: str, manifest: dict | None) -> bool:
         """Pull, verify, load and warm up `release`, then offer it to the control thread. False: try again later."""
@@ -324,8 +360,9 @@ class RobotRuntime:
                 raise BadManifest(f"the service assigned {release!r} with the manifest of {signed.manifest.name!r}")
             # Verified either way before loading: fetched pieces as they are assembled, an installed release's files
             # again on disk (the disk is not trusted either).
-            report = self.store.pull(signed, self.trusted, self._fetcher(signed.manifest.bucket),
-                                     cancelled=self._stop.is_set)  # fmt: skip
+            report = self.store.pull(
+                signed, self.trusted, self._fetcher(signed.manifest.bucket), cancelled=self._stop.is_set
+            )
             self.stats.pulls.append(report)
         except IntegrityError as error:
             if release not in self._integrity_failed:  # one bad transfer or a flipped bit: fetch once more
@@ -354,8 +391,13 @@ class RobotRuntime:
             # Often the robot's own setup (a sim started with another --image-size): refused for this run only,
             # so that a robot restarted with the right setup tries the release again.
             self._mismatched.add(release)
-            self._refuse(release, f"observations do not fit the policy: {error}", kind="refused", back=self.running,
-                         for_good=False)  # fmt: skip
+            self._refuse(
+                release,
+                f"observations do not fit the policy: {error}",
+                kind="refused",
+                back=self.running,
+                for_good=False,
+            )
             return True
         except Exception as error:  # noqa: BLE001 - PolicyLoadError, NonFiniteAction in the warm-up
             self._refuse(release, f"load failed: {type(error).__name__}: {error}", kind="rollback", back=self.running)
@@ -407,12 +449,18 @@ class RobotRuntime:
             with self._lock:  # one consistent view: the control thread changes these between two of our reads
                 running, probation = self.running, self._probation
                 health = {r: round(float(np.mean(list(s))), 3) for r, s in list(self._scores.items()) if s}
-            status = {"control_hz": round((steps - last_steps) / max(now - last_t, 1e-6), 1),
-                      "max_gap_ms": round(1000 * self.stats.max_gap_s, 1), "episodes": len(self.stats.episodes),
-                      "health": health, "probation": probation, "refused": self._refused_sorted(),
-                      "unfetchable": {r: {"failures": self._failures.get(r, 0), "error": e}
-                                      for r, e in list(self._fetch_errors.items())},
-                      "last_pull": asdict(self.stats.pulls[-1]) if self.stats.pulls else None}  # fmt: skip
+            status = {
+                "control_hz": round((steps - last_steps) / max(now - last_t, 1e-6), 1),
+                "max_gap_ms": round(1000 * self.stats.max_gap_s, 1),
+                "episodes": len(self.stats.episodes),
+                "health": health,
+                "probation": probation,
+                "refused": self._refused_sorted(),
+                "unfetchable": {
+                    r: {"failures": self._failures.get(r, 0), "error": e} for r, e in list(self._fetch_errors.items())
+                },
+                "last_pull": asdict(self.stats.pulls[-1]) if self.stats.pulls else None,
+            }
             last_steps, last_t = steps, now
             if running and not probation and running != self._last_good:
                 self._last_good = running

@@ -88,16 +88,24 @@ class ReleaseStore:
 
     def installed(self) -> list[str]:
         """Releases in the store (a leftover of an interrupted removal, `.trash-*`, is not one)."""
-        return sorted(p.name for p in (self.root / "releases").iterdir()
-                      if RELEASE_NAME.match(p.name) and (p / "manifest.json").is_file())  # fmt: skip
+        return sorted(
+            p.name
+            for p in (self.root / "releases").iterdir()
+            if RELEASE_NAME.match(p.name) and (p / "manifest.json").is_file()
+        )
 
     def has(self, name: str) -> bool:
         return (self.release_dir(name) / "manifest.json").is_file()
 
     # -- pulling ---------------------------------------------------------------------------------------------
-    def pull(self, signed: SignedManifest, trusted: dict, fetcher: XetFetcher,
-             on_piece: Callable[[str, int, int], None] | None = None,
-             cancelled: Callable[[], bool] = lambda: False) -> PullReport:  # fmt: skip
+    def pull(
+        self,
+        signed: SignedManifest,
+        trusted: dict,
+        fetcher: XetFetcher,
+        on_piece: Callable[[str, int, int], None] | None = None,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> PullReport:
         """Install the release `signed` describes, fetching only what no installed release already holds.
 
         `on_piece(path, start, end)` is called after each fetched piece is safely on disk (progress).
@@ -115,8 +123,9 @@ class ReleaseStore:
             try:
                 if self.verify(manifest.name, trusted).canonical() == manifest.canonical():
                     return PullReport(manifest.name, manifest.total_bytes, 0, manifest.total_bytes, 0, 0.0)
-                log.warning("%s: the installed copy is another release of that name; pulling the assigned one",
-                            manifest.name)  # fmt: skip
+                log.warning(
+                    "%s: the installed copy is another release of that name; pulling the assigned one", manifest.name
+                )
             except (IntegrityError, BadSignature) as error:  # a flipped bit, a rotated key: fetch it again
                 log.warning("%s: the installed copy fails verification (%s); pulling it again", manifest.name, error)
             self.remove(manifest.name)
@@ -137,8 +146,17 @@ class ReleaseStore:
         log.info("release %s installed: %s", manifest.name, report)
         return report
 
-    def _assemble(self, entry: ReleaseFile, index: int, local: dict[str, _Source], parts: Path, out: Path,
-                  fetcher: XetFetcher, on_piece, cancelled: Callable[[], bool]) -> tuple[int, int, int]:  # fmt: skip
+    def _assemble(
+        self,
+        entry: ReleaseFile,
+        index: int,
+        local: dict[str, _Source],
+        parts: Path,
+        out: Path,
+        fetcher: XetFetcher,
+        on_piece,
+        cancelled: Callable[[], bool],
+    ) -> tuple[int, int, int]:
         """Write one file from local segments and fetched pieces, verified. Returns (fetched, reused, resumed)."""
         reuse = {
             s.name: local[s.sha256] for s in entry.segments if s.sha256 in local and _segment_ok(local[s.sha256], s)
@@ -180,8 +198,10 @@ class ReleaseStore:
                     data = _from_pieces(parts, index, pieces, segment)
                 if hashlib.sha256(data).hexdigest() != segment.sha256:
                     _drop_pieces(parts, index)
-                    raise IntegrityError(f"{entry.path}: segment {segment.name!r} does not match the signed "
-                                         "manifest; the fetched bytes were dropped")  # fmt: skip
+                    raise IntegrityError(
+                        f"{entry.path}: segment {segment.name!r} does not match the signed "
+                        "manifest; the fetched bytes were dropped"
+                    )
                 whole.update(data)
                 f.write(data)
         _check_file(target, entry, whole.hexdigest())
@@ -326,8 +346,9 @@ def _check_file(path: Path, entry: ReleaseFile, sha256: str) -> None:
         )
 
 
-def pull_release(name: str, deploy: DeployClient, fetcher_for: Callable[[str], XetFetcher], trusted: dict,
-                 store: ReleaseStore) -> Path:  # fmt: skip
+def pull_release(
+    name: str, deploy: DeployClient, fetcher_for: Callable[[str], XetFetcher], trusted: dict, store: ReleaseStore
+) -> Path:
     """The model directory of release `name`, exactly as robots run it: its manifest from the deploy service,
     signature checked against `trusted`, files pulled into `store` with every hash checked.
 

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 class GpuMonitor:
-    """Samples `torch.cuda.utilization(device)` every `every_s` seconds until stopped; no-op off CUDA or without NVML."""
+    """Samples `torch.cuda.utilization(device)` every `every_s` seconds until stopped; no-op off CUDA or NVML."""
 
     def __init__(self, device: str, every_s: float = 0.5) -> None:
         self.samples: list[tuple[float, int]] = []  # (monotonic time, percent)

@@ -66,8 +66,15 @@ H200_RECIPE = dict(
 H200_TASKS: dict[str, dict[str, Any]] = {
     "insertion": dict(episodes=100, steps=6000, policy=dict(H200_RECIPE, image_size=(240, 320))),
 }
-TINY_ACT = dict(dim_model=64, dim_feedforward=128, n_heads=4, n_encoder_layers=1, n_vae_encoder_layers=1,
-                chunk_size=20, n_action_steps=20)  # fmt: skip
+TINY_ACT = dict(
+    dim_model=64,
+    dim_feedforward=128,
+    n_heads=4,
+    n_encoder_layers=1,
+    n_vae_encoder_layers=1,
+    chunk_size=20,
+    n_action_steps=20,
+)
 
 
 @dataclass
@@ -161,7 +168,9 @@ class LoopSettings:
         if unknown:
             raise ValueError(f"unknown policy setting(s) {sorted(unknown)}; see robotloop.train.policy.ACTSettings")
         make = ACTSettings.fast if self.device.startswith("cuda") else ACTSettings
-        return make(**{**(TINY_ACT if self.tiny_policy else {}), "backbone_weights": self.backbone_weights, **self.policy})
+        return make(
+            **{**(TINY_ACT if self.tiny_policy else {}), "backbone_weights": self.backbone_weights, **self.policy}
+        )
 
 
 @dataclass
@@ -195,8 +204,12 @@ class LoopReport:
 Stage = Callable[[str, str], None]  # (stage, message): progress for the CLI and notebooks
 
 
-def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lambda stage, msg: None,
-             on_train: Callable[[Progress], None] | None = None) -> LoopReport:  # fmt: skip
+def run_loop(
+    settings: LoopSettings,
+    client: BucketClient,
+    on_stage: Stage = lambda stage, msg: None,
+    on_train: Callable[[Progress], None] | None = None,
+) -> LoopReport:
     """Record, train, publish, run on a sim robot, evaluate. Writes nothing outside the bucket and
     `settings.report_dir` (keys, robot store, evaluation videos); see `robotloop.loop.report` for the report.
 
@@ -217,8 +230,9 @@ def run_loop(settings: LoopSettings, client: BucketClient, on_stage: Stage = lam
 
 
 def _run_stages(s: LoopSettings, report: LoopReport, client: BucketClient, on_stage: Stage, on_train) -> None:
-    recorder = DatasetRecorder(client, s.dataset_url, DatasetSpec.aloha(s.image_size, s.vcodec),
-                               staging=s.report_dir / "staging")  # fmt: skip
+    recorder = DatasetRecorder(
+        client, s.dataset_url, DatasetSpec.aloha(s.image_size, s.vcodec), staging=s.report_dir / "staging"
+    )
     on_train = _counting_episodes(report, on_train)
     overlap = not s.live and s.train_after is not None and s.train_after < s.episodes
     recording = None
@@ -249,8 +263,9 @@ def _run_stages(s: LoopSettings, report: LoopReport, client: BucketClient, on_st
         with _timed(report, "robot", on_stage, "a sim robot pulls, verifies and runs the release"):
             _robot(client, deploy, key, report)
         with _timed(report, "evaluate", on_stage, f"{s.eval_episodes} episodes, {s.eval_workers} workers"):
-            report.eval = _evaluate(s, ReleaseStore(s.report_dir / "robot-store").model_dir(report.release),
-                                    s.report_dir / "eval")  # fmt: skip
+            report.eval = _evaluate(
+                s, ReleaseStore(s.report_dir / "robot-store").model_dir(report.release), s.report_dir / "eval"
+            )
     finally:
         if recording is not None:  # a stage failed while demos were still being recorded
             recording.stop()
@@ -272,9 +287,14 @@ def _timed(report: LoopReport, stage: str, on_stage: Stage, what: str) -> Iterat
         report.stage_spans.setdefault(stage, []).append((t0, t1))
 
 
-def _record(recorder: DatasetRecorder, s: LoopSettings, episodes: int, report: LoopReport,
-            on_event: Callable[[str, int, Any], None] | None = None,
-            should_stop: Callable[[], bool] = lambda: False) -> None:  # fmt: skip
+def _record(
+    recorder: DatasetRecorder,
+    s: LoopSettings,
+    episodes: int,
+    report: LoopReport,
+    on_event: Callable[[str, int, Any], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> None:
     def count(kind: str, seed: int, commit: Any) -> None:  # as each demo lands: live mode reads them meanwhile
         if kind == "committed":
             report.episodes += 1
@@ -286,8 +306,16 @@ def _record(recorder: DatasetRecorder, s: LoopSettings, episodes: int, report: L
     # A restart takes new seeds (past the committed episodes); a later recording in this run starts past every
     # seed tried so far (failed demos are dropped, so the committed count alone would reuse their successors).
     seed_start = max(1000 * s.seed + recorder.committed_episodes(), report.next_seed)
-    rec = record_sim(recorder, s.task, episodes, s.record_workers, s.image_size, seed_start=seed_start,
-                     on_event=count, should_stop=should_stop)  # fmt: skip
+    rec = record_sim(
+        recorder,
+        s.task,
+        episodes,
+        s.record_workers,
+        s.image_size,
+        seed_start=seed_start,
+        on_event=count,
+        should_stop=should_stop,
+    )
     report.next_seed = rec.next_seed
 
 
@@ -302,8 +330,9 @@ class _Recording:
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._committed = 0
-        self._thread = threading.Thread(target=self._run, args=(recorder, s, report, episodes), name="loop-record",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._run, args=(recorder, s, report, episodes), name="loop-record", daemon=True
+        )
         self._thread.start()
 
     def _run(self, recorder: DatasetRecorder, s: LoopSettings, report: LoopReport, episodes: int | None) -> None:
@@ -336,8 +365,13 @@ class _Recording:
 
 def _start_recording(recorder: DatasetRecorder, s: LoopSettings, report: LoopReport, on_stage: Stage) -> _Recording:
     """Start recording every demo; return once the first `s.train_after` are in the bucket."""
-    with _timed(report, "record", on_stage, f"first {s.train_after} of {s.episodes} scripted {s.task} demos at "
-                f"{s.image_size}; the rest are recorded while training runs"):  # fmt: skip
+    with _timed(
+        report,
+        "record",
+        on_stage,
+        f"first {s.train_after} of {s.episodes} scripted {s.task} demos at "
+        f"{s.image_size}; the rest are recorded while training runs",
+    ):
         recording = _Recording(recorder, s, report, s.episodes)
         recording.first.wait()
         if recording.error is not None:
@@ -354,10 +388,18 @@ def _counting_episodes(report: LoopReport, on_train: Callable[[Progress], None] 
     return on_progress
 
 
-def _train(client: BucketClient, s: LoopSettings, steps: int, on_train, resume: bool = False,
-           fold_in: bool = False) -> TrainReport:  # fmt: skip
-    settings = TrainSettings(steps=steps, batch_size=s.batch_size, log_every=max(1, min(50, steps // 10)),
-                             checkpoint_every=steps, seed=s.seed, device=s.device, resume=resume)  # fmt: skip
+def _train(
+    client: BucketClient, s: LoopSettings, steps: int, on_train, resume: bool = False, fold_in: bool = False
+) -> TrainReport:
+    settings = TrainSettings(
+        steps=steps,
+        batch_size=s.batch_size,
+        log_every=max(1, min(50, steps // 10)),
+        checkpoint_every=steps,
+        seed=s.seed,
+        device=s.device,
+        resume=resume,
+    )
     # While demos still land (live mode, or training beside recording) the trainer looks for them often.
     data = DataSettings(decode_workers=s.decode_workers, refresh_every_s=5.0 if s.live or fold_in else 30.0)
     return train(client, [s.dataset_url], s.run_url, settings, s.act(), data, on_train)
@@ -374,8 +416,16 @@ def _robot(client: BucketClient, deploy: DeployClient, key: Path, report: LoopRe
 
     def control() -> None:  # MuJoCo's EGL context belongs to the thread that made it
         env = SimControlEnv(s.task, s.image_size, episode_steps=s.eval_max_steps or 400)
-        runtimes.append(RobotRuntime(env, DeployClient(deploy.url, token), ReleaseStore(s.report_dir / "robot-store"),
-                                     trusted, options, lambda bucket: XetFetcher(client.endpoint, client.token, bucket)))  # fmt: skip
+        runtimes.append(
+            RobotRuntime(
+                env,
+                DeployClient(deploy.url, token),
+                ReleaseStore(s.report_dir / "robot-store"),
+                trusted,
+                options,
+                lambda bucket: XetFetcher(client.endpoint, client.token, bucket),
+            )
+        )
         try:
             runtimes[0].run()
         finally:
@@ -397,15 +447,26 @@ def _robot(client: BucketClient, deploy: DeployClient, key: Path, report: LoopRe
 
 
 def _evaluate(s: LoopSettings, model_dir: Path, out: Path) -> EvalReport:
-    return evaluate(model_dir, s.task, s.eval_episodes, s.eval_workers, max_steps=s.eval_max_steps,
-                    image_size=s.image_size, videos=s.videos, output_dir=out, device=s.device)  # fmt: skip
+    return evaluate(
+        model_dir,
+        s.task,
+        s.eval_episodes,
+        s.eval_workers,
+        max_steps=s.eval_max_steps,
+        image_size=s.image_size,
+        videos=s.videos,
+        output_dir=out,
+        device=s.device,
+    )
 
 
 def _live(client, recorder, deploy, key, report: LoopReport, on_stage: Stage, on_train) -> None:
     """Recording goes on in a thread while training runs in rounds; each round's checkpoint is published to
     canary, evaluated, and promoted to stable only when it beats the release stable runs."""
     s = report.settings
-    recording = _Recording(recorder, replace(s, record_workers=1), report, episodes=None)  # one worker: CPU for training
+    recording = _Recording(
+        recorder, replace(s, record_workers=1), report, episodes=None
+    )  # one worker: CPU for training
     best: float | None = None
     try:
         for round_ in range(1, s.live_rounds + 1):
@@ -417,15 +478,24 @@ def _live(client, recorder, deploy, key, report: LoopReport, on_stage: Stage, on
             with _timed(report, "publish", on_stage, f"{name} to canary"):
                 publish(client, str(s.run_url), name, load_private_key(key), deploy, channel="canary")
             with _timed(report, "evaluate", on_stage, f"{name} on {s.eval_episodes} episodes"):
-                model = resolve_policy(str(checkpoint_url(s.run_url, steps)), lambda: client, s.report_dir / "checkpoints")
+                model = resolve_policy(
+                    str(checkpoint_url(s.run_url, steps)), lambda: client, s.report_dir / "checkpoints"
+                )
                 result = _evaluate(s, model, s.report_dir / f"eval-{steps}")
             promoted = best is None or result.success_rate > best
             if promoted:
                 deploy.promote("stable", name, reason=f"success {result.success_rate:.0%} beats {best or 0:.0%}")
                 best, report.release = result.success_rate, name
-            report.promotions.append({"release": name, "step": steps, "success_rate": result.success_rate,
-                                      "episodes_trained_on": report.episodes_trained_on,
-                                      "episodes_recorded": report.episodes, "promoted": promoted})  # fmt: skip
+            report.promotions.append(
+                {
+                    "release": name,
+                    "step": steps,
+                    "success_rate": result.success_rate,
+                    "episodes_trained_on": report.episodes_trained_on,
+                    "episodes_recorded": report.episodes,
+                    "promoted": promoted,
+                }
+            )
     finally:
         recording.stop()
     recording.raise_if_failed()

@@ -35,51 +35,84 @@ def summary(report: LoopReport) -> dict:
         "episodes_trained_on": report.episodes_trained_on,
         "bytes_recorded": report.bytes_recorded,
         "bytes_uploaded": report.bytes_uploaded,
-        "train": None if t is None else {"steps": t.steps, "samples_per_s": round(t.samples_per_s, 1),
-                                         "data_wait_share": round(t.data_wait_share, 4), "final_loss": t.final_loss},
+        "train": None
+        if t is None
+        else {
+            "steps": t.steps,
+            "samples_per_s": round(t.samples_per_s, 1),
+            "data_wait_share": round(t.data_wait_share, 4),
+            "final_loss": t.final_loss,
+        },
         "release": report.release,
         "robot_running_after_s": report.robot_running_after_s,
         "bytes_pulled": report.bytes_pulled,
-        "eval": None if e is None else {"episodes": len(e.episodes), "success_rate": e.success_rate,
-                                        "ci95": [low, high], "mean_max_reward": _mean([x.max_reward for x in e.episodes]),
-                                        "seed": e.seed, "inference": e.inference, "verdict": verdict(e)},
+        "eval": None
+        if e is None
+        else {
+            "episodes": len(e.episodes),
+            "success_rate": e.success_rate,
+            "ci95": [low, high],
+            "mean_max_reward": _mean([x.max_reward for x in e.episodes]),
+            "seed": e.seed,
+            "inference": e.inference,
+            "verdict": verdict(e),
+        },
         "promotions": report.promotions,
-    }  # fmt: skip
+    }
 
 
 def markdown(report: LoopReport) -> str:
     s, d = report.settings, summary(report)
-    lines = [f"# robotloop loop: {s.run}", "",
-             (f"{s.task}, {s.episodes} demos at {s.image_size[0]}x{s.image_size[1]}, "
-              f"{'tiny' if s.tiny_policy else 'default'} ACT{_sees(s)}, {s.steps} steps at batch {s.batch_size} on "
-              f"{s.device}."), "",
-             "| stage | seconds | GPU busy |", "|---|---|---|"]  # fmt: skip
+    lines = [
+        f"# robotloop loop: {s.run}",
+        "",
+        (
+            f"{s.task}, {s.episodes} demos at {s.image_size[0]}x{s.image_size[1]}, "
+            f"{'tiny' if s.tiny_policy else 'default'} ACT{_sees(s)}, {s.steps} steps at batch {s.batch_size} on "
+            f"{s.device}."
+        ),
+        "",
+        "| stage | seconds | GPU busy |",
+        "|---|---|---|",
+    ]
     busy = {k: "-" if v is None else f"{v:.0f}%" for k, v in report.gpu_util.items()}
     lines += [f"| {k} | {v:.1f} | {busy.get(k, '-')} |" for k, v in report.stage_s.items()]
     lines += [f"| **total** | **{report.total_s:.1f}** | |", ""]
     ratio = report.bytes_uploaded / report.bytes_recorded if report.bytes_recorded else float("nan")
-    lines.append(f"- Episodes recorded: {report.episodes}; bytes recorded {report.bytes_recorded / 1e6:.2f} MB, "
-                 f"uploaded {report.bytes_uploaded / 1e6:.2f} MB ({ratio:.2f}x, Xet dedup and metadata included).")  # fmt: skip
+    lines.append(
+        f"- Episodes recorded: {report.episodes}; bytes recorded {report.bytes_recorded / 1e6:.2f} MB, "
+        f"uploaded {report.bytes_uploaded / 1e6:.2f} MB ({ratio:.2f}x, Xet dedup and metadata included)."
+    )
     if (t := d["train"]) is not None:
-        lines.append(f"- Training: {t['steps']} steps, {t['samples_per_s']} samples/s, data wait "
-                     f"{100 * t['data_wait_share']:.1f}%, final loss {t['final_loss']:.4f}; {report.episodes_trained_on} "
-                     f"episodes in its buffer at the end.")  # fmt: skip
+        lines.append(
+            f"- Training: {t['steps']} steps, {t['samples_per_s']} samples/s, data wait "
+            f"{100 * t['data_wait_share']:.1f}%, final loss {t['final_loss']:.4f}; {report.episodes_trained_on} "
+            f"episodes in its buffer at the end."
+        )
     if report.release:
-        lines.append(f"- Release `{report.release}`: the sim robot ran it {report.robot_running_after_s:.1f} s after it "
-                     f"started (pulled {report.bytes_pulled / 1e6:.1f} MB, signature and hashes checked).")  # fmt: skip
+        lines.append(
+            f"- Release `{report.release}`: the sim robot ran it {report.robot_running_after_s:.1f} s after it "
+            f"started (pulled {report.bytes_pulled / 1e6:.1f} MB, signature and hashes checked)."
+        )
     if (e := d["eval"]) is not None:
         low, high = e["ci95"]
-        lines.append(f"- Evaluation: success {100 * e['success_rate']:.0f}% over {e['episodes']} episodes "
-                     f"(95% CI {100 * low:.0f}-{100 * high:.0f}%), mean max reward {e['mean_max_reward']:.2f}.")  # fmt: skip
+        lines.append(
+            f"- Evaluation: success {100 * e['success_rate']:.0f}% over {e['episodes']} episodes "
+            f"(95% CI {100 * low:.0f}-{100 * high:.0f}%), mean max reward {e['mean_max_reward']:.2f}."
+        )
         lines.append(f"  **{e['verdict']}**")
         if s.tiny_policy:
-            lines.append("  This is a short run of a small policy: it is not expected to succeed. "
-                         "`robotloop loop --preset h200` trains the real one.")  # fmt: skip
+            lines.append(
+                "  This is a short run of a small policy: it is not expected to succeed. "
+                "`robotloop loop --preset h200` trains the real one."
+            )
     for p in report.promotions:
         verdict = "promoted to stable" if p["promoted"] else "kept on canary"
-        lines.append(f"- Live: {p['release']} (step {p['step']}, {p['episodes_trained_on']} episodes in training, "
-                     f"{p['episodes_recorded']} recorded) "
-                     f"success {100 * p['success_rate']:.0f}%: {verdict}.")  # fmt: skip
+        lines.append(
+            f"- Live: {p['release']} (step {p['step']}, {p['episodes_trained_on']} episodes in training, "
+            f"{p['episodes_recorded']} recorded) "
+            f"success {100 * p['success_rate']:.0f}%: {verdict}."
+        )
     lines += ["", "![loss](loss.png)", "", "![stages](stages.png)", ""]
     return "\n".join(lines)
 
@@ -96,8 +129,10 @@ def verdict(e) -> str:
         return f"Good: it succeeds in at least {100 * low:.0f}% of episodes (95% confidence)."
     if high < 0.5:
         return f"Not usable: it fails in most episodes (success at most {100 * high:.0f}%, 95% confidence)."
-    return (f"Not reliable yet: success is somewhere between {100 * low:.0f}% and {100 * high:.0f}% "
-            "(95% confidence); train longer, on more demos, or evaluate on more episodes.")
+    return (
+        f"Not reliable yet: success is somewhere between {100 * low:.0f}% and {100 * high:.0f}% "
+        "(95% confidence); train longer, on more demos, or evaluate on more episodes."
+    )
 
 
 def _mean(values: list[float]) -> float:

@@ -1,6 +1,6 @@
 """Measure scripted-demo success rate and throughput.
 
-    python -m robotloop.sim.measure --task transfer_cube --seeds 50 --workers 2 --image-size 48x64
+python -m robotloop.sim.measure --task transfer_cube --seeds 50 --workers 2 --image-size 48x64
 """
 
 from __future__ import annotations
@@ -72,14 +72,18 @@ def main(argv: list[str] | None = None) -> None:
 
     ok = np.array([r.success for r in results])
     failed = [r.seed for r in results if not r.success]
-    print(f"task={args.task} seeds={seeds[0]}..{seeds[-1]} image_size={size} workers={args.workers} "
-          f"shadows={not args.no_shadows}")  # fmt: skip
+    print(
+        f"task={args.task} seeds={seeds[0]}..{seeds[-1]} image_size={size} workers={args.workers} "
+        f"shadows={not args.no_shadows}"
+    )
     print(f"success rate: {ok.mean():.1%} ({ok.sum()}/{len(ok)})  failed seeds: {failed}")
     print(f"mocap-pass success: {np.mean([r.mocap_success for r in results]):.1%}")
     print(f"max reward histogram (0..4): {np.bincount([int(r.max_reward) for r in results], minlength=5).tolist()}")
     print(f"final object z: median {np.median([r.final_object_z for r in results]):.3f} m")
-    print(f"wall {wall:.1f} s, {len(results) / wall * 60:.1f} demos/min, "
-          f"{np.mean([r.seconds for r in results]):.2f} s per demo per worker")  # fmt: skip
+    print(
+        f"wall {wall:.1f} s, {len(results) / wall * 60:.1f} demos/min, "
+        f"{np.mean([r.seconds for r in results]):.2f} s per demo per worker"
+    )
 
 
 if __name__ == "__main__":

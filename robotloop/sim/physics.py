@@ -54,7 +54,7 @@ def contact_pairs(data: mujoco.MjData) -> set[tuple[int, int]]:
     n = data.ncon
     if n == 0:
         return set()
-    return set(zip(data.contact.geom1[:n].tolist(), data.contact.geom2[:n].tolist()))
+    return set(zip(data.contact.geom1[:n].tolist(), data.contact.geom2[:n].tolist(), strict=True))
 
 
 def geom_id(model: mujoco.MjModel, name: str) -> int:

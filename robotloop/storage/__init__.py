@@ -16,8 +16,19 @@ from .embedded import ensure_embedded_server
 from .private import private_dir
 from .urls import BadBucketUrl, BucketUrl
 
-__all__ = ["BadBucketUrl", "BucketClient", "BucketUrl", "Entry", "FileUpload", "NotFound", "StorageError",
-           "UploadReport", "connect", "private_dir", "resolve_endpoint"]  # fmt: skip
+__all__ = [
+    "BadBucketUrl",
+    "BucketClient",
+    "BucketUrl",
+    "Entry",
+    "FileUpload",
+    "NotFound",
+    "StorageError",
+    "UploadReport",
+    "connect",
+    "private_dir",
+    "resolve_endpoint",
+]
 
 
 def resolve_endpoint(settings: Settings) -> tuple[str, str | None]:

@@ -46,9 +46,8 @@ class ReadCache:
         """Copy `source` into the cache (atomically: readers never see a partial entry) and evict to the bound."""
         path = self._path(xet_hash)
         path.parent.mkdir(exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
-            with open(source, "rb") as src:
-                shutil.copyfileobj(src, tmp, 1 << 20)
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp, open(source, "rb") as src:
+            shutil.copyfileobj(src, tmp, 1 << 20)
         os.replace(tmp.name, path)
         self.evict()
         return path

@@ -156,7 +156,7 @@ class BucketClient:
             report = self._xet_upload(pairs, url)
             adds = [
                 _BucketAddFile(source=src, destination=dst.path, xet_hash=f.xet_hash, size=f.size)
-                for (src, dst), f in zip(pairs, report.files)
+                for (src, dst), f in zip(pairs, report.files, strict=True)
             ]
             self.api.batch_bucket_files(url.bucket_id, add=adds)
         return report
@@ -184,10 +184,12 @@ class BucketClient:
         handles = [commit.start_upload_file(str(src), sha256=SKIP_SHA256) for src, _ in pairs]
         summary = commit.wait_to_finish()
         files = []
-        for (src, dst), handle in zip(pairs, handles):
+        for (_, dst), handle in zip(pairs, handles, strict=True):
             meta = handle.result()
             m = meta.dedup_metrics
-            files.append(FileUpload(dst.path, meta.xet_info.file_size, meta.xet_info.hash, m.new_bytes, m.deduped_bytes))
+            files.append(
+                FileUpload(dst.path, meta.xet_info.file_size, meta.xet_info.hash, m.new_bytes, m.deduped_bytes)
+            )
         return UploadReport(files, summary.dedup_metrics.total_bytes_uploaded)
 
     def delete(self, url: BucketUrl, recursive: bool = False) -> list[str]:
@@ -209,7 +211,9 @@ class BucketClient:
         if paths != [url.path] and not recursive and found:
             raise StorageError(f"{url} is a folder: delete it with recursive (CLI: -R)")
         if not paths:
-            raise NotFound(f"nothing at {url}" if url.path else f"{url}: name a path; a whole bucket is not deleted here")
+            raise NotFound(
+                f"nothing at {url}" if url.path else f"{url}: name a path; a whole bucket is not deleted here"
+            )
         with _explained(url, "delete"):
             self.api.batch_bucket_files(url.bucket_id, delete=paths)
         return paths
@@ -234,7 +238,9 @@ class BucketClient:
         with _explained(url, "stat"):
             infos = list(self.api.get_bucket_paths_info(url.bucket_id, [url.path]))
         if not infos:
-            raise NotFound(f"{url}: no such file in bucket '{url.bucket_id}'. List the folder with `robotloop bucket ls`.")
+            raise NotFound(
+                f"{url}: no such file in bucket '{url.bucket_id}'. List the folder with `robotloop bucket ls`."
+            )
         return _entry(url.bucket_id, infos[0])
 
     def du(self, url: BucketUrl) -> int:
@@ -255,9 +261,8 @@ class BucketClient:
         Buckets change under readers (episodes land while a trainer reads), so listings are never cached
         across calls: each open sees the bucket as it is now.
         """
-        with _explained(url, "open"):
-            with self._fresh_fs().open(self._fs_path(url), "rb", block_size=block_size) as f:
-                yield f
+        with _explained(url, "open"), self._fresh_fs().open(self._fs_path(url), "rb", block_size=block_size) as f:
+            yield f
 
     def _fresh_fs(self) -> HfFileSystem:
         # HfFileSystem caches listings and "this bucket does not exist" answers for its lifetime, and its
@@ -358,8 +363,10 @@ def _check_xet_hash(path: Path, entry: Entry) -> None:
 
     got = hf_xet.hash_files([str(path)])[0].hash
     if got != entry.xet_hash:
-        raise StorageError(f"{entry.url}: the downloaded bytes hash to {got[:12]}…, not the listed {entry.xet_hash[:12]}…"
-                           " (changed since it was listed, or a misbehaving server); nothing was kept")  # fmt: skip
+        raise StorageError(
+            f"{entry.url}: the downloaded bytes hash to {got[:12]}…, not the listed {entry.xet_hash[:12]}…"
+            " (changed since it was listed, or a misbehaving server); nothing was kept"
+        )
 
 
 def _copy_out(src: Path, dest: Path) -> None:
@@ -409,9 +416,11 @@ def _explained(url: BucketUrl, action: str) -> Iterator[None]:
         status = error.response.status_code if error.response is not None else 0
         raise StorageError(f"cannot {action} {url}: {_hint(status)}. Server said: {error}") from None
     except httpx.TransportError as error:  # no answer at all: nothing listens there, DNS, TLS, a timeout
-        raise StorageError(f"cannot {action} {url}: the storage endpoint does not answer ({type(error).__name__}: "
-                           f"{error}); check `robotloop --endpoint URL ...`, ROBOTLOOP_STORAGE__ENDPOINT or "
-                           "HF_ENDPOINT") from None  # fmt: skip
+        raise StorageError(
+            f"cannot {action} {url}: the storage endpoint does not answer ({type(error).__name__}: "
+            f"{error}); check `robotloop --endpoint URL ...`, ROBOTLOOP_STORAGE__ENDPOINT or "
+            "HF_ENDPOINT"
+        ) from None
     except (RuntimeError, ConnectionError) as error:  # how hf_xet reports failed transfers
         status = next((code for code in _HINTS if f"({code} " in str(error)), 0)
         raise StorageError(f"cannot {action} {url}: {_hint(status)}. Xet transfer said: {error}") from None
@@ -419,7 +428,7 @@ def _explained(url: BucketUrl, action: str) -> Iterator[None]:
 
 _HINTS = {
     401: "the token is missing or unknown: pass `robotloop --token T <command>` or set ROBOTLOOP_STORAGE__TOKEN or "
-         "HF_TOKEN",
+    "HF_TOKEN",
     403: "the token may not do this: it needs write access to this namespace",
     404: "not found: check the bucket and path",
     413: "the request is too large for the server",

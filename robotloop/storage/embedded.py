@@ -44,7 +44,7 @@ def ensure_embedded_server(root: Path, port: int = 0) -> LocalServer:
         EmbeddedServerError: it did not answer within a minute (its log is `<root>/server.log`).
     """
     root = private_dir(Path(root).expanduser())
-    with _locked(root / ".lock"):
+    with _Locked(root / ".lock"):
         token = _local_token(root)
         running = _running_server(root, token)
         if running:
@@ -84,7 +84,9 @@ def _answers(server: LocalServer) -> bool:
         r = httpx.get(f"{server.endpoint}/api/robotloop/proof", params={"nonce": nonce.hex()}, timeout=2)
         if r.status_code != 200 or token_proof(server.token, nonce) not in r.json().get("proofs", []):
             return False
-        r = httpx.get(f"{server.endpoint}/api/robotloop/stats", headers={"authorization": f"Bearer {server.token}"}, timeout=2)
+        r = httpx.get(
+            f"{server.endpoint}/api/robotloop/stats", headers={"authorization": f"Bearer {server.token}"}, timeout=2
+        )
         return r.status_code == 200
     except (httpx.HTTPError, ValueError, AttributeError):  # no answer, or not JSON of the expected shape
         return False
@@ -94,8 +96,9 @@ def _start(root: Path, token: str, port: int) -> LocalServer:
     server = LocalServer(f"http://127.0.0.1:{port}", token, None)
     args = ["--root", str(root / "data"), "--host", "127.0.0.1", "--port", str(port), "--tokens", str(root / "tokens")]
     try:  # detached: the server must not die with the terminal or the command that started it
-        proc = start_service_process("services.bucket", args, root / "server.log", lambda: _answers(server),
-                                     START_TIMEOUT_S, detach=True)  # fmt: skip
+        proc = start_service_process(
+            "services.bucket", args, root / "server.log", lambda: _answers(server), START_TIMEOUT_S, detach=True
+        )
     except ServiceStartError as error:
         raise EmbeddedServerError(f"the embedded bucket server did not start: {error}") from None
     (root / "server.json").write_text(json.dumps({"endpoint": server.endpoint, "pid": proc.pid}))
@@ -113,7 +116,7 @@ def stop_embedded_server(root: Path) -> bool:
     return True
 
 
-class _locked:
+class _Locked:
     def __init__(self, path: Path) -> None:
         self.path = path
 

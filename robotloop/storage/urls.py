@@ -50,7 +50,9 @@ class BucketUrl:
             reason = str(error).split(" Must start with")[0].split(" Expected format")[0].rstrip(".")
             raise BadBucketUrl(f"{reason}. Expected hf://buckets/<namespace>/<bucket>/<path>") from None
         if parsed.type != "bucket":
-            raise BadBucketUrl(f"'{url}' is a {parsed.type} URL; robotloop stores data in buckets: hf://buckets/<ns>/<bucket>/...")
+            raise BadBucketUrl(
+                f"'{url}' is a {parsed.type} URL; robotloop stores data in buckets: hf://buckets/<ns>/<bucket>/..."
+            )
         try:
             validate_repo_id(parsed.id)  # the Hub's rule for names, which servers enforce too: refused here, not there
         except HFValidationError as error:

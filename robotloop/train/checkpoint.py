@@ -27,9 +27,18 @@ from ..storage import BucketClient, BucketUrl
 from .layout import checkpoint_url
 
 
-def save_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, optimizer: torch.optim.Optimizer,
-                    sampler_state: dict, lineage: dict, losses: list[tuple[int, float]], rank: int = 0,
-                    world: int = 1) -> BucketUrl:  # fmt: skip
+def save_checkpoint(
+    client: BucketClient,
+    output: BucketUrl,
+    step: int,
+    policy,
+    optimizer: torch.optim.Optimizer,
+    sampler_state: dict,
+    lineage: dict,
+    losses: list[tuple[int, float]],
+    rank: int = 0,
+    world: int = 1,
+) -> BucketUrl:
     """Write checkpoint `step` to the bucket (model first, pointer last). Returns its URL.
 
     With several ranks, each writes its own sampler state; rank 0 writes the rest once every rank is done,
@@ -70,8 +79,9 @@ def save_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, 
     return url
 
 
-def load_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, optimizer: torch.optim.Optimizer,
-                    rank: int = 0) -> tuple[dict, list[tuple[int, float]]]:  # fmt: skip
+def load_checkpoint(
+    client: BucketClient, output: BucketUrl, step: int, policy, optimizer: torch.optim.Optimizer, rank: int = 0
+) -> tuple[dict, list[tuple[int, float]]]:
     """Load weights, optimizer and RNG state of checkpoint `step` into `policy`/`optimizer`; returns this
     rank's sampler state and the run's loss history so far. Weights load through safetensors only.
     """
@@ -97,8 +107,10 @@ def load_checkpoint(client: BucketClient, output: BucketUrl, step: int, policy, 
 def _contiguous(state_dict: dict) -> dict:
     """The optimizer state with contiguous tensors: safetensors refuses strided ones, and a channels_last
     convolution's Adam moments are channels_last like its weight."""
-    state = {i: {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
-             for i, s in state_dict["state"].items()}  # fmt: skip
+    state = {
+        i: {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+        for i, s in state_dict["state"].items()
+    }
     return {**state_dict, "state": state}
 
 
@@ -128,9 +140,17 @@ def code_version() -> dict:
     """robotloop's version and, when run from a git checkout, its commit (and whether it had local changes)."""
     here = Path(__file__).resolve().parents[2]
     try:
-        commit = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
-        dirty = bool(subprocess.run(["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True, timeout=5).stdout.strip())  # fmt: skip
+        commit = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+        )
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "", False
     return {"robotloop": __version__, "git_commit": commit or None, "git_dirty": dirty, "torch": torch.__version__}
@@ -143,9 +163,11 @@ def plot_losses(losses: list[tuple[int, float]], path: Path) -> None:
     fig = Figure(figsize=(6, 3.5), dpi=100)
     ax = fig.subplots()
     if losses:
-        steps, values = zip(*losses)
+        steps, values = zip(*losses, strict=True)
         ax.plot(steps, values)
-    ax.set(xlabel="step", ylabel="training loss", yscale="log" if losses and min(v for _, v in losses) > 0 else "linear")
+    ax.set(
+        xlabel="step", ylabel="training loss", yscale="log" if losses and min(v for _, v in losses) > 0 else "linear"
+    )
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)

@@ -56,8 +56,13 @@ class TrainerClient(ServiceClient):
         page = self._call("GET", f"/v1/jobs/{job_id}/log", params={"offset": offset})
         return page["text"], page["next_offset"]
 
-    def wait(self, job_id: str, timeout_s: float | None = None, every_s: float = 1.0,
-             on_state: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:  # fmt: skip
+    def wait(
+        self,
+        job_id: str,
+        timeout_s: float | None = None,
+        every_s: float = 1.0,
+        on_state: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
         """Poll the job until it has finished or `timeout_s` passed (None: no limit); answers the last state.
 
         `on_state` sees every state polled (progress bars).

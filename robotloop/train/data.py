@@ -136,8 +136,13 @@ def _combined_stats(sources: list[DatasetSource]) -> dict:
         return with_stats[0] if with_stats else {}
     from lerobot.datasets.compute_stats import aggregate_stats
 
-    arrays = [{k: {name: np.asarray(v) for name, v in feature.items()} for k, feature in st.items()} for st in with_stats]
-    return {k: {name: np.asarray(v).tolist() for name, v in feature.items()} for k, feature in aggregate_stats(arrays).items()}
+    arrays = [
+        {k: {name: np.asarray(v) for name, v in feature.items()} for k, feature in st.items()} for st in with_stats
+    ]
+    return {
+        k: {name: np.asarray(v).tolist() for name, v in feature.items()}
+        for k, feature in aggregate_stats(arrays).items()
+    }
 
 
 class DatasetSource:
@@ -155,8 +160,10 @@ class DatasetSource:
             self.info = json.loads(self._read_small(url / "meta" / "info.json"))
         except NotFound:
             client.ls(url)  # a missing bucket raises here, with its own message
-            raise NotFound(f"{url} holds no LeRobot dataset: no meta/info.json (nothing recorded there yet, or "
-                           f"another folder: `robotloop bucket ls {url}`)") from None  # fmt: skip
+            raise NotFound(
+                f"{url} holds no LeRobot dataset: no meta/info.json (nothing recorded there yet, or "
+                f"another folder: `robotloop bucket ls {url}`)"
+            ) from None
         try:
             self.stats = json.loads(self._read_small(url / "meta" / "stats.json"))
         except NotFound:
@@ -186,9 +193,9 @@ class DatasetSource:
         entries = {e.url.path: e for e in self.client.ls(self.url, recursive=True) if isinstance(e, Entry)}
         meta_prefix = f"{self._prefix}meta/episodes/"
         for path, entry in sorted(entries.items()):
-            if path.startswith(meta_prefix) and path.endswith(".parquet"):
-                if self._meta_files.get(path, ("",))[0] != entry.xet_hash:
-                    self._meta_files[path] = (entry.xet_hash, self._read_episode_rows(entry))
+            is_meta = path.startswith(meta_prefix) and path.endswith(".parquet")
+            if is_meta and self._meta_files.get(path, ("",))[0] != entry.xet_hash:
+                self._meta_files[path] = (entry.xet_hash, self._read_episode_rows(entry))
         rows = {row["episode_index"]: row for _, rs in self._meta_files.values() for row in rs}
         users: dict[str, int] = {}  # file path -> how many episodes read it
         for row in rows.values():
@@ -216,10 +223,13 @@ class DatasetSource:
     def _paths(self, row: dict) -> dict[str, str]:
         """Bucket paths of an episode's data file and video files (key "" for data)."""
         info, base = self.info, self._prefix
-        paths = {"": base + info["data_path"].format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])}
+        paths = {
+            "": base + info["data_path"].format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])
+        }
         for key in self.video_keys:
-            rel = info["video_path"].format(video_key=key, chunk_index=row[f"videos/{key}/chunk_index"],
-                                            file_index=row[f"videos/{key}/file_index"])  # fmt: skip
+            rel = info["video_path"].format(
+                video_key=key, chunk_index=row[f"videos/{key}/chunk_index"], file_index=row[f"videos/{key}/file_index"]
+            )
             paths[key] = base + rel
         return paths
 
@@ -231,13 +241,29 @@ class DatasetSource:
                 return None
             files[key] = FileRef(str(entry.url), entry.xet_hash, entry.size, users[path] > 1)
         videos = {k: (files[k], float(row[f"videos/{k}/from_timestamp"])) for k in self.video_keys}
-        return EpisodeRef(str(self.url), int(row["episode_index"]), int(row["length"]), int(row["dataset_from_index"]),
-                          int(row["dataset_to_index"]), files[""], videos)  # fmt: skip
+        return EpisodeRef(
+            str(self.url),
+            int(row["episode_index"]),
+            int(row["length"]),
+            int(row["dataset_from_index"]),
+            int(row["dataset_to_index"]),
+            files[""],
+            videos,
+        )
 
 
 # -- decode workers ------------------------------------------------------------------------------------------
-def _decode_worker(endpoint: str, token: str | None, cache: tuple[str, int] | None, retries: int, backend: str,
-                   jobs: mp.Queue, results: mp.Queue, scratch_root: str, parent_pid: int) -> None:  # fmt: skip
+def _decode_worker(
+    endpoint: str,
+    token: str | None,
+    cache: tuple[str, int] | None,
+    retries: int,
+    backend: str,
+    jobs: mp.Queue,
+    results: mp.Queue,
+    scratch_root: str,
+    parent_pid: int,
+) -> None:
     """Worker process: decode episodes until a None job arrives. Opens its own client (nothing is shared)."""
     from ..storage.cache import ReadCache
     from ..workers import die_with_parent
@@ -256,14 +282,21 @@ def _decode_worker(endpoint: str, token: str | None, cache: tuple[str, int] | No
                     break
                 except Exception as error:  # noqa: BLE001 - reported to the main process, which raises it
                     if attempt == retries - 1:
-                        results.put((seq, None, f"{episode.dataset} episode {episode.index}: {error!r}\n{traceback.format_exc()}"))
+                        results.put(
+                            (
+                                seq,
+                                None,
+                                f"{episode.dataset} episode {episode.index}: {error!r}\n{traceback.format_exc()}",
+                            )
+                        )
                     time.sleep(0.2 * 2**attempt)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _decode_episode(client: BucketClient, ep: EpisodeRef, fps: int, scratch: Path,
-                    frames_at: FrameReader) -> dict[str, torch.Tensor]:  # fmt: skip
+def _decode_episode(
+    client: BucketClient, ep: EpisodeRef, fps: int, scratch: Path, frames_at: FrameReader
+) -> dict[str, torch.Tensor]:
     """Rows and every video frame of one episode: state/action float32 [T,D], frames uint8 [T,3,H,W]."""
     columns = [STATE_KEY, ACTION_KEY, "index", "timestamp"]
     rows = (("index", ">=", ep.from_index), ("index", "<", ep.to_index))
@@ -290,8 +323,9 @@ def _matrix(column: pa.ChunkedArray) -> torch.Tensor:
     return torch.from_numpy(flat.reshape(len(column), -1).astype("float32"))  # a copy: arrow buffers are read-only
 
 
-def _decode_video(client: BucketClient, file: FileRef, timestamps: list[float], scratch: Path,
-                  frames_at: FrameReader) -> torch.Tensor:  # fmt: skip
+def _decode_video(
+    client: BucketClient, file: FileRef, timestamps: list[float], scratch: Path, frames_at: FrameReader
+) -> torch.Tensor:
     url = BucketUrl.parse(file.url)
     if file.shared:  # ranged reads: the decoder seeks, so only the ranges around this episode's frames are fetched
         with client.open(url) as f:
@@ -371,14 +405,15 @@ def buffer_bytes(settings: DataSettings, device: torch.device) -> int:
     return 8 << 30
 
 
-
 class _Arena:
     """Preallocated per-frame tensors on one device, filled as a ring: episodes are contiguous slices and a
     new episode overwrites (evicts) the oldest ones. Grows by doubling up to `bound` frames before the first
     wrap, so small datasets do not reserve the whole bound.
     """
 
-    def __init__(self, shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], bound: int, device: torch.device) -> None:
+    def __init__(
+        self, shapes: dict[str, tuple[tuple[int, ...], torch.dtype]], bound: int, device: torch.device
+    ) -> None:
         self.shapes, self.bound, self.device = shapes, bound, device
         self.capacity, self.write = 0, 0
         self.tensors: dict[str, torch.Tensor] = {}
@@ -392,7 +427,10 @@ class _Arena:
     def place(self, key: tuple[str, int], length: int, hint: int) -> tuple[int, list[tuple[str, int]]]:
         """Reserve `length` slots for `key`; returns the start and the episodes evicted for it."""
         if length > self.bound:
-            raise DataError(f"episode {key} has {length} frames, more than the buffer holds ({self.bound}); raise buffer_frames/buffer_bytes")
+            raise DataError(
+                f"episode {key} has {length} frames, more than the buffer holds ({self.bound}); "
+                "raise buffer_frames/buffer_bytes"
+            )
         if self.grows(length):
             self._grow(min(self.bound, max(2 * self.capacity, self.write + length, min(hint, self.bound))))
         if self.write + length > self.capacity:
@@ -406,7 +444,10 @@ class _Arena:
         return start, evicted
 
     def _grow(self, capacity: int) -> None:
-        new = {k: torch.empty((capacity, *shape), dtype=dtype, device=self.device) for k, (shape, dtype) in self.shapes.items()}
+        new = {
+            k: torch.empty((capacity, *shape), dtype=dtype, device=self.device)
+            for k, (shape, dtype) in self.shapes.items()
+        }
         last = torch.zeros(capacity, dtype=torch.long, device=self.device)
         # Growth happens only before the first wrap, so every buffered frame lies in [0, write).
         for k, t in self.tensors.items():
@@ -472,8 +513,14 @@ class StreamingSampler:
         DatasetMismatch: datasets differ in features or fps, or lack `observation.state`/`action`.
     """
 
-    def __init__(self, client: BucketClient, dataset_urls: list[BucketUrl], settings: DataSettings | None = None,
-                 rank: int = 0, world_size: int = 1) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: BucketClient,
+        dataset_urls: list[BucketUrl],
+        settings: DataSettings | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         if not dataset_urls:
             raise ValueError("StreamingSampler needs at least one dataset URL")
         if not 0 <= rank < world_size:
@@ -491,7 +538,9 @@ class StreamingSampler:
         shapes = {k: ((3, *first.features[k]["shape"][:2]), torch.uint8) for k in self.video_keys}
         shapes[STATE_KEY] = ((first.features[STATE_KEY]["shape"][0],), torch.float32)
         shapes[ACTION_KEY] = ((first.features[ACTION_KEY]["shape"][0],), torch.float32)
-        frame_bytes = sum(torch.Size(sh).numel() * torch.empty(0, dtype=dt).element_size() for sh, dt in shapes.values()) + 8
+        frame_bytes = (
+            sum(torch.Size(sh).numel() * torch.empty(0, dtype=dt).element_size() for sh, dt in shapes.values()) + 8
+        )
         self.arena = _Arena(shapes, s.buffer_frames or max(1, buffer_bytes(s, self.device) // frame_bytes), self.device)
 
         self.wait_s = 0.0  # seconds spent inside next_batch: what the trainer loses to data, blocked or not
@@ -515,7 +564,9 @@ class StreamingSampler:
         self._generator = torch.Generator(device=self.device).manual_seed(s.seed)
         self._chunk = torch.arange(s.chunk_size, device=self.device)
         self._batch_done: torch.cuda.Event | None = None
-        self._gpu_marks: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()  # (start, end) of each batch's gathers
+        self._gpu_marks: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = (
+            deque()
+        )  # (start, end) of each batch's gathers
         self._gpu_s = 0.0
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         for d, source in enumerate(self.sources):
@@ -524,8 +575,10 @@ class StreamingSampler:
                 log.warning("%s holds no committed episode yet: batches wait for the first one", source.url)
         if not self._known and s.refresh_every_s <= 0:  # nothing to sample, and nothing will ever come
             total = sum(len(src.episodes) for src in self.sources)
-            raise ValueError(f"rank {rank} of {world_size} has no episode to train on ({total} in the datasets) and "
-                             "refresh is off: use fewer ranks, more episodes, or refresh_every_s > 0")
+            raise ValueError(
+                f"rank {rank} of {world_size} has no episode to train on ({total} in the datasets) and "
+                "refresh is off: use fewer ranks, more episodes, or refresh_every_s > 0"
+            )
         self.video_backend = resolve_video_backend(s.video_backend)
         ctx = mp.get_context("spawn")  # fork would copy CUDA state and the caller's threads
         # The workers' scratch lives under one folder of ours: close() removes it even after terminating a worker
@@ -534,8 +587,22 @@ class StreamingSampler:
         self._jobs, self._results = ctx.Queue(), ctx.Queue()
         cache = (str(client.cache.root), client.cache.max_bytes) if client.cache else None
         self._workers = [
-            ctx.Process(target=_decode_worker, args=(client.endpoint, client.token, cache, s.retries, self.video_backend, self._jobs, self._results, self._scratch, os.getpid()),
-                        daemon=True, name=f"robotloop-decode-{i}")  # fmt: skip
+            ctx.Process(
+                target=_decode_worker,
+                args=(
+                    client.endpoint,
+                    client.token,
+                    cache,
+                    s.retries,
+                    self.video_backend,
+                    self._jobs,
+                    self._results,
+                    self._scratch,
+                    os.getpid(),
+                ),
+                daemon=True,
+                name=f"robotloop-decode-{i}",
+            )
             for i in range(max(1, s.decode_workers))
         ]
         for w in self._workers:
@@ -560,7 +627,9 @@ class StreamingSampler:
         t0 = time.perf_counter()
         with self._lock:
             if self._restore or self._view.total == 0:
-                self._ready.wait_for(lambda: self._error or self._closed.is_set() or (not self._restore and self._view.total > 0))
+                self._ready.wait_for(
+                    lambda: self._error or self._closed.is_set() or (not self._restore and self._view.total > 0)
+                )
                 self.blocked_s += time.perf_counter() - t0
             self._raise_if_failed()
             view, arena = self._view, self.arena
@@ -610,6 +679,7 @@ class StreamingSampler:
             TimeoutError: not reached in `timeout_s`.
             DataError: an episode failed.
         """
+
         def done() -> bool:
             if self._error or self._closed.is_set():
                 return True
@@ -694,7 +764,10 @@ class StreamingSampler:
                 datasets (e.g. a dataset was rewritten).
         """
         if list(state["world"]) != [self.rank, self.world_size, self.settings.seed]:
-            raise ValueError(f"state is for rank/world/seed {state['world']}, this sampler is {[self.rank, self.world_size, self.settings.seed]}")
+            raise ValueError(
+                f"state is for rank/world/seed {state['world']}, "
+                f"this sampler is {[self.rank, self.world_size, self.settings.seed]}"
+            )
         for _ in range(2):  # the state may name episodes committed after this sampler last looked
             missing = [tuple(k) for k in state["known"] if tuple(k) not in self._known]
             if not missing:

@@ -375,11 +375,17 @@ class AutoFp8:
         timings = shape_timings(
             shapes.values(), self.measure, TimingCache(self.cache_path), device_key(self.accelerator, self.recipe)
         )
-        log.info("FP8 auto: %d linear shapes timed in %.1f s (cache: %s)", len(timings), time.perf_counter() - t0,
-                 self.cache_path)  # fmt: skip
+        log.info(
+            "FP8 auto: %d linear shapes timed in %.1f s (cache: %s)",
+            len(timings),
+            time.perf_counter() - t0,
+            self.cache_path,
+        )
         for shape, t in timings.items():
             log.info("FP8 auto: %s bf16 %.4f ms fp8 %.4f ms (%.2fx)", shape.key, t.bf16_ms, t.fp8_ms, t.speedup)
-        return convert_linears(model, self.recipe, self.accelerator, only=select_layers(shapes, timings, self.min_speedup))
+        return convert_linears(
+            model, self.recipe, self.accelerator, only=select_layers(shapes, timings, self.min_speedup)
+        )
 
 
 def check_mode(mode: str) -> None:

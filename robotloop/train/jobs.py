@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -117,17 +118,40 @@ class JobSpec(BaseModel):
         launcher = [sys.executable]
         if self.gpus > 1:
             launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.gpus)]
-        args = ["-m", "robotloop.cli", "train", "--output", self.output, "--steps", str(self.steps),
-                "--batch-size", str(self.batch_size), "--device", self.device, "--log-every", str(self.log_every),
-                "--checkpoint-every", str(self.checkpoint_every), "--decode-workers", str(self.decode_workers),
-                "--seed", str(self.seed), "--progress-file", str(progress_file)]  # fmt: skip
+        args = [
+            "-m",
+            "robotloop.cli",
+            "train",
+            "--output",
+            self.output,
+            "--steps",
+            str(self.steps),
+            "--batch-size",
+            str(self.batch_size),
+            "--device",
+            self.device,
+            "--log-every",
+            str(self.log_every),
+            "--checkpoint-every",
+            str(self.checkpoint_every),
+            "--decode-workers",
+            str(self.decode_workers),
+            "--seed",
+            str(self.seed),
+            "--progress-file",
+            str(progress_file),
+        ]
         args += [a for url in self.datasets for a in ("--dataset", url)]
         args += ["--tiny"] * self.tiny + ["--resume"] * self.resume + ["--fp8", self.fp8] * (self.fp8 != "off")
         return launcher + args
 
     def child_env(self, base: dict[str, str], job_dir: Path) -> dict[str, str]:
         """The child's environment: `base` with this spec's storage endpoint and token (and no other token)."""
-        env = {k: v for k, v in base.items() if k not in ("ROBOTLOOP_STORAGE__ENDPOINT", "ROBOTLOOP_STORAGE__TOKEN", "HF_TOKEN")}
+        env = {
+            k: v
+            for k, v in base.items()
+            if k not in ("ROBOTLOOP_STORAGE__ENDPOINT", "ROBOTLOOP_STORAGE__TOKEN", "HF_TOKEN")
+        }
         # Without a token of its own, the child must not fall back to a Hub login saved on this machine.
         env["HF_TOKEN_PATH"] = str(job_dir / "no-hf-token")
         env["PYTHONUNBUFFERED"] = "1"  # log lines reach log.txt as they happen
@@ -177,8 +201,9 @@ class JobManager:
     period. Jobs found under `root` from an earlier run are listed with their final state.
     """
 
-    def __init__(self, root: Path, max_running: int = 1, cancel_grace_s: float = 120.0, poll_s: float = 0.2,
-                 max_queued: int = 32) -> None:  # fmt: skip
+    def __init__(
+        self, root: Path, max_running: int = 1, cancel_grace_s: float = 120.0, poll_s: float = 0.2, max_queued: int = 32
+    ) -> None:
         self.root, self.max_running, self.cancel_grace_s, self.poll_s = Path(root), max_running, cancel_grace_s, poll_s
         self.max_queued = max_queued
         private_dir(self.root)
@@ -360,16 +385,26 @@ class JobManager:
         progress = job.dir / "progress.jsonl"
         try:
             with (job.dir / "log.txt").open("ab") as log:
-                job.proc = subprocess.Popen(job.spec.command(progress), stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, env=job.spec.child_env(dict(os.environ), job.dir),
-                                            start_new_session=True)  # fmt: skip  # own group: kill takes all of it
+                job.proc = subprocess.Popen(
+                    job.spec.command(progress),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=job.spec.child_env(dict(os.environ), job.dir),
+                    start_new_session=True,
+                )  # own group: kill takes all of it
         except OSError as error:
             self._finish(job, "failed", None, f"could not start: {error}")
             return
         job.state.status, job.state.started_at = "running", time.time()
 
     def _finish(self, job: _Job, status: Status, code: int | None, message: str) -> None:
-        job.state.status, job.state.exit_code, job.state.message, job.state.ended_at = status, code, message, time.time()
+        job.state.status, job.state.exit_code, job.state.message, job.state.ended_at = (
+            status,
+            code,
+            message,
+            time.time(),
+        )
         job.kill_at = None
         fields = ("status", "exit_code", "message", "started_at", "ended_at", "last_checkpoint")
         _write_json(job.dir / "exit.json", {k: getattr(job.state, k) for k in fields})
@@ -394,9 +429,16 @@ class JobManager:
     def _load(self, job_dir: Path) -> None:
         """A job from an earlier run of the service: its final state, or failed if the service died under it."""
         meta = json.loads((job_dir / "job.json").read_text())
-        state = JobState(meta["id"], "failed", meta["spec"], meta["created_at"],
-                         message="the training service stopped while this job was queued or running")  # fmt: skip
-        spec = JobSpec.model_construct(**{k: v for k, v in meta["spec"].items() if k != "storage_token_set"})  # never rerun
+        state = JobState(
+            meta["id"],
+            "failed",
+            meta["spec"],
+            meta["created_at"],
+            message="the training service stopped while this job was queued or running",
+        )
+        spec = JobSpec.model_construct(
+            **{k: v for k, v in meta["spec"].items() if k != "storage_token_set"}
+        )  # never rerun
         job = _Job(spec, job_dir, state)
         self._read_progress(job)
         if (job_dir / "exit.json").exists():
@@ -418,10 +460,8 @@ def _apply(state: JobState, record: dict[str, Any]) -> None:
 def _signal(proc: subprocess.Popen | None, sig: int, group: bool) -> None:
     if proc is None:
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
         os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # already gone
 
 
 def _last_line(path: Path) -> str:

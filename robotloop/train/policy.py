@@ -120,8 +120,10 @@ class ACTSettings:
         if self.image_size is not None:
             self.image_size = _positive_size(self.image_size)
         if self.lr_schedule not in ("constant", "cosine") or self.backbone_norm not in ("frozen", "batch"):
-            raise ValueError(f"lr_schedule must be constant or cosine and backbone_norm frozen or batch, got "
-                             f"{self.lr_schedule!r}, {self.backbone_norm!r}")
+            raise ValueError(
+                f"lr_schedule must be constant or cosine and backbone_norm frozen or batch, got "
+                f"{self.lr_schedule!r}, {self.backbone_norm!r}"
+            )
         if self.warmup_steps < 0 or not 0 <= self.lr_min_ratio <= 1 or self.random_shift < 0:
             raise ValueError("warmup_steps and random_shift must be >= 0 and lr_min_ratio in [0, 1]")
         if self.temporal_ensemble_coeff is not None and self.n_action_steps != 1:
@@ -235,8 +237,8 @@ def random_shift(images: Tensor, pad: int) -> Tensor:
     padded = F.pad(images, (pad, pad, pad, pad), mode="replicate")
     shift = torch.randint(0, 2 * pad + 1, (b, 2), device=images.device, dtype=images.dtype)
     # Pixel centres of the padded image in grid_sample's [-1, 1] coordinates (align_corners=False).
-    xs = (2 * (torch.arange(w, device=images.device, dtype=images.dtype)[None, None, :] + shift[:, 0, None, None]) + 1)
-    ys = (2 * (torch.arange(h, device=images.device, dtype=images.dtype)[None, :, None] + shift[:, 1, None, None]) + 1)
+    xs = 2 * (torch.arange(w, device=images.device, dtype=images.dtype)[None, None, :] + shift[:, 0, None, None]) + 1
+    ys = 2 * (torch.arange(h, device=images.device, dtype=images.dtype)[None, :, None] + shift[:, 1, None, None]) + 1
     grid = torch.stack([(xs / (w + 2 * pad) - 1).expand(b, h, w), (ys / (h + 2 * pad) - 1).expand(b, h, w)], dim=-1)
     return F.grid_sample(padded, grid, mode="nearest", padding_mode="border", align_corners=False)
 
@@ -519,7 +521,7 @@ class TrainablePolicy:
 
     def set_lr_factor(self, factor: float) -> None:
         """Scale every param group's learning rate to `factor` x its configured value (the schedule's step)."""
-        for group, base in zip(self.optimizer().param_groups, self._base_lrs):
+        for group, base in zip(self.optimizer().param_groups, self._base_lrs, strict=True):
             group["lr"] = base * factor
 
     def train_step(self, batch: dict[str, Tensor]) -> Tensor:
@@ -627,7 +629,9 @@ def build_policy(
     policy.to(device)
     accelerator = accelerator or Accelerator.detect(device)
     mode = settings.compile_mode if settings.compile else "default"
-    fp8_layers, fp8_auto = setup_fp8(policy, settings.fp8, accelerator, lambda: fp8_measure or gpu_measure(device, mode))
+    fp8_layers, fp8_auto = setup_fp8(
+        policy, settings.fp8, accelerator, lambda: fp8_measure or gpu_measure(device, mode)
+    )
     if settings.channels_last:
         policy.model.backbone.to(memory_format=torch.channels_last)
     preprocessor, postprocessor = make_pre_post_processors(

@@ -88,7 +88,8 @@ def train(
     Example:
         ```python
         >>> report = train(connect(), [BucketUrl.parse("hf://buckets/lab/demos/datasets/cube")],
-        ...                BucketUrl.parse("hf://buckets/lab/demos/models/run1"), TrainSettings(steps=500, device="cuda"),
+        ...                BucketUrl.parse("hf://buckets/lab/demos/models/run1"),
+        ...                TrainSettings(steps=500, device="cuda"),
         ...                ACTSettings.fast())
         >>> report.samples_per_s, report.checkpoints[-1]
         ```
@@ -101,8 +102,10 @@ def train(
     """
     last = latest_step(client, output)
     if last is not None and not settings.resume:  # two runs' checkpoints in one folder: last.json would mix them
-        raise ValueError(f"{output} already holds a run (last checkpoint at step {last}): resume it (--resume) or "
-                         "train into another output")  # fmt: skip
+        raise ValueError(
+            f"{output} already holds a run (last checkpoint at step {last}): resume it (--resume) or "
+            "train into another output"
+        )
     if last is not None and last >= settings.steps:
         raise ValueError(f"{output} is already at step {last}: ask for more steps than that to train on")
     rank, world, device = _distributed(settings.device)
@@ -126,13 +129,15 @@ def train(
             torch.manual_seed(settings.seed + start + 1000 * rank)
         if settings.deterministic:
             sampler.wait_ready()
-        report = _loop(client, sampler, policy, optimizer, output, settings, act, data, start, losses, on_progress,
-                       should_stop)  # fmt: skip
+        report = _loop(
+            client, sampler, policy, optimizer, output, settings, act, data, start, losses, on_progress, should_stop
+        )
     return report
 
 
-def _loop(client, sampler, policy, optimizer, output, settings, act, data, start, losses, on_progress,
-          should_stop) -> TrainReport:  # fmt: skip
+def _loop(
+    client, sampler, policy, optimizer, output, settings, act, data, start, losses, on_progress, should_stop
+) -> TrainReport:
     losses = list(losses)  # the run's history before `start` (a resume), then this session's
     checkpoints: list[str] = []
     pending: list[tuple[int, torch.Tensor]] = []  # device losses: read back only at log points (no per-step sync)
@@ -142,10 +147,19 @@ def _loop(client, sampler, policy, optimizer, output, settings, act, data, start
 
     def checkpoint(at: int) -> None:
         world = sampler.world_size
-        lineage = {"step": at, "datasets": [str(u) for u in sampler_urls(sampler)], "world_size": world,
-                   "episodes": sampler.episodes(all_ranks=world > 1),
-                   "train": asdict(settings), "act": asdict(act), "data": asdict(data), "code": code_version()}  # fmt: skip
-        url = save_checkpoint(client, output, at, policy, optimizer, sampler.state_dict(), lineage, losses, sampler.rank, world)
+        lineage = {
+            "step": at,
+            "datasets": [str(u) for u in sampler_urls(sampler)],
+            "world_size": world,
+            "episodes": sampler.episodes(all_ranks=world > 1),
+            "train": asdict(settings),
+            "act": asdict(act),
+            "data": asdict(data),
+            "code": code_version(),
+        }
+        url = save_checkpoint(
+            client, output, at, policy, optimizer, sampler.state_dict(), lineage, losses, sampler.rank, world
+        )
         checkpoints.append(str(url))
 
     while step < settings.steps:
@@ -159,11 +173,23 @@ def _loop(client, sampler, policy, optimizer, output, settings, act, data, start
             pending.clear()
             elapsed = time.perf_counter() - t0
             waited = sampler.wait_s - wait0
-            progress = Progress(step, losses[-1][1], (step - start) * settings.batch_size / elapsed, waited / elapsed,
-                                len(sampler.buffered_episodes), elapsed, waited,
-                                sampler.blocked_s + sampler.gpu_s - gpu0)  # fmt: skip
-            log.info("step %d loss %.4f %.1f samples/s data wait %.1f%%", step, progress.loss, progress.samples_per_s,
-                     100 * progress.data_wait_share)  # fmt: skip
+            progress = Progress(
+                step,
+                losses[-1][1],
+                (step - start) * settings.batch_size / elapsed,
+                waited / elapsed,
+                len(sampler.buffered_episodes),
+                elapsed,
+                waited,
+                sampler.blocked_s + sampler.gpu_s - gpu0,
+            )
+            log.info(
+                "step %d loss %.4f %.1f samples/s data wait %.1f%%",
+                step,
+                progress.loss,
+                progress.samples_per_s,
+                100 * progress.data_wait_share,
+            )
             if on_progress:
                 on_progress(progress)
         stop = _agreed_stop(should_stop(), step % settings.log_every == 0 or step == settings.steps, sampler.device)
@@ -174,8 +200,15 @@ def _loop(client, sampler, policy, optimizer, output, settings, act, data, start
         if stop:
             break
     wall = time.perf_counter() - t0
-    return TrainReport(step, wall, (step - start) * settings.batch_size / wall, (sampler.wait_s - wait0) / wall,
-                       losses[-1][1] if losses else float("nan"), checkpoints, losses)  # fmt: skip
+    return TrainReport(
+        step,
+        wall,
+        (step - start) * settings.batch_size / wall,
+        (sampler.wait_s - wait0) / wall,
+        losses[-1][1] if losses else float("nan"),
+        checkpoints,
+        losses,
+    )
 
 
 def _agreed_stop(stop: bool, log_step: bool, device: torch.device) -> bool:
@@ -218,7 +251,7 @@ def _average_gradients(params: list[torch.Tensor]) -> None:
     flat = torch._utils._flatten_dense_tensors(grads)
     dist.all_reduce(flat)
     flat /= dist.get_world_size()
-    for p, synced in zip(params, torch._utils._unflatten_dense_tensors(flat, grads)):
+    for p, synced in zip(params, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
         if p.grad is None:
             p.grad = synced
         else:

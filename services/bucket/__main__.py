@@ -14,8 +14,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, required=True, help="data directory (created if missing)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8750)
-    parser.add_argument("--tokens", type=Path, default=None,
-                        help="tokens file ('<token> <read|write> <namespace|*>' per line); omit for open local mode")
+    parser.add_argument(
+        "--tokens",
+        type=Path,
+        default=None,
+        help="tokens file ('<token> <read|write> <namespace|*>' per line); omit for open local mode",
+    )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     args = parser.parse_args(argv)
     try:

@@ -76,8 +76,13 @@ def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int 
         return read_file_range(cas, file_hash, start, end)
 
     app.include_router(hub_router(buckets, tokens, cas_base_url, read_file=read_file))
-    app.include_router(cas_router(cas, _cas_authorize(tokens),
-                                  may_read=lambda claims, h: buckets.holds_hash(claims.namespace, claims.bucket, h)))
+    app.include_router(
+        cas_router(
+            cas,
+            _cas_authorize(tokens),
+            may_read=lambda claims, h: buckets.holds_hash(claims.namespace, claims.bucket, h),
+        )
+    )
 
     @app.get("/api/robotloop/proof")
     def proof(nonce: str) -> Any:
@@ -113,8 +118,13 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def serve(root: Path, host: str = "127.0.0.1", port: int = 8750, tokens_file: Path | None = None,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:  # fmt: skip
+def serve(
+    root: Path,
+    host: str = "127.0.0.1",
+    port: int = 8750,
+    tokens_file: Path | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> None:
     """Run the server with uvicorn until interrupted.
 
     Raises:

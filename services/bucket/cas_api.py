@@ -87,8 +87,12 @@ def _parse_range(header: str | None) -> tuple[int | None, int | None] | None:
     return a, b
 
 
-def cas_router(store: cas.CasStore, authorize: Authorize, public_url: str | None = None,
-               may_read: MayRead = lambda claims, file_hash: True) -> APIRouter:  # fmt: skip
+def cas_router(
+    store: cas.CasStore,
+    authorize: Authorize,
+    public_url: str | None = None,
+    may_read: MayRead = lambda claims, file_hash: True,
+) -> APIRouter:
     """Router with the Xet CAS endpoints; `authorize(request, write)` raises HTTPException and returns the
     token's claims, and `may_read(claims, file_hash)` says whether they cover a file (the bucket server: the
     file is in the token's bucket). Xorb bytes are served only through the signed URLs of a reconstruction.
@@ -147,8 +151,11 @@ def cas_router(store: cas.CasStore, authorize: Authorize, public_url: str | None
         # A bad or expired signature is 403: hf_xet answers 403 by re-requesting the reconstruction.
         q = request.query_params
         if not store.check_fetch_url(xorb_hash, q.get("exp"), q.get("sig")):
-            raise HTTPException(403, f"fetch URL for xorb {xorb_hash} is missing, expired or not validly signed; "
-                                "use the URLs of a reconstruction")  # fmt: skip
+            raise HTTPException(
+                403,
+                f"fetch URL for xorb {xorb_hash} is missing, expired or not validly signed; "
+                "use the URLs of a reconstruction",
+            )
         rng = _parse_range(request.headers.get("range"))
         a, b = rng if rng else (None, None)
         if a is None and b is not None:  # suffix range "bytes=-n"
@@ -171,11 +178,18 @@ def cas_router(store: cas.CasStore, authorize: Authorize, public_url: str | None
     def _unsupported(what: str, use: str) -> Callable:
         async def handler(request: Request) -> JSONResponse:
             return JSONResponse({"detail": f"{what} is not supported here; use {use}"}, status_code=404)
+
         return handler
 
-    r.add_api_route("/v1/xorb-grants/{prefix}/{xorb_hash}", _unsupported("xorb upload grants",
-                    "POST /v1/xorbs/{prefix}/{hash}"), methods=["POST"])
+    r.add_api_route(
+        "/v1/xorb-grants/{prefix}/{xorb_hash}",
+        _unsupported("xorb upload grants", "POST /v1/xorbs/{prefix}/{hash}"),
+        methods=["POST"],
+    )
     r.add_api_route("/v2/shards", _unsupported("v2 shard upload", "POST /v1/shards"), methods=["POST"])
-    r.add_api_route("/v2/reconstructions/{file_hash}", _unsupported(
-        "v2 reconstruction", "GET /v1/reconstructions/{file_hash}"), methods=["GET"])
+    r.add_api_route(
+        "/v2/reconstructions/{file_hash}",
+        _unsupported("v2 reconstruction", "GET /v1/reconstructions/{file_hash}"),
+        methods=["GET"],
+    )
     return r

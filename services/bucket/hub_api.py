@@ -142,7 +142,13 @@ def iso(ts: float | None) -> str | None:
 
 def bucket_json(b: BucketRecord) -> dict[str, Any]:
     """``BucketInfo`` JSON (``id, private, createdAt, size, totalFiles``)."""
-    return {"id": b.id, "private": b.private, "createdAt": iso(b.created_at), "size": b.size, "totalFiles": b.total_files}
+    return {
+        "id": b.id,
+        "private": b.private,
+        "createdAt": iso(b.created_at),
+        "size": b.size,
+        "totalFiles": b.total_files,
+    }
 
 
 def entry_json(e: FileRecord | FolderRecord) -> dict[str, Any]:
@@ -150,8 +156,14 @@ def entry_json(e: FileRecord | FolderRecord) -> dict[str, Any]:
     if isinstance(e, FolderRecord):
         return {"type": "directory", "path": e.path, "uploadedAt": iso(e.uploaded_at)}
     mtime = e.mtime_ms / 1000 if e.mtime_ms is not None else e.uploaded_at
-    out = {"type": "file", "path": e.path, "size": e.size, "xetHash": e.xet_hash, "mtime": iso(mtime),
-           "uploadedAt": iso(e.uploaded_at)}  # fmt: skip
+    out = {
+        "type": "file",
+        "path": e.path,
+        "size": e.size,
+        "xetHash": e.xet_hash,
+        "mtime": iso(mtime),
+        "uploadedAt": iso(e.uploaded_at),
+    }
     if e.content_type:
         out["contentType"] = e.content_type
     return out
@@ -197,7 +209,9 @@ def _operation(item: dict[str, Any]) -> Operation:
         size = item.get("size")
         content_type = item.get("contentType")
         if content_type is not None and not (
-            isinstance(content_type, str) and 0 < len(content_type) <= 255 and content_type.isascii()
+            isinstance(content_type, str)
+            and 0 < len(content_type) <= 255
+            and content_type.isascii()
             and content_type.isprintable()
         ):
             raise ValueError(f"'contentType' must be printable ASCII of at most 255 characters, got {content_type!r}")
@@ -289,10 +303,14 @@ class _Access:
         """
         bucket = self.buckets.find_bucket(namespace, name)
         try:
-            self.tokens.authorize(self.bearer(request), namespace, write=False, bucket_public=bool(bucket and not bucket.private))
+            self.tokens.authorize(
+                self.bearer(request), namespace, write=False, bucket_public=bool(bucket and not bucket.private)
+            )
         except Unauthorized as err:
             if self.bearer(request) is None:  # anonymous: answer like the Hub does for hidden repos
-                raise HubError(401, f"bucket '{namespace}/{name}' not found or private: {err}", "RepoNotFound") from None
+                raise HubError(
+                    401, f"bucket '{namespace}/{name}' not found or private: {err}", "RepoNotFound"
+                ) from None
             raise
         if bucket is None:
             raise BucketNotFound(f"bucket '{namespace}/{name}' not found")
@@ -335,8 +353,14 @@ def hub_router(
         if who.anonymous:
             raise Unauthorized("Invalid credentials in Authorization header")
         role = "write" if who.write else "read"
-        return {"type": "user", "id": who.name, "name": who.name, "fullname": who.name, "orgs": [],
-                "auth": {"type": "access_token", "accessToken": {"displayName": "robotloop", "role": role}}}  # fmt: skip
+        return {
+            "type": "user",
+            "id": who.name,
+            "name": who.name,
+            "fullname": who.name,
+            "orgs": [],
+            "auth": {"type": "access_token", "accessToken": {"displayName": "robotloop", "role": role}},
+        }
 
     @router.post("/api/buckets/{namespace}/{name}")
     @_hub_errors
@@ -382,7 +406,7 @@ def hub_router(
     async def update_settings(request: Request, namespace: str, name: str) -> Any:
         body = await _json_body(request)
         if not isinstance(body.get("private"), bool):
-            raise HubError(400, "settings body must be {\"private\": true|false}")
+            raise HubError(400, 'settings body must be {"private": true|false}')
         return await run_in_threadpool(_set_private, request, namespace, name, body["private"])
 
     def _set_private(request: Request, namespace: str, name: str, private: bool) -> Any:
@@ -409,7 +433,12 @@ def hub_router(
     @router.get("/api/buckets/{namespace}/{name}/tree/{prefix:path}")
     @_hub_errors
     def tree(
-        request: Request, namespace: str, name: str, prefix: str = "", recursive: bool = False, cursor: str | None = None
+        request: Request,
+        namespace: str,
+        name: str,
+        prefix: str = "",
+        recursive: bool = False,
+        cursor: str | None = None,
     ) -> Any:
         access.read(request, namespace, name)
         entries = buckets.list_tree(namespace, name, prefix, recursive=recursive, after=cursor, limit=PAGE_SIZE)
@@ -422,7 +451,7 @@ def hub_router(
         body = await _json_body(request)
         paths = body.get("paths")
         if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-            raise HubError(400, "paths-info body must be {\"paths\": [str, ...]}")
+            raise HubError(400, 'paths-info body must be {"paths": [str, ...]}')
         if len(paths) > MAX_BATCH_OPS:
             raise HubError(413, f"paths-info takes at most {MAX_BATCH_OPS} paths; split the request")
         return await run_in_threadpool(_paths_info, request, namespace, name, paths)
@@ -441,8 +470,16 @@ def hub_router(
         return await run_in_threadpool(_batch, request, namespace, name, parse_batch(body))
 
     def _batch(request: Request, namespace: str, name: str, ops: list[Operation]) -> Any:  # `batch` checked the token
-        result = buckets.apply_batch(namespace, name, ops, can_read_source=lambda ns, n: access.can_read(request, ns, n))
-        return {"success": True, "added": result.added, "copied": result.copied, "deleted": result.deleted, "failed": []}
+        result = buckets.apply_batch(
+            namespace, name, ops, can_read_source=lambda ns, n: access.can_read(request, ns, n)
+        )
+        return {
+            "success": True,
+            "added": result.added,
+            "copied": result.copied,
+            "deleted": result.deleted,
+            "failed": [],
+        }
 
     @router.get("/api/buckets/{namespace}/{name}/xet-read-token")
     @_hub_errors

@@ -56,9 +56,14 @@ log = logging.getLogger("robotloop.capture")
 
 # Library errors -> HTTP status. Their messages are written for the robot's operator and are sent as they are.
 ERROR_STATUS: dict[type[Exception], int] = {
-    BadBucketUrl: 400, UnknownEpisode: 404, SpecConflict: 409, TooLarge: 413, BadEpisode: 422, TooManyEpisodes: 429,
+    BadBucketUrl: 400,
+    UnknownEpisode: 404,
+    SpecConflict: 409,
+    TooLarge: 413,
+    BadEpisode: 422,
+    TooManyEpisodes: 429,
     StorageError: 502,
-}  # fmt: skip
+}
 
 
 CameraName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{1,64}$")]
@@ -100,7 +105,9 @@ def calling_robot(request: Request) -> Robot:
         Forbidden: a read-only token.
     """
     tokens = request.app.state.tokens
-    token = tokens.require(request.headers.get("authorization"), True, "recording needs a 'write' robot token", "a robot token")
+    token = tokens.require(
+        request.headers.get("authorization"), True, "recording needs a 'write' robot token", "a robot token"
+    )
     return Robot(robot_id(token), token)
 
 
@@ -144,9 +151,15 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
         eid = sessions.open(who.id, url, dict(body.cameras), body.state_dim, body.action_dim, body.fps, body.robot_type)
         log.info("%s opened episode %s in %s", who.id, eid, url)
         per_frame = sum(h * w * c for h, w, c in body.cameras.values())  # the raw image bytes of one frame
-        return {"episode_id": eid, "dataset": str(url), "cameras": sorted(body.cameras), "frame_bytes": per_frame,
-                "max_frames": limits.max_frames, "max_episode_bytes": limits.max_bytes,
-                "max_body_bytes": cfg.max_body_bytes}  # fmt: skip
+        return {
+            "episode_id": eid,
+            "dataset": str(url),
+            "cameras": sorted(body.cameras),
+            "frame_bytes": per_frame,
+            "max_frames": limits.max_frames,
+            "max_episode_bytes": limits.max_bytes,
+            "max_body_bytes": cfg.max_body_bytes,
+        }
 
     @app.post("/v1/episodes/{episode_id}/frames")
     async def add_frames(episode_id: str, request: Request, who: Caller) -> dict[str, Any]:
@@ -175,8 +188,9 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
     return app
 
 
-def serve(settings: Settings, tokens_file: Path | None = None, host: str | None = None,
-          port: int | None = None) -> None:  # fmt: skip
+def serve(
+    settings: Settings, tokens_file: Path | None = None, host: str | None = None, port: int | None = None
+) -> None:
     """Run the service with uvicorn until interrupted; arguments left None come from `settings.capture`.
 
     Raises:
@@ -188,8 +202,9 @@ def serve(settings: Settings, tokens_file: Path | None = None, host: str | None 
     cfg = settings.capture
     tokens_file = tokens_file or cfg.tokens_file
     if tokens_file is None:
-        raise ValueError("the capture service needs robot tokens: pass --tokens FILE "
-                         "('<token> write <namespace|*>' per line)")  # fmt: skip
+        raise ValueError(
+            "the capture service needs robot tokens: pass --tokens FILE ('<token> write <namespace|*>' per line)"
+        )
     host, port = host or cfg.host, port or cfg.port
     app = create_app(settings, tokens_file)
     require_free_port(host, port)

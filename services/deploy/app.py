@@ -94,8 +94,10 @@ def caller(request: Request) -> Caller:
     token = tokens.require(header, write=False, why="")
     who = tokens.principal(token)
     if who.namespace != WILDCARD:  # a bucket-style tokens file reused here must not make every line an operator
-        raise Forbidden(f"this token is scoped to namespace {who.namespace!r}; the deploy service's operators are "
-                        "'<token> <read|write> *' lines")  # fmt: skip
+        raise Forbidden(
+            f"this token is scoped to namespace {who.namespace!r}; the deploy service's operators are "
+            "'<token> <read|write> *' lines"
+        )
     return Caller("operator", write=who.write)
 
 
@@ -119,9 +121,11 @@ def create_app(
     tokens = TokenStore.from_file(Path(tokens_file))
     if not trusted_keys and not allow_any_signer:
         # Operators would see releases listed that every robot refuses (signed by anyone, or edited after signing).
-        raise ValueError("the deploy service registers releases signed by trusted keys only: pass --trusted-key "
-                         "deploy.pub (deploy.trusted_keys), or --allow-any-signer to register releases signed by any "
-                         "key (robots still check against their own keys)")
+        raise ValueError(
+            "the deploy service registers releases signed by trusted keys only: pass --trusted-key "
+            "deploy.pub (deploy.trusted_keys), or --allow-any-signer to register releases signed by any "
+            "key (robots still check against their own keys)"
+        )
     trusted = load_public_keys(trusted_keys) if trusted_keys else None
     registry = Registry(db)
     app = FastAPI(title="robotloop deploy service", docs_url=None, redoc_url=None, openapi_url=None)
@@ -161,8 +165,7 @@ def create_app(
         return {"channels": registry.channels()}
 
     @app.post("/v1/channels/{channel}/promote")
-    def promote(channel: str, who: Who, release: Annotated[str, Body()],
-                reason: Annotated[str, Body()] = "") -> dict:  # fmt: skip
+    def promote(channel: str, who: Who, release: Annotated[str, Body()], reason: Annotated[str, Body()] = "") -> dict:
         who.operator(write=True)
         previous = registry.promote(channel, release, by=who.name, reason=reason)
         return {"channel": channel, "release": release, "previous": previous}
@@ -175,8 +178,12 @@ def create_app(
         return {"channel": channel, "release": target, "previous": current}
 
     @app.post("/v1/robots", status_code=201)
-    def register(who: Who, robot: Annotated[str, Body()], channel: Annotated[str, Body()] = "stable",
-                 rotate: Annotated[bool, Body()] = False) -> dict:  # fmt: skip
+    def register(
+        who: Who,
+        robot: Annotated[str, Body()],
+        channel: Annotated[str, Body()] = "stable",
+        rotate: Annotated[bool, Body()] = False,
+    ) -> dict:
         who.operator(write=True)
         return {"robot": robot, "token": registry.register_robot(robot, channel, rotate, by=who.name)}
 
@@ -191,27 +198,43 @@ def create_app(
         return registry.robot(robot)
 
     @app.put("/v1/robots/{robot}/assignment")
-    def assign(robot: str, who: Who, channel: Annotated[str | None, Body()] = None,
-               release: Annotated[str | None, Body()] = None, unpin: Annotated[bool, Body()] = False) -> dict:  # fmt: skip
+    def assign(
+        robot: str,
+        who: Who,
+        channel: Annotated[str | None, Body()] = None,
+        release: Annotated[str | None, Body()] = None,
+        unpin: Annotated[bool, Body()] = False,
+    ) -> dict:
         who.operator(write=True)
         return asdict(registry.assign(robot, channel, release, unpin, by=who.name))
 
     @app.get("/v1/robots/{robot}/assignment")
-    async def assignment(robot: str, who: Who, known: str | None = None,
-                   wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0) -> dict:  # fmt: skip
+    async def assignment(
+        robot: str, who: Who, known: str | None = None, wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0
+    ) -> dict:
         who.may_touch(robot)
         return asdict(await registry.wait_assignment(robot, known, wait_s))
 
     @app.post("/v1/robots/{robot}/heartbeat")
-    def heartbeat(robot: str, who: Who, running: Annotated[str | None, Body()] = None,
-                  status: Annotated[dict, Body()] = {}) -> dict:  # noqa: B006 (FastAPI copies defaults)  # fmt: skip
+    def heartbeat(
+        robot: str,
+        who: Who,
+        running: Annotated[str | None, Body()] = None,
+        status: Annotated[dict, Body()] = {},  # noqa: B006 - FastAPI copies a default per request
+    ) -> dict:
         _robot_itself(who, robot)
         registry.heartbeat(robot, running, status)
         return {"ok": True}
 
     @app.post("/v1/robots/{robot}/events")
-    def event(robot: str, who: Who, kind: Annotated[str, Body()], release: Annotated[str | None, Body()] = None,
-              previous: Annotated[str | None, Body()] = None, detail: Annotated[str, Body()] = "") -> dict:  # fmt: skip
+    def event(
+        robot: str,
+        who: Who,
+        kind: Annotated[str, Body()],
+        release: Annotated[str | None, Body()] = None,
+        previous: Annotated[str | None, Body()] = None,
+        detail: Annotated[str, Body()] = "",
+    ) -> dict:
         _robot_itself(who, robot)
         registry.robot_event(robot, kind, release, previous, detail)
         log.warning("robot %s: %s %s (from %s) %s", robot, kind, release, previous, detail)
@@ -223,8 +246,12 @@ def create_app(
         return asdict(registry.rollback_robot(robot, by=who.name, reason=reason))
 
     @app.get("/v1/history")
-    def history(who: Who, robot: str | None = None, channel: str | None = None,
-                limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict:  # fmt: skip
+    def history(
+        who: Who,
+        robot: str | None = None,
+        channel: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> dict:
         if who.robot is not None:
             who.may_touch(robot or "")
         return {"events": registry.history(robot, channel, limit)}
@@ -240,9 +267,15 @@ def _robot_itself(who: Caller, robot: str) -> None:
         raise Forbidden(f"only robot {robot!r} itself reports its heartbeats and events")
 
 
-def serve(settings: Settings, tokens_file: Path | None = None, db: Path | None = None, host: str | None = None,
-          port: int | None = None, trusted_keys: list[Path] | None = None,
-          allow_any_signer: bool | None = None) -> None:  # fmt: skip
+def serve(
+    settings: Settings,
+    tokens_file: Path | None = None,
+    db: Path | None = None,
+    host: str | None = None,
+    port: int | None = None,
+    trusted_keys: list[Path] | None = None,
+    allow_any_signer: bool | None = None,
+) -> None:
     """Run the service with uvicorn until interrupted; arguments left None come from `settings.deploy`.
 
     Raises:

@@ -92,7 +92,9 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
         yield
         await run_in_threadpool(jobs.close)  # running jobs checkpoint before the service goes
 
-    app = FastAPI(title="robotloop training service", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="robotloop training service", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+    )
     app.state.jobs, app.state.tokens = jobs, tokens
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
@@ -133,8 +135,9 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
         return dataclasses.asdict(visible_state(job_id, token))
 
     @app.get("/v1/jobs/{job_id}/log", response_model=None)
-    def job_log(job_id: str, token: Reader, offset: Annotated[int, Query(ge=0, le=2**40)] = 0,
-                follow: bool = False) -> dict[str, Any] | StreamingResponse:  # fmt: skip
+    def job_log(
+        job_id: str, token: Reader, offset: Annotated[int, Query(ge=0, le=2**40)] = 0, follow: bool = False
+    ) -> dict[str, Any] | StreamingResponse:
         status = visible_state(job_id, token).status  # an unknown job is a 404 before any streaming starts
         if follow:
             return StreamingResponse(jobs.follow(job_id, offset), media_type="text/plain; charset=utf-8")
@@ -153,8 +156,13 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
     return app
 
 
-def serve(settings: Settings, tokens_file: Path | None = None, root: Path | None = None, host: str | None = None,
-          port: int | None = None) -> None:  # fmt: skip
+def serve(
+    settings: Settings,
+    tokens_file: Path | None = None,
+    root: Path | None = None,
+    host: str | None = None,
+    port: int | None = None,
+) -> None:
     """Run the service with uvicorn until interrupted; arguments left None come from `settings.trainer`.
 
     Raises:
@@ -166,7 +174,9 @@ def serve(settings: Settings, tokens_file: Path | None = None, root: Path | None
     cfg = settings.trainer
     tokens_file = tokens_file or cfg.tokens_file
     if tokens_file is None:
-        raise ValueError("the training service needs tokens: pass --tokens FILE ('<token> write <namespace|*>' per line)")
+        raise ValueError(
+            "the training service needs tokens: pass --tokens FILE ('<token> write <namespace|*>' per line)"
+        )
     host, port = host or cfg.host, port or cfg.port
     app = create_app(settings, tokens_file, root)
     require_free_port(host, port)

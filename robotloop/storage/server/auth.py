@@ -194,8 +194,9 @@ class TokenStore:
             raise TokensFileError(f"{path}: no such tokens file (it holds {line})") from None
         entries = parse_tokens_text(text, source=str(path))
         if not entries:
-            raise TokensFileError(f"{path}: no token in this tokens file, so every request would be refused; "
-                                  f"add {line}")  # fmt: skip
+            raise TokensFileError(
+                f"{path}: no token in this tokens file, so every request would be refused; add {line}"
+            )
         return cls(entries, cas_secret)
 
     @property
@@ -254,7 +255,9 @@ class TokenStore:
         if not write and bucket_public:
             return who
         if who.anonymous:
-            raise Unauthorized("authentication required" + (" to write" if write else f" to read namespace '{namespace}'"))
+            raise Unauthorized(
+                "authentication required" + (" to write" if write else f" to read namespace '{namespace}'")
+            )
         if write and not who.write:
             raise Forbidden(f"token is read-only; writing to namespace '{namespace}' needs a write token")
         raise Forbidden(f"token is scoped to namespace '{who.namespace}', not '{namespace}'")

@@ -78,7 +78,9 @@ class BatchRejected(BucketError):
 
     def __str__(self) -> str:
         lines = "; ".join(f"{f['path']}: {f['error']}" for f in self.failures[:10])
-        return f"batch on bucket '{self.bucket_id}' rejected, nothing applied ({len(self.failures)} failure(s)): {lines}"
+        return (
+            f"batch on bucket '{self.bucket_id}' rejected, nothing applied ({len(self.failures)} failure(s)): {lines}"
+        )
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,8 @@ def validate_name(kind: str, value: str) -> str:
     """
     if not (0 < len(value) <= MAX_NAME_LEN) or not _NAME_RE.match(value) or ".." in value:
         raise InvalidName(
-            f"invalid {kind} {value!r}: use 1-{MAX_NAME_LEN} chars from [A-Za-z0-9._-], starting and ending alphanumeric"
+            f"invalid {kind} {value!r}: use 1-{MAX_NAME_LEN} chars from [A-Za-z0-9._-], "
+            "starting and ending alphanumeric"
         )
     if kind == "namespace" and value.lower() in _RESERVED_NAMESPACES:
         raise InvalidName(f"invalid namespace {value!r}: reserved")
@@ -236,8 +239,12 @@ class BucketStore:
     Thread-safe: each thread gets its own connection; SQLite serializes writers.
     """
 
-    def __init__(self, root: Path | str, file_size: FileSizeFn,
-                 uploaded_by: Callable[[str, str], bool] = lambda namespace, xet_hash: True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: Path | str,
+        file_size: FileSizeFn,
+        uploaded_by: Callable[[str, str], bool] = lambda namespace, xet_hash: True,
+    ) -> None:
         """``uploaded_by(namespace, xet_hash)``: whether the CAS registered that file from an upload with a token of
         ``namespace`` (see ``apply_batch``)."""
         self.root = Path(root)
@@ -290,12 +297,16 @@ class BucketStore:
         Raises:
             BucketNotFound: no such bucket.
         """
-        row = self._conn().execute(
-            "SELECT b.*, COALESCE(SUM(f.size), 0) AS size, COUNT(f.path) AS total_files"
-            " FROM buckets b LEFT JOIN files f ON f.bucket_id = b.id"
-            " WHERE b.namespace = ? AND b.name = ? GROUP BY b.id",
-            (namespace, name),
-        ).fetchone()
+        row = (
+            self._conn()
+            .execute(
+                "SELECT b.*, COALESCE(SUM(f.size), 0) AS size, COUNT(f.path) AS total_files"
+                " FROM buckets b LEFT JOIN files f ON f.bucket_id = b.id"
+                " WHERE b.namespace = ? AND b.name = ? GROUP BY b.id",
+                (namespace, name),
+            )
+            .fetchone()
+        )
         if row is None:
             raise BucketNotFound(f"bucket '{namespace}/{name}' not found")
         return _bucket_from_row(row)
@@ -311,13 +322,17 @@ class BucketStore:
         self, namespace: str, search: str | None = None, after: str | None = None, limit: int = PAGE_SIZE
     ) -> list[BucketRecord]:
         """Buckets of ``namespace`` ordered by name, names strictly after ``after`` (keyset paging)."""
-        rows = self._conn().execute(
-            "SELECT b.*, COALESCE(SUM(f.size), 0) AS size, COUNT(f.path) AS total_files"
-            " FROM buckets b LEFT JOIN files f ON f.bucket_id = b.id"
-            " WHERE b.namespace = ? AND b.name > ? AND instr(lower(b.name), lower(?)) > 0"
-            " GROUP BY b.id ORDER BY b.name LIMIT ?",
-            (namespace, after or "", search or "", limit),
-        ).fetchall()
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT b.*, COALESCE(SUM(f.size), 0) AS size, COUNT(f.path) AS total_files"
+                " FROM buckets b LEFT JOIN files f ON f.bucket_id = b.id"
+                " WHERE b.namespace = ? AND b.name > ? AND instr(lower(b.name), lower(?)) > 0"
+                " GROUP BY b.id ORDER BY b.name LIMIT ?",
+                (namespace, after or "", search or "", limit),
+            )
+            .fetchall()
+        )
         return [_bucket_from_row(r) for r in rows]
 
     def delete_bucket(self, namespace: str, name: str) -> None:
@@ -374,9 +389,15 @@ class BucketStore:
     def holds_hash(self, namespace: str, name: str, xet_hash: str) -> bool:
         """Whether bucket ``namespace/name`` has a file with this Xet hash (False for a missing bucket): a CAS
         token of that bucket may reconstruct only such files."""
-        row = self._conn().execute(
-            "SELECT 1 FROM files f JOIN buckets b ON b.id = f.bucket_id WHERE b.namespace = ? AND b.name = ? "
-            "AND f.xet_hash = ? LIMIT 1", (namespace, name, xet_hash)).fetchone()  # fmt: skip
+        row = (
+            self._conn()
+            .execute(
+                "SELECT 1 FROM files f JOIN buckets b ON b.id = f.bucket_id WHERE b.namespace = ? AND b.name = ? "
+                "AND f.xet_hash = ? LIMIT 1",
+                (namespace, name, xet_hash),
+            )
+            .fetchone()
+        )
         return row is not None
 
     def paths_info(self, namespace: str, name: str, paths: Sequence[str]) -> list[FileRecord]:
@@ -447,7 +468,9 @@ class BucketStore:
         out: list[FileRecord | FolderRecord] = []
         base = f"{directory}/" if directory else ""
         if directory and after is None:
-            row = conn.execute("SELECT * FROM files WHERE bucket_id = ? AND path = ?", (bucket_id, directory)).fetchone()
+            row = conn.execute(
+                "SELECT * FROM files WHERE bucket_id = ? AND path = ?", (bucket_id, directory)
+            ).fetchone()
             if row is not None:
                 out.append(_file_from_row(row))
         hi = _prefix_upper_bound(base) if base else None
@@ -500,7 +523,8 @@ class BucketStore:
         hash must be known to the CAS (``file_size``), its size must match a client-declared
         one, and the caller must have had the file: uploaded with a token of this namespace
         (``uploaded_by``), or in a bucket the caller may read. Knowing a private file's hash is not
-        enough to link it into one's own bucket and read it there. A copy needs ``source_repo_type == "bucket"``, a source bucket the caller may read
+        enough to link it into one's own bucket and read it there. A copy needs
+        ``source_repo_type == "bucket"``, a source bucket the caller may read
         (``can_read_source(ns, name)``), and a file with that hash in it. Deleting a missing
         path is a no-op (idempotent retries).
 
@@ -530,7 +554,8 @@ class BucketStore:
                     continue
                 content_type = op.content_type if isinstance(op, AddFile) else None
                 conn.execute(
-                    "INSERT OR REPLACE INTO files (bucket_id, path, xet_hash, size, mtime_ms, uploaded_at, content_type)"
+                    "INSERT OR REPLACE INTO files "
+                    "(bucket_id, path, xet_hash, size, mtime_ms, uploaded_at, content_type)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (bucket_id, op.path, op.xet_hash, size, op.mtime_ms, now, content_type),
                 )
@@ -577,24 +602,38 @@ class BucketStore:
         if op.size is not None and op.size != size:
             raise BucketError(f"size mismatch for {where}: client says {op.size} bytes, CAS has {size}")
         namespace = bucket_ref.partition("/")[0]
-        if size and not self._uploaded_by(namespace, op.xet_hash) and not self._readable_elsewhere(
-                conn, op.xet_hash, can_read_source):  # fmt: skip
-            raise BucketError(f"xet hash {op.xet_hash} for {where} was not uploaded to namespace '{namespace}' and is "
-                              "in no bucket you can read: upload the file itself")  # fmt: skip
+        if (
+            size
+            and not self._uploaded_by(namespace, op.xet_hash)
+            and not self._readable_elsewhere(conn, op.xet_hash, can_read_source)
+        ):
+            raise BucketError(
+                f"xet hash {op.xet_hash} for {where} was not uploaded to namespace '{namespace}' and is "
+                "in no bucket you can read: upload the file itself"
+            )
         return size
 
     def paths_of(self, xet_hash: str) -> list[str]:
         """Every '<namespace>/<bucket>/<path>' that holds the file with this Xet hash (what a damaged file affects)."""
-        rows = self._conn().execute(
-            "SELECT b.namespace, b.name, f.path FROM files f JOIN buckets b ON b.id = f.bucket_id WHERE f.xet_hash = ? "
-            "ORDER BY 1, 2, 3", (xet_hash,)
-        ).fetchall()
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT b.namespace, b.name, f.path FROM files f JOIN buckets b ON b.id = f.bucket_id "
+                "WHERE f.xet_hash = ? "
+                "ORDER BY 1, 2, 3",
+                (xet_hash,),
+            )
+            .fetchall()
+        )
         return [f"{ns}/{name}/{path}" for ns, name, path in rows]
 
     @staticmethod
     def _readable_elsewhere(conn: sqlite3.Connection, xet_hash: str, can_read: Callable[[str, str], bool]) -> bool:
-        rows = conn.execute("SELECT DISTINCT b.namespace, b.name FROM files f JOIN buckets b ON b.id = f.bucket_id "
-                            "WHERE f.xet_hash = ?", (xet_hash,)).fetchall()  # fmt: skip
+        rows = conn.execute(
+            "SELECT DISTINCT b.namespace, b.name FROM files f JOIN buckets b ON b.id = f.bucket_id "
+            "WHERE f.xet_hash = ?",
+            (xet_hash,),
+        ).fetchall()
         return any(can_read(ns, name) for ns, name in rows)
 
     def _copy_source_size(

@@ -14,6 +14,7 @@ Safe across threads (one SQLite connection per thread) and processes (WAL, busy 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -97,6 +98,7 @@ class ShardResult:
 @dataclass(frozen=True)
 class XorbSlice:
     """A byte range of a stored xorb: read `length` bytes of `path` from `offset`."""
+
     path: Path
     offset: int
     length: int
@@ -168,8 +170,7 @@ def _read_body(body: Body, limit: int, what: str) -> bytes:
 class CasStore:
     """Xorbs and shards on disk plus a SQLite index; see the module docstring."""
 
-    def __init__(self, root: str | Path, max_xorb_bytes: int = MAX_XORB_BYTES,
-                 max_shard_bytes: int = MAX_SHARD_BYTES):
+    def __init__(self, root: str | Path, max_xorb_bytes: int = MAX_XORB_BYTES, max_shard_bytes: int = MAX_SHARD_BYTES):
         self.root = Path(root)
         self.max_xorb_bytes, self.max_shard_bytes = max_xorb_bytes, max_shard_bytes
         for d in ("xorbs", "shards", "tmp"):
@@ -214,10 +215,10 @@ class CasStore:
             tmp = self.root / "tmp" / f"fetch.key.{os.getpid()}.{threading.get_ident()}"
             tmp.write_bytes(secrets.token_bytes(32))
             os.chmod(tmp, 0o600)
-            try:  # link, not rename: if another process won the race we keep its key
+            with contextlib.suppress(
+                FileExistsError
+            ):  # link, not rename: if another process won the race we keep its key
                 os.link(tmp, path)
-            except FileExistsError:
-                pass
             tmp.unlink()
         return path.read_bytes()
 
@@ -253,12 +254,14 @@ class CasStore:
             pending, self._pending, self._flushed_at = self._pending, {}, time.monotonic()
         if pending:
             with self._tx() as db:
-                db.executemany("UPDATE counters SET value = value + ? WHERE name = ?",
-                               [(n, name) for name, n in pending.items()])
+                db.executemany(
+                    "UPDATE counters SET value = value + ? WHERE name = ?", [(n, name) for name, n in pending.items()]
+                )
 
     def _chunks(self, db: sqlite3.Connection, xorb_hex: str) -> list[_Chunk] | None:
-        rows = db.execute("SELECT hash, byte_start, byte_end, raw_len FROM xorb_chunks "
-                          "WHERE xorb = ? ORDER BY idx", (xorb_hex,)).fetchall()
+        rows = db.execute(
+            "SELECT hash, byte_start, byte_end, raw_len FROM xorb_chunks WHERE xorb = ? ORDER BY idx", (xorb_hex,)
+        ).fetchall()
         return [_Chunk(*r) for r in rows] or None
 
     # -- xorbs ------------------------------------------------------------------------------
@@ -286,12 +289,15 @@ class CasStore:
         if not stored or _differs(path, data):  # a damaged copy is replaced by these verified bytes: the repair
             self._write_blob(path, data)
         with self._tx() as db:
-            cur = db.execute("INSERT OR IGNORE INTO xorbs VALUES (?, ?, ?, ?, NULL, ?)",
-                             (hash_hex, len(data), parsed.raw_len, len(parsed.chunks), time.time()))
+            cur = db.execute(
+                "INSERT OR IGNORE INTO xorbs VALUES (?, ?, ?, ?, NULL, ?)",
+                (hash_hex, len(data), parsed.raw_len, len(parsed.chunks), time.time()),
+            )
             if cur.rowcount:
-                db.executemany("INSERT INTO xorb_chunks VALUES (?, ?, ?, ?, ?, ?)",
-                               [(hash_hex, i, c.hash, c.byte_start, c.byte_end, c.raw_len)
-                                for i, c in enumerate(parsed.chunks)])
+                db.executemany(
+                    "INSERT INTO xorb_chunks VALUES (?, ?, ?, ?, ?, ?)",
+                    [(hash_hex, i, c.hash, c.byte_start, c.byte_end, c.raw_len) for i, c in enumerate(parsed.chunks)],
+                )
             if uploader is not None:
                 db.execute("INSERT OR IGNORE INTO xorb_uploaders VALUES (?, ?)", (hash_hex, uploader))
             db.execute("DELETE FROM damaged_xorbs WHERE hash = ?", (hash_hex,))
@@ -304,8 +310,11 @@ class CasStore:
         """Whether `namespace` uploaded this xorb's bytes (None or "*": every namespace's data is its own)."""
         if namespace in (None, "*"):
             return True
-        row = self._db().execute("SELECT 1 FROM xorb_uploaders WHERE xorb = ? AND namespace = ?",
-                                 (xorb_hex, namespace)).fetchone()  # fmt: skip
+        row = (
+            self._db()
+            .execute("SELECT 1 FROM xorb_uploaders WHERE xorb = ? AND namespace = ?", (xorb_hex, namespace))
+            .fetchone()
+        )
         return row is not None
 
     def xorb_size(self, hash_hex: str) -> int | None:
@@ -314,8 +323,7 @@ class CasStore:
         row = self._db().execute("SELECT size FROM xorbs WHERE hash = ?", (hash_hex,)).fetchone()
         return row[0] if row else None
 
-    def open_xorb_range(self, hash_hex: str, start: int | None = None,
-                        end: int | None = None) -> XorbSlice:
+    def open_xorb_range(self, hash_hex: str, start: int | None = None, end: int | None = None) -> XorbSlice:
         """Locate bytes [start, end] (inclusive, like HTTP Range) of a stored xorb.
 
         None for start/end means from the beginning / to the end. The end is clipped to the
@@ -356,8 +364,10 @@ class CasStore:
         except (OSError, xf.FormatError, ValueError) as error:  # TruncatedError is a FormatError
             self._verified.pop(hash_hex, None)
             self._mark_damaged(hash_hex, str(error))
-            raise DamagedXorb(f"xorb {hash_hex} is damaged on the server ({error}); its bytes are not served. "
-                              "Upload the file again to repair it, or restore the server's data root") from None
+            raise DamagedXorb(
+                f"xorb {hash_hex} is damaged on the server ({error}); its bytes are not served. "
+                "Upload the file again to repair it, or restore the server's data root"
+            ) from None
         return VerifiedRange(data, s.offset, s.total)
 
     def _verify_whole(self, hash_hex: str, path: Path, total: int) -> None:
@@ -453,8 +463,9 @@ class CasStore:
         for f in shard.files:
             self._verify_file(shard_hex, f, chunks_of, lambda x: self.holds_xorb(uploader, xf.hash_to_hex(x)))
             if f.terms:  # the first chunk of every file is a global-dedup entry point
-                eligible.setdefault(chunks_of(f.terms[0].xorb, "")[f.terms[0].chunk_start].hash,
-                                    xf.hash_to_hex(f.terms[0].xorb))
+                eligible.setdefault(
+                    chunks_of(f.terms[0].xorb, "")[f.terms[0].chunk_start].hash, xf.hash_to_hex(f.terms[0].xorb)
+                )
 
         path = self._blob_path("shards", shard_hex)
         if not path.exists():
@@ -466,42 +477,58 @@ class CasStore:
             for f in shard.files:
                 f_hex = xf.hash_to_hex(f.hash)
                 sha = xf.hash_to_hex(f.sha256) if f.sha256 else None
-                if tx.execute("INSERT OR IGNORE INTO files VALUES (?, ?, ?, ?, ?)",
-                              (f_hex, f.size, sha, shard_hex, now)).rowcount:
-                    tx.executemany("INSERT INTO file_terms VALUES (?, ?, ?, ?, ?, ?)",
-                                   [(f_hex, i, xf.hash_to_hex(t.xorb), t.chunk_start, t.chunk_end, t.raw_len)
-                                    for i, t in enumerate(f.terms)])
-            tx.executemany("UPDATE xorbs SET shard = ? WHERE hash = ? AND shard IS NULL",
-                           [(shard_hex, xf.hash_to_hex(x.hash)) for x in shard.xorbs])
+                if tx.execute(
+                    "INSERT OR IGNORE INTO files VALUES (?, ?, ?, ?, ?)", (f_hex, f.size, sha, shard_hex, now)
+                ).rowcount:
+                    tx.executemany(
+                        "INSERT INTO file_terms VALUES (?, ?, ?, ?, ?, ?)",
+                        [
+                            (f_hex, i, xf.hash_to_hex(t.xorb), t.chunk_start, t.chunk_end, t.raw_len)
+                            for i, t in enumerate(f.terms)
+                        ],
+                    )
+            tx.executemany(
+                "UPDATE xorbs SET shard = ? WHERE hash = ? AND shard IS NULL",
+                [(shard_hex, xf.hash_to_hex(x.hash)) for x in shard.xorbs],
+            )
             tx.executemany("INSERT OR IGNORE INTO dedup_chunks VALUES (?, ?)", list(eligible.items()))
             if uploader is not None:
-                tx.executemany("INSERT OR IGNORE INTO file_uploaders VALUES (?, ?)",
-                               [(xf.hash_to_hex(f.hash), uploader) for f in shard.files])
+                tx.executemany(
+                    "INSERT OR IGNORE INTO file_uploaders VALUES (?, ?)",
+                    [(xf.hash_to_hex(f.hash), uploader) for f in shard.files],
+                )
         return ShardResult(shard_hex, inserted, len(shard.files), len(shard.xorbs))
 
     @staticmethod
     def _verify_file(shard_hex: str, f: xf.ShardFile, chunks_of, holds) -> None:
         f_hex = xf.hash_to_hex(f.hash)
         if f.verification is not None and len(f.verification) != len(f.terms):
-            raise CorruptShard(f"shard {shard_hex}: file {f_hex} has {len(f.verification)} "
-                               f"verification entries for {len(f.terms)} terms")
+            raise CorruptShard(
+                f"shard {shard_hex}: file {f_hex} has {len(f.verification)} "
+                f"verification entries for {len(f.terms)} terms"
+            )
         leaves: list[tuple[bytes, int]] = []
         for i, t in enumerate(f.terms):
             chunks = chunks_of(t.xorb, f"file {f_hex}")
             x_hex = xf.hash_to_hex(t.xorb)
             if not 0 <= t.chunk_start < t.chunk_end <= len(chunks):
-                raise CorruptShard(f"shard {shard_hex}: file {f_hex} term {i} chunk range "
-                                   f"[{t.chunk_start}, {t.chunk_end}) is out of bounds for xorb "
-                                   f"{x_hex} with {len(chunks)} chunks")
+                raise CorruptShard(
+                    f"shard {shard_hex}: file {f_hex} term {i} chunk range "
+                    f"[{t.chunk_start}, {t.chunk_end}) is out of bounds for xorb "
+                    f"{x_hex} with {len(chunks)} chunks"
+                )
             if f.verification is None and not holds(t.xorb):
-                raise CorruptShard(f"shard {shard_hex}: file {f_hex} term {i} references chunks this namespace did "
-                                   "not upload and has no verification entry for them")  # fmt: skip
-            span = chunks[t.chunk_start:t.chunk_end]
+                raise CorruptShard(
+                    f"shard {shard_hex}: file {f_hex} term {i} references chunks this namespace did "
+                    "not upload and has no verification entry for them"
+                )
+            span = chunks[t.chunk_start : t.chunk_end]
             if sum(c.raw_len for c in span) != t.raw_len:
-                raise CorruptShard(f"shard {shard_hex}: file {f_hex} term {i} claims {t.raw_len} bytes, "
-                                   f"xorb {x_hex} chunks hold {sum(c.raw_len for c in span)}")
-            if f.verification is not None and \
-                    f.verification[i] != xf.verification_hash([c.hash for c in span]):
+                raise CorruptShard(
+                    f"shard {shard_hex}: file {f_hex} term {i} claims {t.raw_len} bytes, "
+                    f"xorb {x_hex} chunks hold {sum(c.raw_len for c in span)}"
+                )
+            if f.verification is not None and f.verification[i] != xf.verification_hash([c.hash for c in span]):
                 raise CorruptShard(f"shard {shard_hex}: file {f_hex} term {i} verification hash mismatch")
             leaves += [(c.hash, c.raw_len) for c in span]
         if xf.file_hash(leaves) != f.hash:
@@ -513,8 +540,11 @@ class CasStore:
     def uploaded_by(self, namespace: str, file_hex: str) -> bool:
         """Whether a shard describing this file was uploaded with a write token of `namespace`. Describing a file
         takes its chunk hashes, which only its holder knows (global-dedup answers list them keyed)."""
-        row = self._db().execute("SELECT 1 FROM file_uploaders WHERE file = ? AND namespace = ?",
-                                 (file_hex, namespace)).fetchone()  # fmt: skip
+        row = (
+            self._db()
+            .execute("SELECT 1 FROM file_uploaders WHERE file = ? AND namespace = ?", (file_hex, namespace))
+            .fetchone()
+        )
         return row is not None
 
     def file_size(self, file_hex: str) -> int | None:
@@ -528,8 +558,7 @@ class CasStore:
         row = self._db().execute("SELECT sha256 FROM files WHERE hash = ?", (file_hex,)).fetchone()
         return row[0] if row else None
 
-    def reconstruction(self, file_hex: str, byte_range: tuple[int, int] | None = None,
-                       base_url: str = "") -> dict:
+    def reconstruction(self, file_hex: str, byte_range: tuple[int, int] | None = None, base_url: str = "") -> dict:
         """The v1 reconstruction JSON for a file, optionally for bytes [start, end) of it.
 
         Terms are trimmed to the chunks that overlap the range; `offset_into_first_range` says
@@ -554,8 +583,8 @@ class CasStore:
         xorb_chunks: dict[str, list[_Chunk]] = {}  # files often reuse one xorb across many terms
         pos, skip = 0, 0
         for x_hex, c0, c1, _ in db.execute(
-                "SELECT xorb, chunk_start, chunk_end, raw_len FROM file_terms WHERE file = ? ORDER BY idx",
-                (file_hex,)).fetchall():
+            "SELECT xorb, chunk_start, chunk_end, raw_len FROM file_terms WHERE file = ? ORDER BY idx", (file_hex,)
+        ).fetchall():
             if pos >= end:
                 break
             if x_hex not in xorb_chunks:
@@ -573,13 +602,17 @@ class CasStore:
             while lo + take < hi and pos < end:
                 pos += chunks[lo + take].raw_len
                 take += 1
-            span = chunks[lo:lo + take]
+            span = chunks[lo : lo + take]
             rng = {"start": c0 + lo, "end": c0 + lo + take}
             terms_out.append({"hash": x_hex, "unpacked_length": sum(c.raw_len for c in span), "range": rng})
-            fetch.setdefault(x_hex, []).append({
-                "range": rng, "url": self.fetch_url(base_url, x_hex),
-                "url_range": {"start": span[0].byte_start, "end": span[-1].byte_end - 1}})
-            pos += sum(c.raw_len for c in chunks[lo + take:])  # rest of this term is unused
+            fetch.setdefault(x_hex, []).append(
+                {
+                    "range": rng,
+                    "url": self.fetch_url(base_url, x_hex),
+                    "url_range": {"start": span[0].byte_start, "end": span[-1].byte_end - 1},
+                }
+            )
+            pos += sum(c.raw_len for c in chunks[lo + take :])  # rest of this term is unused
         return {"offset_into_first_range": skip, "terms": terms_out, "fetch_info": _merge_fetch(fetch)}
 
     def fetch_url(self, base_url: str, xorb_hex: str) -> str:
@@ -611,16 +644,25 @@ class CasStore:
         """
         raw = _check_hex(chunk_hex, "chunk")
         db = self._db()
-        row = db.execute("SELECT d.xorb, x.shard FROM dedup_chunks d JOIN xorbs x ON x.hash = d.xorb "
-                         "WHERE d.hash = ?", (raw,)).fetchone()
+        row = db.execute(
+            "SELECT d.xorb, x.shard FROM dedup_chunks d JOIN xorbs x ON x.hash = d.xorb WHERE d.hash = ?", (raw,)
+        ).fetchone()
         if row is None:
             return None
         xorb_hex, shard_hex = row
         if not self.holds_xorb(namespace, xorb_hex) or self._damaged(xorb_hex):
             return None  # a damaged xorb: the asker uploads its own copy, which repairs it
-        others = [r[0] for r in db.execute(
-            "SELECT hash FROM xorbs WHERE shard = ? AND hash != ? LIMIT ?",
-            (shard_hex, xorb_hex, 4 * DEDUP_SHARD_MAX_XORBS))] if shard_hex else []
+        others = (
+            [
+                r[0]
+                for r in db.execute(
+                    "SELECT hash FROM xorbs WHERE shard = ? AND hash != ? LIMIT ?",
+                    (shard_hex, xorb_hex, 4 * DEDUP_SHARD_MAX_XORBS),
+                )
+            ]
+            if shard_hex
+            else []
+        )
         others = [x for x in others if self.holds_xorb(namespace, x)][: DEDUP_SHARD_MAX_XORBS - 1]
         xorbs = []
         for x_hex in [xorb_hex] + others:
@@ -642,9 +684,9 @@ class CasStore:
         out = dict(db.execute("SELECT name, value FROM counters").fetchall())
         out["bytes_received"] = out["xorb_bytes_received"] + out["shard_bytes_received"]
         out["xorbs"], out["xorb_bytes"], out["chunks"] = db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(size), 0), COALESCE(SUM(num_chunks), 0) FROM xorbs").fetchone()
-        out["shards"], out["shard_bytes"] = db.execute(
-            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM shards").fetchone()
+            "SELECT COUNT(*), COALESCE(SUM(size), 0), COALESCE(SUM(num_chunks), 0) FROM xorbs"
+        ).fetchone()
+        out["shards"], out["shard_bytes"] = db.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM shards").fetchone()
         out["files"] = db.execute("SELECT COUNT(*) FROM files").fetchone()[0]
         out["stored_bytes"] = out["xorb_bytes"] + out["shard_bytes"]
         return out
@@ -669,8 +711,7 @@ def _merge_fetch(fetch: dict[str, list[dict]]) -> dict[str, list[dict]]:
                 last["range"]["end"] = max(last["range"]["end"], it["range"]["end"])
                 last["url_range"]["end"] = max(last["url_range"]["end"], it["url_range"]["end"])
             else:
-                merged.append({"range": dict(it["range"]), "url": it["url"],
-                               "url_range": dict(it["url_range"])})
+                merged.append({"range": dict(it["range"]), "url": it["url"], "url_range": dict(it["url_range"])})
         out[x] = merged
     return out
 

@@ -23,18 +23,114 @@ import lz4.frame
 # Hashing
 
 # Keys fixed by the Xet spec (random.org constants in the reference implementation).
-DATA_KEY = bytes([
-    102, 151, 245, 119, 91, 149, 80, 222, 49, 53, 203, 172, 165, 151, 24, 28,
-    157, 228, 33, 16, 155, 235, 43, 88, 180, 208, 176, 75, 147, 173, 242, 41,
-])
-INTERNAL_NODE_KEY = bytes([
-    1, 126, 197, 199, 165, 71, 41, 150, 253, 148, 102, 102, 180, 138, 2, 230,
-    93, 221, 83, 111, 55, 199, 109, 210, 248, 99, 82, 230, 74, 83, 113, 63,
-])
-VERIFICATION_KEY = bytes([
-    127, 24, 87, 214, 206, 86, 237, 102, 18, 127, 249, 19, 231, 165, 195, 243,
-    164, 205, 38, 213, 181, 219, 73, 230, 65, 36, 152, 127, 40, 251, 148, 195,
-])
+DATA_KEY = bytes(
+    [
+        102,
+        151,
+        245,
+        119,
+        91,
+        149,
+        80,
+        222,
+        49,
+        53,
+        203,
+        172,
+        165,
+        151,
+        24,
+        28,
+        157,
+        228,
+        33,
+        16,
+        155,
+        235,
+        43,
+        88,
+        180,
+        208,
+        176,
+        75,
+        147,
+        173,
+        242,
+        41,
+    ]
+)
+INTERNAL_NODE_KEY = bytes(
+    [
+        1,
+        126,
+        197,
+        199,
+        165,
+        71,
+        41,
+        150,
+        253,
+        148,
+        102,
+        102,
+        180,
+        138,
+        2,
+        230,
+        93,
+        221,
+        83,
+        111,
+        55,
+        199,
+        109,
+        210,
+        248,
+        99,
+        82,
+        230,
+        74,
+        83,
+        113,
+        63,
+    ]
+)
+VERIFICATION_KEY = bytes(
+    [
+        127,
+        24,
+        87,
+        214,
+        206,
+        86,
+        237,
+        102,
+        18,
+        127,
+        249,
+        19,
+        231,
+        165,
+        195,
+        243,
+        164,
+        205,
+        38,
+        213,
+        181,
+        219,
+        73,
+        230,
+        65,
+        36,
+        152,
+        127,
+        40,
+        251,
+        148,
+        195,
+    ]
+)
 ZERO_HASH = bytes(32)
 BOOKEND_HASH = b"\xff" * 32  # marks the end of a shard section
 GLOBAL_DEDUP_MODULUS = 1024  # a chunk is globally dedup-eligible when hash % 1024 == 0
@@ -51,7 +147,7 @@ class TruncatedError(FormatError):
 
 def hash_to_hex(h: bytes) -> str:
     """Raw 32-byte hash -> Xet hex string (each 8-byte LE word printed big-endian)."""
-    return "".join(h[i:i + 8][::-1].hex() for i in range(0, 32, 8))
+    return "".join(h[i : i + 8][::-1].hex() for i in range(0, 32, 8))
 
 
 def hex_to_hash(s: str) -> bytes:
@@ -59,7 +155,7 @@ def hex_to_hash(s: str) -> bytes:
     if len(s) != 64 or s.strip("0123456789abcdef"):
         raise FormatError(f"not a 64-char lowercase hex hash: {s!r}")
     b = bytes.fromhex(s)
-    return b"".join(b[i:i + 8][::-1] for i in range(0, 32, 8))
+    return b"".join(b[i : i + 8][::-1] for i in range(0, 32, 8))
 
 
 def chunk_hash(data: bytes) -> bytes:
@@ -68,7 +164,7 @@ def chunk_hash(data: bytes) -> bytes:
 
 
 def _u64(h: bytes, word: int) -> int:
-    return int.from_bytes(h[8 * word:8 * word + 8], "little")
+    return int.from_bytes(h[8 * word : 8 * word + 8], "little")
 
 
 def truncate_hash(h: bytes) -> int:
@@ -108,7 +204,7 @@ def merkle_root(chunks: list[tuple[bytes, int]]) -> bytes:
         nxt, i = [], 0
         while i < len(level):
             cut = _next_cut(level[i:])
-            nxt.append(_merge(level[i:i + cut]))
+            nxt.append(_merge(level[i : i + cut]))
             i += cut
         level = nxt
     return level[0][0]
@@ -144,6 +240,7 @@ SCHEME_NONE, SCHEME_LZ4, SCHEME_BG4_LZ4 = 0, 1, 2
 @dataclass(frozen=True)
 class XorbChunk:
     """One chunk of a parsed xorb; byte offsets are into the serialized xorb."""
+
     hash: bytes
     byte_start: int  # offset of the chunk header
     byte_end: int  # one past the compressed data
@@ -167,7 +264,7 @@ def bg4_regroup(data: bytes) -> bytes:
     sizes = [split + (rem > 0), split + (rem > 1), split + (rem > 2), split]
     out, pos = bytearray(n), 0
     for g, size in enumerate(sizes):
-        out[g::4] = data[pos:pos + size]
+        out[g::4] = data[pos : pos + size]
         pos += size
     return bytes(out)
 
@@ -198,7 +295,7 @@ def iter_chunks(body: bytes | memoryview) -> Iterator[tuple[int, int, bytes]]:
     """
     mv, pos, i = memoryview(body), 0, 0
     while pos < len(mv):
-        if bytes(mv[pos:pos + len(XORB_FOOTER_IDENT)]) == XORB_FOOTER_IDENT:
+        if bytes(mv[pos : pos + len(XORB_FOOTER_IDENT)]) == XORB_FOOTER_IDENT:
             return  # optional footer; its contents are derivable, so we do not trust them
         if pos + CHUNK_HEADER.size > len(mv):
             raise TruncatedError(f"truncated chunk header at byte {pos}")
@@ -236,8 +333,7 @@ def serialize_chunk(data: bytes, scheme: int = SCHEME_NONE) -> bytes:
         payload = lz4.frame.compress(data)
     else:
         raise FormatError(f"serialize_chunk supports schemes 0 and 1, not {scheme}")
-    return CHUNK_HEADER.pack(0, len(payload).to_bytes(3, "little"), scheme,
-                             len(data).to_bytes(3, "little")) + payload
+    return CHUNK_HEADER.pack(0, len(payload).to_bytes(3, "little"), scheme, len(data).to_bytes(3, "little")) + payload
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,8 +341,9 @@ def serialize_chunk(data: bytes, scheme: int = SCHEME_NONE) -> bytes:
 # whose hash is all 0xff. Uploaded shards stop there; stored/served shards add lookup tables and
 # a 200-byte footer. Every section entry is a 48-byte record: a 32-byte hash + 16 bytes.
 
-SHARD_TAG = b"HFRepoMetaData\x00" + bytes([85, 105, 103, 69, 106, 123, 129, 87, 131, 165, 189,
-                                             217, 92, 205, 209, 74, 169])
+SHARD_TAG = b"HFRepoMetaData\x00" + bytes(
+    [85, 105, 103, 69, 106, 123, 129, 87, 131, 165, 189, 217, 92, 205, 209, 74, 169]
+)
 SHARD_HEADER = struct.Struct("<32sQQ")  # tag, version (2), footer size
 SHARD_VERSION = 2
 FOOTER_VERSION = 1
@@ -369,8 +466,7 @@ def serialize_shard(shard: Shard, expiry: int = NO_EXPIRY, chunk_key: bytes | No
     out = bytearray(SHARD_HEADER.pack(SHARD_TAG, SHARD_VERSION, SHARD_FOOTER.size))
     file_info_off, file_lookup, index = len(out), [], 0
     for f in sorted(shard.files, key=lambda f: f.hash):
-        flags = (FILE_FLAG_VERIFICATION if f.verification else 0) | \
-                (FILE_FLAG_METADATA_EXT if f.sha256 else 0)
+        flags = (FILE_FLAG_VERIFICATION if f.verification else 0) | (FILE_FLAG_METADATA_EXT if f.sha256 else 0)
         file_lookup.append((truncate_hash(f.hash), index))
         out += FILE_HEADER.pack(f.hash, flags, len(f.terms), 0)
         for t in f.terms:
@@ -402,10 +498,22 @@ def serialize_shard(shard: Shard, expiry: int = NO_EXPIRY, chunk_key: bytes | No
         out += struct.pack("<QII", k, xi, ci)
     footer_off = len(out)
     out += SHARD_FOOTER.pack(
-        FOOTER_VERSION, file_info_off, xorb_info_off,
-        file_lookup_off, len(file_lookup), xorb_lookup_off, len(xorb_lookup),
-        chunk_lookup_off, len(chunk_lookup),
-        key, int(time.time()), expiry, *([0] * 6),
-        sum(x.packed_len for x in shard.xorbs), sum(f.size for f in shard.files),
-        sum(x.raw_len for x in shard.xorbs), footer_off)
+        FOOTER_VERSION,
+        file_info_off,
+        xorb_info_off,
+        file_lookup_off,
+        len(file_lookup),
+        xorb_lookup_off,
+        len(xorb_lookup),
+        chunk_lookup_off,
+        len(chunk_lookup),
+        key,
+        int(time.time()),
+        expiry,
+        *([0] * 6),
+        sum(x.packed_len for x in shard.xorbs),
+        sum(f.size for f in shard.files),
+        sum(x.raw_len for x in shard.xorbs),
+        footer_off,
+    )
     return bytes(out)
