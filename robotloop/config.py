@@ -27,6 +27,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from .errors import BadInput
+
 CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "robotloop"
 
 
@@ -221,7 +223,7 @@ class Settings(BaseSettings):
         return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=toml_file)
 
 
-class SettingsError(ValueError):
+class SettingsError(BadInput, ValueError):
     """The settings cannot be read: a malformed config file, an unknown key, a value of the wrong type."""
 
 

@@ -16,9 +16,10 @@ from typing import Any, ClassVar, Self
 import httpx
 
 from .config import Settings
+from .errors import RobotloopError
 
 
-class ServiceError(RuntimeError):
+class ServiceError(RobotloopError, RuntimeError):
     """A service refused a request or could not be reached; `status` is the HTTP code (0: no answer)."""
 
     def __init__(self, message: str, status: int = 0) -> None:

@@ -10,8 +10,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .errors import Unavailable
 
-class ServiceStartError(RuntimeError):
+
+class ServiceStartError(Unavailable, RuntimeError):
     """The service exited or did not answer in time; the message ends with its log."""
 
 

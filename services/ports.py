@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import socket
 
+from robotloop.errors import Conflict
 
-class PortInUse(ValueError):
+
+class PortInUse(Conflict, ValueError):
     """The address cannot be listened on (another server holds it, or no such local address)."""
 
 

@@ -19,13 +19,14 @@ from typing import Any
 from strands.models import Model
 
 from ..config import AgentSettings
+from ..errors import Unavailable
 
 # what to install for each provider's client package
 EXTRAS = {"openai": "strands-agents[openai]", "ollama": "strands-agents[ollama]"}
 OLLAMA_HOST = "http://127.0.0.1:11434"
 
 
-class ModelUnavailable(RuntimeError):
+class ModelUnavailable(Unavailable, RuntimeError):
     """The configured model cannot be built: a missing client package or missing settings."""
 
 

@@ -16,10 +16,11 @@ from typing import Any
 import httpx
 import numpy as np
 
+from ..errors import RobotloopError
 from .sessions import encode_frames
 
 
-class CaptureError(RuntimeError):
+class CaptureError(RobotloopError, RuntimeError):
     """The service refused a request; `status` is the HTTP status, the message is the service's explanation."""
 
     def __init__(self, status: int, message: str) -> None:

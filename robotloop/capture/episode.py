@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import BadInput
 
-class BadEpisode(ValueError):
+
+class BadEpisode(BadInput, ValueError):
     """An episode's arrays do not fit the dataset's features; the message says which and how."""
 
 

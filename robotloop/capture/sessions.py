@@ -44,6 +44,8 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .. import errors
+from ..errors import Busy, Conflict
 from ..storage import BucketClient, BucketUrl, NotFound, StorageError
 from .episode import BadEpisode, Episode
 from .recorder import CommitReport, DatasetRecorder, DatasetSpec, spec_mismatch
@@ -51,19 +53,19 @@ from .recorder import CommitReport, DatasetRecorder, DatasetSpec, spec_mismatch
 MAX_TASK_CHARS = 1000
 
 
-class UnknownEpisode(LookupError):
+class UnknownEpisode(errors.NotFound, LookupError):
     """No open episode with this id for this robot (never opened, closed, aborted, expired, or another robot's)."""
 
 
-class TooLarge(ValueError):
+class TooLarge(errors.TooLarge, ValueError):
     """A batch would take an episode past its frame or byte cap."""
 
 
-class TooManyEpisodes(RuntimeError):
+class TooManyEpisodes(Busy, RuntimeError):
     """The robot already has as many open episodes as it may."""
 
 
-class SpecConflict(ValueError):
+class SpecConflict(Conflict, ValueError):
     """The dataset exists (in the bucket or open here) with other features than the ones asked for."""
 
 

@@ -31,12 +31,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from ..errors import BadInput, Refused
 
-class DeployKeyError(ValueError):
+
+class DeployKeyError(BadInput, ValueError):
     """A key file is missing, malformed or not an ed25519 key; the message names the file."""
 
 
-class BadSignature(RuntimeError):
+class BadSignature(Refused, RuntimeError):
     """A signature does not verify, or was made by a key the robot does not trust."""
 
 

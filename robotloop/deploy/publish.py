@@ -17,6 +17,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from ..errors import BadInput
 from ..storage import BucketClient, BucketUrl, Entry, NotFound
 from ..train.layout import checkpoint_url, latest_step
 from .client import DeployClient
@@ -24,7 +25,7 @@ from .keys import Signer
 from .manifest import SignedManifest, build_manifest, check_release_name
 
 
-class PublishError(RuntimeError):
+class PublishError(BadInput, RuntimeError):
     """The checkpoint cannot be published (not found, incomplete, or the release name is taken)."""
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import BadInput, Conflict, NotFound
 from ..storage.private import private_dir
 from .manifest import MAX_JSON_DEPTH, BadManifest, SignedManifest, check_release_name, json_depth
 
@@ -52,13 +53,20 @@ CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL
 """
 
 
-class RegistryError(ValueError):
-    """A request the registry refuses; `status` is the HTTP code the service answers with: 400 a bad name or
-    request, 404 an unknown release, channel or robot, 409 a name already taken."""
+class RegistryError(BadInput, ValueError):
+    """A request the registry refuses: a bad name, or a request that says nothing to do."""
 
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
+
+class RegistryNotFound(NotFound, RegistryError):
+    """No release, channel or robot of that name, or nothing earlier to roll back to."""
+
+
+class RegistryConflict(Conflict, RegistryError):
+    """A release or robot name that is taken."""
+
+
+class BadReport(RegistryError):
+    """A robot's heartbeat the registry will not keep: too deep, too large, or naming a malformed release."""
 
 
 @dataclass(frozen=True)
@@ -148,15 +156,15 @@ class Registry:
         """Register a release. The same manifest again is a no-op; another manifest under a used name is a conflict.
 
         Raises:
-            RegistryError (409): a different release already has this name (release names are immutable).
+            RegistryConflict: a different release already has this name (release names are immutable).
         """
         m = signed.manifest
         raw = json.dumps(signed.to_dict(), sort_keys=True)
-        with self._lock:  # check and insert as one: two publishes racing for a name get a 409, not a 500
+        with self._lock:  # check and insert as one: two publishes racing for a name get a conflict, not a crash
             existing = self._one("SELECT manifest FROM releases WHERE name = ?", (m.name,))
             if existing is not None:
                 if existing["manifest"] != raw:
-                    raise RegistryError(f"release {m.name!r} exists with other contents; publish under a new name", 409)
+                    raise RegistryConflict(f"release {m.name!r} exists with other contents; publish under a new name")
                 return
             self._tx(
                 [
@@ -169,10 +177,10 @@ class Registry:
             )
 
     def release(self, name: str) -> dict[str, Any]:
-        """Raises RegistryError (404)."""
+        """Raises RegistryNotFound."""
         row = self._one("SELECT * FROM releases WHERE name = ?", (check_release_name(name),))
         if row is None:
-            raise RegistryError(f"no release {name!r}; publish it with `robotloop deploy publish`", 404)
+            raise RegistryNotFound(f"no release {name!r}; publish it with `robotloop deploy publish`")
         return {**dict(row), "manifest": json.loads(row["manifest"])}
 
     def releases(self) -> list[dict[str, Any]]:
@@ -189,7 +197,7 @@ class Registry:
         """Point `channel` (created if new) at `release`. Returns the release it pointed at before.
 
         Raises:
-            RegistryError (404): no such release. RegistryError: a bad channel name.
+            RegistryNotFound: no such release. RegistryError: a bad channel name.
         """
         check_name("channel", channel)
         self.release(release)
@@ -218,16 +226,16 @@ class Registry:
         """Point `channel` back at the release it had before its current one. Returns that release.
 
         Raises:
-            RegistryError (404): unknown channel, or no earlier release to go back to.
+            RegistryNotFound: unknown channel, or no earlier release to go back to.
         """
         with self._lock:
             current = self.channels().get(check_name("channel", channel), "<none>")
             if current == "<none>":
-                raise RegistryError(f"no channel {channel!r}", 404)
+                raise RegistryNotFound(f"no channel {channel!r}")
             target = self._previous_of(channel, current)
             if target is None:
                 what = f"no release before {current!r}" if current else "no release yet"
-                raise RegistryError(f"channel {channel!r} has {what}: nothing to roll back to", 404)
+                raise RegistryNotFound(f"channel {channel!r} has {what}: nothing to roll back to")
             self._tx(
                 [
                     ("UPDATE channels SET release = ?, updated_at = ? WHERE name = ?", (target, time.time(), channel)),
@@ -270,17 +278,15 @@ class Registry:
         """Register a robot on `channel` and return its new token (shown once; only its hash is kept).
 
         Raises:
-            RegistryError (409): the robot exists and `rotate` is False. RegistryError: bad names.
+            RegistryConflict: the robot exists and `rotate` is False. RegistryError: bad names.
         """
         check_name("robot", robot)
         check_name("channel", channel)
         token = f"rlr_{secrets.token_urlsafe(32)}"
         exists = self._one("SELECT id FROM robots WHERE id = ?", (robot,)) is not None
         if exists and not rotate:
-            raise RegistryError(
-                f"robot {robot!r} is registered; register it again with rotate (CLI: --rotate) to issue it a new token",
-                409,
-            )
+            raise RegistryConflict(
+                f"robot {robot!r} is registered; register it again with rotate (CLI: --rotate) to issue it a new token")
         if exists:
             self._tx(
                 [
@@ -305,10 +311,10 @@ class Registry:
         return row["id"] if row else None
 
     def robot(self, robot: str) -> dict[str, Any]:
-        """The robot's row without its token hash, plus its assignment. Raises RegistryError (404)."""
+        """The robot's row without its token hash, plus its assignment. Raises RegistryNotFound."""
         row = self._one("SELECT * FROM robots WHERE id = ?", (robot,))
         if row is None:
-            raise RegistryError(f"no robot {robot!r}; register it with `robotloop deploy register`", 404)
+            raise RegistryNotFound(f"no robot {robot!r}; register it with `robotloop deploy register`")
         out = {k: row[k] for k in row.keys() if k != "token_hash"}  # noqa: SIM118 (sqlite3.Row iterates values)
         out["status"] = json.loads(row["status"]) if row["status"] else None
         out["assigned"] = self.assignment(robot).release
@@ -323,11 +329,11 @@ class Registry:
         """Move a robot to `channel` and/or pin it to `release` (`unpin` follows the channel again).
 
         Raises:
-            RegistryError (404): unknown robot or release. RegistryError: bad names, or nothing to change.
+            RegistryNotFound: unknown robot or release. RegistryError: bad names, or nothing to change.
         """
         row = self._one("SELECT channel, pinned FROM robots WHERE id = ?", (robot,))
         if row is None:
-            raise RegistryError(f"no robot {robot!r}", 404)
+            raise RegistryNotFound(f"no robot {robot!r}")
         if channel is None and release is None and not unpin:
             raise RegistryError("say what to assign: a channel, a release to pin, or unpin")
         new_channel = check_name("channel", channel) if channel is not None else row["channel"]  # "" is a bad name
@@ -347,7 +353,7 @@ class Registry:
         back from by itself.
 
         Raises:
-            RegistryError (404): unknown robot, or it never ran an earlier good release.
+            RegistryNotFound: unknown robot, or it never ran an earlier good release.
         """
         current = self.robot(robot)["running"]
         events = self._all(
@@ -360,7 +366,7 @@ class Registry:
         target = next((r for r in ran if r and r != current and r not in bad), None)
         if target is None:
             what = f"before {current!r}" if current else "yet"
-            raise RegistryError(f"robot {robot!r} has not run a good release {what}: nothing to roll back to", 404)
+            raise RegistryNotFound(f"robot {robot!r} has not run a good release {what}: nothing to roll back to")
         self._tx(
             [
                 ("UPDATE robots SET pinned = ? WHERE id = ?", (target, robot)),
@@ -376,7 +382,7 @@ class Registry:
         return self.assignment(robot)
 
     def assignment(self, robot: str) -> Assignment:
-        """Raises RegistryError (404)."""
+        """Raises RegistryNotFound."""
         channel, pinned, release = self._assigned(robot)
         manifest = self.release(release)["manifest"] if release else None
         return Assignment(robot, channel, pinned, release, manifest)
@@ -389,7 +395,7 @@ class Registry:
             (robot,),
         )
         if row is None:
-            raise RegistryError(f"no robot {robot!r}", 404)
+            raise RegistryNotFound(f"no robot {robot!r}")
         return row["channel"], row["pinned"] is not None, row["pinned"] or row["release"]
 
     async def wait_assignment(self, robot: str, known: str | None, wait_s: float, every_s: float = 0.1) -> Assignment:
@@ -398,7 +404,7 @@ class Registry:
         A coroutine that looks at the version every `every_s` and at the database only when the version moved:
         a fleet of robots waiting holds no threads (a thread each would exhaust a server's pool at 40 robots).
 
-        Raises RegistryError (404).
+        Raises RegistryNotFound.
         """
         deadline, seen = time.monotonic() + wait_s, None
         while not self._closing:
@@ -416,13 +422,13 @@ class Registry:
     def heartbeat(self, robot: str, running: str | None, status: dict[str, Any]) -> None:
         """Record what a robot runs now and its figures (control rate, health, ...).
 
-        Raises RegistryError (422): a status over MAX_STATUS_BYTES or a malformed release name.
+        Raises BadReport: a status over MAX_STATUS_BYTES or a malformed release name.
         """
         if json_depth(status) > MAX_JSON_DEPTH:  # stored, then served to operators: deep nesting breaks the encoder
-            raise RegistryError(f"heartbeat status nests deeper than {MAX_JSON_DEPTH} levels", 422)
+            raise BadReport(f"heartbeat status nests deeper than {MAX_JSON_DEPTH} levels")
         raw = json.dumps(status)
         if len(raw) > MAX_STATUS_BYTES:
-            raise RegistryError(f"heartbeat status is {len(raw)} bytes of JSON; at most {MAX_STATUS_BYTES}", 422)
+            raise BadReport(f"heartbeat status is {len(raw)} bytes of JSON; at most {MAX_STATUS_BYTES}")
         self._tx(
             [
                 (
@@ -439,7 +445,7 @@ class Registry:
             raise RegistryError(f"unknown event kind {kind!r}: swap, rollback or refused")
         release, previous = _release_name(release), _release_name(previous)
         if kind == "swap" and release is not None:
-            self.release(release)  # 404: a robot cannot claim to run a release that was never published
+            self.release(release)  # RegistryNotFound: a robot cannot claim to run a release that was never published
         sets = [self._event(kind, robot=robot, release=release, previous=previous, detail=detail[:2000])]
         if kind in ("swap", "rollback"):
             sets.append(("UPDATE robots SET running = ?, last_seen = ? WHERE id = ?", (release, time.time(), robot)))
@@ -458,10 +464,10 @@ class Registry:
 
 
 def _release_name(name: str | None) -> str | None:
-    """A release name a robot reports (None: nothing running). Raises RegistryError (422) for a malformed one."""
+    """A release name a robot reports (None: nothing running). Raises BadReport for a malformed one."""
     if name is None:
         return None
     try:
         return check_release_name(name)
     except BadManifest as error:
-        raise RegistryError(str(error), 422) from None
+        raise BadReport(str(error)) from None

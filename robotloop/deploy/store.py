@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import Refused, Unavailable
 from ..storage.private import private_dir
 from .client import DeployClient
 from .fetch import XetFetcher
@@ -44,11 +45,11 @@ log = logging.getLogger(__name__)
 PIECE_BYTES = 16 * 2**20  # resume granularity: a crash loses at most one piece in flight
 
 
-class IntegrityError(RuntimeError):
+class IntegrityError(Refused, RuntimeError):
     """Downloaded or stored bytes do not match the signed manifest (tampered, corrupted or truncated)."""
 
 
-class PullCancelled(RuntimeError):
+class PullCancelled(Unavailable, RuntimeError):
     """The pull was asked to stop (the robot is shutting down); its complete pieces stay staged for the next."""
 
 

@@ -33,15 +33,17 @@ from huggingface_hub.errors import BucketNotFoundError, EntryNotFoundError, HfHu
 from huggingface_hub.utils import build_hf_headers
 from huggingface_hub.utils._xet import XetTokenType, get_xet_session, xet_connection_info_refresh_url
 
+from .. import errors
+from ..errors import RobotloopError
 from .cache import ReadCache
 from .urls import BucketUrl
 
 
-class StorageError(RuntimeError):
+class StorageError(RobotloopError, RuntimeError):
     """A bucket operation failed; the message names the bucket, the path and what to do."""
 
 
-class NotFound(StorageError, FileNotFoundError):
+class NotFound(StorageError, errors.NotFound, FileNotFoundError):
     """The bucket or the path does not exist."""
 
 

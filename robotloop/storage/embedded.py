@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from ..errors import Unavailable
 from ..service_process import ServiceStartError, free_port, start_service_process
 from .private import private_dir
 from .server.auth import token_proof
@@ -33,7 +34,7 @@ class LocalServer:
     pid: int | None
 
 
-class EmbeddedServerError(RuntimeError):
+class EmbeddedServerError(Unavailable, RuntimeError):
     """The embedded bucket server could not be started; the message points to its log."""
 
 

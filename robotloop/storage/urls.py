@@ -12,8 +12,10 @@ from pathlib import PurePosixPath
 from huggingface_hub.errors import HfUriError, HFValidationError
 from huggingface_hub.utils import parse_hf_uri, validate_repo_id
 
+from ..errors import BadInput
 
-class BadBucketUrl(ValueError):
+
+class BadBucketUrl(BadInput, ValueError):
     """A string is not a usable `hf://buckets/...` URL."""
 
 

@@ -53,6 +53,7 @@ import pyarrow.parquet as pq
 import torch
 import torch.multiprocessing as mp
 
+from ..errors import BadInput, Unavailable
 from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError
 
 log = logging.getLogger(__name__)
@@ -61,11 +62,11 @@ STATE_KEY, ACTION_KEY = "observation.state", "action"
 _DEFAULT_KEYS = {"timestamp", "frame_index", "episode_index", "index", "task_index"}
 
 
-class DatasetMismatch(ValueError):
+class DatasetMismatch(BadInput, ValueError):
     """Datasets given to one sampler do not share features (or frame rate); the message says which."""
 
 
-class DataError(RuntimeError):
+class DataError(Unavailable, RuntimeError):
     """An episode could not be read or decoded after retries; the message names the episode and the cause."""
 
 

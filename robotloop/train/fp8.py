@@ -48,6 +48,8 @@ from typing import Literal
 import torch
 from torch import nn
 
+from ..errors import BadInput
+
 log = logging.getLogger(__name__)
 
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # TorchAO's Float8LinearRecipeName values
@@ -57,7 +59,7 @@ MIN_SPEEDUP = 1.05  # "auto" converts a shape only if FP8 beats bf16 by 5%: per-
 FP8_ALIGN = 16  # torch._scaled_mm: in_features and out_features must be multiples of 16
 
 
-class Fp8Error(ValueError):
+class Fp8Error(BadInput, ValueError):
     """FP8 was asked for and cannot run correctly here."""
 
 

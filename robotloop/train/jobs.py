@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from ..errors import Busy, NotFound
 from ..storage import BucketUrl
 from ..storage.private import private_dir
 
@@ -50,12 +51,12 @@ FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 LOG_CHUNK = 64 * 1024
 
 
-class QueueFull(RuntimeError):
-    """Too many jobs wait already (HTTP 429)."""
+class QueueFull(Busy, RuntimeError):
+    """Too many jobs wait already; submit again once one has finished."""
 
 
-class UnknownJob(KeyError):
-    """No job with this id (HTTP 404)."""
+class UnknownJob(NotFound, KeyError):
+    """No job with this id."""
 
     def __str__(self) -> str:
         return f"no job '{self.args[0]}'; GET /v1/jobs lists the jobs"

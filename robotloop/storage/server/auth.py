@@ -21,9 +21,9 @@ Two kinds of credentials exist:
 Rules enforced by :meth:`TokenStore.authorize`:
 
 * Buckets are private by default. Anonymous callers may only *read* buckets marked public.
-* No token (on a write or a private read) or an unknown token -> :class:`Unauthorized` (401).
+* No token (on a write or a private read) or an unknown token -> :class:`Unauthorized`.
 * A valid token used outside its namespace, or a read token used for a write
-  -> :class:`Forbidden` (403). Public buckets stay readable by any valid token.
+  -> :class:`Forbidden`. Public buckets stay readable by any valid token.
 
 **Open local mode** (no tokens file, the embedded default on localhost): every request is
 allowed, with or without a token, and ``me`` means namespace :data:`DEFAULT_NAMESPACE`.
@@ -44,6 +44,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...errors import BadInput, Refused
+
 DEFAULT_NAMESPACE = "local"
 """Namespace that ``me`` resolves to in open local mode and for ``*`` tokens (which have no home)."""
 
@@ -52,25 +54,19 @@ CAS_TOKEN_TTL_S = 3600
 _CAS_SECRET_FILE = "cas_token_secret"
 
 
-class AuthError(Exception):
-    """Base class for authentication/authorization failures; ``status`` is the HTTP code."""
-
-    status = 401
+class AuthError(Refused):
+    """Base class for authentication/authorization failures."""
 
 
 class Unauthorized(AuthError):
-    """No credentials or unknown credentials (HTTP 401)."""
-
-    status = 401
+    """No credentials or unknown credentials: the caller may retry with a token."""
 
 
 class Forbidden(AuthError):
-    """Valid credentials that do not grant the requested access (HTTP 403)."""
-
-    status = 403
+    """Valid credentials that do not grant the requested access."""
 
 
-class TokensFileError(ValueError):
+class TokensFileError(BadInput, ValueError):
     """The tokens file is malformed; the message names the file and the line number."""
 
 

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...errors import BadInput, Conflict, NotFound, RobotloopError
 from ..private import private_dir
 
 MAX_PATH_BYTES = 1024
@@ -42,39 +43,40 @@ FileSizeFn = Callable[[str], "int | None"]
 """``file_size(xet_hash) -> size in bytes, or None if the CAS does not know the hash``."""
 
 
-class BucketError(Exception):
-    """Base class of bucket-store errors; ``status`` is the HTTP code the API maps it to."""
-
-    status = 400
+class BucketError(RobotloopError):
+    """Base class of bucket-store errors; each kind names its category (`robotloop.errors`) first."""
 
 
-class InvalidName(BucketError):
+class InvalidName(BadInput, BucketError):
     """Invalid namespace or bucket name."""
 
 
-class InvalidPath(BucketError):
+class InvalidPath(BadInput, BucketError):
     """A file path that cannot be stored (traversal, absolute, NUL, empty segment, too long)."""
 
 
-class BucketNotFound(BucketError):
-    status = 404
+class InvalidOperation(BadInput, BucketError):
+    """One operation of a batch cannot apply: a malformed or unknown hash, a size mismatch, a copy from nowhere."""
 
 
-class EntryNotFound(BucketError):
-    status = 404
+class BucketNotFound(NotFound, BucketError):
+    """No bucket of that name, or the caller cannot see it."""
 
 
-class BucketExists(BucketError):
-    status = 409
+class EntryNotFound(NotFound, BucketError):
+    """No file at that path in the bucket."""
+
+
+class BucketExists(Conflict, BucketError):
+    """A bucket of that name exists already."""
 
 
 @dataclass
-class BatchRejected(BucketError):
+class BatchRejected(BadInput, BucketError):
     """A batch was refused as a whole; ``failures`` is ``[{"path": ..., "error": ...}]``."""
 
     bucket_id: str
     failures: list[dict[str, str]]
-    status = 422
 
     def __str__(self) -> str:
         lines = "; ".join(f"{f['path']}: {f['error']}" for f in self.failures[:10])
@@ -538,7 +540,7 @@ class BucketStore:
         """
         bucket_ref = f"{namespace}/{name}"
         conn = self._conn()
-        self._bucket_id(conn, namespace, name)  # fail fast with 404
+        self._bucket_id(conn, namespace, name)  # fail fast with BucketNotFound
         resolved, failures = self._resolve_operations(conn, bucket_ref, operations, can_read_source)
         if failures:
             raise BatchRejected(bucket_ref, failures)
@@ -593,21 +595,21 @@ class BucketStore:
             return 0
         where = f"'{op.path}' in bucket '{bucket_ref}'"
         if not _HASH_RE.match(op.xet_hash or ""):
-            raise BucketError(f"invalid xet hash {op.xet_hash!r} for {where}: expected 64 lowercase hex chars")
+            raise InvalidOperation(f"invalid xet hash {op.xet_hash!r} for {where}: expected 64 lowercase hex chars")
         if isinstance(op, CopyFile):
             return self._copy_source_size(conn, where, op, can_read_source)
         size = self._file_size(op.xet_hash)
         if size is None:
-            raise BucketError(f"xet hash {op.xet_hash} for {where} is unknown to the CAS: upload its shard first")
+            raise InvalidOperation(f"xet hash {op.xet_hash} for {where} is unknown to the CAS: upload its shard first")
         if op.size is not None and op.size != size:
-            raise BucketError(f"size mismatch for {where}: client says {op.size} bytes, CAS has {size}")
+            raise InvalidOperation(f"size mismatch for {where}: client says {op.size} bytes, CAS has {size}")
         namespace = bucket_ref.partition("/")[0]
         if (
             size
             and not self._uploaded_by(namespace, op.xet_hash)
             and not self._readable_elsewhere(conn, op.xet_hash, can_read_source)
         ):
-            raise BucketError(
+            raise InvalidOperation(
                 f"xet hash {op.xet_hash} for {where} was not uploaded to namespace '{namespace}' and is "
                 "in no bucket you can read: upload the file itself"
             )
@@ -640,16 +642,16 @@ class BucketStore:
         self, conn: sqlite3.Connection, where: str, op: CopyFile, can_read_source: Callable[[str, str], bool]
     ) -> int:
         if op.source_repo_type != "bucket":
-            raise BucketError(f"copy to {where}: only bucket sources are hosted here, not {op.source_repo_type!r}")
+            raise InvalidOperation(f"copy to {where}: only bucket sources are hosted here, not {op.source_repo_type!r}")
         src_ns, _, src_name = op.source_repo_id.partition("/")
         row = conn.execute("SELECT id FROM buckets WHERE namespace = ? AND name = ?", (src_ns, src_name)).fetchone()
         if row is None or not can_read_source(src_ns, src_name):
-            raise BucketError(f"copy to {where}: source bucket '{op.source_repo_id}' not found")
+            raise InvalidOperation(f"copy to {where}: source bucket '{op.source_repo_id}' not found")
         hit = conn.execute(
             "SELECT size FROM files WHERE bucket_id = ? AND xet_hash = ? LIMIT 1", (row["id"], op.xet_hash)
         ).fetchone()
         if hit is None:
-            raise BucketError(f"copy to {where}: no file with hash {op.xet_hash} in bucket '{op.source_repo_id}'")
+            raise InvalidOperation(f"copy to {where}: no file with hash {op.xet_hash} in bucket '{op.source_repo_id}'")
         return int(hit["size"])
 
     # --- helpers ------------------------------------------------------------------------

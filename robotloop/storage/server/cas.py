@@ -29,6 +29,9 @@ from typing import BinaryIO
 
 from robotloop.storage.server import xet_format as xf
 
+from ... import errors
+from ...errors import BadInput, NotFound, RobotloopError, Unavailable
+
 MAX_XORB_BYTES = 80 * 1024 * 1024  # client caps xorbs at 64 MiB of chunk data + headers/footer
 MAX_SHARD_BYTES = 128 * 1024 * 1024
 FETCH_URL_TTL_S = 3600
@@ -38,19 +41,19 @@ COUNTER_FLUSH_S = 1.0
 Body = bytes | bytearray | memoryview | Iterable[bytes] | BinaryIO
 
 
-class CasError(Exception):
+class CasError(RobotloopError):
     """Base of all store errors; the message names the object and what is wrong."""
 
 
-class BadHash(CasError):
+class BadHash(BadInput, CasError):
     """A hash argument is not 64 lowercase hex digits."""
 
 
-class CorruptXorb(CasError):
+class CorruptXorb(BadInput, CasError):
     """Xorb bytes are malformed or do not hash to the claimed hash."""
 
 
-class CorruptShard(CasError):
+class CorruptShard(BadInput, CasError):
     """Shard bytes are malformed or disagree with the stored xorbs."""
 
 
@@ -58,24 +61,24 @@ class TruncatedShard(CorruptShard):
     """Shard bytes end inside a section."""
 
 
-class UnknownXorb(CasError):
+class UnknownXorb(NotFound, CasError):
     """A xorb that is not stored was referenced or requested."""
 
 
-class DamagedXorb(CasError):
+class DamagedXorb(Unavailable, CasError):
     """A stored xorb's bytes no longer match the chunk hashes it was verified with at upload (a flipped bit on disk,
     a truncated or edited file). Its bytes are never served; uploading the xorb again repairs it."""
 
 
-class UnknownFile(CasError):
+class UnknownFile(NotFound, CasError):
     """No shard has registered this file hash."""
 
 
-class RangeNotSatisfiable(CasError):
+class RangeNotSatisfiable(BadInput, CasError):
     """Requested byte range starts at or beyond the end of the object."""
 
 
-class TooLarge(CasError):
+class TooLarge(errors.TooLarge, CasError):
     """Body exceeds the configured size limit."""
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import blake3
 import lz4.frame
 
+from ...errors import BadInput
+
 # ---------------------------------------------------------------------------------------------
 # Hashing
 
@@ -137,7 +139,7 @@ GLOBAL_DEDUP_MODULUS = 1024  # a chunk is globally dedup-eligible when hash % 10
 MERKLE_BRANCHING = 4  # mean branching factor of the xorb/file merkle tree
 
 
-class FormatError(ValueError):
+class FormatError(BadInput, ValueError):
     """Bytes that do not follow the Xet xorb or shard format."""
 
 

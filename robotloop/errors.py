@@ -1,0 +1,85 @@
+"""robotloop's one error model: every error the library raises on purpose is a `RobotloopError`, filed under one
+category that says what the caller can do about it.
+
+    RobotloopError            something robotloop refuses or cannot do; the message says what and what to do
+    ├── BadInput              the request itself is wrong: fix it (a bad bucket URL, a malformed manifest)
+    │   └── TooLarge          ... because it is over a size limit
+    ├── NotFound              what it names does not exist (a bucket, a file, a job, a robot)
+    ├── Conflict              it clashes with what exists (a bucket or a release of that name)
+    ├── Refused               who asks may not (no or unknown token, no permission, a bad signature or hash)
+    └── Unavailable           a server or a dependency cannot serve it now (unreachable, no GPU, not installed)
+        └── Busy              ... because a queue or a limit is full: try again later
+
+A library error names its category as its first base; a family base (`BucketError`, `CasError`, ...) comes next,
+and a built-in that callers caught before (`ValueError`, `KeyError`, `FileNotFoundError`) stays as a last base so
+that nothing that worked breaks:
+
+    ```python
+    class BucketNotFound(NotFound, BucketError): ...
+    class BadBucketUrl(BadInput, ValueError): ...
+    ```
+
+The front ends map categories, never single classes, to what they answer, each in one place: the CLI to exit
+codes (`robotloop.cli.output.EXIT_CODES`), the services to HTTP statuses (`services.errors.HTTP_STATUS`), the
+agent's tools to an error result. They catch `RobotloopError` only: anything else is a bug and shows its
+traceback.
+
+    ```python
+    >>> from robotloop.storage.urls import parse_bucket_url
+    >>> try:
+    ...     parse_bucket_url("s3://nope")
+    ... except RobotloopError as error:
+    ...     print(category(error).__name__)
+    BadInput
+    ```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class RobotloopError(Exception):
+    """Root of every error robotloop raises on purpose; front ends catch this one, and only this one."""
+
+
+class BadInput(RobotloopError):
+    """The request is wrong in itself (a name, a URL, a file's contents, an option): fixing it is the way out."""
+
+
+class TooLarge(BadInput):
+    """The request is over a size or count limit."""
+
+
+class NotFound(RobotloopError):
+    """What the request names does not exist, or the caller cannot see it."""
+
+
+class Conflict(RobotloopError):
+    """The request clashes with something that exists (a name taken, a spec that differs)."""
+
+
+class Refused(RobotloopError):
+    """Who asks may not: no or unknown credentials, no permission, a bad signature, bytes that fail their hash."""
+
+
+class Unavailable(RobotloopError):
+    """A server or a dependency cannot serve the request now: unreachable, not started, missing hardware."""
+
+
+class Busy(Unavailable):
+    """A queue or a limit is full; the same request may succeed later."""
+
+
+CATEGORIES: tuple[type[RobotloopError], ...] = (BadInput, TooLarge, NotFound, Conflict, Refused, Unavailable, Busy)
+
+
+def category(error: RobotloopError) -> type[RobotloopError]:
+    """The most specific category `error` is filed under (RobotloopError itself for an uncategorized one)."""
+    return next((kind for kind in type(error).__mro__ if kind in CATEGORIES), RobotloopError)
+
+
+def lookup[V](error: RobotloopError, table: Mapping[type, V]) -> V:
+    """The entry of `table` for the first class of `error`'s MRO it names. Front ends key their tables by category
+    (and by a few classes whose answer the wire protocol fixed long ago); the table must name RobotloopError."""
+    return next(table[kind] for kind in type(error).__mro__ if kind in table)
