@@ -7,8 +7,11 @@ category that says what the caller can do about it.
     ├── NotFound              what it names does not exist (a bucket, a file, a job, a robot)
     ├── Conflict              it clashes with what exists (a bucket or a release of that name)
     ├── Refused               who asks may not (no or unknown token, no permission, a bad signature or hash)
-    └── Unavailable           a server or a dependency cannot serve it now (unreachable, no GPU, not installed)
+    └── Unavailable           a server or a dependency cannot serve it now (unreachable, not started)
         └── Busy              ... because a queue or a limit is full: try again later
+
+`BadValue` (a BadInput and a ValueError) and `MissingFile` (a NotFound and a FileNotFoundError) are for the many
+places that raised the built-in before.
 
 A library error names its category as its first base; a family base (`BucketError`, `CasError`, ...) comes next,
 and a built-in that callers caught before (`ValueError`, `KeyError`, `FileNotFoundError`) stays as a last base so
@@ -69,6 +72,18 @@ class Unavailable(RobotloopError):
 
 class Busy(Unavailable):
     """A queue or a limit is full; the same request may succeed later."""
+
+
+# Two kinds raised where code raised the built-in before: they keep it as a base, so callers (and lerobot) that
+# caught ValueError / FileNotFoundError still do.
+
+
+class BadValue(BadInput, ValueError):
+    """An argument or a setting outside what it may be; the message names it and what it may be."""
+
+
+class MissingFile(NotFound, FileNotFoundError):
+    """A local file or folder the request names does not exist."""
 
 
 CATEGORIES: tuple[type[RobotloopError], ...] = (BadInput, TooLarge, NotFound, Conflict, Refused, Unavailable, Busy)

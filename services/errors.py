@@ -1,5 +1,18 @@
-"""How every robotloop service refuses a request: `{"error": message}` with the status, for its own errors, for
-FastAPI's validation errors and for Starlette's (unknown route, wrong method), so clients read one shape."""
+"""How every robotloop service refuses a request: `{"error": message}` with the status, for robotloop's own errors
+(`robotloop.errors`), for FastAPI's validation errors and for Starlette's (unknown route, wrong method), so
+clients read one shape.
+
+`HTTP_STATUS` is the one place a robotloop error becomes an HTTP status: a category maps to its status, and the few
+classes listed after the categories keep the status their API has answered with since before the categories (the
+Hub's clients and the robots read them). An error takes the entry of the first class of its MRO the table names.
+
+Example:
+    ```python
+    >>> http_status(BucketNotFound("bucket 'lab/x' not found"))
+    404
+    >>> json_errors(app)  # every FastAPI app of services/, once
+    ```
+"""
 
 from __future__ import annotations
 
@@ -10,20 +23,68 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from robotloop.capture.episode import BadEpisode
+from robotloop.deploy.keys import BadSignature
+from robotloop.deploy.manifest import BadManifest
+from robotloop.deploy.registry import BadReport
+from robotloop.errors import (
+    BadInput,
+    Busy,
+    Conflict,
+    NotFound,
+    Refused,
+    RobotloopError,
+    TooLarge,
+    Unavailable,
+    lookup,
+)
+from robotloop.storage.client import StorageError
+from robotloop.storage.server.auth import Unauthorized
+from robotloop.storage.server.buckets import BatchRejected
+from robotloop.storage.server.cas import DamagedXorb, RangeNotSatisfiable
+
+HTTP_STATUS: dict[type[RobotloopError], int] = {
+    RobotloopError: 500,  # filed under no category: the server failed at something, not the caller
+    BadInput: 400,
+    TooLarge: 413,
+    NotFound: 404,
+    Conflict: 409,
+    Refused: 403,
+    Unavailable: 503,
+    Busy: 429,
+    # Classes whose status their API fixed first:
+    Unauthorized: 401,  # 401 is what makes a client ask for a token; 403 means the token it has is not enough
+    BatchRejected: 422,  # the batch parsed, each failure is listed in the answer
+    BadManifest: 422,
+    BadSignature: 422,  # an untrusted manifest is content the deploy service cannot accept, not a missing right
+    BadReport: 422,
+    BadEpisode: 422,
+    RangeNotSatisfiable: 416,
+    # The server's own bytes are bad: never sent, and said so. Not a 5xx: clients retry those for minutes, and the
+    # bytes will not come back by waiting; 410 ends the read at once with the message.
+    DamagedXorb: 410,
+    # A service that stores into a bucket server (capture) reports that server's failure as a bad gateway, whatever
+    # the storage error's category: the caller's request was fine.
+    StorageError: 502,
+}
+
+
+def http_status(error: RobotloopError) -> int:
+    """The status a service answers `error` with."""
+    return lookup(error, HTTP_STATUS)
+
 
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def json_errors(
-    app: FastAPI,
-    statuses: dict[type[Exception], int | None],
-    validation_status: int = 422,
-    respond: Callable[..., JSONResponse] = error_response,
+    app: FastAPI, validation_status: int = 422, respond: Callable[..., JSONResponse] = error_response
 ) -> None:
-    """Install the handlers. `statuses` maps the service's exception types to their HTTP status; None takes the
-    exception's own `status` attribute (422 when it has none). `respond(status, message, headers=...)` builds
-    the answer (the bucket server's adds the Hub's X-Error-Message header)."""
+    """Install the handlers: RobotloopError by `HTTP_STATUS`, FastAPI's validation errors as `validation_status`,
+    Starlette's HTTPException as its own status. `respond(status, message, headers=...)` builds the answer (the
+    bucket server's adds the Hub's X-Error-Message header). Anything else is a bug: a 500, with its traceback in the
+    log."""
 
     async def http_error(request: Request, err: HTTPException) -> JSONResponse:
         return respond(err.status_code, str(err.detail), headers=err.headers)
@@ -32,13 +93,9 @@ def json_errors(
         where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors()[:5])
         return respond(validation_status, f"bad request: {where}")
 
-    def refusal(status: int | None):
-        async def handle(request: Request, err: Exception) -> JSONResponse:
-            return respond(status or getattr(err, "status", 422), str(err))
-
-        return handle
+    async def refusal(request: Request, err: RobotloopError) -> JSONResponse:
+        return respond(http_status(err), str(err))
 
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(RequestValidationError, bad_request)
-    for kind, status in statuses.items():
-        app.add_exception_handler(kind, refusal(status))
+    app.add_exception_handler(RobotloopError, refusal)

@@ -25,6 +25,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
+from robotloop.errors import BadValue
 from robotloop.storage.private import private_dir
 from robotloop.storage.server.auth import AuthError, CasClaims, TokenStore, bearer_from_header, load_or_create_secret
 from robotloop.storage.server.buckets import BucketStore
@@ -32,7 +33,7 @@ from robotloop.storage.server.cas import CasStore
 from robotloop.storage.server.files import read_file_range, server_stats
 from services.bucket.cas_api import cas_router
 from services.bucket.hub_api import error_response, hub_router
-from services.errors import json_errors
+from services.errors import http_status, json_errors
 from services.limits import BodyLimit
 from services.ports import require_free_port
 
@@ -48,7 +49,7 @@ def _cas_authorize(tokens: TokenStore):
         try:
             return tokens.verify_cas_token(bearer_from_header(request.headers.get("authorization")), write)
         except AuthError as err:
-            raise HTTPException(err.status, str(err)) from None
+            raise HTTPException(http_status(err), str(err)) from None
 
     return authorize
 
@@ -99,12 +100,12 @@ def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int 
         try:
             who = tokens.principal(bearer_from_header(request.headers.get("authorization")))
         except AuthError as err:
-            return error_response(err.status, str(err))
+            return error_response(http_status(err), str(err))
         if who.anonymous:
             return error_response(401, "stats need a token")
         return JSONResponse(server_stats(cas, buckets))
 
-    json_errors(app, {}, respond=error_response)  # unknown routes, wrong methods, CAS refusals: the Hub's shape
+    json_errors(app, respond=error_response)  # unknown routes, wrong methods, CAS refusals: the Hub's shape
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes, respond=error_response)
     return app
 
@@ -134,7 +135,7 @@ def serve(
     import uvicorn
 
     if tokens_file is None and not _is_loopback(host):
-        raise ValueError(f"refusing to serve without a tokens file on non-loopback host {host!r}; pass --tokens FILE")
+        raise BadValue(f"refusing to serve without a tokens file on non-loopback host {host!r}; pass --tokens FILE")
     app = create_app(Path(root), Path(tokens_file) if tokens_file else None, max_body_bytes)
     require_free_port(host, port)
     mode = f"tokens from {tokens_file}" if tokens_file else "OPEN local mode (no tokens file)"

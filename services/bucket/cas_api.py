@@ -10,7 +10,7 @@ Endpoints (all JSON errors are {"detail": "..."}):
     POST /v1/xorb-grants/..., POST /v2/shards, GET /v2/reconstructions/... -> 404, which makes
         hf_xet 1.8 fall back to the direct v1 endpoints above.
 
-This module only maps HTTP to CasStore calls and CasError types to status codes.
+This module only maps HTTP to CasStore calls; CasError types become statuses by services.errors.HTTP_STATUS.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from robotloop.storage.server import cas
+from services.errors import http_status
 
 Authorize = Callable[[Request, bool], Any]  # returns the token's claims (whatever `MayRead` understands)
 MayRead = Callable[[Any, str], bool]
@@ -31,21 +32,11 @@ _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 XORB_PREFIXES = ("default",)
 DEDUP_PREFIXES = ("default", "default-merkledb")  # hf_xet 1.8 sends "default"; the spec names the other
 
-_STATUS: list[tuple[type[cas.CasError], int]] = [
-    (cas.TooLarge, 413),
-    (cas.RangeNotSatisfiable, 416),
-    (cas.UnknownFile, 404),
-    # The server's own bytes are bad: never sent, and said so. Not a 5xx: clients retry those for minutes, and
-    # the bytes will not come back by waiting; 410 ends the read at once with the message.
-    (cas.DamagedXorb, 410),
-    (cas.CasError, 400),  # BadHash, CorruptXorb, CorruptShard, TruncatedShard, UnknownXorb (upload)
-]
-
 
 def _http_error(e: cas.CasError, method: str) -> HTTPException:
-    if isinstance(e, cas.UnknownXorb) and method == "GET":
-        return HTTPException(404, str(e))  # reading a missing xorb; on upload it is a bad shard
-    return HTTPException(next(code for t, code in _STATUS if isinstance(e, t)), str(e))
+    if isinstance(e, cas.UnknownXorb) and method != "GET":
+        return HTTPException(400, str(e))  # a shard naming a xorb that was never uploaded is a bad shard
+    return HTTPException(http_status(e), str(e))
 
 
 async def _run(request: Request, fn: Callable, *args):

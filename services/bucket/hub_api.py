@@ -40,6 +40,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from robotloop.errors import RobotloopError
 from robotloop.storage.server.auth import AuthError, Principal, TokenStore, Unauthorized, bearer_from_header
 from robotloop.storage.server.buckets import (
     PAGE_SIZE,
@@ -58,7 +59,8 @@ from robotloop.storage.server.buckets import (
     Operation,
     tree_cursor,
 )
-from robotloop.storage.server.cas import CasError, DamagedXorb
+from robotloop.storage.server.cas import CasError
+from services.errors import http_status
 
 FileReader = Callable[[str, int, int], Iterator[bytes]]
 """``read(xet_hash, start, end_exclusive) -> byte chunks`` of a stored file (from the CAS)."""
@@ -119,18 +121,18 @@ def _hub_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _as_response(err: Exception) -> Response:
-    """Map a known error to its response; re-raise anything else (a bug -> 500 in the logs)."""
+    """Map a known error to its response in the Hub's shape; re-raise anything else (a bug -> 500 in the logs)."""
     if isinstance(err, HubError):
         return error_response(err.status, err.message, err.code)
-    if isinstance(err, BatchRejected):
-        return JSONResponse({"error": str(err), "failed": err.failures}, status_code=422)
-    if isinstance(err, BucketNotFound):
-        return error_response(404, str(err), "RepoNotFound")
-    if isinstance(err, EntryNotFound):
-        return error_response(404, str(err), "EntryNotFound")
-    if isinstance(err, (BucketError, AuthError)):
-        return error_response(err.status, str(err))
+    if isinstance(err, BatchRejected):  # the Hub lists each failure under "failed", without the header
+        return JSONResponse({"error": str(err), "failed": err.failures}, status_code=http_status(err))
+    if isinstance(err, RobotloopError):
+        return error_response(http_status(err), str(err), _HUB_CODES.get(type(err)))
     raise err
+
+
+# The Hub's X-Error-Code values: huggingface_hub raises RepositoryNotFoundError / EntryNotFoundError on them.
+_HUB_CODES = {BucketNotFound: "RepoNotFound", EntryNotFound: "EntryNotFound"}
 
 
 def iso(ts: float | None) -> str | None:
@@ -537,7 +539,7 @@ def hub_router(
         try:  # the first term before any header: a damaged file is an error status, not a 200 cut short
             first = next(pieces, b"")
         except CasError as error:
-            return error_response(410 if isinstance(error, DamagedXorb) else 404, str(error))  # 410: see cas_api
+            return error_response(http_status(error), str(error))  # lost (404) or damaged (410) in the CAS
         # A later damaged term ends the body early (its bytes are never sent): the client sees a short read.
         return StreamingResponse(itertools.chain([first], pieces), status_code=status, headers=headers)
 

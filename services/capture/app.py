@@ -43,28 +43,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from robotloop.capture import BadEpisode
-from robotloop.capture.sessions import EpisodeSessions, Limits, SpecConflict, TooLarge, TooManyEpisodes, UnknownEpisode
+from robotloop.capture.sessions import EpisodeSessions, Limits
 from robotloop.config import Settings
-from robotloop.storage import BadBucketUrl, BucketClient, BucketUrl, StorageError, connect
-from robotloop.storage.server.auth import AuthError, TokenStore
+from robotloop.errors import BadValue
+from robotloop.storage import BucketClient, BucketUrl, connect
+from robotloop.storage.server.auth import TokenStore
 from services.errors import json_errors
 from services.limits import BodyLimit
 from services.ports import require_free_port
 
 log = logging.getLogger("robotloop.capture")
-
-# Library errors -> HTTP status. Their messages are written for the robot's operator and are sent as they are.
-ERROR_STATUS: dict[type[Exception], int] = {
-    BadBucketUrl: 400,
-    UnknownEpisode: 404,
-    SpecConflict: 409,
-    TooLarge: 413,
-    BadEpisode: 422,
-    TooManyEpisodes: 429,
-    StorageError: 502,
-}
-
 
 CameraName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_]{1,64}$")]
 Side = Annotated[int, Field(ge=1, le=4096)]
@@ -182,7 +170,7 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
         sessions.abort(who.id, episode_id)
         return {"aborted": episode_id}
 
-    json_errors(app, {AuthError: None, **ERROR_STATUS}, validation_status=400)
+    json_errors(app, validation_status=400)
 
     app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
     return app
@@ -202,7 +190,7 @@ def serve(
     cfg = settings.capture
     tokens_file = tokens_file or cfg.tokens_file
     if tokens_file is None:
-        raise ValueError(
+        raise BadValue(
             "the capture service needs robot tokens: pass --tokens FILE ('<token> write <namespace|*>' per line)"
         )
     host, port = host or cfg.host, port or cfg.port

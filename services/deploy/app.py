@@ -44,12 +44,12 @@ from typing import Annotated, Any
 from fastapi import Body, Depends, FastAPI, Query, Request
 
 from robotloop.config import Settings
-from robotloop.deploy.keys import BadSignature, load_public_keys
-from robotloop.deploy.manifest import BadManifest, SignedManifest
-from robotloop.deploy.registry import Registry, RegistryError, check_name
+from robotloop.deploy.keys import load_public_keys
+from robotloop.deploy.manifest import SignedManifest
+from robotloop.deploy.registry import Registry, check_name
+from robotloop.errors import BadValue
 from robotloop.storage.server.auth import (
     WILDCARD,
-    AuthError,
     Forbidden,
     TokenStore,
     bearer_from_header,
@@ -121,7 +121,7 @@ def create_app(
     tokens = TokenStore.from_file(Path(tokens_file))
     if not trusted_keys and not allow_any_signer:
         # Operators would see releases listed that every robot refuses (signed by anyone, or edited after signing).
-        raise ValueError(
+        raise BadValue(
             "the deploy service registers releases signed by trusted keys only: pass --trusted-key "
             "deploy.pub (deploy.trusted_keys), or --allow-any-signer to register releases signed by any "
             "key (robots still check against their own keys)"
@@ -256,8 +256,7 @@ def create_app(
             who.may_touch(robot or "")
         return {"events": registry.history(robot, channel, limit)}
 
-    # AuthError and RegistryError carry their HTTP status; a malformed or untrusted manifest is a 422.
-    json_errors(app, {AuthError: None, RegistryError: None, BadManifest: 422, BadSignature: 422})
+    json_errors(app)
 
     return app
 
@@ -288,7 +287,7 @@ def serve(
     cfg = settings.deploy
     tokens_file = tokens_file or cfg.tokens_file
     if tokens_file is None:
-        raise ValueError("the deploy service needs operator tokens: pass --tokens FILE ('<token> write *' per line)")
+        raise BadValue("the deploy service needs operator tokens: pass --tokens FILE ('<token> write *' per line)")
     host, port, db = host or cfg.host, port or cfg.port, db or cfg.db
     any_signer = cfg.allow_any_signer if allow_any_signer is None else allow_any_signer
     app = create_app(tokens_file, db, trusted_keys or cfg.trusted_keys, any_signer)

@@ -41,9 +41,10 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from robotloop.config import Settings
+from robotloop.errors import BadValue
 from robotloop.storage import BucketUrl, resolve_endpoint
 from robotloop.storage.server.auth import AuthError, TokenStore
-from robotloop.train.jobs import JobManager, JobSpec, QueueFull, UnknownJob
+from robotloop.train.jobs import JobManager, JobSpec, UnknownJob
 from services.errors import json_errors
 from services.limits import BodyLimit
 from services.ports import require_free_port
@@ -151,7 +152,7 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
         log.info("job %s cancelled", job_id)
         return dataclasses.asdict(jobs.cancel(job_id))
 
-    json_errors(app, {AuthError: None, QueueFull: 429, UnknownJob: 404})
+    json_errors(app)
 
     return app
 
@@ -174,9 +175,7 @@ def serve(
     cfg = settings.trainer
     tokens_file = tokens_file or cfg.tokens_file
     if tokens_file is None:
-        raise ValueError(
-            "the training service needs tokens: pass --tokens FILE ('<token> write <namespace|*>' per line)"
-        )
+        raise BadValue("the training service needs tokens: pass --tokens FILE ('<token> write <namespace|*>' per line)")
     host, port = host or cfg.host, port or cfg.port
     app = create_app(settings, tokens_file, root)
     require_free_port(host, port)
