@@ -23,34 +23,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from strands import tool
 
 from ..config import Settings
-from ..deploy.client import DeployClient, DeployError
-from ..deploy.errors import NonFiniteAction, PolicyLoadError
-from ..deploy.keys import DeployKeyError
-from ..deploy.manifest import BadManifest
-from ..deploy.publish import PublishError
-from ..storage import BucketClient, BucketUrl, StorageError, connect
-from ..train.client import TrainerClient, TrainerError
+from ..deploy.client import DeployClient
+from ..errors import RobotloopError
+from ..storage import BucketClient, BucketUrl, connect
+from ..train.client import TrainerClient
 from ..train.jobs import JobSpec
-
-# What a tool may fail with because of its input or a service's answer: reported to the model as an error
-# result. ValueError covers bad URLs (BadBucketUrl), bad sizes and pydantic validation; KeyError unknown tasks.
-EXPECTED = (
-    StorageError,
-    DeployError,
-    TrainerError,
-    PublishError,
-    DeployKeyError,
-    BadManifest,
-    PolicyLoadError,
-    NonFiniteAction,
-    FileNotFoundError,
-    ValueError,
-    KeyError,
-)
 
 
 @dataclass
@@ -81,13 +62,15 @@ def error(message: str) -> dict[str, Any]:
 
 
 def reported(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the expected failures of a tool into error results that say what went wrong."""
+    """Turn the failures robotloop expects (RobotloopError) into error results that say what went wrong."""
 
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except EXPECTED as e:
+        # A tool's own pydantic models (JobSpec) name the bad field in a ValidationError. Anything else is a bug:
+        # it reaches strands, which reports it with its traceback.
+        except (RobotloopError, ValidationError) as e:
             reason = e.args[0] if isinstance(e, KeyError) and e.args else str(e)  # str(KeyError) adds quotes
             return error(f"{fn.__name__} failed: {reason}")
 

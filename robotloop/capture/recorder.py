@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import CACHE_HOME
+from ..errors import BadValue
 from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError, private_dir
 from .episode import BadEpisode, Episode
 
@@ -65,7 +66,7 @@ class DatasetSpec:
         from lerobot.configs.video import VALID_VIDEO_CODECS, VIDEO_CODECS_ALIASES
 
         if VIDEO_CODECS_ALIASES.get(self.vcodec, self.vcodec) not in VALID_VIDEO_CODECS:
-            raise ValueError(f"video codec {self.vcodec!r}: lerobot encodes with one of {sorted(VALID_VIDEO_CODECS)}")
+            raise BadValue(f"video codec {self.vcodec!r}: lerobot encodes with one of {sorted(VALID_VIDEO_CODECS)}")
 
     @classmethod
     def aloha(cls, image_size: tuple[int, int] = (480, 640), vcodec: str = "libsvtav1") -> DatasetSpec:

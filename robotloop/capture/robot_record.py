@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from ..errors import BadValue
 from .recorder import ACTION_KEY, STATE_KEY, CommitReport, DatasetRecorder, DatasetSpec
 
 
@@ -107,7 +108,7 @@ def make_hardware(kind: str, type_name: str, port: str | None, id_: str | None):
     try:
         config_class = Config.get_choice_class(type_name)
     except KeyError:
-        raise ValueError(
+        raise BadValue(
             f"unknown {kind} type {type_name!r}; LeRobot knows {sorted(Config.get_known_choices())}"
         ) from None
     kwargs = {k: v for k, v in {"port": port, "id": id_}.items() if v is not None}

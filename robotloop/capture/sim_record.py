@@ -15,6 +15,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import BadValue
 from ..workers import die_with_parent
 from .episode import Episode
 from .recorder import CommitReport, DatasetRecorder, DatasetSpec, WrittenEpisode, write_episode
@@ -90,10 +91,10 @@ def record_sim(
     finish and are committed (so stopping waits for them).
 
     Raises:
-        KeyError: unknown task.
+        BadValue: unknown task.
     """
     if task not in TASK_TEXT:
-        raise KeyError(f"unknown sim task {task!r}; choose one of {sorted(TASK_TEXT)}")
+        raise BadValue(f"unknown sim task {task!r}; choose one of {sorted(TASK_TEXT)}")
     max_attempts = max_attempts or 2 * episodes
     report, start = RecordReport(task), time.perf_counter()
     next_seed = seed_start

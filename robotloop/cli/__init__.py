@@ -8,16 +8,17 @@ from typing import Annotated
 
 import typer
 
-from ..config import SettingsError, load_settings
+from ..config import load_settings
 from . import bucket, capture, demo, record, train, trainer_service
 from . import deploy as deploy_cli
 from . import robot as robot_cli
 from .agent import agent as agent_command
 from .eval import eval_policy
 from .loop import loop
-from .output import fail
+from .output import ReportErrors
 
 app = typer.Typer(
+    cls=ReportErrors,
     no_args_is_help=True,
     add_completion=False,
     help="Close the robot-learning data loop.\n\nSettings come from robotloop.toml (or the file in ROBOTLOOP_CONFIG), "
@@ -50,10 +51,7 @@ def main(
     ] = None,
 ) -> None:
     """Settings come from robotloop.toml, then ROBOTLOOP_* env vars, then these flags."""
-    try:
-        ctx.obj = load_settings({"storage": {"endpoint": endpoint, "token": token}})
-    except SettingsError as error:
-        raise fail(error) from None
+    ctx.obj = load_settings({"storage": {"endpoint": endpoint, "token": token}})  # SettingsError: ReportErrors
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..errors import RobotloopError
 from .output import fail
 
 console = Console()
@@ -30,7 +31,7 @@ def agent(
     from rich.markdown import Markdown
     from rich.panel import Panel
 
-    from ..agent import ModelUnavailable, make_agent
+    from ..agent import make_agent
 
     settings = ctx.obj
     try:
@@ -39,7 +40,7 @@ def agent(
             update={"agent": settings.agent.model_validate({**settings.agent.model_dump(), **overrides})}
         )
         runner = make_agent(settings, callback_handler=None)
-    except (ModelUnavailable, ValidationError) as error:
+    except (RobotloopError, ValidationError) as error:  # ValidationError: a bad --provider / --model-id
         raise fail(error) from None
     _show_tool_calls(runner)
     try:

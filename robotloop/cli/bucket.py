@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..storage import BadBucketUrl, BucketUrl, Entry, NotFound, StorageError, connect
+from ..storage import BadBucketUrl, BucketUrl, Entry, NotFound, connect
 from .output import fail
 
 app = typer.Typer(no_args_is_help=True, help="Work with Xet storage buckets (hf://buckets/<ns>/<bucket>/<path>).")
@@ -33,16 +33,13 @@ def create(
 ) -> None:
     """Create a bucket (private unless --public)."""
     root = BucketUrl(_url(url).bucket_id, "")
+    client = connect(ctx.obj)
     try:
-        client = connect(ctx.obj)
-        try:
-            client.ls(root)
-            console.print(f"{root} exists already (left as it is)")
-            return
-        except NotFound:
-            client.create_bucket(root, private=not public)
-    except StorageError as error:
-        raise fail(error) from None
+        client.ls(root)
+        console.print(f"{root} exists already (left as it is)")
+        return
+    except NotFound:
+        client.create_bucket(root, private=not public)
     console.print(f"created {root} ({'public' if public else 'private'})")
 
 
@@ -54,10 +51,7 @@ def ls(
 ) -> None:
     """List files and folders."""
     target = _url(url)
-    try:
-        entries = connect(ctx.obj).ls(target, recursive=recursive)
-    except StorageError as error:
-        raise fail(error) from None
+    entries = connect(ctx.obj).ls(target, recursive=recursive)
     if not entries and target.path:  # a mistyped path is not an empty folder (buckets have no empty folders)
         raise fail(f"nothing at {target}")
     table = Table("size", "xet hash", "path", box=None)
@@ -81,13 +75,10 @@ def put(
     target = _url(url)
     if url.endswith("/") and local.is_file() and target.path:
         target = target / local.name
-    try:
-        client = connect(ctx.obj)
-        if create:
-            client.create_bucket(target)
-        report = client.upload(local, target)
-    except (StorageError, FileNotFoundError) as error:
-        raise fail(error) from None
+    client = connect(ctx.obj)
+    if create:
+        client.create_bucket(target)
+    report = client.upload(local, target)
     if not report.files:
         raise fail(f"{local}: no files in it, nothing was uploaded")
     console.print(
@@ -102,10 +93,7 @@ def get(
 ) -> None:
     """Download a file, or every file under a folder."""
     target = _url(url)
-    try:
-        paths = connect(ctx.obj).fetch(target, dest)
-    except (StorageError, NotADirectoryError) as error:
-        raise fail(error) from None
+    paths = connect(ctx.obj).fetch(target, dest)
     if not paths:
         raise fail(f"nothing under {target}")
     console.print(f"downloaded {len(paths)} file(s) to {dest}")
@@ -119,10 +107,7 @@ def rm(
 ) -> None:
     """Delete a file, or with -R every file under a folder (one batch)."""
     target = _url(url)
-    try:
-        paths = connect(ctx.obj).delete(target, recursive=recursive)
-    except StorageError as error:
-        raise fail(error) from None
+    paths = connect(ctx.obj).delete(target, recursive=recursive)
     console.print(f"deleted {len(paths)} file(s) under {target}")
 
 
@@ -130,10 +115,7 @@ def rm(
 def du(ctx: typer.Context, url: UrlArg) -> None:
     """Total size of the files under a URL."""
     target = _url(url)
-    try:
-        total = connect(ctx.obj).du(target)
-    except StorageError as error:
-        raise fail(error) from None
+    total = connect(ctx.obj).du(target)
     console.print(f"{total:,} bytes\t{url}")
 
 
@@ -174,7 +156,4 @@ def serve(
     """Run the Hub-compatible Xet bucket server."""
     from services.bucket.app import serve as run_server
 
-    try:
-        run_server(root, host, port, tokens)
-    except (ValueError, FileNotFoundError) as error:  # open mode off loopback, a malformed or missing tokens file
-        raise fail(error) from None
+    run_server(root, host, port, tokens)

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from ..config import Settings, load_settings
-from .output import fail, quiet_encoders
+from .output import quiet_encoders
 
 app = typer.Typer(no_args_is_help=True, help="The capture service: robots stream episodes, it commits them to buckets.")
 console = Console()
@@ -27,7 +27,4 @@ def serve(
 
     settings: Settings = ctx.obj or load_settings()  # set by the `robotloop` callback (--endpoint, --token)
     quiet_encoders()
-    try:
-        run(settings, tokens, host, port)
-    except (ValueError, FileNotFoundError) as error:
-        raise fail(error) from None
+    run(settings, tokens, host, port)

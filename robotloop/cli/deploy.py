@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.table import Table
 
 from ..config import Settings, load_settings
-from .output import fail
 
 app = typer.Typer(no_args_is_help=True, help="Ship checkpoints to robots: signed releases, channels, rollbacks.")
 console = Console()
@@ -31,12 +30,9 @@ def _settings(ctx: typer.Context) -> Settings:
 
 
 def _client(ctx: typer.Context, url: str | None, token: str | None):
-    from ..deploy.client import DeployClient, DeployError
+    from ..deploy.client import DeployClient
 
-    try:
-        return DeployClient.from_settings(_settings(ctx), url, token)
-    except DeployError as error:
-        raise fail(error) from None
+    return DeployClient.from_settings(_settings(ctx), url, token)
 
 
 @app.command()
@@ -50,10 +46,7 @@ def keygen(
     from ..deploy.keys import generate_keypair, public_path
 
     key = key or _settings(ctx).deploy.key_file
-    try:
-        key_id = generate_keypair(key, overwrite=force)
-    except FileExistsError as error:
-        raise fail(error) from None
+    key_id = generate_keypair(key, overwrite=force)
     console.print(f"deploy key {key_id}: private {key}, public {public_path(key)}")
 
 
@@ -77,10 +70,7 @@ def serve(
     """Serve the deploy service until interrupted."""
     from services.deploy.app import serve as run  # FastAPI/uvicorn only when serving
 
-    try:
-        run(_settings(ctx), tokens, db, host, port, trusted_key, allow_any_signer)
-    except (ValueError, FileNotFoundError) as error:
-        raise fail(error) from None
+    run(_settings(ctx), tokens, db, host, port, trusted_key, allow_any_signer)
 
 
 @app.command()
@@ -101,28 +91,15 @@ def publish(
     deploy_token: DeployToken = None,
 ) -> None:
     """Sign a release manifest of a checkpoint, store it in the bucket and register it with the deploy service."""
-    from ..deploy.client import DeployError
-    from ..deploy.keys import DeployKeyError, load_private_key
-    from ..deploy.manifest import BadManifest
-    from ..deploy.publish import PublishError, manifest_url
+    from ..deploy.keys import load_private_key
+    from ..deploy.publish import manifest_url
     from ..deploy.publish import publish as run
-    from ..storage import BadBucketUrl, StorageError, connect
+    from ..storage import connect
 
     settings = _settings(ctx)
-    try:
-        signer = load_private_key(key or settings.deploy.key_file)
-        deploy = _client(ctx, deploy_url, deploy_token) if register else None
-        signed = run(connect(settings), checkpoint, name, signer, deploy, channel)
-    except (
-        FileNotFoundError,
-        DeployKeyError,
-        BadManifest,
-        PublishError,
-        BadBucketUrl,
-        StorageError,
-        DeployError,
-    ) as error:
-        raise fail(error) from None
+    signer = load_private_key(key or settings.deploy.key_file)
+    deploy = _client(ctx, deploy_url, deploy_token) if register else None
+    signed = run(connect(settings), checkpoint, name, signer, deploy, channel)
     m = signed.manifest
     console.print(
         f"release {m.name}: {len(m.files)} files, {m.total_bytes / 1e6:.1f} MB, signed by {signed.key_id}, "
@@ -194,7 +171,7 @@ def assign(
 def status(ctx: typer.Context, deploy_url: DeployUrl = None, deploy_token: DeployToken = None) -> None:
     """Channels and robots: what each is assigned, what it runs, its control rate and health."""
     client = _client(ctx, deploy_url, deploy_token)
-    state = _call(lambda: client.status())
+    state = client.status()
     console.print("channels: " + ", ".join(f"{k} -> {v or '-'}" for k, v in state["channels"].items()))
     table = Table("robot", "channel", "assigned", "running", "Hz", "health", "last seen")
     for r in state["robots"]:
@@ -222,7 +199,7 @@ def history(
 ) -> None:
     """Publishes, promotions, swaps, rollbacks (with reasons), newest first."""
     client = _client(ctx, deploy_url, deploy_token)
-    for e in _call(lambda: client.history(robot, channel, limit)):
+    for e in client.history(robot, channel, limit):
         who = e["robot"] or e["channel"] or ""
         console.print(
             f"{_when(e['at'])} {e['kind']:<16} {who:<10} {e['release'] or '-'} (was {e['previous'] or '-'}) "
@@ -240,15 +217,6 @@ def _health(health: dict | None) -> str:
     )
 
 
-def _call(fn):
-    from ..deploy.client import DeployError
-
-    try:
-        return fn()
-    except DeployError as error:
-        raise fail(error) from None
-
-
 def _run(ctx: typer.Context, url: str | None, token: str | None, fn) -> None:
     client = _client(ctx, url, token)
-    console.print_json(json.dumps(_call(lambda: fn(client))))
+    console.print_json(json.dumps(fn(client)))

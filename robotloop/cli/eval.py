@@ -17,8 +17,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from ..storage import StorageError
-from .output import fail
+from ..errors import BadInput
 
 console = Console()
 
@@ -56,66 +55,50 @@ def eval_policy(
     device: Annotated[str, typer.Option(help="auto (cuda when there is a GPU, else cpu), cpu or cuda.")] = "auto",
 ) -> None:
     """Evaluate a trained policy in the ALOHA sim: episodes run in parallel, seeded, with rollout videos."""
-    from ..deploy.client import DeployError
-    from ..deploy.errors import NonFiniteAction, PolicyLoadError
     from ..deploy.evaluate import evaluate, resolve_policy_for
-    from ..deploy.keys import BadSignature
-    from ..deploy.store import IntegrityError
     from ..sim.env import parse_image_size
     from ..sim.tasks import get_task
     from ..train.device import resolve_device
 
     try:
         get_task(sim)  # before any worker starts
-    except ValueError as error:
+    except BadInput as error:
         raise typer.BadParameter(str(error), param_hint="--sim") from None
     try:
         size = parse_image_size(image_size)
-    except ValueError:
+    except BadInput:
         raise typer.BadParameter(f"{image_size!r}: expected HxW, e.g. 480x640", param_hint="--image-size") from None
     out = output_dir or Path("outputs/eval") / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{sim}"
-    try:
-        local = resolve_policy_for(ctx.obj, policy)
-        with Progress(
-            TextColumn("evaluating"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[note]}"),
-            console=console,
-        ) as bars:
-            bar = bars.add_task("eval", total=episodes, note="starting workers")
-            done: list[bool] = []
+    local = resolve_policy_for(ctx.obj, policy)
+    with Progress(
+        TextColumn("evaluating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[note]}"),
+        console=console,
+    ) as bars:
+        bar = bars.add_task("eval", total=episodes, note="starting workers")
+        done: list[bool] = []
 
-            def on_episode(result) -> None:
-                done.append(result.success)
-                bars.update(bar, advance=1, note=f"{sum(done)}/{len(done)} solved")
+        def on_episode(result) -> None:
+            done.append(result.success)
+            bars.update(bar, advance=1, note=f"{sum(done)}/{len(done)} solved")
 
-            report = evaluate(
-                local,
-                sim,
-                episodes,
-                workers,
-                seed=seed,
-                max_steps=max_steps,
-                image_size=size,
-                videos=videos,
-                output_dir=out,
-                device=resolve_device(device),
-                on_episode=on_episode,
-                source=policy,
-            )
-    except (
-        PolicyLoadError,
-        NonFiniteAction,
-        StorageError,
-        DeployError,
-        BadSignature,
-        IntegrityError,
-        ValueError,
-        KeyError,
-    ) as error:
-        raise fail(error) from None
+        report = evaluate(
+            local,
+            sim,
+            episodes,
+            workers,
+            seed=seed,
+            max_steps=max_steps,
+            image_size=size,
+            videos=videos,
+            output_dir=out,
+            device=resolve_device(device),
+            on_episode=on_episode,
+            source=policy,
+        )
     console.print(_episode_table(report))
     lo, hi = report.success_ci95
     console.print(

@@ -8,8 +8,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..storage import StorageError, connect
-from .output import fail, quiet_encoders
+from ..errors import BadInput
+from ..storage import connect
+from .output import quiet_encoders
 from .record import _image_size
 
 console = Console()
@@ -83,9 +84,7 @@ def loop(
         settings = LoopSettings.preset(
             preset, live=live, bucket=bucket, report_dir=report_dir, backbone_weights=backbone_weights, **overrides
         )
-    except KeyError as error:
-        raise typer.BadParameter(str(error.args[0]), param_hint="--preset") from None
-    except ValueError as error:  # unknown task, bad bucket URL
+    except BadInput as error:  # unknown preset or task, a bad bucket URL
         raise typer.BadParameter(str(error)) from None
     step = {"n": 0}
 
@@ -99,10 +98,7 @@ def loop(
             f"data wait {100 * p.data_wait_share:.1f}%"
         )
 
-    try:
-        report = run_loop(settings, connect(ctx.obj), on_stage, on_train)
-    except (StorageError, KeyError, ValueError, RuntimeError) as error:
-        raise fail(error) from None
+    report = run_loop(settings, connect(ctx.obj), on_stage, on_train)
     path = write_report(report)
     console.print(path.read_text().split("![loss]")[0])
     console.print(f"report: {path}")

@@ -1,19 +1,55 @@
 """How every command reports a failure: one red line, escaped (messages hold URLs like `hf://[<TYPE>/]...` that
-rich would read as markup), and exit code 1. Exit code 2 stays typer's, for usage errors."""
+rich would read as markup), and the exit code of the error's category (`EXIT_CODES`). Exit code 2 stays typer's,
+for usage errors.
+
+The root command group (`ReportErrors`) turns any `RobotloopError` a command lets through into that line, so a
+command catches an error only to say more than its message. Any other exception is a bug and shows its
+traceback."""
 
 from __future__ import annotations
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
+
+from ..errors import BadInput, Busy, Conflict, NotFound, Refused, RobotloopError, TooLarge, Unavailable, lookup
 
 error_console = Console()
+
+# 1: fix something and run again. 3: nothing to fix here, run again later (a server down, a queue full).
+# (2 is typer's: a usage error, caught before the command ran.)
+EXIT_CODES: dict[type[RobotloopError], int] = {
+    RobotloopError: 1,
+    BadInput: 1,
+    TooLarge: 1,
+    NotFound: 1,
+    Conflict: 1,
+    Refused: 1,
+    Unavailable: 3,
+    Busy: 3,
+}
+
+
+def exit_code(error: RobotloopError) -> int:
+    """The exit code a command ends with when `error` stops it."""
+    return lookup(error, EXIT_CODES)
 
 
 def fail(error: Exception | str, prefix: str = "") -> typer.Exit:
     """Print `error` and return the Exit to raise: `raise fail(error) from None`."""
     error_console.print(f"[red]error:[/red] {escape(prefix + str(error))}")
-    return typer.Exit(1)
+    return typer.Exit(exit_code(error) if isinstance(error, RobotloopError) else 1)
+
+
+class ReportErrors(TyperGroup):
+    """The root group: a RobotloopError from any command (or the settings callback) ends it with `fail`."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except RobotloopError as error:
+            raise fail(error) from None
 
 
 def quiet_encoders() -> None:

@@ -10,7 +10,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..capture import DatasetRecorder, DatasetSpec
 from ..capture.sim_record import TASK_TEXT, record_sim
-from ..storage import BadBucketUrl, BucketUrl, StorageError, connect
+from ..errors import BadInput
+from ..storage import BadBucketUrl, BucketUrl, connect
 from .output import fail, quiet_encoders
 
 console = Console()
@@ -81,42 +82,39 @@ def record(
     except BadBucketUrl as error:
         raise typer.BadParameter(str(error), param_hint="--to") from None
     size = _image_size(image_size)
-    try:
-        recorder = DatasetRecorder(connect(ctx.obj), url, DatasetSpec.aloha(size, vcodec=codec))
-        first = recorder.committed_episodes()
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[note]}"),
-            console=console,
-        ) as bars:
-            bar = bars.add_task(f"recording {sim}", total=episodes, note="")
+    recorder = DatasetRecorder(connect(ctx.obj), url, DatasetSpec.aloha(size, vcodec=codec))
+    first = recorder.committed_episodes()
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[note]}"),
+        console=console,
+    ) as bars:
+        bar = bars.add_task(f"recording {sim}", total=episodes, note="")
 
-            def on_event(kind: str, seed_: int, commit) -> None:
-                if kind == "committed":
-                    bars.update(
-                        bar,
-                        advance=1,
-                        note=f"episode {commit.episode_index} committed ({commit.upload_s:.2f} s upload)",
-                    )
-                else:
-                    bars.update(bar, note=f"seed {seed_} failed" + ("" if keep_failed else ", dropped"))
+        def on_event(kind: str, seed_: int, commit) -> None:
+            if kind == "committed":
+                bars.update(
+                    bar,
+                    advance=1,
+                    note=f"episode {commit.episode_index} committed ({commit.upload_s:.2f} s upload)",
+                )
+            else:
+                bars.update(bar, note=f"seed {seed_} failed" + ("" if keep_failed else ", dropped"))
 
-            report = record_sim(
-                recorder,
-                sim,
-                episodes,
-                workers,
-                size,
-                max_steps,
-                first if seed is None else seed,
-                keep_failed=keep_failed,
-                on_event=on_event,
-            )
-    except (StorageError, ValueError) as error:
-        raise fail(error) from None
+        report = record_sim(
+            recorder,
+            sim,
+            episodes,
+            workers,
+            size,
+            max_steps,
+            first if seed is None else seed,
+            keep_failed=keep_failed,
+            on_event=on_event,
+        )
     sent = sum(c.bytes_sent for c in report.committed)
     own = sum(c.episode_bytes for c in report.committed)
     console.print(
@@ -157,7 +155,7 @@ def _record_hardware(
         url = BucketUrl.parse(to)
         robot = make_hardware("robot", robot_type, robot_port, robot_id)
         teleop = make_hardware("teleop", teleop_type, teleop_port, teleop_id)
-    except (BadBucketUrl, ValueError, ImportError) as error:
+    except (BadInput, ImportError) as error:  # ImportError: lerobot's hardware extras are not installed
         raise typer.BadParameter(str(error)) from None
     robot.connect()
     teleop.connect()

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 
 from ..config import load_settings
-from .output import fail
+from ..errors import BadInput
 from .record import _image_size
 
 app = typer.Typer(no_args_is_help=True, help="The robot side: run released policies, hot-swap and roll back.")
@@ -50,9 +50,9 @@ def run(
     device: Annotated[str | None, typer.Option(help="Where the policy runs. Default: robot.device.")] = None,
 ) -> None:
     """Run the assigned release at the task's rate (50 Hz for ALOHA); pull, verify and hot-swap new releases."""
-    from ..deploy.client import DeployClient, DeployError
+    from ..deploy.client import DeployClient
     from ..deploy.fetch import XetFetcher
-    from ..deploy.keys import DeployKeyError, load_public_keys
+    from ..deploy.keys import load_public_keys
     from ..deploy.runtime import RobotRuntime
     from ..deploy.store import ReleaseStore
     from ..storage import resolve_endpoint
@@ -65,13 +65,10 @@ def run(
         raise typer.BadParameter("give --robot-id (or robot.robot_id)", param_hint="--robot-id")
     if (sim is None) == (robot_type is None):
         raise typer.BadParameter("give exactly one of --sim TASK or --robot.type TYPE")
-    try:
-        trusted = load_public_keys(trusted_key or cfg.trusted_keys)
-        deploy = DeployClient(
-            deploy_url or settings.deploy.client_url, token or (cfg.token.get_secret_value() if cfg.token else None)
-        )
-    except (FileNotFoundError, DeployKeyError, DeployError) as error:
-        raise fail(error) from None
+    trusted = load_public_keys(trusted_key or cfg.trusted_keys)
+    deploy = DeployClient(
+        deploy_url or settings.deploy.client_url, token or (cfg.token.get_secret_value() if cfg.token else None)
+    )
     endpoint, storage_token = resolve_endpoint(settings)
     env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fps, episode_time_s)
     options = cfg.model_copy(update={"robot_id": robot_id, "device": device or cfg.device})
@@ -105,13 +102,13 @@ def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fp
     if sim:
         try:
             return SimControlEnv(sim, _image_size(image_size), episode_steps)
-        except (KeyError, ValueError) as error:
+        except BadInput as error:
             raise typer.BadParameter(str(error), param_hint="--sim") from None
     from ..capture.robot_record import make_hardware
 
     try:
         robot = make_hardware("robot", robot_type, robot_port, robot_hw_id)
-    except ValueError as error:
+    except BadInput as error:
         raise typer.BadParameter(str(error), param_hint="--robot.type") from None
     robot.connect()
     return HardwareControlEnv(robot, fps, episode_time_s)

@@ -15,7 +15,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ..storage import BadBucketUrl, BucketUrl, StorageError, connect
+from ..errors import BadInput, RobotloopError
+from ..storage import BadBucketUrl, BucketUrl, connect
 from .output import fail
 
 console = Console()
@@ -63,7 +64,7 @@ def train(
 
     SIGTERM stops the run after the current step, with a checkpoint (how the training service cancels a job).
     """
-    from ..train.data import DataError, DataSettings
+    from ..train.data import DataSettings
     from ..train.device import resolve_device
     from ..train.fp8 import Fp8Error
     from ..train.fp8 import preflight as preflight_fp8
@@ -78,7 +79,7 @@ def train(
         raise typer.BadParameter(str(error)) from None
     try:
         device = resolve_device(device)
-    except ValueError as error:
+    except BadInput as error:
         raise typer.BadParameter(str(error), param_hint="--device") from None
     if progress_file is not None and not progress_file.parent.is_dir():  # found at the first report, the run would die
         raise typer.BadParameter(f"{progress_file.parent}: no such folder", param_hint="--progress-file")
@@ -86,7 +87,7 @@ def train(
         preflight_fp8(fp8, device)
     except Fp8Error as error:
         raise fail(error, f"--fp8 {fp8}: ") from None
-    except ValueError as error:
+    except BadInput as error:
         raise typer.BadParameter(str(error), param_hint="--fp8") from None
     use_fast = device.startswith("cuda") if fast is None else fast
     arch = (
@@ -145,7 +146,7 @@ def train(
                 on_progress,
                 stop.is_set,
             )
-        except (StorageError, DataError, ValueError) as error:
+        except RobotloopError as error:
             failure = error  # reported once the progress bar is gone, so that it is the last line on screen
     if failure is not None:
         raise fail(failure) from None

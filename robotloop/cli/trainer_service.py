@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..config import Settings, load_settings
+from ..errors import RobotloopError
 from .output import fail
 
 app = typer.Typer(
@@ -35,10 +36,7 @@ def serve(
     from services.trainer.app import serve as run  # the service pulls in FastAPI/uvicorn: only when serving
 
     settings: Settings = ctx.obj or load_settings()  # set by the `robotloop` callback (--endpoint, --token)
-    try:
-        run(settings, tokens, root, host, port)
-    except (ValueError, FileNotFoundError) as error:
-        raise fail(error) from None
+    run(settings, tokens, root, host, port)
 
 
 @app.command()
@@ -64,7 +62,7 @@ def watch(
     every_s: Annotated[float, typer.Option(min=0.1, help="Seconds between polls.")] = 1.0,
 ) -> None:
     """Show a job's progress bar until it ends; exit 0 only if it succeeded."""
-    from ..train.client import TrainerClient, TrainerError
+    from ..train.client import TrainerClient
 
     settings: Settings = ctx.obj or load_settings()
     if not (service_token or settings.trainer.token):
@@ -95,7 +93,7 @@ def watch(
 
         try:
             state = client.wait(job_id, every_s=every_s, on_state=show)
-        except TrainerError as error:
+        except RobotloopError as error:
             bars.stop()
             raise fail(error) from None
     console.print(f"{state['status']}: {state['message']}; last checkpoint: {state['last_checkpoint'] or 'none'}")

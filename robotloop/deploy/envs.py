@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import BadValue
+
 
 @dataclass(frozen=True)
 class StepResult:
@@ -85,7 +87,7 @@ class HardwareControlEnv:
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], StepResult]:
         if len(action) != len(self.action_keys):
-            raise ValueError(f"the policy gives {len(action)} actions; the robot takes {len(self.action_keys)}")
+            raise BadValue(f"the policy gives {len(action)} actions; the robot takes {len(self.action_keys)}")
         self.robot.send_action({k: float(v) for k, v in zip(self.action_keys, action, strict=True)})
         self._steps += 1
         return self._obs(), StepResult(None, self._steps >= self.episode_steps, None)

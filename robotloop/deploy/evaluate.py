@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import Settings
+from ..errors import BadValue
 from ..storage import BadBucketUrl, BucketClient, BucketUrl, connect, private_dir
 from .errors import PolicyLoadError
 from .runner import PolicyRunner
@@ -279,16 +280,16 @@ def evaluate(
 
     spec = get_task(task)  # KeyError/ValueError for an unknown task
     if episodes < 1 or workers < 1 or videos < 0:
-        raise ValueError(f"episodes and workers must be >= 1 and videos >= 0, got {episodes}, {workers}, {videos}")
+        raise BadValue(f"episodes and workers must be >= 1 and videos >= 0, got {episodes}, {workers}, {videos}")
     if videos and output_dir is None:
-        raise ValueError("videos need an output_dir to be written to")
+        raise BadValue("videos need an output_dir to be written to")
     # Load once here: a broken checkpoint fails now, with its own error, not as a broken worker pool.
     runner = _load_quietly(Path(policy_dir), device, inference)
     if set(runner.image_keys) - {"observation.images.top"}:
-        raise ValueError(f"the policy reads cameras {runner.image_keys}; the ALOHA sim renders only 'top'")
+        raise BadValue(f"the policy reads cameras {runner.image_keys}; the ALOHA sim renders only 'top'")
     trained = runner.image_size
     if image_size is not None and tuple(image_size) != trained:
-        raise ValueError(
+        raise BadValue(
             f"the policy was trained on {_fmt(trained)} images; it cannot be evaluated at {_fmt(image_size)}"
         )
     steps = max_steps or spec.episode_length

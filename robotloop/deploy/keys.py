@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from ..errors import BadInput, Refused
+from ..errors import BadInput, Conflict, Refused
 
 
 class DeployKeyError(BadInput, ValueError):
@@ -40,6 +40,10 @@ class DeployKeyError(BadInput, ValueError):
 
 class BadSignature(Refused, RuntimeError):
     """A signature does not verify, or was made by a key the robot does not trust."""
+
+
+class KeyExists(Conflict, FileExistsError):
+    """A key file exists where a new key would be written (a lost key cannot be recovered: never overwritten)."""
 
 
 def key_id(public: Ed25519PublicKey) -> str:
@@ -65,11 +69,11 @@ def generate_keypair(private_path: Path, overwrite: bool = False) -> str:
     """Write a new private key to `private_path` (0600) and its public key next to it (`.pub`). Returns the key id.
 
     Raises:
-        FileExistsError: the key file exists and `overwrite` is False (a lost key cannot be recovered).
+        KeyExists: the key file exists and `overwrite` is False (a lost key cannot be recovered).
     """
     private_path = Path(private_path)
     if private_path.exists() and not overwrite:
-        raise FileExistsError(f"{private_path} exists; refusing to overwrite a deploy key (pass overwrite)")
+        raise KeyExists(f"{private_path} exists; refusing to overwrite a deploy key (pass overwrite)")
     private_path.parent.mkdir(parents=True, exist_ok=True)
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())

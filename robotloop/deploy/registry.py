@@ -286,7 +286,8 @@ class Registry:
         exists = self._one("SELECT id FROM robots WHERE id = ?", (robot,)) is not None
         if exists and not rotate:
             raise RegistryConflict(
-                f"robot {robot!r} is registered; register it again with rotate (CLI: --rotate) to issue it a new token")
+                f"robot {robot!r} is registered; register it again with rotate (CLI: --rotate) to issue it a new token"
+            )
         if exists:
             self._tx(
                 [

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..errors import BadValue
 from .errors import NonFiniteAction, PolicyLoadError  # noqa: F401 - also importable from here
 
 if TYPE_CHECKING:
@@ -210,12 +211,10 @@ class PolicyRunner:
         for key, (c, h, w) in self.image_shapes.items():
             cam = key.removeprefix(IMAGE_PREFIX)
             if cam not in pixels:
-                raise ValueError(
-                    f"the policy reads camera {cam!r}; the observation has {sorted(pixels) or 'no images'}"
-                )
+                raise BadValue(f"the policy reads camera {cam!r}; the observation has {sorted(pixels) or 'no images'}")
             img = np.asarray(pixels[cam])
             if img.shape != (h, w, c) or img.dtype != np.uint8:
-                raise ValueError(
+                raise BadValue(
                     f"camera {cam!r}: the policy was trained on uint8 {h}x{w}x{c} images, got "
                     f"{img.dtype} {'x'.join(map(str, img.shape))} (run the sim with image_size=({h}, {w}))"
                 )
@@ -224,7 +223,7 @@ class PolicyRunner:
         if self.state_dim is not None:
             state = np.asarray(obs.get("agent_pos", ()), dtype=np.float64)
             if state.shape != (self.state_dim,) or not np.all(np.isfinite(state)):
-                raise ValueError(f"agent_pos must be {self.state_dim} finite values, got {state}")
+                raise BadValue(f"agent_pos must be {self.state_dim} finite values, got {state}")
             batch[STATE_KEY] = torch.from_numpy(state.astype(np.float32)).unsqueeze(0)
         return batch
 

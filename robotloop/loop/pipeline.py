@@ -35,6 +35,7 @@ from ..deploy.local import start_local_deploy_service
 from ..deploy.publish import publish
 from ..deploy.runtime import RobotRuntime
 from ..deploy.store import ReleaseStore
+from ..errors import BadValue
 from ..storage import BucketClient, BucketUrl
 from ..train.data import DataSettings
 from ..train.device import resolve_device
@@ -112,11 +113,11 @@ class LoopSettings:
     def __post_init__(self) -> None:
         """Raises ValueError (BadBucketUrl included) before anything starts: unknown task, bad bucket URL, ..."""
         if self.task not in TASK_TEXT:
-            raise ValueError(f"unknown sim task {self.task!r}; choose one of {sorted(TASK_TEXT)}")
+            raise BadValue(f"unknown sim task {self.task!r}; choose one of {sorted(TASK_TEXT)}")
         BucketUrl.parse(self.bucket)
         self.device = resolve_device(self.device)  # a missing GPU fails here, not after the recording stage
         if self.train_after is not None and self.train_after < 1:
-            raise ValueError(f"train_after must be at least 1 demo (or None), not {self.train_after}")
+            raise BadValue(f"train_after must be at least 1 demo (or None), not {self.train_after}")
         self.act()  # a bad recipe fails here, before anything is recorded
 
     @classmethod
@@ -127,7 +128,7 @@ class LoopSettings:
         `H200_TASKS` holds the per-task values, e.g. Insertion's 100 demos and 6,000 steps). `overrides` win.
 
         Raises:
-            KeyError: unknown preset.
+            BadValue: unknown preset.
         """
         h200 = dict(
             episodes=50,
@@ -146,7 +147,7 @@ class LoopSettings:
         )
         presets = {"cpu": {}, "h200": h200}
         if name not in presets:
-            raise KeyError(f"unknown loop preset {name!r}; choose one of {sorted(presets)}")
+            raise BadValue(f"unknown loop preset {name!r}; choose one of {sorted(presets)}")
         per_task = H200_TASKS.get(overrides.get("task", cls.task), {}) if name == "h200" else {}
         return cls(**{**presets[name], **per_task, **overrides})
 
@@ -166,7 +167,7 @@ class LoopSettings:
         """
         unknown = set(self.policy) - {f.name for f in fields(ACTSettings)}
         if unknown:
-            raise ValueError(f"unknown policy setting(s) {sorted(unknown)}; see robotloop.train.policy.ACTSettings")
+            raise BadValue(f"unknown policy setting(s) {sorted(unknown)}; see robotloop.train.policy.ACTSettings")
         make = ACTSettings.fast if self.device.startswith("cuda") else ACTSettings
         return make(
             **{**(TINY_ACT if self.tiny_policy else {}), "backbone_weights": self.backbone_weights, **self.policy}

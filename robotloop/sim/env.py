@@ -12,6 +12,8 @@ import math
 import os
 from typing import Any
 
+from ..errors import BadValue
+
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import gymnasium as gym  # noqa: E402
@@ -59,9 +61,9 @@ def check_action(action: Any, dim: int = ACTION_DIM) -> np.ndarray:
     """A float64 copy of a 14-d finite action, or a ValueError saying what is wrong."""
     arr = np.asarray(action, dtype=np.float64)
     if arr.shape != (dim,):
-        raise ValueError(f"action must have shape ({dim},), got {arr.shape}")
+        raise BadValue(f"action must have shape ({dim},), got {arr.shape}")
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"action has non-finite values: {arr}")
+        raise BadValue(f"action has non-finite values: {arr}")
     return arr
 
 
@@ -69,12 +71,15 @@ def parse_image_size(size: ImageSize | str | None) -> ImageSize | None:
     """(H, W), "HxW" or None (no rendering) -> (H, W) or None, validated."""
     if size is None:
         return None
-    if isinstance(size, str):
-        h, _, w = size.lower().partition("x")
-        size = (int(h), int(w))
-    h, w = (int(v) for v in size)
+    try:
+        if isinstance(size, str):
+            h, _, w = size.lower().partition("x")
+            size = (int(h), int(w))
+        h, w = (int(v) for v in size)
+    except (TypeError, ValueError):  # int() of a word, or not two numbers
+        raise BadValue(f"image size {size!r}: expected (H, W) or 'HxW', e.g. 480x640") from None
     if h <= 0 or w <= 0:
-        raise ValueError(f"image size must be positive, got {size}")
+        raise BadValue(f"image size must be positive, got {size}")
     return h, w
 
 
@@ -156,7 +161,7 @@ class AlohaSim:
             object_pose = self.task.sample_objects(seed)
         object_pose = np.asarray(object_pose, dtype=np.float64)
         if object_pose.shape != (self.task.object_dim,):
-            raise ValueError(f"object_pose must have shape ({self.task.object_dim},), got {object_pose.shape}")
+            raise BadValue(f"object_pose must have shape ({self.task.object_dim},), got {object_pose.shape}")
         self.object_pose = object_pose.copy()
         m, d = self.model, self.data
         mujoco.mj_resetData(m, d)

@@ -14,6 +14,8 @@ import numpy as np
 
 from robotloop.sim.physics import contact_pairs, geom_id
 
+from ..errors import BadValue
+
 Pairs = set[tuple[int, int]]
 
 
@@ -139,5 +141,5 @@ def get_task(task: str | TaskSpec) -> TaskSpec:
         return task
     name = ALIASES.get(task, task)
     if name not in TASKS:
-        raise ValueError(f"unknown ALOHA task {task!r}; choose one of {sorted(TASKS)} or {sorted(ALIASES)}")
+        raise BadValue(f"unknown ALOHA task {task!r}; choose one of {sorted(TASKS)} or {sorted(ALIASES)}")
     return TASKS[name]

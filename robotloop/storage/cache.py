@@ -11,6 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..errors import BadValue
 from .private import private_dir
 
 
@@ -30,7 +31,7 @@ class ReadCache:
 
     def _path(self, xet_hash: str) -> Path:
         if not (len(xet_hash) == 64 and all(c in "0123456789abcdef" for c in xet_hash)):
-            raise ValueError(f"not a Xet hash: {xet_hash!r}")
+            raise BadValue(f"not a Xet hash: {xet_hash!r}")
         return self.root / xet_hash[:2] / xet_hash
 
     def get(self, xet_hash: str) -> Path | None:

@@ -34,7 +34,7 @@ from huggingface_hub.utils import build_hf_headers
 from huggingface_hub.utils._xet import XetTokenType, get_xet_session, xet_connection_info_refresh_url
 
 from .. import errors
-from ..errors import RobotloopError
+from ..errors import BadInput, MissingFile, RobotloopError
 from .cache import ReadCache
 from .urls import BucketUrl
 
@@ -45,6 +45,10 @@ class StorageError(RobotloopError, RuntimeError):
 
 class NotFound(StorageError, errors.NotFound, FileNotFoundError):
     """The bucket or the path does not exist."""
+
+
+class NotAFolder(BadInput, NotADirectoryError):
+    """A download into a folder was given a file."""
 
 
 @dataclass(frozen=True)
@@ -333,10 +337,10 @@ class BucketClient:
         `url` as a recursive `ls` already listed them (not listed again).
 
         Raises:
-            NotADirectoryError: `dest` is a file.
+            NotAFolder: `dest` is a file.
         """
         if Path(dest).is_file():
-            raise NotADirectoryError(f"{dest} is a file: give a folder to download {url} into")
+            raise NotAFolder(f"{dest} is a file: give a folder to download {url} into")
         if entries is None:
             entries = [e for e in self.ls(url, recursive=True) if isinstance(e, Entry)]
         out = []
@@ -354,7 +358,7 @@ def _files_to_upload(local: Path, url: BucketUrl) -> list[tuple[Path, BucketUrl]
     if local.is_file():
         return [(local, url if url.path else url / local.name)]
     if not local.is_dir():
-        raise FileNotFoundError(f"{local}: no such file or folder to upload to {url}.")
+        raise MissingFile(f"{local}: no such file or folder to upload to {url}.")
     return [(p, url / p.relative_to(local).as_posix()) for p in sorted(local.rglob("*")) if p.is_file()]
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import BadValue
+
 
 def resolve_device(device: str) -> str:
     """`auto` becomes `cuda` when torch sees a GPU, else `cpu` (LeRobot's tools default to cuda; a GPU user who
@@ -25,10 +27,10 @@ def resolve_device(device: str) -> str:
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"device {device!r}: not a device; use auto, cpu, cuda or cuda:N") from None
+        raise BadValue(f"device {device!r}: not a device; use auto, cpu, cuda or cuda:N") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r}: CUDA is not available on this machine (use 'cpu')")
+            raise BadValue(f"device {device!r}: CUDA is not available on this machine (use 'cpu')")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} GPU(s)")
+            raise BadValue(f"device {device!r}: this machine has {torch.cuda.device_count()} GPU(s)")
     return device

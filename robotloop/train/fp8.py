@@ -48,7 +48,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ..errors import BadInput
+from ..errors import BadInput, BadValue
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def float8_config(recipe: str):
     from torchao.float8 import Float8LinearConfig
 
     if recipe not in FP8_RECIPES:
-        raise ValueError(f"FP8 recipe must be one of {FP8_RECIPES}, got {recipe!r}")
+        raise BadValue(f"FP8 recipe must be one of {FP8_RECIPES}, got {recipe!r}")
     return dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), pad_inner_dim=True)
 
 
@@ -397,7 +397,7 @@ def check_mode(mode: str) -> None:
         ValueError: `mode` is not one of FP8_MODES.
     """
     if mode not in FP8_MODES:
-        raise ValueError(f"fp8 must be one of {', '.join(FP8_MODES)}, got {mode!r}")
+        raise BadValue(f"fp8 must be one of {', '.join(FP8_MODES)}, got {mode!r}")
 
 
 def preflight(mode: str, device: str) -> None:

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from ..errors import Busy, NotFound
+from ..errors import BadValue, Busy, NotFound
 from ..storage import BucketUrl
 from ..storage.private import private_dir
 
@@ -96,7 +96,7 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _gpus_need_cuda(self) -> JobSpec:
         if self.gpus > 1 and self.device != "cuda":
-            raise ValueError(f"gpus={self.gpus} needs device 'cuda' (each rank takes its own GPU)")
+            raise BadValue(f"gpus={self.gpus} needs device 'cuda' (each rank takes its own GPU)")
         return self
 
     def with_storage(self, endpoint: str | None, token: str | None) -> JobSpec:
@@ -265,7 +265,7 @@ class JobManager:
             UnknownJob: no such job. ValueError: a negative offset or limit.
         """
         if offset < 0 or limit <= 0:
-            raise ValueError("offset must be >= 0 and limit > 0")
+            raise BadValue("offset must be >= 0 and limit > 0")
         path = self._get(job_id).dir / "log.txt"
         try:
             with path.open("rb") as f:

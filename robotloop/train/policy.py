@@ -42,6 +42,7 @@ from lerobot.utils.constants import ACTION, IMAGENET_STATS, OBS_IMAGES, OBS_STAT
 from lerobot.utils.feature_utils import dataset_to_policy_features
 from torch import Tensor, nn
 
+from ..errors import BadValue
 from .fp8 import Accelerator, AutoFp8, Measure, gpu_measure, setup_fp8
 from .fp8 import check_mode as check_fp8_mode
 
@@ -108,26 +109,26 @@ class ACTSettings:
 
     def __post_init__(self) -> None:
         if self.precision not in ("bf16", "fp32"):
-            raise ValueError(f"precision must be 'bf16' or 'fp32', got {self.precision!r}")
+            raise BadValue(f"precision must be 'bf16' or 'fp32', got {self.precision!r}")
         if (self.cuda_graphs or self.autotune) and not self.compile:
-            raise ValueError("cuda_graphs and autotune are torch.compile modes: set compile=True too")
+            raise BadValue("cuda_graphs and autotune are torch.compile modes: set compile=True too")
         check_fp8_mode(self.fp8)
         if self.fp8 != "off" and self.precision != "bf16":
             # FP8 recipes are measured and tuned against bf16 autocast for everything they do not convert.
-            raise ValueError(f"fp8={self.fp8!r} needs precision='bf16'")
+            raise BadValue(f"fp8={self.fp8!r} needs precision='bf16'")
         if self.backbone_weights is not None:
             self.backbone_weights = Path(self.backbone_weights)
         if self.image_size is not None:
             self.image_size = _positive_size(self.image_size)
         if self.lr_schedule not in ("constant", "cosine") or self.backbone_norm not in ("frozen", "batch"):
-            raise ValueError(
+            raise BadValue(
                 f"lr_schedule must be constant or cosine and backbone_norm frozen or batch, got "
                 f"{self.lr_schedule!r}, {self.backbone_norm!r}"
             )
         if self.warmup_steps < 0 or not 0 <= self.lr_min_ratio <= 1 or self.random_shift < 0:
-            raise ValueError("warmup_steps and random_shift must be >= 0 and lr_min_ratio in [0, 1]")
+            raise BadValue("warmup_steps and random_shift must be >= 0 and lr_min_ratio in [0, 1]")
         if self.temporal_ensemble_coeff is not None and self.n_action_steps != 1:
-            raise ValueError("temporal ensembling runs the model every step: set n_action_steps=1 with it")
+            raise BadValue("temporal ensembling runs the model every step: set n_action_steps=1 with it")
 
     def lr_factor(self, step: int, total: int) -> float:
         """The schedule's multiplier of `lr` and `lr_backbone` for optimizer step `step` (0-based) of `total`.
@@ -168,7 +169,7 @@ class ACTSettings:
 def _positive_size(size: tuple[int, int]) -> tuple[int, int]:
     h, w = (int(v) for v in size)
     if h < 1 or w < 1:
-        raise ValueError(f"image_size must be two positive sizes (height, width), got {size}")
+        raise BadValue(f"image_size must be two positive sizes (height, width), got {size}")
     return h, w
 
 
@@ -257,7 +258,7 @@ def to_policy_features(features: dict[str, Any]) -> dict[str, PolicyFeature]:
         elif isinstance(ft, dict) and "dtype" in ft and "shape" in ft:
             raw[key] = ft
         else:
-            raise ValueError(f"feature {key!r}: expected a PolicyFeature or a dataset feature dict, got {ft!r}")
+            raise BadValue(f"feature {key!r}: expected a PolicyFeature or a dataset feature dict, got {ft!r}")
     out.update(dataset_to_policy_features(raw))
     return out
 
@@ -270,7 +271,7 @@ def make_act_config(features: dict[str, Any], settings: ACTSettings, device: tor
     """
     pf = to_policy_features(features)
     if ACTION not in pf:
-        raise ValueError("features must include 'action'")
+        raise BadValue("features must include 'action'")
     if settings.image_size is not None:  # the policy sees resized frames (its preprocessor resizes them)
         resized = {k: PolicyFeature(v.type, (v.shape[0], *settings.image_size)) for k, v in pf.items()}
         pf = {k: resized[k] if v.type is FeatureType.VISUAL else v for k, v in pf.items()}

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..errors import BadValue
 from ..storage import BucketClient, BucketUrl
 from .checkpoint import code_version, load_checkpoint, save_checkpoint
 from .data import DataSettings, StreamingSampler
@@ -102,12 +103,12 @@ def train(
     """
     last = latest_step(client, output)
     if last is not None and not settings.resume:  # two runs' checkpoints in one folder: last.json would mix them
-        raise ValueError(
+        raise BadValue(
             f"{output} already holds a run (last checkpoint at step {last}): resume it (--resume) or "
             "train into another output"
         )
     if last is not None and last >= settings.steps:
-        raise ValueError(f"{output} is already at step {last}: ask for more steps than that to train on")
+        raise BadValue(f"{output} is already at step {last}: ask for more steps than that to train on")
     rank, world, device = _distributed(settings.device)
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     act = act or ACTSettings()
