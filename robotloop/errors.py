@@ -22,15 +22,15 @@ that nothing that worked breaks:
     class BadBucketUrl(BadInput, ValueError): ...
     ```
 
-The front ends map categories, never single classes, to what they answer, each in one place: the CLI to exit
-codes (`robotloop.cli.output.EXIT_CODES`), the services to HTTP statuses (`services.errors.HTTP_STATUS`), the
-agent's tools to an error result. They catch `RobotloopError` only: anything else is a bug and shows its
-traceback.
+The front ends map categories to what they answer, each in one place: the CLI to exit codes
+(`robotloop.cli.output.EXIT_CODES`), the services to HTTP statuses (`services.errors.HTTP_STATUS`, which also
+names the few classes whose status an API fixed before the categories), the agent's tools to an error result.
+They catch `RobotloopError` only: anything else is a bug and shows its traceback.
 
     ```python
-    >>> from robotloop.storage.urls import parse_bucket_url
+    >>> from robotloop.storage import BucketUrl
     >>> try:
-    ...     parse_bucket_url("s3://nope")
+    ...     BucketUrl.parse("s3://nope")
     ... except RobotloopError as error:
     ...     print(category(error).__name__)
     BadInput
