@@ -17,8 +17,8 @@ from ..errors import BadInput, Busy, Conflict, NotFound, Refused, RobotloopError
 
 error_console = Console()
 
-# 1: fix something and run again. 3: nothing to fix here, run again later (a server down, a queue full).
-# (2 is typer's: a usage error, caught before the command ran.)
+# One code for every category today: scripts (and the suite) read 1 as "robotloop said no; the line says why", and
+# 2 is typer's usage error, caught before the command ran. A category that needs its own code gets it here.
 EXIT_CODES: dict[type[RobotloopError], int] = {
     RobotloopError: 1,
     BadInput: 1,
@@ -26,8 +26,8 @@ EXIT_CODES: dict[type[RobotloopError], int] = {
     NotFound: 1,
     Conflict: 1,
     Refused: 1,
-    Unavailable: 3,
-    Busy: 3,
+    Unavailable: 1,
+    Busy: 1,
 }
 
 

@@ -34,7 +34,7 @@ from huggingface_hub.utils import build_hf_headers
 from huggingface_hub.utils._xet import XetTokenType, get_xet_session, xet_connection_info_refresh_url
 
 from .. import errors
-from ..errors import BadInput, MissingFile, RobotloopError
+from ..errors import BadInput, MissingFile, RobotloopError, Unavailable
 from .cache import ReadCache
 from .urls import BucketUrl
 
@@ -45,6 +45,10 @@ class StorageError(RobotloopError, RuntimeError):
 
 class NotFound(StorageError, errors.NotFound, FileNotFoundError):
     """The bucket or the path does not exist."""
+
+
+class StorageUnavailable(StorageError, Unavailable):
+    """The storage endpoint does not answer (nothing listens there, DNS, TLS, a timeout)."""
 
 
 class NotAFolder(BadInput, NotADirectoryError):
@@ -422,7 +426,7 @@ def _explained(url: BucketUrl, action: str) -> Iterator[None]:
         status = error.response.status_code if error.response is not None else 0
         raise StorageError(f"cannot {action} {url}: {_hint(status)}. Server said: {error}") from None
     except httpx.TransportError as error:  # no answer at all: nothing listens there, DNS, TLS, a timeout
-        raise StorageError(
+        raise StorageUnavailable(
             f"cannot {action} {url}: the storage endpoint does not answer ({type(error).__name__}: "
             f"{error}); check `robotloop --endpoint URL ...`, ROBOTLOOP_STORAGE__ENDPOINT or "
             "HF_ENDPOINT"
