@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from robotloop.errors import RobotloopError
 from services.bucket.app import DEFAULT_MAX_BODY_BYTES, serve
 
 
@@ -24,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         serve(args.root, args.host, args.port, args.tokens, args.max_body_bytes)
-    except (ValueError, FileNotFoundError) as err:  # bad tokens file, open mode off-loopback, ...
+    except RobotloopError as err:  # a bad or missing tokens file, open mode off loopback, a busy port
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
