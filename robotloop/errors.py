@@ -3,7 +3,8 @@ category that says what the caller can do about it.
 
     RobotloopError            something robotloop refuses or cannot do; the message says what and what to do
     ├── BadInput              the request itself is wrong: fix it (a bad bucket URL, a malformed manifest)
-    │   └── TooLarge          ... because it is over a size limit
+    │   ├── TooLarge          ... because it is over a size limit
+    │   └── Unprocessable     ... because what it says fails its checks (a batch, a manifest, an episode)
     ├── NotFound              what it names does not exist (a bucket, a file, a job, a robot)
     ├── Conflict              it clashes with what exists (a bucket or a release of that name)
     ├── Refused               who asks may not (no or unknown token, no permission, a bad signature or hash)
@@ -54,6 +55,10 @@ class TooLarge(BadInput):
     """The request is over a size or count limit."""
 
 
+class Unprocessable(BadInput):
+    """The request is well-formed but what it says cannot be accepted: it fails its checks."""
+
+
 class NotFound(RobotloopError):
     """What the request names does not exist, or the caller cannot see it."""
 
@@ -86,7 +91,16 @@ class MissingFile(NotFound, FileNotFoundError):
     """A local file or folder the request names does not exist."""
 
 
-CATEGORIES: tuple[type[RobotloopError], ...] = (BadInput, TooLarge, NotFound, Conflict, Refused, Unavailable, Busy)
+CATEGORIES: tuple[type[RobotloopError], ...] = (
+    BadInput,
+    TooLarge,
+    Unprocessable,
+    NotFound,
+    Conflict,
+    Refused,
+    Unavailable,
+    Busy,
+)
 
 
 def category(error: RobotloopError) -> type[RobotloopError]:

@@ -23,10 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from robotloop.capture.episode import BadEpisode
 from robotloop.deploy.keys import BadSignature
-from robotloop.deploy.manifest import BadManifest
-from robotloop.deploy.registry import BadReport
 from robotloop.errors import (
     BadInput,
     Busy,
@@ -36,17 +33,18 @@ from robotloop.errors import (
     RobotloopError,
     TooLarge,
     Unavailable,
+    Unprocessable,
     lookup,
 )
 from robotloop.storage.client import StorageError
 from robotloop.storage.server.auth import Unauthorized
-from robotloop.storage.server.buckets import BatchRejected
 from robotloop.storage.server.cas import DamagedXorb, RangeNotSatisfiable
 
 HTTP_STATUS: dict[type[RobotloopError], int] = {
     RobotloopError: 500,  # filed under no category: the server failed at something, not the caller
     BadInput: 400,
     TooLarge: 413,
+    Unprocessable: 422,
     NotFound: 404,
     Conflict: 409,
     Refused: 403,
@@ -54,11 +52,7 @@ HTTP_STATUS: dict[type[RobotloopError], int] = {
     Busy: 429,
     # Classes whose status their API fixed first:
     Unauthorized: 401,  # 401 is what makes a client ask for a token; 403 means the token it has is not enough
-    BatchRejected: 422,  # the batch parsed, each failure is listed in the answer
-    BadManifest: 422,
     BadSignature: 422,  # an untrusted manifest is content the deploy service cannot accept, not a missing right
-    BadReport: 422,
-    BadEpisode: 422,
     RangeNotSatisfiable: 416,
     # The server's own bytes are bad: never sent, and said so. Not a 5xx: clients retry those for minutes, and the
     # bytes will not come back by waiting; 410 ends the read at once with the message.

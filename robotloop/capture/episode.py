@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import BadInput
+from ..errors import Unprocessable
 
 
-class BadEpisode(BadInput, ValueError):
+class BadEpisode(Unprocessable, ValueError):
     """An episode's arrays do not fit the dataset's features; the message says which and how."""
 
 

@@ -13,7 +13,18 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from ..errors import BadInput, Busy, Conflict, NotFound, Refused, RobotloopError, TooLarge, Unavailable, lookup
+from ..errors import (
+    BadInput,
+    Busy,
+    Conflict,
+    NotFound,
+    Refused,
+    RobotloopError,
+    TooLarge,
+    Unavailable,
+    Unprocessable,
+    lookup,
+)
 
 error_console = Console()
 
@@ -23,6 +34,7 @@ EXIT_CODES: dict[type[RobotloopError], int] = {
     RobotloopError: 1,
     BadInput: 1,
     TooLarge: 1,
+    Unprocessable: 1,
     NotFound: 1,
     Conflict: 1,
     Refused: 1,

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..errors import BadInput
+from ..errors import Unprocessable
 from .keys import BadSignature, Signer, verify
 
 FORMAT = 1
@@ -43,7 +43,7 @@ HEADER = "__header__"
 RELEASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 
-class BadManifest(BadInput, ValueError):
+class BadManifest(Unprocessable, ValueError):
     """A manifest is malformed: missing fields, unsafe paths, a bad release name, sizes that do not add up."""
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BadInput, Conflict, NotFound
+from ..errors import BadInput, Conflict, NotFound, Unprocessable
 from ..storage.private import private_dir
 from .manifest import MAX_JSON_DEPTH, BadManifest, SignedManifest, check_release_name, json_depth
 
@@ -65,7 +65,7 @@ class RegistryConflict(Conflict, RegistryError):
     """A release or robot name that is taken."""
 
 
-class BadReport(RegistryError):
+class BadReport(Unprocessable, RegistryError):
     """A robot's heartbeat the registry will not keep: too deep, too large, or naming a malformed release."""
 
 

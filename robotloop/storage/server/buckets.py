@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...errors import BadInput, Conflict, NotFound, RobotloopError
+from ...errors import BadInput, Conflict, NotFound, RobotloopError, Unprocessable
 from ..private import private_dir
 
 MAX_PATH_BYTES = 1024
@@ -72,7 +72,7 @@ class BucketExists(Conflict, BucketError):
 
 
 @dataclass
-class BatchRejected(BadInput, BucketError):
+class BatchRejected(Unprocessable, BucketError):
     """A batch was refused as a whole; ``failures`` is ``[{"path": ..., "error": ...}]``."""
 
     bucket_id: str
