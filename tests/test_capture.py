@@ -276,7 +276,7 @@ def test_sigkill_of_the_recorder_loses_at_most_the_episode_in_flight(bucket_serv
     def refused(*args: str) -> str:
         run = subprocess.run([*cmd, "--episodes", "1", *args], env=env, capture_output=True, text=True, timeout=240)
         assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
-        return " ".join(run.stdout.split())
+        return " ".join((run.stdout + " stderr: " + run.stderr).split())  # stderr too: a failure then shows why
 
     assert "holds a dataset with features" in refused("--image-size", "48x64")
     assert "video codec 'nosuch'" in refused("--codec", "nosuch")

@@ -15,14 +15,12 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..sim.tasks import TASKS
 from ..workers import die_with_parent
 from .episode import Episode
 from .recorder import CommitReport, DatasetRecorder, DatasetSpec, WrittenEpisode, write_episode
 
-TASK_TEXT = {
-    "transfer_cube": "Pick up the cube with the right arm and transfer it to the left arm.",
-    "insertion": "Pick up the socket and the peg and insert the peg into the socket.",
-}
+TASK_TEXT = {name: spec.text for name, spec in TASKS.items()}  # the sim tasks recordable, by name
 
 
 @dataclass

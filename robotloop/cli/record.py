@@ -10,6 +10,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..capture import DatasetRecorder, DatasetSpec
 from ..capture.sim_record import TASK_TEXT, record_sim
+from ..sim.constants import parse_image_size
 from ..storage import BadBucketUrl, BucketUrl, StorageError, connect
 from .output import fail, quiet_encoders
 
@@ -17,13 +18,11 @@ console = Console()
 
 
 def _image_size(text: str) -> tuple[int, int]:
+    """--image-size through the sim's parser (the one rule for image sizes), as a CLI error."""
     try:
-        h, w = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise typer.BadParameter(f"{text!r}: expected HxW, e.g. 480x640", param_hint="--image-size") from None
-    if h < 8 or w < 8:
-        raise typer.BadParameter(f"{text!r}: images must be at least 8x8", param_hint="--image-size")
-    return h, w
+        return parse_image_size(text)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--image-size") from None
 
 
 def record(
