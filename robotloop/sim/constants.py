@@ -85,7 +85,7 @@ def parse_image_size(size: ImageSize | str | None) -> ImageSize | None:
             size = (int(h), int(w))
         h, w = (int(v) for v in size)
     except (TypeError, ValueError):
-        raise ValueError(f"{given!r}: expected HxW, e.g. 480x640") from None
+        raise ValueError(f"image size {given!r}: expected HxW, e.g. 480x640") from None
     if h < MIN_IMAGE_SIDE or w < MIN_IMAGE_SIDE:
-        raise ValueError(f"{given!r}: images must be at least {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE}")
+        raise ValueError(f"image size {given!r}: images must be at least {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE}")
     return h, w
