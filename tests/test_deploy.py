@@ -820,6 +820,31 @@ def test_channel_rollback_counts_a_release_promoted_again_after_it_was_rolled_ba
     registry.close()
 
 
+def test_robot_rollback_counts_a_release_it_refused_once_and_later_ran(tmp_path):
+    from robotloop.deploy.manifest import build_manifest
+    from robotloop.deploy.registry import Registry
+
+    generate_keypair(tmp_path / "k.key")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    registry = Registry(tmp_path / "deploy.sqlite")
+    for name in ("v6", "v7", "v8", "v9"):
+        manifest = build_manifest(tmp_path / "m", name, "lab/x", "hf://buckets/lab/x/c", {"config.json": "0" * 64})
+        registry.add_release(SignedManifest.sign(manifest, load_private_key(tmp_path / "k.key")))
+    registry.register_robot("r1")
+    registry.robot_event("r1", "swap", "v6", None, "")
+    registry.robot_event("r1", "refused", "v7", "v6", "image size 96x128, the robot's camera is 48x64")
+    registry.robot_event("r1", "swap", "v7", "v6", "")  # the camera was fixed: v7 ran
+    registry.robot_event("r1", "swap", "v8", "v7", "")
+    assert registry.rollback_robot("r1", reason="v8 drops the cube").release == "v7"
+    registry.robot_event("r1", "rollback", "v7", "v8", "by command")
+    registry.robot_event("r1", "swap", "v9", "v7", "")
+    registry.robot_event("r1", "rollback", "v7", "v9", "non-finite actions")  # v9 rolled back from by itself
+    registry.robot_event("r1", "swap", "v8", "v7", "")  # v8 again, after v7
+    assert registry.rollback_robot("r1").release == "v7"  # not v9 (bad), and v8 is the one running
+    registry.close()
+
+
 def test_the_service_refuses_to_start_without_trusted_keys_unless_told_any_signer_will_do(tmp_path):
     tokens = tmp_path / "ops.tokens"
     tokens.write_text(f"{OPS} write *\n")

@@ -34,6 +34,8 @@ from robotloop.sim.physics import forward_without_actuation, legacy_step, load_m
 from robotloop.sim.tasks import TaskSpec, get_task  # noqa: E402
 
 Obs = dict[str, Any]
+
+
 def joint_state(qpos: np.ndarray) -> np.ndarray:
     """Raw qpos[:16] -> 14-d state with normalized grippers (gym-aloha `get_qpos`)."""
     left, right = qpos[:8], qpos[8:16]
