@@ -280,6 +280,7 @@ def test_sigkill_of_the_recorder_loses_at_most_the_episode_in_flight(bucket_serv
 
     assert "holds a dataset with features" in refused("--image-size", "48x64")
     assert "video codec 'nosuch'" in refused("--codec", "nosuch")
+    assert "holds h264 video; these episodes would be av1" in refused("--codec", "libsvtav1")  # before, not after
     # Every scripted demo failing (25 steps cannot finish the task) is a failure, not a quiet success.
     short = [a for a in cmd if a != "--keep-failed"]
     run = subprocess.run([*short, "--episodes", "1"], env=env, capture_output=True, text=True, timeout=240)

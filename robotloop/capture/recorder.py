@@ -462,7 +462,7 @@ def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
     Raises:
         KeyError, TypeError, AttributeError: `info` is not a LeRobot dataset's.
     """
-    from lerobot.utils.constants import DEFAULT_FEATURES
+    from lerobot.utils.constants import DEFAULT_FEATURES, OBS_IMAGES
 
     have = {k: list(v["shape"]) for k, v in info["features"].items() if k not in DEFAULT_FEATURES}
     want = {k: list(v["shape"]) for k, v in spec.features().items()}
@@ -473,7 +473,25 @@ def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
         )
     if have != want or info.get("fps") != spec.fps:
         return f"holds a dataset with features {have} at {info.get('fps')} fps; episodes here have {want} at {spec.fps}"
+    cameras = [k for k in spec.features() if k.startswith(f"{OBS_IMAGES}.")]
+    stored = {(info["features"][k].get("info") or {}).get("video.codec") for k in cameras}
+    stored.discard(None)
+    ours = stream_codec(spec.vcodec)
+    if ours and stored and stored != {ours}:
+        return (
+            f"holds {'/'.join(sorted(stored))} video; these episodes would be {ours} ({spec.vcodec}): one dataset, "
+            "one codec (lerobot refuses to mix them), so record with the dataset's codec or into a new dataset"
+        )
     return None
+
+
+def stream_codec(vcodec: str) -> str | None:
+    """The codec name LeRobot stores in info.json for an encoder name (libsvtav1 -> av1, h264_nvenc -> h264), or
+    None where the encoder is chosen at run time ("auto")."""
+    from lerobot.configs.video import VIDEO_CODECS_ALIASES
+
+    name = VIDEO_CODECS_ALIASES.get(vcodec, vcodec)
+    return next((c for c in ("av1", "h264", "hevc") if c in name), None)
 
 
 class _CommittedMeanwhile(Exception):
