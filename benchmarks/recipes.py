@@ -298,7 +298,8 @@ def eval_all(args, env: dict, trained: dict) -> list[dict]:
 
 def eval_worker(job: dict) -> None:
     from robotloop.config import load_settings
-    from robotloop.deploy.evaluate import evaluate, resolve_policy
+    from robotloop.deploy.evaluate import evaluate
+    from robotloop.deploy.resolve import resolve_policy
     from robotloop.storage import connect
 
     settings = load_settings()

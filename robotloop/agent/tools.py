@@ -326,12 +326,13 @@ class RobotloopTools:
             videos: record the first N episodes as mp4
             device: cpu or cuda
         """
-        from ..deploy.evaluate import REPORT_FILE, evaluate, resolve_policy_for
+        from ..deploy.evaluate import REPORT_FILE, evaluate
+        from ..deploy.resolve import locate_policy_for
 
-        local = resolve_policy_for(self.ctx.settings, policy, lambda: self.ctx.bucket)
+        found = locate_policy_for(self.ctx.settings, policy, lambda: self.ctx.bucket)
         out = self.ctx.eval_dir / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{task}"
         report = evaluate(
-            local,
+            found.path,
             task,
             episodes,
             workers,
@@ -341,6 +342,7 @@ class RobotloopTools:
             output_dir=out,
             device=device,
             source=policy,
+            checkpoint=found.checkpoint,
         )
         summary = report.to_dict()["summary"]
         return {

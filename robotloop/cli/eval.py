@@ -58,8 +58,9 @@ def eval_policy(
     """Evaluate a trained policy in the ALOHA sim: episodes run in parallel, seeded, with rollout videos."""
     from ..deploy.client import DeployError
     from ..deploy.errors import NonFiniteAction, PolicyLoadError
-    from ..deploy.evaluate import evaluate, resolve_policy_for
+    from ..deploy.evaluate import evaluate
     from ..deploy.keys import BadSignature
+    from ..deploy.resolve import locate_policy_for
     from ..deploy.store import IntegrityError
     from ..sim.env import parse_image_size
     from ..sim.tasks import get_task
@@ -75,7 +76,8 @@ def eval_policy(
         raise typer.BadParameter(f"{image_size!r}: expected HxW, e.g. 480x640", param_hint="--image-size") from None
     out = output_dir or Path("outputs/eval") / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{sim}"
     try:
-        local = resolve_policy_for(ctx.obj, policy)
+        found = locate_policy_for(ctx.obj, policy)
+        console.print(f"policy: {found.checkpoint}")  # the step a run's "latest" is at now
         with Progress(
             TextColumn("evaluating"),
             BarColumn(),
@@ -92,7 +94,7 @@ def eval_policy(
                 bars.update(bar, advance=1, note=f"{sum(done)}/{len(done)} solved")
 
             report = evaluate(
-                local,
+                found.path,
                 sim,
                 episodes,
                 workers,
@@ -104,6 +106,7 @@ def eval_policy(
                 device=resolve_device(device),
                 on_episode=on_episode,
                 source=policy,
+                checkpoint=found.checkpoint,
             )
     except (
         PolicyLoadError,

@@ -23,7 +23,7 @@ from ..capture.sim_record import TASK_TEXT, record_sim
 from ..config import RobotSettings
 from ..deploy.client import DeployClient
 from ..deploy.envs import SimControlEnv
-from ..deploy.evaluate import EvalReport, evaluate, resolve_policy
+from ..deploy.evaluate import EvalReport, evaluate
 from ..deploy.fetch import XetFetcher
 from ..deploy.keys import (
     generate_keypair,
@@ -33,6 +33,7 @@ from ..deploy.keys import (
 )
 from ..deploy.local import start_local_deploy_service
 from ..deploy.publish import publish
+from ..deploy.resolve import resolve_policy
 from ..deploy.runtime import RobotRuntime
 from ..deploy.store import ReleaseStore
 from ..storage import BucketClient, BucketUrl

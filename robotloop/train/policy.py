@@ -298,6 +298,9 @@ def make_act_config(features: dict[str, Any], settings: ACTSettings, device: tor
         optimizer_lr=settings.lr,
         optimizer_lr_backbone=settings.lr_backbone,
         optimizer_weight_decay=settings.weight_decay,
+        # Saved in config.json: with lerobot's default (True) and no repo_id, `lerobot-train --policy.path=<ours>`
+        # refuses the checkpoint. robotloop's models go to buckets, never to the Hub through lerobot.
+        push_to_hub=False,
     )
     cfg.validate_features()
     return cfg
