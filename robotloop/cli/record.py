@@ -15,6 +15,9 @@ from ..storage import BadBucketUrl, BucketUrl, StorageError, connect
 from .output import fail, quiet_encoders
 
 console = Console()
+CAMERAS_HELP = (
+    "LeRobot's --robot.cameras, e.g. '{front: {type: opencv, index_or_path: 0, width: 640, height: 480, fps: 30}}'."
+)
 
 
 def _image_size(text: str) -> tuple[int, int]:
@@ -43,6 +46,7 @@ def record(
     ] = None,
     robot_port: Annotated[str | None, typer.Option("--robot.port")] = None,
     robot_id: Annotated[str | None, typer.Option("--robot.id")] = None,
+    robot_cameras: Annotated[str | None, typer.Option("--robot.cameras", help=CAMERAS_HELP)] = None,
     teleop_type: Annotated[str | None, typer.Option("--teleop.type", help="LeRobot teleoperator type.")] = None,
     teleop_port: Annotated[str | None, typer.Option("--teleop.port")] = None,
     teleop_id: Annotated[str | None, typer.Option("--teleop.id")] = None,
@@ -65,6 +69,7 @@ def record(
             robot_type,
             robot_port,
             robot_id,
+            robot_cameras,
             teleop_type,
             teleop_port,
             teleop_id,
@@ -140,6 +145,7 @@ def _record_hardware(
     robot_type,
     robot_port,
     robot_id,
+    robot_cameras,
     teleop_type,
     teleop_port,
     teleop_id,
@@ -154,10 +160,15 @@ def _record_hardware(
         raise typer.BadParameter("hardware recording needs --teleop.type and --task")
     try:
         url = BucketUrl.parse(to)
-        robot = make_hardware("robot", robot_type, robot_port, robot_id)
+        robot = make_hardware("robot", robot_type, robot_port, robot_id, robot_cameras)
         teleop = make_hardware("teleop", teleop_type, teleop_port, teleop_id)
     except (BadBucketUrl, ValueError, ImportError) as error:
         raise typer.BadParameter(str(error)) from None
+    if not robot_spec(robot, fps, codec).cameras:
+        console.print(
+            "[yellow]note:[/yellow] no cameras: the dataset will hold joint states only, which ACT cannot train on "
+            "(add --robot.cameras)"
+        )
     robot.connect()
     teleop.connect()
     try:

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from ..config import load_settings
 from .output import fail
-from .record import _image_size
+from .record import CAMERAS_HELP, _image_size
 
 app = typer.Typer(no_args_is_help=True, help="The robot side: run released policies, hot-swap and roll back.")
 console = Console()
@@ -42,6 +42,7 @@ def run(
     robot_type: Annotated[str | None, typer.Option("--robot.type", help="LeRobot robot type (hardware).")] = None,
     robot_port: Annotated[str | None, typer.Option("--robot.port")] = None,
     robot_hw_id: Annotated[str | None, typer.Option("--robot.id", help="LeRobot calibration id.")] = None,
+    robot_cameras: Annotated[str | None, typer.Option("--robot.cameras", help=CAMERAS_HELP)] = None,
     fps: Annotated[float, typer.Option(min=1, help="Hardware: control rate.")] = 30.0,
     episode_time_s: Annotated[float, typer.Option(min=0.1, help="Hardware: seconds per episode.")] = 30.0,
     duration_s: Annotated[
@@ -73,7 +74,7 @@ def run(
     except (FileNotFoundError, DeployKeyError, DeployError) as error:
         raise fail(error) from None
     endpoint, storage_token = resolve_endpoint(settings)
-    env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fps, episode_time_s)
+    env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, robot_cameras, fps, episode_time_s)
     options = cfg.model_copy(update={"robot_id": robot_id, "device": device or cfg.device})
     runtime = RobotRuntime(
         env,
@@ -99,7 +100,7 @@ def run(
     )
 
 
-def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fps, episode_time_s):
+def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, robot_cameras, fps, episode_time_s):
     from ..deploy.envs import HardwareControlEnv, SimControlEnv
 
     if sim:
@@ -110,7 +111,7 @@ def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fp
     from ..capture.robot_record import make_hardware
 
     try:
-        robot = make_hardware("robot", robot_type, robot_port, robot_hw_id)
+        robot = make_hardware("robot", robot_type, robot_port, robot_hw_id, robot_cameras)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--robot.type") from None
     robot.connect()
