@@ -73,6 +73,16 @@ def test_checkpoints_load_in_lerobot_and_resume_bit_for_bit(bucket_server, tmp_p
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_resuming_with_another_model_says_which_options_differ(bucket_server, tmp_path):
+    client, url, _ = _dataset(bucket_server, tmp_path, "resume-other")
+    out = BucketUrl.parse("hf://buckets/lab/train/models/resume-other")
+    _run(client, url, out, steps=3)
+    settings = TrainSettings(steps=6, batch_size=4, checkpoint_every=3, seed=7, resume=True, deterministic=True)
+    bigger = ACTSettings(**{**TINY, "dim_model": 64})
+    with pytest.raises(ValueError, match=r"another model: dim_model 32 \(asked: 64\)"):  # not a state_dict dump
+        train(client, [url], out, settings, bigger, DataSettings(decode_workers=1))
+
+
 def test_an_episode_committed_mid_run_is_trained_on(bucket_server, tmp_path):
     client, url, recorder = _dataset(bucket_server, tmp_path, "live", episodes=1)
     committed = threading.Event()
