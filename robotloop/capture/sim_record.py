@@ -65,6 +65,15 @@ def _demo(
     return seed, demo.success, write_episode(target.spec, target.repo_id, target.staging, episode)
 
 
+def _init_worker(parent_pid: int) -> None:
+    """A sim worker dies with its parent, and keeps ffmpeg's notes about each demo's video to itself ("moving the
+    moov atom ..." on every encode, printed once lerobot hands logging back to ffmpeg; errors still show)."""
+    import av
+
+    die_with_parent(parent_pid)
+    av.logging.set_libav_level(av.logging.ERROR)
+
+
 def record_sim(
     recorder: DatasetRecorder,
     task: str,
@@ -98,7 +107,7 @@ def record_sim(
     target = _Target(recorder.spec, recorder.url.bucket_id, recorder.staging)
     # spawn, not fork: MuJoCo's EGL context must be created in the worker, never inherited.
     with ProcessPoolExecutor(
-        max_workers=workers, mp_context=mp.get_context("spawn"), initializer=die_with_parent, initargs=(os.getpid(),)
+        max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(os.getpid(),)
     ) as pool:
         pending: set[Future] = set()
 

@@ -6,6 +6,10 @@ import faulthandler
 import sys
 from typing import Annotated
 
+from .output import fail, quiet_libraries
+
+quiet_libraries()  # first: tqdm reads its settings when it is imported, and the commands below import it
+
 import typer
 
 from ..config import SettingsError, load_settings
@@ -15,7 +19,6 @@ from . import robot as robot_cli
 from .agent import agent as agent_command
 from .eval import eval_policy
 from .loop import loop
-from .output import fail
 
 app = typer.Typer(
     no_args_is_help=True,

@@ -16,13 +16,29 @@ def fail(error: Exception | str, prefix: str = "") -> typer.Exit:
     return typer.Exit(1)
 
 
-def quiet_encoders() -> None:
-    """Keep what video encoding prints about itself out of a command's output: SVT-AV1's banner and notes (about
-    25 lines per episode; errors still show) and the tqdm bars lerobot's writer draws for every episode (`Map`,
-    `Validate all meta data`). Variables the user set win. For commands that record; process-wide, so the CLI's
-    choice, not the library's (the commands draw their own progress with rich)."""
+PROGRESS_BARS_WARNING = "Cannot enable progress bars"  # `datasets`, each time lerobot asks for bars it turned off
+
+
+def quiet_libraries() -> None:
+    """The CLI draws its own progress with rich: keep the libraries' own bars and notes out of its output (the
+    tqdm bars lerobot's writer draws for every episode, `Map`, `Validate all meta data`; SVT-AV1's banner, about
+    25 lines per episode, errors still show). Environment defaults, so sim worker processes inherit them;
+    variables the user set win. Called before anything imports tqdm, which reads TQDM_* when it is imported."""
     import os
+    import warnings
 
     os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1's log level, read when an encoder starts: 1 = errors
-    os.environ.setdefault("TQDM_DISABLE", "1")  # read by every tqdm bar as it is made
+    os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # `datasets` bars ignore TQDM_DISABLE
+    # ... and with it set, `datasets` warns whenever lerobot re-enables its bars (six lines per recording).
+    os.environ.setdefault("PYTHONWARNINGS", f"ignore:{PROGRESS_BARS_WARNING}:UserWarning")  # worker processes
+    warnings.filterwarnings("ignore", message=PROGRESS_BARS_WARNING, category=UserWarning)
+
+
+def quiet_encoders() -> None:
+    """For commands that encode video: ffmpeg's own notes too ("moving the moov atom to the beginning of the
+    file" each time lerobot concatenates an episode's video onto the dataset's), on top of `quiet_libraries`."""
+    import av
+
+    quiet_libraries()
+    av.logging.set_libav_level(av.logging.ERROR)  # ffmpeg's own level: lerobot hands logging back to ffmpeg
