@@ -623,8 +623,15 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
         app, ["deploy", "publish", "--checkpoint", f"{RUN}/nothing", "--name", "x", "--key", str(key), *ops]
     )
     assert result.exit_code == 1 and "checkpoints/last.json" in result.output
-    result = cli.invoke(app, ["deploy", "register", "hw1", "--channel", "hw", *ops])
+    result = cli.invoke(app, ["deploy", "register", "hw1", "--channel", "hw", "--json", *ops])
     token = json.loads(result.output)["token"]
+    # Text for people by default, --json for scripts; an assignment never dumps its signed manifest.
+    result = cli.invoke(app, ["deploy", "assign", "hw1", "--channel", "hw", *ops])
+    assert result.exit_code == 0 and _flat(result.output).startswith("robot hw1 follows hw"), result.output
+    assert len(result.output.splitlines()) <= 2
+    result = cli.invoke(app, ["deploy", "assign", "hw1", "--channel", "hw", "--json", *ops])
+    assignment = json.loads(result.output)
+    assert assignment["robot"] == "hw1" and assignment["channel"] == "hw" and "manifest" not in assignment
 
     result = cli.invoke(
         app,
@@ -715,6 +722,8 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
     result = cli.invoke(app, ["deploy", "status", *ops], env=wide)
     assert result.exit_code == 0 and "hw1" in result.output and "cli-v1" in result.output
     assert re.search(r"│ hw1 .* │ \d+ s ago +│", result.output), result.output  # last seen: seconds ago, not epoch
+    status = json.loads(cli.invoke(app, ["deploy", "status", "--json", *ops]).output)
+    assert [r["running"] for r in status["robots"] if r["id"] == "hw1"] == ["cli-v1"]
     result = cli.invoke(app, ["deploy", "history", "--robot", "hw1", *ops], env=wide)
     assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d swap +hw1 +cli-v1", result.output, re.M), result.output
     result = cli.invoke(app, ["deploy", "rollback", "--robot", "hw1", *ops])

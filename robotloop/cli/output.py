@@ -3,11 +3,30 @@ rich would read as markup), and exit code 1. Exit code 2 stays typer's, for usag
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from typing import Annotated, Any
+
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 error_console = Console()
+console = Console()
+
+JsonOutput = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts, instead of text.")]
+
+
+def show(result: Any, as_json: bool, text: Callable[[Any], str]) -> None:
+    """A command's result: text for people, or with --json the result as JSON for scripts."""
+    if as_json:
+        print_json(result)
+    else:
+        console.print(text(result), highlight=False)
+
+
+def print_json(value: Any) -> None:
+    print(json.dumps(value, indent=1))  # plain print: no rich wrapping or colour in what scripts parse
 
 
 def fail(error: Exception | str, prefix: str = "") -> typer.Exit:
