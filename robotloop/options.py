@@ -55,12 +55,9 @@ def fields(model: type[BaseModel], names: Iterable[str] | None = None) -> dict[s
     return {n: f for n, f in model.model_fields.items() if chosen is None or n in chosen}
 
 
-def _bound(info: FieldInfo, *keys: str) -> Any:
-    for meta in info.metadata:
-        for key in keys:
-            if getattr(meta, key, None) is not None:
-                return getattr(meta, key)
-    return None
+def _bound(info: FieldInfo, key: str) -> Any:
+    """The field's `ge` or `le` (Typer's min and max); None when it has none."""
+    return next((getattr(m, key) for m in info.metadata if getattr(m, key, None) is not None), None)
 
 
 def _own_parameters(fn: Callable[..., Any], skip: str) -> list[inspect.Parameter]:
@@ -84,8 +81,7 @@ def typer_parameters(model: type[BaseModel], names: Iterable[str] | None = None)
     params = []
     for name, info in fields(model, names).items():
         kind = info.annotation
-        # Typer has no Literal choices before 0.19 and its choice error does not say what the option is for:
-        # a Literal field is a plain string on the command line, which the model validates with a clear message.
+        # A Literal is a plain string to Typer: the model checks it, with the message that names the option.
         if get_origin(kind) is Literal:
             kind = str
         decl = flag(name, info)
