@@ -112,3 +112,21 @@ def test_an_option_added_to_the_model_reaches_every_front_end():
     start = tool(Tools.start)
     assert "warmup_steps" in start.tool_spec["inputSchema"]["json"]["properties"]
     assert Tools().start(datasets=[URL], output=RUN, warmup_steps=4).warmup_steps == 4
+
+
+def test_progress_has_one_wire_type_from_the_trainer_to_the_agent():
+    import dataclasses
+
+    from robotloop.agent.tools import _job
+    from robotloop.train.jobs import JobState, _apply
+    from robotloop.train.progress import JOB_FIELDS, Progress, progress_line, read_line
+
+    sent = Progress(12, float("nan"), 850.5, 0.02, 3, 1.5, last_checkpoint=f"{RUN}/checkpoints/000010")
+    line = progress_line("progress", sent)
+    assert read_line(line) == ("progress", dataclasses.replace(sent, loss=None))  # NaN: strict JSON's null
+    assert read_line(line[:-5]) is None  # a torn last line is skipped
+    state = JobState("j1", "running", {"steps": 20, "output": RUN}, 0.0)
+    _apply(state, line.encode())
+    shown = _job(dataclasses.asdict(state))
+    assert {k: shown[k] for k in JOB_FIELDS} == {k: getattr(read_line(line)[1], k) for k in JOB_FIELDS}
+    assert set(JOB_FIELDS) <= {f.name for f in dataclasses.fields(JobState)}

@@ -36,6 +36,7 @@ from ..options import tool_parameters
 from ..storage import BucketClient, BucketUrl, StorageError, connect
 from ..train.client import TrainerClient, TrainerError
 from ..train.jobs import JobSpec
+from ..train.progress import JOB_FIELDS
 
 # The service's storage, never the model's to choose: the tool's jobs read and write where the service does.
 STORAGE_FIELDS = ("storage_endpoint", "storage_token")
@@ -341,18 +342,7 @@ def _rounded(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _job(state: dict[str, Any]) -> dict[str, Any]:
-    keep = (
-        "id",
-        "status",
-        "step",
-        "loss",
-        "samples_per_s",
-        "data_wait_share",
-        "episodes",
-        "last_checkpoint",
-        "exit_code",
-        "message",
-    )
+    keep = ("id", "status", *JOB_FIELDS, "exit_code", "message")  # the trainer's Progress, as the service shows it
     return _rounded(
         {**{k: state.get(k) for k in keep}, "steps": state["spec"]["steps"], "output": state["spec"]["output"]}
     )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import signal
 import threading
@@ -18,6 +16,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..options import typer_command
 from ..storage import BucketUrl, StorageError, connect
 from ..train.options import TrainOptions
+from ..train.progress import Progress as TrainProgress
+from ..train.progress import progress_line
 from .output import fail
 
 console = Console()
@@ -94,6 +94,7 @@ def train(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # the trainer polls it each step, then checkpoints
     write_progress = _progress_writer(progress_file)
+    last: list[TrainProgress] = []  # the latest report: the done line's episode count
     failure: Exception | None = None
     with Progress(
         TextColumn("training"),
@@ -110,7 +111,8 @@ def train(
             bars.update(bar, completed=p.step, note=note)
             if not console.is_terminal:  # a log file (the training service, CI): bars would only show at the end
                 console.print(f"step {p.step}/{o.steps}  {note}")
-            write_progress({"event": "progress", **asdict(p)})
+            last.append(p)
+            write_progress(progress_line("progress", p))
 
         try:
             report = run(
@@ -132,20 +134,28 @@ def train(
         f"data wait {100 * report.data_wait_share:.1f}%, final loss {report.final_loss:.4f}"
     )
     console.print(f"last checkpoint: {report.checkpoints[-1] if report.checkpoints else 'none'}")
-    write_progress(
-        {"event": "done", **{k: v for k, v in asdict(report).items() if k != "losses"}, "stopped": stop.is_set()}
+    final = TrainProgress(
+        report.steps,
+        report.final_loss,
+        report.samples_per_s,
+        report.data_wait_share,
+        last[-1].episodes if last else None,
+        report.wall_s,
+        last_checkpoint=report.checkpoints[-1] if report.checkpoints else None,
     )
+    # The final progress, plus the run's summary (benchmarks/train_e2e.py reads steps, wall_s, final_loss).
+    summary = {k: v for k, v in asdict(report).items() if k not in ("losses", *asdict(final))}
+    write_progress(progress_line("done", final, **summary, stopped=stop.is_set()))
 
 
 def _progress_writer(path: Path | None):
-    """A function appending one JSON object per line to `path`; a no-op without a path, and on ranks > 0 under
-    torchrun (one writer per job). Non-finite floats become null: the file stays strict JSON."""
+    """A function appending lines (robotloop.train.progress.progress_line) to `path`; a no-op without a path, and
+    on ranks > 0 under torchrun (one writer per job)."""
     if path is None or os.environ.get("RANK", "0") != "0":
-        return lambda record: None
+        return lambda line: None
 
-    def write(record: dict) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+    def write(line: str) -> None:
         with path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(clean) + "\n")
+            f.write(line)
 
     return write

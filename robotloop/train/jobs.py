@@ -45,6 +45,7 @@ from pydantic import Field, SecretStr, model_validator
 from ..options import to_argv
 from ..storage.private import private_dir
 from .options import TrainOptions
+from .progress import JOB_FIELDS, read_line
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
@@ -121,7 +122,8 @@ class JobSpec(TrainOptions):
 
 @dataclass
 class JobState:
-    """A job as GET shows it. Progress fields are None until the first progress report."""
+    """A job as GET shows it. The progress fields (robotloop.train.progress.JOB_FIELDS: step ... last_checkpoint)
+    are the trainer's latest Progress, None until its first report."""
 
     id: str
     status: Status
@@ -377,11 +379,7 @@ class JobManager:
         job.progress_offset += len(data)
         *lines, job.progress_tail = (job.progress_tail + data).split(b"\n")
         for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a torn line from a killed child: skip it, the next report supersedes it
-            _apply(job.state, record)
+            _apply(job.state, line)
 
     def _load(self, job_dir: Path) -> None:
         """A job from an earlier run of the service: its final state, or failed if the service died under it."""
@@ -404,14 +402,15 @@ class JobManager:
         self._jobs[state.id] = job
 
 
-def _apply(state: JobState, record: dict[str, Any]) -> None:
-    if record.get("event") == "progress":
-        for key in ("step", "loss", "samples_per_s", "data_wait_share", "episodes"):
-            setattr(state, key, record.get(key))
-    elif record.get("event") == "done":
-        state.step, state.loss = record.get("steps"), record.get("final_loss")
-        state.samples_per_s, state.data_wait_share = record.get("samples_per_s"), record.get("data_wait_share")
-        state.last_checkpoint = (record.get("checkpoints") or [None])[-1]
+def _apply(state: JobState, line: bytes) -> None:
+    """Copy a progress line's fields into the job's state, by name: the trainer's Progress is the wire type."""
+    read = read_line(line)
+    if read is None:
+        return  # a torn line from a killed child: skip it, the next report supersedes it
+    event, progress = read
+    if event in ("progress", "done"):
+        for name in JOB_FIELDS:
+            setattr(state, name, getattr(progress, name))
 
 
 def _signal(proc: subprocess.Popen | None, sig: int, group: bool) -> None:
