@@ -32,9 +32,14 @@ from ..deploy.errors import NonFiniteAction, PolicyLoadError
 from ..deploy.keys import DeployKeyError
 from ..deploy.manifest import BadManifest
 from ..deploy.publish import PublishError
+from ..options import tool_parameters
 from ..storage import BucketClient, BucketUrl, StorageError, connect
 from ..train.client import TrainerClient, TrainerError
 from ..train.jobs import JobSpec
+from ..train.progress import JOB_FIELDS
+
+# The service's storage, never the model's to choose: the tool's jobs read and write where the service does.
+STORAGE_FIELDS = ("storage_endpoint", "storage_token")
 
 # What a tool may fail with because of its input or a service's answer: reported to the model as an error
 # result. ValueError covers bad URLs (BadBucketUrl), bad sizes and pydantic validation; KeyError unknown tasks.
@@ -159,53 +164,13 @@ class RobotloopTools:
 
     @tool
     @reported
-    def start_training(
-        self,
-        datasets: list[str],
-        output: str,
-        steps: int = Field(1000, ge=1),
-        batch_size: int = Field(8, ge=1),
-        device: str = "cpu",
-        tiny: bool = False,
-        resume: bool = False,
-        checkpoint_every: int = Field(1000, ge=1),
-        log_every: int = Field(50, ge=1),
-        fp8: str = "off",
-        gpus: int = Field(1, ge=1),
-        seed: int = Field(0, ge=0),
-    ) -> dict[str, Any]:
+    @tool_parameters(JobSpec, exclude=STORAGE_FIELDS, param="spec")
+    def start_training(self, spec: JobSpec) -> dict[str, Any]:
         """Submit an ACT training job to the training service; it streams the datasets from the bucket and writes
         checkpoints under output/checkpoints/<step>. Answers the job id: follow it with watch_training.
-
-        Args:
-            datasets: dataset URLs to train on (hf://buckets/.../datasets/<name>)
-            output: run URL, hf://buckets/<namespace>/<bucket>/models/<run>
-            steps: training steps
-            batch_size: samples per step
-            device: cpu, cuda or cuda:N
-            tiny: a small ACT for quick smoke tests on CPU
-            resume: continue the run from its last checkpoint
-            checkpoint_every: steps between checkpoints (the last step always checkpoints)
-            log_every: steps between progress reports
-            fp8: off, auto, tensorwise, rowwise or rowwise_with_gw_hp (FP8 training on GPUs that support it)
-            gpus: GPUs for the job (more than one: DDP through torchrun; needs device cuda)
-            seed: seed for weights and sampling
         """
-        # The service's own model: a bad option fails here, naming the field, before anything is sent.
-        spec = JobSpec(
-            datasets=datasets,
-            output=output,
-            steps=steps,
-            batch_size=batch_size,
-            device=device,
-            tiny=tiny,
-            resume=resume,
-            checkpoint_every=checkpoint_every,
-            log_every=log_every,
-            fp8=fp8,
-            gpus=gpus,
-            seed=seed,
-        )
+        # The parameters are JobSpec's fields (robotloop.train.options.TrainOptions plus gpus): a bad option
+        # fails here, naming the field, before anything is sent.
         return _job(self.ctx.trainer.submit(spec.model_dump(mode="json", exclude_none=True)))
 
     @tool
@@ -379,18 +344,7 @@ def _rounded(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _job(state: dict[str, Any]) -> dict[str, Any]:
-    keep = (
-        "id",
-        "status",
-        "step",
-        "loss",
-        "samples_per_s",
-        "data_wait_share",
-        "episodes",
-        "last_checkpoint",
-        "exit_code",
-        "message",
-    )
+    keep = ("id", "status", *JOB_FIELDS, "exit_code", "message")  # the trainer's Progress, as the service shows it
     return _rounded(
         {**{k: state.get(k) for k in keep}, "steps": state["spec"]["steps"], "output": state["spec"]["output"]}
     )

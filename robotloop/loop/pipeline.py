@@ -40,7 +40,7 @@ from ..storage import BucketClient, BucketUrl
 from ..train.data import DataSettings
 from ..train.device import resolve_device
 from ..train.layout import checkpoint_url
-from ..train.policy import ACTSettings
+from ..train.policy import TINY_ACT, ACTSettings
 from ..train.trainer import Progress, TrainReport, TrainSettings, train
 from .gpu import GpuMonitor
 
@@ -67,15 +67,6 @@ H200_RECIPE = dict(
 H200_TASKS: dict[str, dict[str, Any]] = {
     "insertion": dict(episodes=100, steps=6000, policy=dict(H200_RECIPE, image_size=(240, 320))),
 }
-TINY_ACT = dict(
-    dim_model=64,
-    dim_feedforward=128,
-    n_heads=4,
-    n_encoder_layers=1,
-    n_vae_encoder_layers=1,
-    chunk_size=20,
-    n_action_steps=20,
-)
 
 
 @dataclass

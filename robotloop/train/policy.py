@@ -52,6 +52,20 @@ INPUTS_FILE = "robotloop_inputs.json"  # beside config.json: the camera sizes th
 GRAD_CLIP_NORM = 10.0  # lerobot's AdamWConfig.grad_clip_norm, which ACT's optimizer preset uses
 
 
+# The one small ACT (dim 64, one encoder layer; the ResNet18 backbone stays): `robotloop train --tiny`, the loop's
+# cpu preset, deploy's make_tiny_checkpoint, the benchmarks' quick modes and the tests. Chunks of 10 actions fit
+# the 30-frame episodes the tests record. A caller that needs another horizon overrides chunk_size/n_action_steps.
+TINY_ACT: dict[str, Any] = dict(
+    dim_model=64,
+    dim_feedforward=128,
+    n_heads=4,
+    n_encoder_layers=1,
+    n_vae_encoder_layers=1,
+    chunk_size=10,
+    n_action_steps=10,
+)
+
+
 @dataclass
 class ACTSettings:
     """ACT architecture and training knobs. Defaults are lerobot 0.6.1's ACTConfig defaults (51.6M params)
