@@ -158,6 +158,7 @@ def test_two_ranks_under_torchrun_share_the_episodes_and_one_checkpoint(bucket_s
     ]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert (run.stdout + run.stderr).count("randomly initialised") == 2  # once per rank: said once, not twice
     client.fetch(out / "checkpoints" / "000004", tmp_path / "ckpt")
     state = tmp_path / "ckpt" / "training_state"
     assert {p.name for p in state.glob("sampler_state_rank*.json")} == {

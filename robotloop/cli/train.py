@@ -77,11 +77,7 @@ def train(
         if use_fast
         else ACTSettings(backbone_weights=backbone_weights, **arch)
     )
-    if backbone_weights is None:
-        console.print(
-            "[yellow]note:[/yellow] no --backbone-weights: the ResNet18 backbone starts from random weights "
-            "(nothing is downloaded)"
-        )
+    # Without --backbone-weights the library says once that the backbone starts random (load_backbone_weights).
     settings = TrainSettings(
         steps=o.steps,
         batch_size=o.batch_size,

@@ -332,8 +332,8 @@ def load_backbone_weights(policy: ACTPolicy, path: Path | None) -> None:
     """
     if path is None:
         log.warning(
-            "ACT backbone: no local ResNet weights given (ACTSettings.backbone_weights); the backbone is "
-            "randomly initialised. lerobot's default ImageNet weights are NOT downloaded: pass a "
+            "ACT backbone: no local ResNet weights given (--backbone-weights, ACTSettings.backbone_weights); the "
+            "backbone is randomly initialised. lerobot's default ImageNet weights are NOT downloaded: pass a "
             "torchvision resnet18 state_dict file to start from them."
         )
         return
