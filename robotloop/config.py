@@ -27,6 +27,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from services.ports import CAPTURE_PORT, DEPLOY_PORT, TRAINER_PORT  # the one place the default ports are written
+
 CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "robotloop"
 
 
@@ -59,7 +61,7 @@ class CaptureSettings(Section):
     """The capture service: robots stream frames over HTTP, the service commits episodes to buckets."""
 
     host: str = Field(default="127.0.0.1", description="Address the capture service listens on.")
-    port: int = Field(default=8760, ge=1, le=65535, description="Port of the capture service.")
+    port: int = Field(default=CAPTURE_PORT, ge=1, le=65535, description="Port of the capture service.")
     tokens_file: Path | None = Field(
         default=None, description="Robot tokens, one '<token> <read|write> <namespace|*>' per line (required to serve)."
     )
@@ -102,7 +104,7 @@ class ServiceSection(Section):
 class TrainerServiceSettings(ServiceSection):
     """The training service: jobs are `robotloop train` subprocesses, submitted and watched over HTTP."""
 
-    port: int = Field(default=8770, ge=1, le=65535, description="Port of the training service.")
+    port: int = Field(default=TRAINER_PORT, ge=1, le=65535, description="Port of the training service.")
     tokens_file: Path | None = Field(
         default=None,
         description="Caller tokens, one '<token> <read|write> <namespace|*>' per line (required to serve).",
@@ -123,7 +125,7 @@ class TrainerServiceSettings(ServiceSection):
 class DeploySettings(ServiceSection):
     """The deploy service and publishing: releases, channels, robots and their assignments."""
 
-    port: int = Field(default=8780, ge=1, le=65535, description="Port of the deploy service.")
+    port: int = Field(default=DEPLOY_PORT, ge=1, le=65535, description="Port of the deploy service.")
     tokens_file: Path | None = Field(
         default=None, description="Operator tokens, one '<token> <read|write> *' per line (required to serve)."
     )

@@ -7,6 +7,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..quiet import quiet_encoders
+
+__all__ = ["fail", "quiet_encoders"]
+
 error_console = Console()
 
 
@@ -14,15 +18,3 @@ def fail(error: Exception | str, prefix: str = "") -> typer.Exit:
     """Print `error` and return the Exit to raise: `raise fail(error) from None`."""
     error_console.print(f"[red]error:[/red] {escape(prefix + str(error))}")
     return typer.Exit(1)
-
-
-def quiet_encoders() -> None:
-    """Keep what video encoding prints about itself out of a command's output: SVT-AV1's banner and notes (about
-    25 lines per episode; errors still show) and the tqdm bars lerobot's writer draws for every episode (`Map`,
-    `Validate all meta data`). Variables the user set win. For commands that record; process-wide, so the CLI's
-    choice, not the library's (the commands draw their own progress with rich)."""
-    import os
-
-    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1's log level, read when an encoder starts: 1 = errors
-    os.environ.setdefault("TQDM_DISABLE", "1")  # read by every tqdm bar as it is made
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # `datasets` bars ignore TQDM_DISABLE
