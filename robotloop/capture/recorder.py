@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..compat import dropped_video_frames
 from ..config import CACHE_HOME
 from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError, private_dir
 from .episode import BadEpisode, Episode
@@ -371,9 +372,8 @@ class LiveEpisode:
 
     def dropped_frames(self) -> int:
         """Frames lerobot's streaming encoder dropped so far (it drops rather than block when its queue is full).
-        Read from lerobot 0.6.1's private encoder state: it offers no public counter."""
-        encoder = getattr(self.dataset.writer, "_streaming_encoder", None)
-        return sum(getattr(encoder, "_dropped_frames", {}).values())
+        Read from lerobot's private encoder state (see robotloop.compat): it offers no public counter."""
+        return dropped_video_frames(self.dataset.writer)
 
     def abort(self) -> None:
         """Drop the episode: nothing of it reaches the bucket."""
