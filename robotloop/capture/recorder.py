@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..compat import dropped_video_frames
-from ..config import CACHE_HOME
+from ..config import cache_home
 from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError, private_dir
 from .episode import BadEpisode, Episode
 
@@ -106,7 +106,7 @@ class DatasetRecorder:
     def __init__(self, client: BucketClient, url: BucketUrl, spec: DatasetSpec, staging: Path | None = None) -> None:
         self.client, self.url, self.spec = client, url, spec
         key = hashlib.sha256(f"{client.endpoint}|{url}".encode()).hexdigest()[:16]
-        self.staging = private_dir(staging or CACHE_HOME / "recordings" / key)
+        self.staging = private_dir(staging or cache_home() / "recordings" / key)
         self.root = self.staging / "dataset"
         self._synced_info: str | None = None  # the bucket's meta/info.json Xet hash when this recorder last synced
         self.client.create_bucket(url)

@@ -583,11 +583,11 @@ def use_persistent_compile_cache() -> Path:
 
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from ..config import CACHE_HOME
+    from ..config import cache_home
 
     # inductor writes its /tmp default into the variable the first time anything asks: that is not a choice.
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(CACHE_HOME / "inductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_home() / "inductor")
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 

@@ -41,7 +41,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from robotloop.config import Settings
-from robotloop.storage import BucketUrl, resolve_endpoint
+from robotloop.storage import BucketUrl, ensure_endpoint
 from robotloop.storage.server.auth import AuthError, TokenStore
 from robotloop.train.jobs import JobManager, JobSpec, QueueFull, UnknownJob
 from services.errors import json_errors
@@ -86,7 +86,7 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
     tokens = TokenStore.from_file(Path(tokens_file))
     cfg = settings.trainer
     jobs = JobManager(root or cfg.root, cfg.max_running, cfg.cancel_grace_s, max_queued=cfg.max_queued)
-    storage = resolve_endpoint(settings)  # once: a job's child gets a concrete endpoint and token, not a lookup
+    storage = ensure_endpoint(settings)  # once: a job's child gets a concrete endpoint and token, not a lookup
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
