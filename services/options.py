@@ -9,6 +9,7 @@ Example::
 
     @dataclasses.dataclass(frozen=True)
     class CaptureOptions:
+        section: ClassVar[str | None] = "capture"  # the settings section whose values fill options left None
         host: str | None = option(None, "Listen address.")
         port: int | None = option(None, "Port.", min=0, max=65535)
 
@@ -44,8 +45,10 @@ def serve_command(
 ) -> Callable[..., None]:
     """A Typer command whose options are the fields of the dataclass `options`; it calls `<module>.serve`.
 
-    The settings are the `robotloop` callback's (`ctx.obj`: --endpoint, --token) or, run on its own,
-    `load_settings()`. `<module>` is imported only when the command runs: services pull in FastAPI and uvicorn.
+    ``serve(options, settings)`` when `options.section` names the service's settings section: the settings are the
+    `robotloop` callback's (`ctx.obj`: --endpoint, --token) or, run on its own, `load_settings()`; ``serve(options)``
+    when it is None (the bucket server reads no settings). `<module>` is imported only when the command runs:
+    services pull in FastAPI and uvicorn.
     What the service refuses to start with (a missing or malformed tokens file, a busy port) goes through `fail`:
     one line and exit code 1; usage errors stay Typer's (exit code 2).
     """
@@ -55,9 +58,11 @@ def serve_command(
         from robotloop.config import SettingsError, load_settings
 
         try:
-            settings = ctx.obj or load_settings()
             serve = importlib.import_module(module).serve
-            serve(options(**values), settings)
+            if options.section is None:
+                serve(options(**values))
+            else:
+                serve(options(**values), ctx.obj or load_settings())
         except (ValueError, FileNotFoundError, SettingsError) as error:  # PortInUse and TokensFileError included
             raise fail(error) from None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 from services.options import option
 from services.ports import BUCKET_PORT
@@ -14,6 +15,8 @@ DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024  # a xorb is at most 64 MiB; leave he
 @dataclasses.dataclass(frozen=True)
 class BucketOptions:
     """Run the Hub-compatible Xet bucket server."""
+
+    section: ClassVar[str | None] = None  # reads no settings: only its options
 
     root: Path = option(Path("buckets"), "Data root (xorbs, shards, index); created if missing.")
     host: str = option("127.0.0.1", "Address to listen on (anything but loopback needs --tokens).")

@@ -117,8 +117,8 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def serve(options: BucketOptions, settings: Any = None) -> None:
-    """Run the server with uvicorn until interrupted (`settings` unused: the server reads only its options).
+def serve(options: BucketOptions) -> None:
+    """Run the server with uvicorn until interrupted.
 
     Raises:
         ValueError: open local mode (no ``tokens``) on a non-loopback host: anybody on the network could read

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 from services.options import option
 from services.ports import DEPLOY_PORT
@@ -16,6 +17,8 @@ TRUSTED_HELP = (
 @dataclasses.dataclass(frozen=True)
 class DeployOptions:
     """Serve the deploy service until interrupted."""
+
+    section: ClassVar[str | None] = "deploy"  # options left None come from these settings
 
     host: str | None = option(None, "Listen address. Default: deploy.host (127.0.0.1).")
     port: int | None = option(None, f"Port. Default: deploy.port ({DEPLOY_PORT}).", min=0, max=65535)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import ClassVar
 
 from services.options import option
 from services.ports import TRAINER_PORT
@@ -12,6 +13,8 @@ from services.ports import TRAINER_PORT
 @dataclasses.dataclass(frozen=True)
 class TrainerOptions:
     """Serve until interrupted; jobs use the storage endpoint and token (--endpoint/--token, ROBOTLOOP_STORAGE__*)."""
+
+    section: ClassVar[str | None] = "trainer"  # options left None come from these settings
 
     host: str | None = option(None, "Listen address. Default: trainer.host (127.0.0.1).")
     port: int | None = option(None, f"Port. Default: trainer.port ({TRAINER_PORT}).", min=0, max=65535)
