@@ -2,6 +2,7 @@
 one definition per service, without importing the CLI."""
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,31 @@ def test_a_refusal_is_one_line_and_exit_code_1(tmp_path: Path) -> None:
         [sys.executable, "-m", "services.capture", "--port", "0"], cwd=REPO, capture_output=True, text=True, env=env
     )
     assert run.returncode == 1 and "needs robot tokens: pass --tokens FILE" in run.stderr, run.stderr
+
+
+def test_python_m_robotloop_train_is_robotloop_train_without_the_cli() -> None:
+    code = (
+        "import runpy, sys; sys.argv = ['x', '--help']\n"
+        "try: runpy.run_module('robotloop.train', run_name='__main__')\n"
+        "except SystemExit: pass\n"
+        "print('robotloop.cli' in sys.modules)"
+    )
+    own = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env={"COLUMNS": "80"})
+    assert own.stdout.split()[-1] == "False", own.stdout + own.stderr
+    cli = CliRunner().invoke(app, ["train", "--help"], terminal_width=80)
+    table = [" ".join(out.split("Options", 1)[1].split()) for out in (cli.output, own.stdout.rsplit("\n", 2)[0])]
+    assert table[0] == table[1]
+
+
+def test_only_the_cli_imports_the_cli() -> None:
+    """Entry points only call downward: nothing in robotloop/ or services/ outside robotloop/cli names it."""
+    pattern = re.compile(r"robotloop\.cli|from \.\.cli|from robotloop import cli")
+    offenders = [
+        f"{path.relative_to(REPO)}:{n}"
+        for top in ("robotloop", "services")
+        for path in (REPO / top).rglob("*.py")
+        if not path.is_relative_to(REPO / "robotloop" / "cli")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert offenders == []

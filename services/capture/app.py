@@ -46,7 +46,7 @@ from starlette.requests import ClientDisconnect
 from robotloop.capture import BadEpisode
 from robotloop.capture.sessions import EpisodeSessions, Limits, SpecConflict, TooLarge, TooManyEpisodes, UnknownEpisode
 from robotloop.config import Settings
-from robotloop.quiet import quiet_encoders
+from robotloop.output import quiet_encoders
 from robotloop.storage import BadBucketUrl, BucketClient, BucketUrl, StorageError, connect
 from robotloop.storage.server.auth import AuthError, TokenStore
 from services.capture import CaptureOptions

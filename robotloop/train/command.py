@@ -1,4 +1,5 @@
-"""`robotloop train`: fit LeRobot's ACT streaming straight from bucket datasets."""
+"""`robotloop train` and `python -m robotloop.train` (under torchrun too): fit LeRobot's ACT streaming straight
+from bucket datasets. The train layer's entry point: the CLI registers this command, nothing here imports the CLI."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from ..output import fail
 from ..storage import BadBucketUrl, BucketUrl, StorageError, connect
-from .output import fail
 
 console = Console()
 
