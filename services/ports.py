@@ -1,7 +1,7 @@
 """The services' default ports, and a check they make before they print where they serve: is the port free?
 
-The defaults are the one place the four ports are written: `robotloop.config` (capture.port, trainer.port,
-deploy.port), the bucket server's `--port` and the docs take them from here.
+The one place the four default ports are written: `robotloop.config` (capture.port, trainer.port, deploy.port)
+and the bucket server's `--port` take them from here, and the options' help texts show them.
 """
 
 from __future__ import annotations
