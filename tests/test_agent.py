@@ -102,7 +102,7 @@ def services(bucket_server, trainer, tmp_path_factory: pytest.TempPathFactory) -
         deploy={"url": deploy_url, "token": OPS, "key_file": base / "deploy.key"},
     )
     with pytest.MonkeyPatch.context() as patch:  # recordings stage under this test's cache, not the user's
-        patch.setattr("robotloop.capture.recorder.CACHE_HOME", base / "cache")
+        patch.setenv("XDG_CACHE_HOME", str(base / "xdg"))
         yield settings
     proc.terminate()
     proc.wait(10)

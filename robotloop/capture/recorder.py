@@ -38,7 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import CACHE_HOME
+from ..compat import dropped_video_frames
+from ..config import cache_home
 from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError, private_dir
 from .episode import BadEpisode, Episode
 
@@ -105,7 +106,7 @@ class DatasetRecorder:
     def __init__(self, client: BucketClient, url: BucketUrl, spec: DatasetSpec, staging: Path | None = None) -> None:
         self.client, self.url, self.spec = client, url, spec
         key = hashlib.sha256(f"{client.endpoint}|{url}".encode()).hexdigest()[:16]
-        self.staging = private_dir(staging or CACHE_HOME / "recordings" / key)
+        self.staging = private_dir(staging or cache_home() / "recordings" / key)
         self.root = self.staging / "dataset"
         self._synced_info: str | None = None  # the bucket's meta/info.json Xet hash when this recorder last synced
         self.client.create_bucket(url)
@@ -371,9 +372,8 @@ class LiveEpisode:
 
     def dropped_frames(self) -> int:
         """Frames lerobot's streaming encoder dropped so far (it drops rather than block when its queue is full).
-        Read from lerobot 0.6.1's private encoder state: it offers no public counter."""
-        encoder = getattr(self.dataset.writer, "_streaming_encoder", None)
-        return sum(getattr(encoder, "_dropped_frames", {}).values())
+        Read from lerobot's private encoder state (see robotloop.compat): it offers no public counter."""
+        return dropped_video_frames(self.dataset.writer)
 
     def abort(self) -> None:
         """Drop the episode: nothing of it reaches the bucket."""

@@ -13,7 +13,8 @@ quiet_libraries()  # first: tqdm reads its settings when it is imported, and the
 import typer
 
 from ..config import SettingsError, load_settings
-from . import bucket, capture, demo, record, train, trainer_service
+from ..train.command import train as train_command
+from . import bucket, capture, demo, record, trainer_service
 from . import deploy as deploy_cli
 from . import robot as robot_cli
 from .agent import agent as agent_command
@@ -33,7 +34,7 @@ app.add_typer(deploy_cli.app, name="deploy")
 app.add_typer(robot_cli.app, name="robot")
 app.command("demo")(demo.demo)
 app.command("record")(record.record)
-app.command("train")(train.train)
+app.command("train")(train_command)
 app.command("eval")(eval_policy)
 app.command("agent")(agent_command)
 app.command("loop")(loop)

@@ -9,6 +9,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from services.bucket import BucketOptions
+from services.options import serve_command
+
 from ..storage import BadBucketUrl, BucketUrl, Entry, NotFound, StorageError, connect
 from .output import fail
 
@@ -160,21 +163,4 @@ def scrub(root: Annotated[Path, typer.Option(help="The bucket server's data root
     console.print("nothing damaged")
 
 
-@app.command()
-def serve(
-    root: Annotated[Path, typer.Option(help="Data root (xorbs, shards, index).")] = Path("buckets"),
-    host: Annotated[
-        str, typer.Option(help="Address to listen on (anything but loopback needs --tokens).")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8750,
-    tokens: Annotated[
-        Path | None, typer.Option(help="Tokens file: '<token> <read|write> <namespace|*>' per line.")
-    ] = None,
-) -> None:
-    """Run the Hub-compatible Xet bucket server."""
-    from services.bucket.app import serve as run_server
-
-    try:
-        run_server(root, host, port, tokens)
-    except (ValueError, FileNotFoundError) as error:  # open mode off loopback, a malformed or missing tokens file
-        raise fail(error) from None
+app.command("serve")(serve_command(BucketOptions, "services.bucket.app", fail))

@@ -10,15 +10,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from services.deploy import DeployOptions
+from services.options import serve_command
+
 from ..config import Settings, load_settings
 from .output import JsonOutput, fail, print_json, show
 
 app = typer.Typer(no_args_is_help=True, help="Ship checkpoints to robots: signed releases, channels, rollbacks.")
 console = Console()
 
-TRUSTED_HELP = (
-    "Accept only releases signed by these public keys (robots check regardless). Default: deploy.trusted_keys."
-)
 DeployUrl = Annotated[str | None, typer.Option("--deploy-url", help="Deploy service. Default: deploy.url.")]
 DeployToken = Annotated[
     str | None, typer.Option("--deploy-token", help="Operator token. Default: deploy.token (ROBOTLOOP_DEPLOY__TOKEN).")
@@ -56,30 +56,7 @@ def keygen(
     console.print(f"deploy key {key_id}: private {key}, public {public_path(key)}")
 
 
-@app.command()
-def serve(
-    ctx: typer.Context,
-    host: Annotated[str | None, typer.Option(help="Listen address. Default: deploy.host (127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port. Default: deploy.port (8780).")] = None,
-    tokens: Annotated[Path | None, typer.Option(help="Operator tokens: '<token> <read|write> *' per line.")] = None,
-    db: Annotated[Path | None, typer.Option(help="SQLite state. Default: deploy.db.")] = None,
-    trusted_key: Annotated[list[Path] | None, typer.Option(help=TRUSTED_HELP)] = None,
-    allow_any_signer: Annotated[
-        bool | None,
-        typer.Option(
-            "--allow-any-signer",
-            help="Without --trusted-key: register releases signed by any key "
-            "(robots still verify). Default: refuse to start without trusted keys.",
-        ),
-    ] = None,
-) -> None:
-    """Serve the deploy service until interrupted."""
-    from services.deploy.app import serve as run  # FastAPI/uvicorn only when serving
-
-    try:
-        run(_settings(ctx), tokens, db, host, port, trusted_key, allow_any_signer)
-    except (ValueError, FileNotFoundError) as error:
-        raise fail(error) from None
+app.command("serve")(serve_command(DeployOptions, "services.deploy.app", fail))
 
 
 @app.command()

@@ -1,5 +1,5 @@
-"""How every command reports a failure: one red line, escaped (messages hold URLs like `hf://[<TYPE>/]...` that
-rich would read as markup), and exit code 1. Exit code 2 stays typer's, for usage errors."""
+"""How every command reports: failures (see `robotloop.output`, which `python -m robotloop.train` shares), and
+results as text for people or, with --json, JSON for scripts."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
-error_console = Console()
+from ..output import error_console, fail, quiet_encoders, quiet_libraries
+
 console = Console()
 
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts, instead of text.")]
@@ -29,35 +29,4 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=1))  # plain print: no rich wrapping or colour in what scripts parse
 
 
-def fail(error: Exception | str, prefix: str = "") -> typer.Exit:
-    """Print `error` and return the Exit to raise: `raise fail(error) from None`."""
-    error_console.print(f"[red]error:[/red] {escape(prefix + str(error))}")
-    return typer.Exit(1)
-
-
-PROGRESS_BARS_WARNING = "Cannot enable progress bars"  # `datasets`, each time lerobot asks for bars it turned off
-
-
-def quiet_libraries() -> None:
-    """The CLI draws its own progress with rich: keep the libraries' own bars and notes out of its output (the
-    tqdm bars lerobot's writer draws for every episode, `Map`, `Validate all meta data`; SVT-AV1's banner, about
-    25 lines per episode, errors still show). Environment defaults, so sim worker processes inherit them;
-    variables the user set win. Called before anything imports tqdm, which reads TQDM_* when it is imported."""
-    import os
-    import warnings
-
-    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1's log level, read when an encoder starts: 1 = errors
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # `datasets` bars ignore TQDM_DISABLE
-    # ... and with it set, `datasets` warns whenever lerobot re-enables its bars (six lines per recording).
-    os.environ.setdefault("PYTHONWARNINGS", f"ignore:{PROGRESS_BARS_WARNING}:UserWarning")  # worker processes
-    warnings.filterwarnings("ignore", message=PROGRESS_BARS_WARNING, category=UserWarning)
-
-
-def quiet_encoders() -> None:
-    """For commands that encode video: ffmpeg's own notes too ("moving the moov atom to the beginning of the
-    file" each time lerobot concatenates an episode's video onto the dataset's), on top of `quiet_libraries`."""
-    import av
-
-    quiet_libraries()
-    av.logging.set_libav_level(av.logging.ERROR)  # ffmpeg's own level: lerobot hands logging back to ffmpeg
+__all__ = ["JsonOutput", "error_console", "fail", "print_json", "quiet_encoders", "quiet_libraries", "show"]

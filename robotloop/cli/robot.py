@@ -56,7 +56,7 @@ def run(
     from ..deploy.keys import DeployKeyError, load_public_keys
     from ..deploy.runtime import RobotRuntime
     from ..deploy.store import ReleaseStore
-    from ..storage import resolve_endpoint
+    from ..storage import ensure_endpoint
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     settings = ctx.obj or load_settings()
@@ -73,7 +73,7 @@ def run(
         )
     except (FileNotFoundError, DeployKeyError, DeployError) as error:
         raise fail(error) from None
-    endpoint, storage_token = resolve_endpoint(settings)
+    endpoint, storage_token = ensure_endpoint(settings)
     env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, robot_cameras, fps, episode_time_s)
     options = cfg.model_copy(update={"robot_id": robot_id, "device": device or cfg.device})
     runtime = RobotRuntime(

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from services.options import serve_command
+from services.trainer import TrainerOptions
 
 from ..config import Settings, load_settings
 from .output import fail
@@ -21,24 +23,7 @@ app = typer.Typer(
 console = Console()
 
 
-@app.command()
-def serve(
-    ctx: typer.Context,
-    host: Annotated[str | None, typer.Option(help="Listen address. Default: trainer.host (127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port. Default: trainer.port (8770).")] = None,
-    tokens: Annotated[
-        Path | None, typer.Option(help="Caller tokens: '<token> <read|write> <namespace|*>' per line.")
-    ] = None,
-    root: Annotated[Path | None, typer.Option(help="Job directories (log, progress). Default: trainer.root.")] = None,
-) -> None:
-    """Serve until interrupted; jobs use the storage endpoint and token (--endpoint/--token, ROBOTLOOP_STORAGE__*)."""
-    from services.trainer.app import serve as run  # the service pulls in FastAPI/uvicorn: only when serving
-
-    settings: Settings = ctx.obj or load_settings()  # set by the `robotloop` callback (--endpoint, --token)
-    try:
-        run(settings, tokens, root, host, port)
-    except (ValueError, FileNotFoundError) as error:
-        raise fail(error) from None
+app.command("serve")(serve_command(TrainerOptions, "services.trainer.app", fail))
 
 
 @app.command()

@@ -117,7 +117,7 @@ def pull_release_for(settings: Settings, name: str) -> Path:
     Raises:
         PolicyLoadError: no trusted keys configured. DeployError, BadSignature, IntegrityError: see `pull_release`.
     """
-    from ..storage import resolve_endpoint
+    from ..storage import ensure_endpoint
     from .client import DeployClient
     from .fetch import XetFetcher
     from .keys import load_public_keys, public_path
@@ -130,7 +130,7 @@ def pull_release_for(settings: Settings, name: str) -> Path:
         raise PolicyLoadError(
             f"{name!r}: to evaluate a release, configure the keys that sign releases (robot.trusted_keys)"
         )
-    endpoint, storage_token = resolve_endpoint(settings)
+    endpoint, storage_token = ensure_endpoint(settings)
     store = ReleaseStore(settings.storage.cache_dir.parent / "eval-releases")
     return pull_release(
         name,
@@ -176,7 +176,7 @@ def _resolve_local(path: Path) -> Path:
 def _resolve_bucket(
     spec: str, client_factory: Callable[[], BucketClient] | None, cache_dir: Path | None
 ) -> ResolvedPolicy:
-    from ..config import CACHE_HOME
+    from ..config import cache_home
     from .publish import PublishError, resolve_checkpoint
 
     try:
@@ -190,7 +190,7 @@ def _resolve_bucket(
         raise PolicyLoadError(str(error)) from None
     model = checkpoint / "pretrained_model"
     key = hashlib.sha256(f"{client.endpoint}|{model}".encode()).hexdigest()[:16]
-    dest = private_dir(cache_dir or CACHE_HOME / "policies") / key
+    dest = private_dir(cache_dir or cache_home() / "policies") / key
     if not client.download_tree(model, dest):
         raise PolicyLoadError(f"{model}: no files there")
     return ResolvedPolicy(dest, str(checkpoint))

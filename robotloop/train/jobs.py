@@ -7,8 +7,8 @@ Each job has a directory ``<root>/<id>/``::
     progress.jsonl   one JSON line per progress report, then one "done" line (`robotloop train --progress-file`)
     exit.json        how it ended: status, exit code, times, message (written once the child has exited)
 
-A job is one process group: ``python -m robotloop.cli train ...`` for one GPU (or CPU), ``python -m
-torch.distributed.run --nproc-per-node N -m robotloop.cli train ...`` for several. The storage endpoint and token
+A job is one process group: ``python -m robotloop.train ...`` for one GPU (or CPU), ``python -m
+torch.distributed.run --nproc-per-node N -m robotloop.train ...`` for several. The storage endpoint and token
 reach the child through ``ROBOTLOOP_STORAGE__ENDPOINT`` / ``ROBOTLOOP_STORAGE__TOKEN``, never its command line
 (which `ps` shows to every user). Cancel sends SIGTERM to the leader only: the trainer checkpoints and exits; its
 decode workers must stay alive until then. SIGKILL goes to the whole group once the grace period is over.
@@ -100,7 +100,7 @@ class JobSpec(TrainOptions):
         if self.gpus > 1:
             launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.gpus)]
         options = to_argv(self, TrainOptions.model_fields)  # every option, derived: none is forgotten here
-        args = ["-m", "robotloop.cli", "train", *options, "--progress-file", str(progress_file)]
+        args = ["-m", "robotloop.train", *options, "--progress-file", str(progress_file)]
         return launcher + args
 
     def child_env(self, base: dict[str, str], job_dir: Path) -> dict[str, str]:

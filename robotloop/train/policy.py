@@ -42,6 +42,7 @@ from lerobot.utils.constants import ACTION, IMAGENET_STATS, OBS_IMAGES, OBS_STAT
 from lerobot.utils.feature_utils import dataset_to_policy_features
 from torch import Tensor, nn
 
+from ..compat import normalizer_tensor_stats
 from .fp8 import Accelerator, AutoFp8, Measure, gpu_measure, setup_fp8
 from .fp8 import check_mode as check_fp8_mode
 
@@ -375,7 +376,7 @@ def _affine_from_normalizer(norm: NormalizerProcessorStep, key: str, ft: Feature
         NotImplementedError: a normalization mode other than IDENTITY, MEAN_STD or MIN_MAX.
     """
     mode = norm.norm_map.get(ft, NormalizationMode.IDENTITY)
-    stats = norm._tensor_stats.get(key)  # lerobot's own tensors: same dtype, shape and eps handling
+    stats = normalizer_tensor_stats(norm).get(key)  # lerobot's own tensors: same dtype, shape and eps handling
     if mode is NormalizationMode.IDENTITY or stats is None:
         return None
     if mode is NormalizationMode.MEAN_STD:
@@ -599,11 +600,11 @@ def use_persistent_compile_cache() -> Path:
 
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from ..config import CACHE_HOME
+    from ..config import cache_home
 
     # inductor writes its /tmp default into the variable the first time anything asks: that is not a choice.
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(CACHE_HOME / "inductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_home() / "inductor")
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 

@@ -1,4 +1,5 @@
-"""`robotloop train`: fit LeRobot's ACT streaming straight from bucket datasets."""
+"""`robotloop train` and `python -m robotloop.train` (under torchrun too): fit LeRobot's ACT streaming straight
+from bucket datasets. The train layer's entry point: the CLI registers this command, nothing here imports the CLI."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..options import typer_command
+from ..output import fail
 from ..storage import BucketUrl, StorageError, connect
-from ..train.options import TrainOptions
-from ..train.progress import Progress as TrainProgress
-from ..train.progress import progress_line
-from .output import fail
+from .options import TrainOptions
+from .progress import Progress as TrainProgress
+from .progress import progress_line
 
 console = Console()
 
