@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -12,8 +13,9 @@ from rich.table import Table
 from services.bucket import BucketOptions
 from services.options import serve_command
 
+from ..config import load_settings
 from ..storage import BadBucketUrl, BucketUrl, Entry, NotFound, StorageError, connect
-from .output import fail
+from .output import JsonOutput, fail, show
 
 app = typer.Typer(no_args_is_help=True, help="Work with Xet storage buckets (hf://buckets/<ns>/<bucket>/<path>).")
 console = Console()
@@ -164,3 +166,77 @@ def scrub(root: Annotated[Path, typer.Option(help="The bucket server's data root
 
 
 app.command("serve")(serve_command(BucketOptions, "services.bucket.app", fail))
+
+
+server_app = typer.Typer(
+    no_args_is_help=True,
+    help="The embedded bucket server (what commands start on localhost when no endpoint is configured): "
+    "see it, start it, stop it, and the environment other tools (hf, lerobot, curl) need to reach it.",
+)
+app.add_typer(server_app, name="server")
+
+
+def _embedded_root(ctx: typer.Context) -> Path:
+    return (ctx.obj or load_settings()).storage.embedded_root
+
+
+def _server_state(root: Path, server) -> dict:
+    return {
+        "running": server is not None,
+        "endpoint": server.endpoint if server else None,
+        "pid": server.pid if server else None,
+        "root": str(root),
+        "log": str(root / "server.log"),
+    }
+
+
+def _server_text(state: dict) -> str:
+    if not state["running"]:
+        return f"not running (data root {state['root']}; any robotloop command starts it)"
+    return f"running at {state['endpoint']} (pid {state['pid']}), data root {state['root']}, log {state['log']}"
+
+
+@server_app.command("status")
+def server_status(ctx: typer.Context, as_json: JsonOutput = False) -> None:
+    """Whether the embedded server runs, where, and its data root and log."""
+    from ..storage.embedded import embedded_server
+
+    root = _embedded_root(ctx)
+    show(_server_state(root, embedded_server(root)), as_json, _server_text)
+
+
+@server_app.command("start")
+def server_start(ctx: typer.Context, as_json: JsonOutput = False) -> None:
+    """Start the embedded server (or find the one running); it keeps running after this command."""
+    from ..storage.embedded import EmbeddedServerError, ensure_embedded_server
+
+    root = _embedded_root(ctx)
+    try:
+        server = ensure_embedded_server(root)
+    except EmbeddedServerError as error:
+        raise fail(error) from None
+    show(_server_state(root, server), as_json, _server_text)
+
+
+@server_app.command("stop")
+def server_stop(ctx: typer.Context) -> None:
+    """Stop the embedded server; the next command that needs it starts it again."""
+    from ..storage.embedded import stop_embedded_server
+
+    stopped = stop_embedded_server(_embedded_root(ctx))
+    console.print("stopped" if stopped else "not running")
+
+
+@server_app.command("env")
+def server_env(ctx: typer.Context) -> None:
+    """Print `export HF_ENDPOINT=... HF_TOKEN=...` for the embedded server (started if it is not running), so hf,
+    lerobot (`repo_type="bucket"`) and curl reach it: `eval "$(robotloop bucket server env)"`. The token is the
+    local write token (in `<root>/tokens`, mode 0600): keep it to this machine."""
+    from ..storage.embedded import EmbeddedServerError, ensure_embedded_server
+
+    try:
+        server = ensure_embedded_server(_embedded_root(ctx))
+    except EmbeddedServerError as error:
+        raise fail(error) from None
+    print(f"export HF_ENDPOINT={shlex.quote(server.endpoint)}")
+    print(f"export HF_TOKEN={shlex.quote(server.token)}")
