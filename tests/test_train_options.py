@@ -58,7 +58,7 @@ def test_every_option_is_a_cli_flag_a_job_spec_field_and_a_tool_parameter():
 def test_a_job_spec_command_line_parses_back_to_the_same_options(tmp_path: Path):
     spec = JobSpec(**CHANGED)
     argv = spec.command(tmp_path / "progress.jsonl")
-    args = argv[argv.index("train") + 1 :]
+    args = argv[argv.index("robotloop.train") + 1 :]  # python -m robotloop.train <options>
     parsed = train_command().make_context("train", args).params
     assert {k: parsed[k] for k in CHANGED} == CHANGED
     assert parsed["progress_file"] == tmp_path / "progress.jsonl"
