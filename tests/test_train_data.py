@@ -137,9 +137,9 @@ def test_resume_decodes_the_episodes_that_were_in_flight_at_the_save(bucket_serv
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     with StreamingSampler(client, [dataset], settings()) as a:
         deadline = time.monotonic() + 60
-        while not a._jobs_by_seq and time.monotonic() < deadline:  # saved while decode workers hold episodes
+        while not a._feed.order.in_flight and time.monotonic() < deadline:  # saved while decode workers hold episodes
             time.sleep(0.01)
-        assert a._jobs_by_seq, "no episode was ever in flight"
+        assert a._feed.order.in_flight, "no episode was ever in flight"
         state = a.state_dict()
     assert len(state["buffered"]) < len(LENGTHS)
     with StreamingSampler(client, [dataset], settings()) as b:
@@ -332,8 +332,8 @@ def test_close_removes_the_workers_scratch_and_frees_the_buffer(bucket_server, d
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     sampler = StreamingSampler(client, [dataset], settings(decode_workers=2))
     sampler.next_batch(4)
-    scratch = Path(sampler._scratch)
+    scratch = Path(sampler._feed.pool.scratch)
     assert scratch.is_dir()
     sampler.close()
     assert not scratch.exists() and sampler.arena.tensors == {}
-    assert not any(w.is_alive() for w in sampler._workers)
+    assert not any(w.is_alive() for w in sampler._feed.pool.workers)
