@@ -746,7 +746,7 @@ def test_eval_resolves_a_release_name_and_verifies_it_as_robots_do(deploy, bucke
 
 def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_order(tmp_path):
     # Runtime bookkeeping only, with stand-ins for the policy runner and the deploy service (no model needed).
-    from robotloop.deploy.runtime import _Loaded
+    from robotloop.deploy.runtime import _EpisodeTally, _Loaded
 
     class Runner:
         at_chunk_boundary = True
@@ -780,9 +780,7 @@ def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_or
         assert runtime._maybe_swap(None)
 
     def episode(release: str) -> None:
-        runtime._finish(
-            {"mixed": False, "release": release, "steps": 10, "max_reward": None, "success": None, "jerk": 0.0}
-        )
+        runtime._finish(_EpisodeTally(release, mixed=False, steps=10))
 
     swap("A")
     runtime._probation = False  # A is proven
@@ -795,8 +793,8 @@ def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_or
     episode("C")  # no score on this robot: a release that ran its window of episodes has passed
     assert not runtime._probation and runtime._previous is None
 
-    runtime._flush_events()  # the first send fails: nothing is lost and the order is kept
-    runtime._flush_events()
+    runtime._reporter.flush()  # the first send fails: nothing is lost and the order is kept
+    runtime._reporter.flush()
     assert service.sent == [("swap", "A"), ("swap", "B"), ("swap", "C")]
 
 

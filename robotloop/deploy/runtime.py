@@ -7,8 +7,11 @@ Three threads:
 - updater: long-polls the deploy service for this robot's assignment; on a change it pulls the release into the
   local store (signature, then hashes, checked before anything is loaded; only missing bytes travel), verifies
   it again, loads it with `PolicyRunner.load` and runs one warm-up pass, then hands it to the control thread.
-- reporter: heartbeats (running release, control rate, longest tick gap, health) and swap/rollback/refused
-  events, so the control thread never waits on the network.
+- reporter (`Reporter`, in `robotloop.deploy.reporter`): heartbeats (running release, control rate, longest tick
+  gap, health) and swap/rollback/refused events, so the control thread never waits on the network.
+
+What the robot learns about each release (refused, skipped, failing to fetch, scored, the last good one) is kept
+in one `ReleaseLedger` (`robotloop.deploy.ledger`).
 
 Health check (plain): every finished episode gets a score, by default its highest staged sim reward (0-4 for
 ALOHA; 4 = success). A new release is on probation for its first `health_window` whole episodes (episodes that a
@@ -35,9 +38,8 @@ import json
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -50,6 +52,7 @@ from .fetch import XetFetcher
 from .keys import BadSignature
 from .ledger import ReleaseLedger
 from .manifest import BadManifest, SignedManifest
+from .reporter import Reporter
 from .store import IntegrityError, PullCancelled, PullReport, ReleaseStore
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,36 @@ class EpisodeResult:
 def default_score(result: EpisodeResult) -> float | None:
     """The episode's highest staged reward (ALOHA: 0-4, 4 = success); None without a reward."""
     return result.max_reward
+
+
+@dataclass
+class _EpisodeTally:
+    """The episode in progress: what its `EpisodeResult` will say."""
+
+    release: str | None
+    mixed: bool  # started with nothing to run, or a swap or rollback cut it in two: it counts for no release
+    steps: int = 0
+    max_reward: float | None = None
+    success: bool | None = None
+    jerk: float = 0.0  # sum of |a_t - a_{t-1}|
+    last: np.ndarray | None = None
+
+    def track(self, action: np.ndarray, result: StepResult) -> None:
+        self.steps += 1
+        if self.last is not None:
+            self.jerk += float(np.abs(action - self.last).mean())
+        self.last = np.array(action, copy=True)
+        if result.reward is not None:
+            self.max_reward = max(self.max_reward or 0.0, result.reward)
+            self.success = bool(self.success) or bool(result.success)
+
+    def result(self) -> EpisodeResult | None:
+        """The whole episode of one release; None for one that counts for no release."""
+        if self.mixed or self.release is None:
+            return None
+        return EpisodeResult(
+            self.release, self.steps, self.max_reward, self.success, self.jerk / max(1, self.steps - 1)
+        )
 
 
 @dataclass
@@ -97,8 +130,8 @@ class RobotRuntime:
 
     Owns the loaded policies (`_active` runs, `_standby` waits for a chunk boundary, `_previous` is the way back
     while a new release is on probation), guarded by `_lock` for the swap; the `ledger` (what the robot knows
-    of each release: refused, skipped, failing to fetch, scored; `ReleaseLedger`); the outbox of events for the
-    deploy service, sent in order by the reporter; and `stats`. `run()` starts and joins the updater and
+    of each release: refused, skipped, failing to fetch, scored; `ReleaseLedger`); the `Reporter`, which sends
+    its events and heartbeats; and `stats`. `run()` starts and joins the updater and
     reporter threads, and runs the control loop in the caller's thread.
 
     Raises (on construction):
@@ -127,10 +160,8 @@ class RobotRuntime:
         self._standby: _Loaded | None = None
         self._probation = False
         self._latest_obs: dict | None = None
-        # Events in the order they happened: one that fails to send stays at the front (the registry's history,
-        # and `rollback_robot` with it, read them in order).
-        self._outbox: deque[tuple[str, str | None, str | None, str]] = deque()
         self.ledger = ReleaseLedger.load(store.root / "runtime.json", options.health_window)
+        self._reporter = Reporter(deploy, options, self.stats, self.ledger, self._snapshot, self._stop)
         self._fetchers: dict[str, XetFetcher] = {}
 
     # -- public ----------------------------------------------------------------------------------------------
@@ -148,7 +179,7 @@ class RobotRuntime:
         """Run until `stop()` (or `duration_s`); starts and joins the updater and reporter threads."""
         threads = [
             threading.Thread(target=self._updater, name="robotloop-updater", daemon=True),
-            threading.Thread(target=self._reporter, name="robotloop-reporter", daemon=True),
+            threading.Thread(target=self._reporter.run, name="robotloop-reporter", daemon=True),
         ]
         self._resume_installed()
         for thread in threads:
@@ -169,7 +200,7 @@ class RobotRuntime:
         while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
             swapped = self._maybe_swap(last_action)
             if swapped:
-                episode["mixed"] = True
+                episode.mixed = True
             active = self._active
             if active is None:  # nothing to run yet: hold still, keep the camera fresh for warm-ups
                 tick = _sleep_until(tick + period)
@@ -179,7 +210,7 @@ class RobotRuntime:
                 obs, result = self.env.step(action)  # ValueError: an action the robot cannot take (shape, NaN)
             except (RuntimeError, ValueError) as error:  # NonFiniteAction, or a policy that does not fit this robot
                 self._rollback(f"{type(error).__name__}: {error}")
-                episode["mixed"] = True
+                episode.mixed = True
                 continue
             now = time.monotonic()
             if last_action is not None:
@@ -189,7 +220,7 @@ class RobotRuntime:
             last_action = now
             self._latest_obs = obs
             self.stats.steps += 1
-            self._track(episode, action, result)
+            episode.track(action, result)
             if result.done:
                 self._finish(episode)
                 obs, episode = self._new_episode()
@@ -197,42 +228,18 @@ class RobotRuntime:
                 tick = time.monotonic()
             tick = _sleep_until(tick + period)
 
-    def _new_episode(self) -> tuple[dict, dict]:
+    def _new_episode(self) -> tuple[dict, _EpisodeTally]:
         obs = self.env.reset()
         self._latest_obs = obs
         active = self._active
         if active is not None:
             active.runner.reset()
-        return obs, {
-            "release": active.release if active else None,
-            "steps": 0,
-            "max_reward": None,
-            "success": None,
-            "jerk": 0.0,
-            "last": None,
-            "mixed": active is None,
-        }
+        return obs, _EpisodeTally(active.release if active else None, mixed=active is None)
 
-    @staticmethod
-    def _track(episode: dict, action: np.ndarray, result: StepResult) -> None:
-        episode["steps"] += 1
-        if episode["last"] is not None:
-            episode["jerk"] += float(np.abs(action - episode["last"]).mean())
-        episode["last"] = np.array(action, copy=True)
-        if result.reward is not None:
-            episode["max_reward"] = max(episode["max_reward"] or 0.0, result.reward)
-            episode["success"] = bool(episode["success"]) or bool(result.success)
-
-    def _finish(self, episode: dict) -> None:
-        if episode["mixed"] or episode["release"] is None:
+    def _finish(self, episode: _EpisodeTally) -> None:
+        result = episode.result()
+        if result is None:
             return
-        result = EpisodeResult(
-            episode["release"],
-            episode["steps"],
-            episode["max_reward"],
-            episode["success"],
-            episode["jerk"] / max(1, episode["steps"] - 1),
-        )
         self.stats.episodes.append(result)
         score = self.score(result)
         if score is None:  # no reward (hardware): a release that ran its window of episodes has passed
@@ -288,7 +295,7 @@ class RobotRuntime:
             # Probation only for a release new to this robot: going back to one it ran (an operator's
             # rollback) is not judged against the release the operator just left.
             self._probation = active is not None and standby.release not in self.ledger.scores
-        self._outbox.append(("swap", standby.release, was, ""))
+        self._reporter.event("swap", standby.release, was, "")
         log.warning("running release %s (was %s)", standby.release, was)
         return True
 
@@ -417,7 +424,10 @@ class RobotRuntime:
         if release and for_good:
             self.ledger.refuse(release)
         # Events name the release now running and the one left behind, as the registry records them.
-        self._outbox.append((kind, back, release, reason) if kind == "rollback" else (kind, release, back, reason))
+        if kind == "rollback":
+            self._reporter.event(kind, back, release, reason)
+        else:
+            self._reporter.event(kind, release, back, reason)
 
     def _resume_installed(self) -> None:
         """After a restart: refused releases leave the store; staged pulls resume on the next pull."""
@@ -434,43 +444,10 @@ class RobotRuntime:
             self._prepare(name, manifest)
 
     # -- reporter thread -------------------------------------------------------------------------------------
-    def _reporter(self) -> None:
-        last_steps, last_t = 0, time.monotonic()
-        while not self._stop.wait(self.options.heartbeat_s) or self._outbox:
-            self._flush_events()
-            now, steps = time.monotonic(), self.stats.steps
-            with self._lock:  # one consistent view: the control thread changes these between two of our reads
-                running, probation = self.running, self._probation
-                health = self.ledger.health()
-            status = {
-                "control_hz": round((steps - last_steps) / max(now - last_t, 1e-6), 1),
-                "max_gap_ms": round(1000 * self.stats.max_gap_s, 1),
-                "episodes": len(self.stats.episodes),
-                "health": health,
-                "probation": probation,
-                "refused": self.ledger.refused_sorted(),
-                "unfetchable": self.ledger.unfetchable(),
-                "last_pull": asdict(self.stats.pulls[-1]) if self.stats.pulls else None,
-            }
-            last_steps, last_t = steps, now
-            if running and not probation:
-                self.ledger.ran_well(running)
-            try:
-                self.deploy.heartbeat(self.options.robot_id, running, status)
-            except DeployError as error:
-                log.warning("heartbeat failed: %s", error)
-            if self._stop.is_set():
-                break
-
-    def _flush_events(self) -> None:
-        while self._outbox:
-            kind, release, previous, detail = self._outbox[0]
-            try:
-                self.deploy.event(self.options.robot_id, kind, release, previous, detail)
-            except DeployError as error:
-                log.warning("could not report %s of %s (will retry): %s", kind, release, error)
-                return
-            self._outbox.popleft()
+    def _snapshot(self) -> tuple[str | None, bool, dict[str, float]]:
+        """The running release, whether it is on probation, and the health scores, read together."""
+        with self._lock:  # one consistent view: the control thread changes these between two of our reads
+            return self.running, self._probation, self.ledger.health()
 
 
 def _sleep_until(t: float) -> float:
