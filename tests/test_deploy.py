@@ -830,6 +830,44 @@ def test_the_release_ledger_remembers_refusals_across_restarts_and_the_rest_for_
     assert ReleaseLedger.load(path, health_window=2).refused == set()  # a damaged file: start afresh
 
 
+def test_the_reporter_sends_events_in_order_then_a_heartbeat_the_service_shows(deploy, tmp_path):
+    from robotloop.deploy.ledger import ReleaseLedger
+    from robotloop.deploy.reporter import Reporter
+    from robotloop.deploy.runtime import RuntimeStats
+
+    token = deploy.ops().register_robot("r-report", channel="reports", rotate=True)
+    ledger = ReleaseLedger.load(tmp_path / "runtime.json", health_window=2)
+    ledger.refuse("rep-bad")
+    stop = threading.Event()
+    options = RobotSettings(robot_id="r-report", heartbeat_s=0.1)
+    snapshot = lambda: ("rep-v0", False, {"rep-v0": 1.5})  # noqa: E731 - running, on probation, health
+    reporter = Reporter(DeployClient(deploy.url, token), options, RuntimeStats(), ledger, snapshot, stop)
+    reporter.event("refused", "rep-bad", None, "BadSignature: does not trust")
+    reporter.event("rollback", "rep-v0", "rep-jerky", "health check")
+    stop.set()  # a stopping runtime: the reporter still sends what is queued, and one last heartbeat
+    reporter.run()
+    assert not reporter.outbox
+    history = [e for e in deploy.ops().history(robot="r-report")[::-1] if e["kind"] != "register"]  # oldest first
+    assert [(e["kind"], e["release"], e["previous"]) for e in history] == [
+        ("refused", "rep-bad", None),
+        ("rollback", "rep-v0", "rep-jerky"),
+    ]
+    seen = deploy.ops().robot("r-report")
+    assert seen["running"] == "rep-v0"
+    assert set(seen["status"]) == {
+        "control_hz",
+        "max_gap_ms",
+        "episodes",
+        "health",
+        "probation",
+        "refused",
+        "unfetchable",
+        "last_pull",
+    }
+    assert seen["status"]["health"] == {"rep-v0": 1.5} and seen["status"]["refused"] == ["rep-bad"]
+    assert ledger.last_good == "rep-v0"  # it ran off probation: the release to start with next time
+
+
 def test_channel_rollback_counts_a_release_promoted_again_after_it_was_rolled_back_from(tmp_path):
     from robotloop.deploy.manifest import build_manifest
     from robotloop.deploy.registry import Registry
