@@ -1,0 +1,9 @@
+"""What the streaming data path raises."""
+
+
+class DatasetMismatch(ValueError):
+    """Datasets given to one sampler do not share features (or frame rate); the message says which."""
+
+
+class DataError(RuntimeError):
+    """An episode could not be read or decoded after retries; the message names the episode and the cause."""
