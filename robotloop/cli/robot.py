@@ -94,7 +94,8 @@ def run(
         env.close()
     pulled = sum(p.bytes_fetched for p in stats.pulls) / 1e6
     console.print(
-        f"ran {stats.steps} steps, {len(stats.episodes)} whole episodes; pulled {pulled:.1f} MB; swaps "
+        f"ran {stats.steps} steps ({_rate(stats.control_hz, env.rate_hz)}), {len(stats.episodes)} whole episodes; "
+        f"pulled {pulled:.1f} MB; swaps "
         f"{len(stats.swaps)}, rollbacks {len(stats.rollbacks)}, refused {len(stats.refused)}; running "
         f"{runtime.running or 'no release (none was assigned, or none could run)'}"
     )
@@ -116,3 +117,7 @@ def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, ro
         raise typer.BadParameter(str(error), param_hint="--robot.type") from None
     robot.connect()
     return HardwareControlEnv(robot, fps, episode_time_s)
+
+
+def _rate(reached: float | None, target: float) -> str:
+    return f"{reached:.1f} Hz of {target:g}" if reached is not None else f"target {target:g} Hz"

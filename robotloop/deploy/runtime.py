@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -123,6 +124,41 @@ class RuntimeStats:
     assigned_at: dict[str, float] = field(default_factory=dict)  # release -> monotonic time the assignment arrived
     ready_at: dict[str, float] = field(default_factory=dict)  # release -> loaded and warmed up, waiting to swap
     max_gap_s: float = 0.0  # longest interval between two actions within an episode
+    control_hz: float | None = None  # the rate actually reached over the last window (RateWatch)
+
+
+@dataclass
+class RateWatch:
+    """The control rate actually reached, over windows of `window_s` within an episode; warns (at most once a
+    minute) when it falls under 90% of the target: each tick (policy, robot I/O) takes longer than its period."""
+
+    target_hz: float
+    window_s: float = 5.0
+    last_hz: float | None = None
+    _t0: float = field(default_factory=time.monotonic)
+    _steps: int = 0
+    _warned_at: float = -math.inf
+
+    def restart(self) -> None:
+        """A new episode: its reset is not control time."""
+        self._t0, self._steps = time.monotonic(), 0
+
+    def tick(self) -> None:
+        self._steps += 1
+        now = time.monotonic()
+        if now - self._t0 < self.window_s:
+            return
+        self.last_hz = self._steps / (now - self._t0)
+        self._t0, self._steps = now, 0
+        if self.last_hz < 0.9 * self.target_hz and now - self._warned_at > 60.0:
+            self._warned_at = now
+            log.warning(
+                "control runs at %.1f Hz, under the %g Hz it should: a tick (policy step and robot I/O) takes "
+                "longer than its %.0f ms period",
+                self.last_hz,
+                self.target_hz,
+                1e3 / self.target_hz,
+            )
 
 
 class RobotRuntime:
@@ -195,6 +231,7 @@ class RobotRuntime:
     # -- control thread --------------------------------------------------------------------------------------
     def _control(self, deadline: float | None) -> None:
         period = 1.0 / self.env.rate_hz
+        rate = RateWatch(self.env.rate_hz)
         obs, episode = self._new_episode()
         tick, last_action = time.monotonic(), None
         while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
@@ -220,12 +257,15 @@ class RobotRuntime:
             last_action = now
             self._latest_obs = obs
             self.stats.steps += 1
+            rate.tick()
+            self.stats.control_hz = rate.last_hz
             episode.track(action, result)
             if result.done:
                 self._finish(episode)
                 obs, episode = self._new_episode()
                 last_action = None  # an episode reset is not a control gap
                 tick = time.monotonic()
+                rate.restart()
             tick = _sleep_until(tick + period)
 
     def _new_episode(self) -> tuple[dict, _EpisodeTally]:
@@ -296,7 +336,7 @@ class RobotRuntime:
             # rollback) is not judged against the release the operator just left.
             self._probation = active is not None and standby.release not in self.ledger.scores
         self._reporter.event("swap", standby.release, was, "")
-        log.warning("running release %s (was %s)", standby.release, was)
+        log.info("running release %s (was %s)", standby.release, was)  # a normal swap: not a warning
         return True
 
     def _rollback(self, reason: str) -> None:
