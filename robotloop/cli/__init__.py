@@ -72,7 +72,7 @@ def run(argv: list[str] | None = None) -> None:
     i = 0
     while i < len(args) and args[i].startswith("-"):  # global options come first: --endpoint URL --token T
         i += 1 if "=" in args[i] else 2
-    if args[i : i + 1] == ["train"] and args[i + 1 : i + 2] in (["serve"], ["watch"]):
+    if args[i : i + 1] == ["train"] and args[i + 1 : i + 2] in (["serve"], ["watch"], ["submit"]):
         args[i] = "trainer"
     app(args, prog_name="robotloop")
 

@@ -63,7 +63,7 @@ def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int 
     cas = CasStore(root / "cas")
     buckets = BucketStore(root, file_size=cas.file_size, uploaded_by=cas.uploaded_by)
 
-    app = FastAPI(title="robotloop bucket server", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="robotloop bucket server", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.buckets, app.state.tokens, app.state.cas = buckets, tokens, cas
 
     def cas_base_url(request: Request) -> str:

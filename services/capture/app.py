@@ -139,7 +139,9 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
         yield
         task.cancel()
 
-    app = FastAPI(title="robotloop capture service", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="robotloop capture service", docs_url=None, redoc_url=None, openapi_url="/openapi.json", lifespan=lifespan
+    )
     app.state.sessions, app.state.tokens = sessions, tokens
 
     @app.get("/v1/health")

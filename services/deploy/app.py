@@ -129,7 +129,7 @@ def create_app(
         )
     trusted = load_public_keys(trusted_keys) if trusted_keys else None
     registry = Registry(db)
-    app = FastAPI(title="robotloop deploy service", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="robotloop deploy service", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.registry, app.state.tokens = registry, tokens
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 

@@ -94,7 +94,11 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
         await run_in_threadpool(jobs.close)  # running jobs checkpoint before the service goes
 
     app = FastAPI(
-        title="robotloop training service", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+        title="robotloop training service",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        lifespan=lifespan,
     )
     app.state.jobs, app.state.tokens = jobs, tokens
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
