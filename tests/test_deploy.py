@@ -595,6 +595,8 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
     key = tmp_path / "cli.key"
     result = cli.invoke(app, ["deploy", "keygen", "--key", str(key)])
     assert result.exit_code == 0, result.output
+    again = cli.invoke(app, ["deploy", "keygen", "--key", str(key)])  # the way out in the CLI's words: its flag
+    assert again.exit_code == 1 and "--force" in again.output and "pass overwrite" not in again.output
     run = BucketUrl.parse(f"{RUN}/cli")
     deploy.bucket.upload(deploy.ckpts["v1"], run / "checkpoints" / "000300" / "pretrained_model")
     (tmp_path / "last.json").write_text(json.dumps({"step": 300}))

@@ -51,8 +51,8 @@ def keygen(
     key = key or _settings(ctx).deploy.key_file
     try:
         key_id = generate_keypair(key, overwrite=force)
-    except FileExistsError as error:
-        raise fail(error) from None
+    except FileExistsError as error:  # the CLI's own words for the way out: its flag, not the library's argument
+        raise fail(f"{error}: pass --force to replace it (releases it signed stop verifying)") from None
     console.print(f"deploy key {key_id}: private {key}, public {public_path(key)}")
 
 

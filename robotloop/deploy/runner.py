@@ -217,7 +217,8 @@ class PolicyRunner:
             if img.shape != (h, w, c) or img.dtype != np.uint8:
                 raise ValueError(
                     f"camera {cam!r}: the policy was trained on uint8 {h}x{w}x{c} images, got "
-                    f"{img.dtype} {'x'.join(map(str, img.shape))} (run the sim with image_size=({h}, {w}))"
+                    f"{img.dtype} {'x'.join(map(str, img.shape))} (the camera must give {h}x{w}: for the sim, "
+                    f"--image-size {h}x{w})"
                 )
             chw = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)
             batch[key] = (chw.to(torch.float32) / 255.0).unsqueeze(0).contiguous()
