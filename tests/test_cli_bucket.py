@@ -107,3 +107,25 @@ def test_the_embedded_server_can_be_seen_reached_by_other_tools_and_stopped(tmp_
     assert state["running"] and state["endpoint"] == endpoint and state["pid"]
     assert "stopped" in run("stop")
     assert json.loads(run("status", "--json"))["running"] is False
+
+
+def test_buckets_are_listed_and_deleted_whole(bucket_server, tmp_path):
+    import json
+
+    (tmp_path / "f.txt").write_text("x" * 1000)
+    assert (
+        robotloop(bucket_server, "bucket", "put", str(tmp_path / "f.txt"), "hf://buckets/lab/doomed/").returncode == 0
+    )
+    listed = json.loads(robotloop(bucket_server, "bucket", "list", "lab", "--json").stdout)
+    doomed = next(b for b in listed if b["id"] == "lab/doomed")
+    assert doomed["private"] is True and doomed["total_files"] == 1 and doomed["size"] == 1000
+    assert "hf://buckets/lab/doomed" in robotloop(bucket_server, "bucket", "list", "lab").stdout
+    refused = robotloop(bucket_server, "bucket", "delete", "hf://buckets/lab/doomed/f.txt", "--yes")
+    assert refused.returncode == 2 and "robotloop bucket rm" in refused.stdout + refused.stderr
+    assert robotloop(bucket_server, "bucket", "delete", "hf://buckets/lab/doomed", "--yes").returncode == 0
+    listed = json.loads(robotloop(bucket_server, "bucket", "list", "lab", "--json").stdout)
+    assert "lab/doomed" not in [b["id"] for b in listed]
+    again = robotloop(bucket_server, "bucket", "delete", "hf://buckets/lab/doomed", "--yes")
+    assert again.returncode == 1 and "does not exist" in again.stdout + again.stderr
+    reader = robotloop(bucket_server, "bucket", "delete", "hf://buckets/lab/cli", "--yes", token=None)
+    assert reader.returncode == 1  # no token: no delete

@@ -15,7 +15,7 @@ from services.options import serve_command
 
 from ..config import load_settings
 from ..storage import BadBucketUrl, BucketUrl, Entry, NotFound, StorageError, connect
-from .output import JsonOutput, fail, show
+from .output import JsonOutput, fail, print_json, show
 
 app = typer.Typer(no_args_is_help=True, help="Work with Xet storage buckets (hf://buckets/<ns>/<bucket>/<path>).")
 console = Console()
@@ -49,6 +49,49 @@ def create(
     except StorageError as error:
         raise fail(error) from None
     console.print(f"created {root} ({'public' if public else 'private'})")
+
+
+@app.command("list")
+def list_buckets(
+    ctx: typer.Context,
+    namespace: Annotated[str, typer.Argument(help="A namespace (user or organization), e.g. lab.")],
+    as_json: JsonOutput = False,
+) -> None:
+    """The buckets of a namespace: size, files, private or public."""
+    try:
+        buckets = connect(ctx.obj).list_buckets(namespace.removeprefix("hf://buckets/").strip("/"))
+    except StorageError as error:
+        raise fail(error) from None
+    if as_json:
+        return print_json(buckets)
+    table = Table("bucket", "files", "size", "access", box=None)
+    for b in buckets:
+        table.add_row(f"hf://buckets/{b['id']}", f"{b['total_files']:,}", f"{b['size']:,}", _access(b["private"]))
+    console.print(table if buckets else f"no buckets in {namespace}")
+
+
+def _access(private: bool) -> str:
+    return "private" if private else "public"
+
+
+@app.command()
+def delete(
+    ctx: typer.Context,
+    url: Annotated[str, typer.Argument(help="hf://buckets/<namespace>/<bucket>")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask: delete it and every file in it.")] = False,
+) -> None:
+    """Delete a bucket and every file in it, for good (asks first unless --yes)."""
+    target = _url(url)
+    if target.path:
+        raise typer.BadParameter(f"{url}: a bucket, not a path in one (files: robotloop bucket rm)", param_hint="URL")
+    root = BucketUrl(target.bucket_id, "")
+    if not yes and not typer.confirm(f"delete {root} and every file in it, for good?"):
+        raise typer.Exit(1)
+    try:
+        connect(ctx.obj).delete_bucket(root)
+    except StorageError as error:
+        raise fail(error) from None
+    console.print(f"deleted {root}")
 
 
 @app.command()

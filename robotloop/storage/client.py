@@ -113,6 +113,25 @@ class BucketClient:
         with _explained(BucketUrl(url.bucket_id, ""), "create the bucket"):  # the bucket's URL, not a file's
             self.api.create_bucket(url.bucket_id, private=private, exist_ok=True)
 
+    def list_buckets(self, namespace: str) -> list[dict]:
+        """The buckets of `namespace` this token may see: id, private, size, total_files (as `hf buckets list`).
+
+        Raises:
+            StorageError: the server cannot be reached or refuses the token.
+        """
+        with _explained(BucketUrl(f"{namespace}/-", ""), "list the buckets"):
+            infos = self.api.list_buckets(namespace)
+            return [{"id": b.id, "private": b.private, "size": b.size, "total_files": b.total_files} for b in infos]
+
+    def delete_bucket(self, url: BucketUrl) -> None:
+        """Delete the bucket of `url` and every file in it (for good: buckets have no trash).
+
+        Raises:
+            NotFound: no such bucket. StorageError: the token may not delete it, or the server refuses.
+        """
+        with _explained(BucketUrl(url.bucket_id, ""), "delete the bucket"):
+            self.api.delete_bucket(url.bucket_id)
+
     # -- writes ----------------------------------------------------------------------------------------
     def point_back(self, bucket: BucketUrl, files: dict[str, str | None]) -> None:
         """Point bucket paths (relative to the bucket's root) at Xet hashes the bucket holds or held before, in one
