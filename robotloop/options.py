@@ -39,9 +39,11 @@ from pydantic.fields import FieldInfo
 
 @dataclass(frozen=True)
 class Flag:
-    """`Annotated` metadata: the option's command-line name when it is not `--<field name with dashes>`."""
+    """`Annotated` metadata: the option's command-line name when it is not `--<field name with dashes>`, and other
+    spellings the command also takes (e.g. LeRobot's `--policy.chunk_size`)."""
 
     name: str
+    aliases: tuple[str, ...] = ()
 
 
 def flag(name: str, info: FieldInfo) -> str:
@@ -87,7 +89,8 @@ def typer_parameters(model: type[BaseModel], names: Iterable[str] | None = None)
         decl = flag(name, info)
         if kind is bool:  # both spellings, as Typer gives a bool by default: to_argv writes --no-<flag> for False
             decl = f"{decl}/--no-{decl[2:]}"
-        option = typer.Option(decl, help=info.description, min=_bound(info, "ge"), max=_bound(info, "le"))
+        aliases = next((m.aliases for m in info.metadata if isinstance(m, Flag)), ())
+        option = typer.Option(decl, *aliases, help=info.description, min=_bound(info, "ge"), max=_bound(info, "le"))
         default = inspect.Parameter.empty if info.is_required() else info.get_default(call_default_factory=True)
         params.append(
             inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option])

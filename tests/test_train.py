@@ -206,6 +206,9 @@ def test_channels_last_optimizer_state_checkpoints_and_keeps_its_layout(bucket_s
         (["--device", "cuda:99"], "device 'cuda:99'"),
         (["--progress-file", "/nonexistent/p.jsonl"], "/nonexistent: no such folder"),
         (["--backbone-weights", "/nonexistent.pt"], "does not exist"),
+        (["--policy.chunk_size", "0"], "--chunk-size"),
+        (["--policy.image_size", "4x4"], "at least 8x8"),
+        (["--chunk-size", "5", "--n-action-steps", "6"], "n_action_steps"),
     ],
 )
 def test_bad_train_options_are_refused_before_any_data_streams(option, message):
@@ -216,3 +219,23 @@ def test_bad_train_options_are_refused_before_any_data_streams(option, message):
     args = ["train", "--dataset", "hf://buckets/lab/none/datasets/x", "--output", "hf://buckets/lab/none/models/r"]
     result = CliRunner().invoke(app, [*args, *option], env={"COLUMNS": "300"})
     assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+
+
+def test_lerobot_policy_spellings_reach_the_saved_config(bucket_server, tmp_path):
+    """`--policy.chunk_size=5` as a LeRobot user writes it (and our `--dim-model`) lands in the checkpoint's
+    config.json, which lerobot reads."""
+    from typer.testing import CliRunner
+
+    from robotloop.cli import app
+
+    client, url, _ = _dataset(bucket_server, tmp_path, "spellings")
+    out = "hf://buckets/lab/train/models/spellings"
+    args = ["--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN, "train", "--dataset", str(url)]
+    args += ["--output", out, "--steps", "2", "--batch-size", "2", "--tiny", "--device", "cpu", "--decode-workers"]
+    args += ["1", "--policy.chunk_size=5", "--dim-model", "32", "--policy.optimizer_lr=3e-4"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    client.fetch(BucketUrl.parse(f"{out}/checkpoints/000002/pretrained_model/config.json"), tmp_path / "cfg.json")
+    config = json.loads((tmp_path / "cfg.json").read_text())
+    assert (config["chunk_size"], config["n_action_steps"], config["dim_model"]) == (5, 5, 32)
+    assert config["optimizer_lr"] == 3e-4

@@ -34,6 +34,11 @@ CHANGED: dict[str, Any] = {
     "seed": 11,
     "tiny": True,
     "fp8": "rowwise",
+    "chunk_size": 20,
+    "n_action_steps": 4,
+    "dim_model": 64,
+    "lr": 3e-4,
+    "image_size": "120x160",
 }
 
 

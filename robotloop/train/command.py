@@ -73,11 +73,14 @@ def train(
     use_fast = device.startswith("cuda") if fast is None else fast
     arch = dict(TINY_ACT) if o.tiny else {}
     arch |= {"fp8": o.fp8, "precision": "bf16"} if o.fp8 != "off" else {}  # FP8 trains the other layers in bf16
-    act = (
-        ACTSettings.fast(backbone_weights=backbone_weights, **arch)
-        if use_fast
-        else ACTSettings(backbone_weights=backbone_weights, **arch)
-    )
+    arch |= o.policy_overrides()
+    if o.chunk_size and not o.n_action_steps:  # a smaller chunk than the default 100 actions run per chunk
+        arch["n_action_steps"] = min(arch.get("n_action_steps", ACTSettings.n_action_steps), o.chunk_size)
+    make = ACTSettings.fast if use_fast else ACTSettings
+    try:
+        act = make(backbone_weights=backbone_weights, **arch)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
     # Without --backbone-weights the library says once that the backbone starts random (load_backbone_weights).
     settings = TrainSettings(
         steps=o.steps,

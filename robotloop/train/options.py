@@ -54,6 +54,24 @@ class TrainOptions(BaseModel):
         default=0, ge=0, le=2**32 - 1, description="Seed of the weights and the sampler."
     )  # torch seeds are 64-bit; numpy's 32
     tiny: bool = Field(default=False, description="A small ACT (policy.TINY_ACT: dim 64) for smoke tests on CPU.")
+    # The policy, on top of lerobot's ACT (or --tiny's): unset keeps its value. LeRobot's spellings work too.
+    chunk_size: Annotated[int | None, Flag("--chunk-size", ("--policy.chunk_size",))] = Field(
+        default=None, ge=1, le=1000, description="Actions the policy predicts per step (ACT's chunk; default 100)."
+    )
+    n_action_steps: Annotated[int | None, Flag("--n-action-steps", ("--policy.n_action_steps",))] = Field(
+        default=None, ge=1, le=1000, description="Actions run from each chunk (default: the chunk, at most 100)."
+    )
+    dim_model: Annotated[int | None, Flag("--dim-model", ("--policy.dim_model",))] = Field(
+        default=None, ge=8, le=8192, description="Transformer width (lerobot's ACT: 512)."
+    )
+    lr: Annotated[float | None, Flag("--lr", ("--policy.optimizer_lr",))] = Field(
+        default=None, gt=0, le=1, description="Learning rate (lerobot's ACT: 1e-5, tuned for an ImageNet backbone)."
+    )
+    image_size: Annotated[str | None, Flag("--policy-image-size", ("--policy.image_size",))] = Field(
+        default=None,
+        description="HxW the policy sees, e.g. 240x320 (default: the camera's; resized in its "
+        "preprocessor, which lerobot's tools load too).",
+    )
     fp8: Fp8Mode = Field(
         default="off",
         description="FP8 linear layers (TorchAO): off, auto (only shapes measured faster; bf16 where there is no "
@@ -69,6 +87,21 @@ class TrainOptions(BaseModel):
     @classmethod
     def _output_url(cls, url: str) -> str:
         return str(BucketUrl.parse(url))
+
+    @field_validator("image_size")
+    @classmethod
+    def _image_size(cls, size: str | None) -> str | None:
+        from ..sim.constants import parse_image_size  # numpy only: the service and the agent stay light
+
+        return None if size is None else "x".join(map(str, parse_image_size(size)))
+
+    def policy_overrides(self) -> dict:
+        """The ACTSettings fields this run sets (unset ones keep the model's); n_action_steps follows a smaller
+        chunk, which it may not exceed."""
+        out = {k: getattr(self, k) for k in ("chunk_size", "n_action_steps", "dim_model", "lr") if getattr(self, k)}
+        if self.image_size:
+            out["image_size"] = tuple(int(v) for v in self.image_size.split("x"))
+        return out
 
     @field_validator("fp8", mode="before")
     @classmethod

@@ -143,6 +143,8 @@ class ACTSettings:
             raise ValueError("warmup_steps and random_shift must be >= 0 and lr_min_ratio in [0, 1]")
         if self.temporal_ensemble_coeff is not None and self.n_action_steps != 1:
             raise ValueError("temporal ensembling runs the model every step: set n_action_steps=1 with it")
+        if not 1 <= self.n_action_steps <= self.chunk_size:  # lerobot refuses it too, but only once data streamed
+            raise ValueError(f"n_action_steps {self.n_action_steps} must be within the chunk, 1..{self.chunk_size}")
 
     def lr_factor(self, step: int, total: int) -> float:
         """The schedule's multiplier of `lr` and `lr_backbone` for optimizer step `step` (0-based) of `total`.
