@@ -132,9 +132,10 @@ class RobotloopTools:
             keep_failed: also commit failed demos (marked by next.success never being true)
         """
         from ..capture import DatasetRecorder, DatasetSpec
-        from ..capture.sim_record import record_sim
+        from ..capture.sim_record import check_task, record_sim
         from ..sim.env import parse_image_size
 
+        check_task(task)
         url, size = BucketUrl.parse(dataset), parse_image_size(image_size)
         recorder = DatasetRecorder(self.ctx.bucket, url, DatasetSpec.aloha(size, vcodec=codec))
         before = recorder.committed_episodes()

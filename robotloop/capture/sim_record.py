@@ -74,6 +74,13 @@ def _init_worker(parent_pid: int) -> None:
     av.logging.set_libav_level(av.logging.ERROR)
 
 
+def check_task(task: str) -> None:
+    """Raises KeyError naming the choices when `task` is not a sim task robotloop records (check it before
+    touching a dataset: a wrong task is the caller's first mistake to hear about)."""
+    if task not in TASK_TEXT:
+        raise KeyError(f"unknown sim task {task!r}; choose one of {sorted(TASK_TEXT)}")
+
+
 def record_sim(
     recorder: DatasetRecorder,
     task: str,
@@ -99,8 +106,7 @@ def record_sim(
     Raises:
         KeyError: unknown task.
     """
-    if task not in TASK_TEXT:
-        raise KeyError(f"unknown sim task {task!r}; choose one of {sorted(TASK_TEXT)}")
+    check_task(task)
     max_attempts = max_attempts or 2 * episodes
     report, start = RecordReport(task), time.perf_counter()
     next_seed = seed_start
