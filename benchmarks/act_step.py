@@ -35,7 +35,7 @@ import torch
 from lerobot.policies.act.modeling_act import ACTPolicy
 from lerobot.policies.factory import make_pre_post_processors
 
-from robotloop.train.policy import ACTSettings, build_policy, camera_stats_for, make_act_config
+from robotloop.train.policy import TINY_ACT, ACTSettings, build_policy, camera_stats_for, make_act_config
 
 CAM = "observation.images.top"
 STATE_DIM = ACTION_DIM = 14  # ALOHA bimanual
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
     base = ACTSettings()
     if args.quick:
-        base = ACTSettings(dim_model=64, dim_feedforward=128, chunk_size=10, n_action_steps=10)
+        base = ACTSettings(**TINY_ACT)
         args.batch, args.steps, args.warmup, args.image = [2], 3, 1, "48x64"
     if device.type == "cuda":
         # lerobot-train's settings on CUDA, for every configuration.

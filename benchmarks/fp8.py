@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from act_step import ACTION_DIM, CAM, STATE_DIM, features, make_batch, stats, time_steps
 
 from robotloop.train.fp8 import FP8_RECIPES, Fp8Unavailable
-from robotloop.train.policy import ACTSettings, TrainablePolicy, build_policy
+from robotloop.train.policy import TINY_ACT, ACTSettings, TrainablePolicy, build_policy
 
 MODES = ("off", *FP8_RECIPES, "auto")
 PARITY_TOLERANCE = 0.05
@@ -64,7 +64,6 @@ class Case:
 
 DEFAULT_ACT: dict = {}
 LARGE_ACT = {"dim_model": 1024, "dim_feedforward": 4096, "n_encoder_layers": 6}
-TINY_ACT = {"dim_model": 64, "dim_feedforward": 128, "chunk_size": 10, "n_action_steps": 10}
 CASES = {
     "default-b8": Case("default", 8, DEFAULT_ACT),
     "default-b64": Case("default", 64, DEFAULT_ACT),

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from train_e2e import machine  # a sibling script: the benchmarks folder is on sys.path
 
-from robotloop.loop.pipeline import H200_RECIPE, TINY_ACT
+from robotloop.loop.pipeline import H200_RECIPE
+from robotloop.train.policy import TINY_ACT
 
 DATASET = "hf://buckets/bench/recipes/datasets/transfer-cube"
 RUNS = "hf://buckets/bench/recipes/models"
@@ -298,7 +299,8 @@ def eval_all(args, env: dict, trained: dict) -> list[dict]:
 
 def eval_worker(job: dict) -> None:
     from robotloop.config import load_settings
-    from robotloop.deploy.evaluate import evaluate, resolve_policy
+    from robotloop.deploy.evaluate import evaluate
+    from robotloop.deploy.resolve import resolve_policy
     from robotloop.storage import connect
 
     settings = load_settings()

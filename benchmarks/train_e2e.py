@@ -231,7 +231,10 @@ def lerobot_worker(spec: dict) -> None:
     probe = StreamingLeRobotDataset(repo_id, repo_type="bucket")
     chunk = 5 if spec["quick"] else 100
     features = dataset_to_policy_features(probe.meta.features)
-    tiny = dict(dim_model=64, dim_feedforward=128, n_encoder_layers=1, n_vae_encoder_layers=1) if spec["quick"] else {}
+    from robotloop.train.policy import TINY_ACT
+
+    # robotloop's --tiny architecture (this side sets its own chunk), so both sides train the same network
+    tiny = {k: v for k, v in TINY_ACT.items() if k not in ("chunk_size", "n_action_steps")} if spec["quick"] else {}
     cfg = ACTConfig(
         device=device.type,
         chunk_size=chunk,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,9 +28,29 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from services.ports import CAPTURE_PORT, DEPLOY_PORT, TRAINER_PORT  # the one place the default ports are written
+
 from .errors import BadInput
 
-CACHE_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "robotloop"
+
+def cache_home() -> Path:
+    """robotloop's cache folder: ``$XDG_CACHE_HOME/robotloop``, else ``~/.cache/robotloop``.
+
+    Read at each call, not at import, so that a variable set later (by a test, a notebook) counts.
+
+    Example:
+        ```python
+        >>> os.environ["XDG_CACHE_HOME"] = "/tmp/c"
+        >>> cache_home()
+        PosixPath('/tmp/c/robotloop')
+        ```
+    """
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "robotloop"
+
+
+def in_cache(*parts: str) -> Callable[[], Path]:
+    """A settings default under `cache_home()`, found when the settings are made (a pydantic `default_factory`)."""
+    return lambda: cache_home().joinpath(*parts)
 
 
 class Section(BaseModel):
@@ -49,9 +70,9 @@ class StorageSettings(Section):
     token: SecretStr | None = Field(
         default=None, description="Access token. Unset: HF_TOKEN / the saved Hub login, or the embedded server's own."
     )
-    cache_dir: Path = Field(default=CACHE_HOME / "read-cache", description="Local read cache, keyed by Xet hash.")
+    cache_dir: Path = Field(default_factory=in_cache("read-cache"), description="Local read cache, keyed by Xet hash.")
     cache_max_bytes: int = Field(default=20 * 2**30, ge=0, description="Bound of the read cache in bytes.")
-    embedded_root: Path = Field(default=CACHE_HOME / "buckets", description="Data root of the embedded server.")
+    embedded_root: Path = Field(default_factory=in_cache("buckets"), description="Data root of the embedded server.")
     embedded_port: int = Field(
         default=0, ge=0, le=65535, description="Port of the embedded server; 0 picks a free one."
     )
@@ -61,7 +82,7 @@ class CaptureSettings(Section):
     """The capture service: robots stream frames over HTTP, the service commits episodes to buckets."""
 
     host: str = Field(default="127.0.0.1", description="Address the capture service listens on.")
-    port: int = Field(default=8760, ge=1, le=65535, description="Port of the capture service.")
+    port: int = Field(default=CAPTURE_PORT, ge=1, le=65535, description="Port of the capture service.")
     tokens_file: Path | None = Field(
         default=None, description="Robot tokens, one '<token> <read|write> <namespace|*>' per line (required to serve)."
     )
@@ -104,13 +125,13 @@ class ServiceSection(Section):
 class TrainerServiceSettings(ServiceSection):
     """The training service: jobs are `robotloop train` subprocesses, submitted and watched over HTTP."""
 
-    port: int = Field(default=8770, ge=1, le=65535, description="Port of the training service.")
+    port: int = Field(default=TRAINER_PORT, ge=1, le=65535, description="Port of the training service.")
     tokens_file: Path | None = Field(
         default=None,
         description="Caller tokens, one '<token> <read|write> <namespace|*>' per line (required to serve).",
     )
     root: Path = Field(
-        default=CACHE_HOME / "train-jobs", description="Job directories: spec, log, progress, exit code."
+        default_factory=in_cache("train-jobs"), description="Job directories: spec, log, progress, exit code."
     )
     max_running: int = Field(default=1, ge=1, description="Jobs run at once; later ones wait as 'queued'.")
     max_queued: int = Field(default=32, ge=1, description="Jobs that may wait at once; more are refused (429).")
@@ -125,14 +146,14 @@ class TrainerServiceSettings(ServiceSection):
 class DeploySettings(ServiceSection):
     """The deploy service and publishing: releases, channels, robots and their assignments."""
 
-    port: int = Field(default=8780, ge=1, le=65535, description="Port of the deploy service.")
+    port: int = Field(default=DEPLOY_PORT, ge=1, le=65535, description="Port of the deploy service.")
     tokens_file: Path | None = Field(
         default=None, description="Operator tokens, one '<token> <read|write> *' per line (required to serve)."
     )
     token: SecretStr | None = Field(default=None, description="Operator token used by `robotloop deploy` commands.")
-    db: Path = Field(default=CACHE_HOME / "deploy" / "deploy.sqlite", description="The service's SQLite state.")
+    db: Path = Field(default_factory=in_cache("deploy", "deploy.sqlite"), description="The service's SQLite state.")
     key_file: Path = Field(
-        default=CACHE_HOME / "deploy" / "deploy.key", description="Private ed25519 key that signs releases."
+        default_factory=in_cache("deploy", "deploy.key"), description="Private ed25519 key that signs releases."
     )
     trusted_keys: list[Path] = Field(
         default_factory=list,
@@ -153,7 +174,7 @@ class RobotSettings(Section):
     token: SecretStr | None = Field(default=None, description="This robot's deploy token (issued at registration).")
     trusted_keys: list[Path] = Field(default_factory=list, description="Public key files of trusted release signers.")
     store_dir: Path = Field(
-        default=CACHE_HOME / "robot", description="Local release store (verified releases, staging)."
+        default_factory=in_cache("robot"), description="Local release store (verified releases, staging)."
     )
     device: str = Field(default="cpu", description="Where the policy runs.")
     poll_wait_s: float = Field(default=30.0, gt=0, le=60, description="Long-poll length for assignment changes.")
@@ -203,12 +224,12 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ROBOTLOOP_", env_nested_delimiter="__", extra="forbid")
 
-    storage: StorageSettings = StorageSettings()
-    capture: CaptureSettings = CaptureSettings()
-    trainer: TrainerServiceSettings = TrainerServiceSettings()
-    deploy: DeploySettings = DeploySettings()
-    robot: RobotSettings = RobotSettings()
-    agent: AgentSettings = AgentSettings()
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    capture: CaptureSettings = Field(default_factory=CaptureSettings)
+    trainer: TrainerServiceSettings = Field(default_factory=TrainerServiceSettings)
+    deploy: DeploySettings = Field(default_factory=DeploySettings)
+    robot: RobotSettings = Field(default_factory=RobotSettings)
+    agent: AgentSettings = Field(default_factory=AgentSettings)
 
     @classmethod
     def settings_customise_sources(

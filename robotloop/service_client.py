@@ -1,4 +1,4 @@
-"""The shared HTTP side of robotloop's service clients (deploy, training): bearer token, JSON in and out, and
+"""The shared HTTP side of robotloop's service clients (deploy, training, capture): bearer token, JSON in and out, and
 the service's own `{"error": ...}` message raised as the client's error type.
 
 Example:
@@ -72,5 +72,9 @@ class ServiceClient:
                 message = response.json().get("error", response.text)
             except ValueError:
                 message = response.text
-            raise self.error(f"{self.service}: {message} (HTTP {response.status_code})", response.status_code)
+            raise self._refused(response.status_code, message)
         return response.json()
+
+    def _refused(self, status: int, message: str) -> ServiceError:
+        """The error for a refusal: the service's own `message` and the HTTP `status`."""
+        return self.error(f"{self.service}: {message} (HTTP {status})", status)

@@ -1,10 +1,19 @@
-"""A check the services make before they print where they serve: is the port free to listen on?"""
+"""The services' default ports, and a check they make before they print where they serve: is the port free?
+
+The one place the four default ports are written: `robotloop.config` (capture.port, trainer.port, deploy.port)
+and the bucket server's `--port` take them from here, and the options' help texts show them.
+"""
 
 from __future__ import annotations
 
 import socket
 
 from robotloop.errors import Conflict
+
+BUCKET_PORT = 8750
+CAPTURE_PORT = 8760
+TRAINER_PORT = 8770
+DEPLOY_PORT = 8780
 
 
 class PortInUse(Conflict, ValueError):

@@ -12,23 +12,21 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-# The suite never touches the user's ~/.cache/robotloop (caches, the embedded bucket server's data): the config
-# reads XDG_CACHE_HOME when robotloop is first imported, so this comes before that import.
+import httpx
+import pytest
+
+from robotloop.config import cache_home
+from robotloop.service_process import free_port
+from robotloop.storage.embedded import stop_embedded_server
+
+# The suite never touches the user's ~/.cache/robotloop (caches, the embedded bucket server's data). robotloop
+# reads XDG_CACHE_HOME when it needs the folder, so setting it here is enough; each test gets its own below.
 SESSION_CACHE = Path(tempfile.mkdtemp(prefix="robotloop-tests-"))
 os.environ["XDG_CACHE_HOME"] = str(SESSION_CACHE)
 
-import httpx  # noqa: E402
-import pytest  # noqa: E402
-
-from robotloop.config import CACHE_HOME  # noqa: E402
-from robotloop.service_process import free_port  # noqa: E402
-from robotloop.storage.embedded import stop_embedded_server  # noqa: E402
-
-assert CACHE_HOME.is_relative_to(SESSION_CACHE), "robotloop was imported before tests/conftest.py"
-
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    stop_embedded_server(CACHE_HOME / "buckets")  # a test that used the embedded default started it
+    stop_embedded_server(cache_home() / "buckets")  # a module fixture that used the embedded default started it
     shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
@@ -101,7 +99,7 @@ def bucket_server(tmp_path_factory: pytest.TempPathFactory, tokens_file: Path) -
 
 
 @pytest.fixture(autouse=True)
-def _offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def _offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
     """Nothing may reach the public Hub; each test gets its own HF and robotloop caches."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -110,3 +108,5 @@ def _offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     os.environ.setdefault("MUJOCO_GL", "egl")
+    yield
+    stop_embedded_server(tmp_path / "cache" / "robotloop" / "buckets")  # the test's own, if it used the default

@@ -102,7 +102,7 @@ def services(bucket_server, trainer, tmp_path_factory: pytest.TempPathFactory) -
         deploy={"url": deploy_url, "token": OPS, "key_file": base / "deploy.key"},
     )
     with pytest.MonkeyPatch.context() as patch:  # recordings stage under this test's cache, not the user's
-        patch.setattr("robotloop.capture.recorder.CACHE_HOME", base / "cache")
+        patch.setenv("XDG_CACHE_HOME", str(base / "xdg"))
         yield settings
     proc.terminate()
     proc.wait(10)
@@ -302,3 +302,13 @@ def test_the_agent_and_publishing_start_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_an_unknown_provider_is_a_usage_error_listing_the_choices():
+    from typer.testing import CliRunner
+
+    from robotloop.cli import app
+
+    result = CliRunner().invoke(app, ["agent", "--provider", "nope", "hello"], terminal_width=200)
+    assert result.exit_code == 2, result.output  # a usage error, not a pydantic dump with exit 1
+    assert "choose one of bedrock, openai, ollama" in result.output and "ValidationError" not in result.output

@@ -270,16 +270,19 @@ def test_sigkill_of_the_recorder_loses_at_most_the_episode_in_flight(bucket_serv
     again = subprocess.run([*cmd, "--episodes", "1"], env=env, capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert f"({committed} were there)" in again.stdout
+    noise = ("Cannot enable progress bars", "moov atom", "Validate all meta data", "Svt[info]")  # libraries' own
+    assert not [n for n in noise if n in again.stdout + again.stderr], again.stderr[-2000:]
     assert _total_episodes(client, url) == committed + 1
 
     # Refused before any demo runs: another image size than the dataset's, a codec lerobot does not know.
     def refused(*args: str) -> str:
         run = subprocess.run([*cmd, "--episodes", "1", *args], env=env, capture_output=True, text=True, timeout=240)
         assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
-        return " ".join(run.stdout.split())
+        return " ".join((run.stdout + " stderr: " + run.stderr).split())  # stderr too: a failure then shows why
 
     assert "holds a dataset with features" in refused("--image-size", "48x64")
     assert "video codec 'nosuch'" in refused("--codec", "nosuch")
+    assert "holds h264 video; these episodes would be av1" in refused("--codec", "libsvtav1")  # before, not after
     # Every scripted demo failing (25 steps cannot finish the task) is a failure, not a quiet success.
     short = [a for a in cmd if a != "--keep-failed"]
     run = subprocess.run([*short, "--episodes", "1"], env=env, capture_output=True, text=True, timeout=240)

@@ -5,6 +5,7 @@ lerobot's dataset reader) is real."""
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 from lerobot.robots import Robot, RobotConfig
 from lerobot.teleoperators import Teleoperator, TeleoperatorConfig
 
@@ -119,3 +120,24 @@ def test_teleoperated_episodes_are_committed_as_lerobot_records_them(bucket_serv
     assert sixth["action"].tolist() == [50.0] * 3  # clipped by the robot, stored as sent (60 asked)
     assert sixth["observation.state"].tolist() == [50.0] * 3  # observation before the 6th action
     assert first["observation.images.wrist"].shape == (3, 24, 32)
+
+
+def test_hardware_cameras_take_lerobots_own_spelling_and_bad_ones_say_how():
+    """`--robot.cameras` as LeRobot users write it reaches the robot's config (without it an SO-101 dataset held
+    joint states only); a mistake names the option and shows an example."""
+    from robotloop.capture.robot_record import hardware_config
+
+    spec = "{front: {type: opencv, index_or_path: 0, width: 64, height: 48, fps: 30}}"
+    config = hardware_config("robot", "so101_follower", "/dev/ttyACM0", "arm", cameras=spec)
+    front = config.cameras["front"]
+    assert (type(front).__name__, front.width, front.height, front.fps) == ("OpenCVCameraConfig", 64, 48, 30)
+    assert hardware_config("robot", "so101_follower", "/dev/ttyACM0", "arm").cameras == {}
+    for bad, why in [
+        ("{front: {type: nosuch}}", "nosuch"),
+        ("[1, 2]", "expected a mapping"),
+        ("{front: {type: opencv, bogus: 1}}", "bogus"),
+        ("{a: b: c", "flow mapping"),
+    ]:
+        with pytest.raises(ValueError, match=why) as error:
+            hardware_config("robot", "so101_follower", "/dev/ttyACM0", "arm", cameras=bad)
+        assert "--robot.cameras" in str(error.value) and "index_or_path" in str(error.value)

@@ -74,3 +74,58 @@ def test_bad_input_is_a_clear_error(bucket_server, tmp_path):
     # Nothing listening at the endpoint: one clear line naming where to set it, no traceback.
     gone = robotloop(type(bucket_server)("http://127.0.0.1:1", None, None, None), "bucket", "ls", "hf://buckets/lab/x")
     assert gone.returncode == 1 and "does not answer" in gone.stdout and "Traceback" not in gone.stderr
+
+
+def test_the_embedded_server_can_be_seen_reached_by_other_tools_and_stopped(tmp_path):
+    """`robotloop bucket server status|env|stop`: the detached embedded server is no longer invisible, and hf,
+    lerobot or curl get its endpoint and token from `env`."""
+    import json
+    import shlex
+
+    import httpx
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "COLUMNS": "200", "ROBOTLOOP_CONFIG": os.devnull}
+    env.pop("ROBOTLOOP_STORAGE__ENDPOINT", None)
+
+    def run(*args):
+        done = subprocess.run(
+            [sys.executable, "-m", "robotloop.cli", "bucket", "server", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    assert json.loads(run("status", "--json"))["running"] is False
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in run("env").splitlines())
+    endpoint, token = shlex.split(exports["HF_ENDPOINT"])[0], shlex.split(exports["HF_TOKEN"])[0]
+    stats = httpx.get(f"{endpoint}/api/robotloop/stats", headers={"authorization": f"Bearer {token}"}, timeout=10)
+    assert stats.status_code == 200  # what curl, hf and lerobot would reach with that environment
+    state = json.loads(run("status", "--json"))
+    assert state["running"] and state["endpoint"] == endpoint and state["pid"]
+    assert "stopped" in run("stop")
+    assert json.loads(run("status", "--json"))["running"] is False
+
+
+def test_buckets_are_listed_and_deleted_whole(bucket_server, tmp_path):
+    import json
+
+    (tmp_path / "f.txt").write_text("x" * 1000)
+    assert (
+        robotloop(bucket_server, "bucket", "put", str(tmp_path / "f.txt"), "hf://buckets/lab/doomed/").returncode == 0
+    )
+    listed = json.loads(robotloop(bucket_server, "bucket", "list", "lab", "--json").stdout)
+    doomed = next(b for b in listed if b["id"] == "lab/doomed")
+    assert doomed["private"] is True and doomed["total_files"] == 1 and doomed["size"] == 1000
+    assert "hf://buckets/lab/doomed" in robotloop(bucket_server, "bucket", "list", "lab").stdout
+    refused = robotloop(bucket_server, "bucket", "delete", "hf://buckets/lab/doomed/f.txt", "--yes")
+    assert refused.returncode == 2 and "robotloop bucket rm" in refused.stdout + refused.stderr
+    assert robotloop(bucket_server, "bucket", "delete", "hf://buckets/lab/doomed", "--yes").returncode == 0
+    listed = json.loads(robotloop(bucket_server, "bucket", "list", "lab", "--json").stdout)
+    assert "lab/doomed" not in [b["id"] for b in listed]
+    again = robotloop(bucket_server, "bucket", "delete", "hf://buckets/lab/doomed", "--yes")
+    assert again.returncode == 1 and "does not exist" in again.stdout + again.stderr
+    reader = robotloop(bucket_server, "bucket", "delete", "hf://buckets/lab/cli", "--yes", token=None)
+    assert reader.returncode == 1  # no token: no delete

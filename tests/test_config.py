@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -63,3 +65,28 @@ def test_service_urls_follow_host_and_port_unless_set(monkeypatch):
     assert settings.deploy.client_url == "http://127.0.0.1:9200"  # listening everywhere: reach it locally
     monkeypatch.setenv("ROBOTLOOP_DEPLOY__URL", "https://deploy.lab.internal")
     assert load_settings().deploy.client_url == "https://deploy.lab.internal"
+
+
+def test_the_cache_folder_is_read_when_needed_not_at_import(tmp_path, monkeypatch):
+    from robotloop.config import cache_home
+
+    monkeypatch.setenv("ROBOTLOOP_CONFIG", "/dev/null")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "one"))
+    assert cache_home() == tmp_path / "one" / "robotloop"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "two"))  # set after robotloop was imported: still counts
+    settings = load_settings()
+    assert settings.storage.embedded_root == tmp_path / "two" / "robotloop" / "buckets"
+    assert settings.deploy.db == tmp_path / "two" / "robotloop" / "deploy" / "deploy.sqlite"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_home() == Path.home() / ".cache" / "robotloop"
+
+
+def test_resolving_the_endpoint_starts_nothing(tmp_path, monkeypatch):
+    from robotloop.storage import resolve_endpoint
+
+    monkeypatch.setenv("ROBOTLOOP_CONFIG", "/dev/null")
+    settings = load_settings({"storage": {"embedded_root": str(tmp_path / "embedded")}})
+    assert resolve_endpoint(settings) is None  # nothing configured: the embedded server's case, not started here
+    assert not (tmp_path / "embedded").exists()
+    configured = load_settings({"storage": {"endpoint": "http://127.0.0.1:1", "token": "t"}})
+    assert resolve_endpoint(configured) == ("http://127.0.0.1:1", "t")

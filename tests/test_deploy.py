@@ -518,7 +518,7 @@ def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot, tmp_
     assert len(stats.pulls) == pulls or stats.pulls[-1].bytes_fetched == 0
     ops.promote("e2e", "e2e-v2")
     _wait(lambda: robot.running == "e2e-v2", 10, "v2 again")
-    _wait(lambda: len(robot._scores["e2e-v2"]) >= 2, 20, "v2 to finish two episodes")
+    _wait(lambda: len(robot.ledger.scores["e2e-v2"]) >= 2, 20, "v2 to finish two episodes")
 
     # A release signed by a key the robot does not trust, and one whose content is not what was signed.
     generate_keypair(deploy.key.parent / "rogue.key")
@@ -595,6 +595,8 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
     key = tmp_path / "cli.key"
     result = cli.invoke(app, ["deploy", "keygen", "--key", str(key)])
     assert result.exit_code == 0, result.output
+    again = cli.invoke(app, ["deploy", "keygen", "--key", str(key)])  # the way out in the CLI's words: its flag
+    assert again.exit_code == 1 and "--force" in again.output and "pass overwrite" not in again.output
     run = BucketUrl.parse(f"{RUN}/cli")
     deploy.bucket.upload(deploy.ckpts["v1"], run / "checkpoints" / "000300" / "pretrained_model")
     (tmp_path / "last.json").write_text(json.dumps({"step": 300}))
@@ -623,8 +625,15 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
         app, ["deploy", "publish", "--checkpoint", f"{RUN}/nothing", "--name", "x", "--key", str(key), *ops]
     )
     assert result.exit_code == 1 and "checkpoints/last.json" in result.output
-    result = cli.invoke(app, ["deploy", "register", "hw1", "--channel", "hw", *ops])
+    result = cli.invoke(app, ["deploy", "register", "hw1", "--channel", "hw", "--json", *ops])
     token = json.loads(result.output)["token"]
+    # Text for people by default, --json for scripts; an assignment never dumps its signed manifest.
+    result = cli.invoke(app, ["deploy", "assign", "hw1", "--channel", "hw", *ops])
+    assert result.exit_code == 0 and _flat(result.output).startswith("robot hw1 follows hw"), result.output
+    assert len(result.output.splitlines()) <= 2
+    result = cli.invoke(app, ["deploy", "assign", "hw1", "--channel", "hw", "--json", *ops])
+    assignment = json.loads(result.output)
+    assert assignment["robot"] == "hw1" and assignment["channel"] == "hw" and "manifest" not in assignment
 
     result = cli.invoke(
         app,
@@ -715,6 +724,8 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
     result = cli.invoke(app, ["deploy", "status", *ops], env=wide)
     assert result.exit_code == 0 and "hw1" in result.output and "cli-v1" in result.output
     assert re.search(r"│ hw1 .* │ \d+ s ago +│", result.output), result.output  # last seen: seconds ago, not epoch
+    status = json.loads(cli.invoke(app, ["deploy", "status", "--json", *ops]).output)
+    assert [r["running"] for r in status["robots"] if r["id"] == "hw1"] == ["cli-v1"]
     result = cli.invoke(app, ["deploy", "history", "--robot", "hw1", *ops], env=wide)
     assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d swap +hw1 +cli-v1", result.output, re.M), result.output
     result = cli.invoke(app, ["deploy", "rollback", "--robot", "hw1", *ops])
@@ -746,7 +757,7 @@ def test_eval_resolves_a_release_name_and_verifies_it_as_robots_do(deploy, bucke
 
 def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_order(tmp_path):
     # Runtime bookkeeping only, with stand-ins for the policy runner and the deploy service (no model needed).
-    from robotloop.deploy.runtime import _Loaded
+    from robotloop.deploy.runtime import _EpisodeTally, _Loaded
 
     class Runner:
         at_chunk_boundary = True
@@ -780,9 +791,7 @@ def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_or
         assert runtime._maybe_swap(None)
 
     def episode(release: str) -> None:
-        runtime._finish(
-            {"mixed": False, "release": release, "steps": 10, "max_reward": None, "success": None, "jerk": 0.0}
-        )
+        runtime._finish(_EpisodeTally(release, mixed=False, steps=10))
 
     swap("A")
     runtime._probation = False  # A is proven
@@ -795,9 +804,79 @@ def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_or
     episode("C")  # no score on this robot: a release that ran its window of episodes has passed
     assert not runtime._probation and runtime._previous is None
 
-    runtime._flush_events()  # the first send fails: nothing is lost and the order is kept
-    runtime._flush_events()
+    runtime._reporter.flush()  # the first send fails: nothing is lost and the order is kept
+    runtime._reporter.flush()
     assert service.sent == [("swap", "A"), ("swap", "B"), ("swap", "C")]
+
+
+def test_the_release_ledger_remembers_refusals_across_restarts_and_the_rest_for_one_run(tmp_path):
+    from robotloop.deploy.ledger import ReleaseLedger
+
+    path = tmp_path / "runtime.json"
+    ledger = ReleaseLedger.load(path, health_window=2)  # no file yet: knows nothing
+    assert ledger.refused == set() and ledger.last_good is None and ledger.wanted("a")
+
+    ledger.fetch_failed("a", OSError("cannot read xorb"))
+    assert ledger.retrying("a") == 1 and ledger.retrying("a") == 2
+    assert ledger.unfetchable() == {"a": {"failures": 2, "error": "cannot read xorb"}}
+    ledger.fetched("a")
+    assert ledger.unfetchable() == {} and ledger.wanted("a")  # fetched at last: nothing to report
+
+    assert ledger.unverified("b") and not ledger.unverified("b")  # fetched once more, then refused
+    ledger.refuse("b")
+    ledger.skip("c")  # does not fit this robot's observations
+    assert not ledger.wanted("b") and not ledger.wanted("c") and ledger.refused_sorted() == ["b"]
+
+    for score in (1.0, 2.0, 4.0):
+        ledger.scored("a", score)
+    assert ledger.health() == {"a": 3.0}  # the last health_window episodes only
+    assert "d" not in ledger.scores and ledger.unscored("d") == 1 and ledger.unscored("d") == 2
+    ledger.ran_well("a")
+
+    again = ReleaseLedger.load(path, health_window=2)  # a restart
+    assert again.refused == {"b"} and again.last_good == "a"
+    assert again.wanted("c") and again.wanted("a")  # skipped and failing releases are tried again
+    assert again.health() == {} and again.unfetchable() == {}
+    path.write_text("{not json")
+    assert ReleaseLedger.load(path, health_window=2).refused == set()  # a damaged file: start afresh
+
+
+def test_the_reporter_sends_events_in_order_then_a_heartbeat_the_service_shows(deploy, tmp_path):
+    from robotloop.deploy.ledger import ReleaseLedger
+    from robotloop.deploy.reporter import Reporter
+    from robotloop.deploy.runtime import RuntimeStats
+
+    token = deploy.ops().register_robot("r-report", channel="reports", rotate=True)
+    ledger = ReleaseLedger.load(tmp_path / "runtime.json", health_window=2)
+    ledger.refuse("rep-bad")
+    stop = threading.Event()
+    options = RobotSettings(robot_id="r-report", heartbeat_s=0.1)
+    snapshot = lambda: ("rep-v0", False, {"rep-v0": 1.5})  # noqa: E731 - running, on probation, health
+    reporter = Reporter(DeployClient(deploy.url, token), options, RuntimeStats(), ledger, snapshot, stop)
+    reporter.event("refused", "rep-bad", None, "BadSignature: does not trust")
+    reporter.event("rollback", "rep-v0", "rep-jerky", "health check")
+    stop.set()  # a stopping runtime: the reporter still sends what is queued, and one last heartbeat
+    reporter.run()
+    assert not reporter.outbox
+    history = [e for e in deploy.ops().history(robot="r-report")[::-1] if e["kind"] != "register"]  # oldest first
+    assert [(e["kind"], e["release"], e["previous"]) for e in history] == [
+        ("refused", "rep-bad", None),
+        ("rollback", "rep-v0", "rep-jerky"),
+    ]
+    seen = deploy.ops().robot("r-report")
+    assert seen["running"] == "rep-v0"
+    assert set(seen["status"]) == {
+        "control_hz",
+        "max_gap_ms",
+        "episodes",
+        "health",
+        "probation",
+        "refused",
+        "unfetchable",
+        "last_pull",
+    }
+    assert seen["status"]["health"] == {"rep-v0": 1.5} and seen["status"]["refused"] == ["rep-bad"]
+    assert ledger.last_good == "rep-v0"  # it ran off probation: the release to start with next time
 
 
 def test_channel_rollback_counts_a_release_promoted_again_after_it_was_rolled_back_from(tmp_path):
@@ -817,6 +896,31 @@ def test_channel_rollback_counts_a_release_promoted_again_after_it_was_rolled_ba
     registry.promote("stable", "b")  # fixed and promoted again
     registry.promote("stable", "c")
     assert registry.rollback_channel("stable", reason="c is worse") == "b"  # b counts again
+    registry.close()
+
+
+def test_robot_rollback_counts_a_release_it_refused_once_and_later_ran(tmp_path):
+    from robotloop.deploy.manifest import build_manifest
+    from robotloop.deploy.registry import Registry
+
+    generate_keypair(tmp_path / "k.key")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    registry = Registry(tmp_path / "deploy.sqlite")
+    for name in ("v6", "v7", "v8", "v9"):
+        manifest = build_manifest(tmp_path / "m", name, "lab/x", "hf://buckets/lab/x/c", {"config.json": "0" * 64})
+        registry.add_release(SignedManifest.sign(manifest, load_private_key(tmp_path / "k.key")))
+    registry.register_robot("r1")
+    registry.robot_event("r1", "swap", "v6", None, "")
+    registry.robot_event("r1", "refused", "v7", "v6", "image size 96x128, the robot's camera is 48x64")
+    registry.robot_event("r1", "swap", "v7", "v6", "")  # the camera was fixed: v7 ran
+    registry.robot_event("r1", "swap", "v8", "v7", "")
+    assert registry.rollback_robot("r1", reason="v8 drops the cube").release == "v7"
+    registry.robot_event("r1", "rollback", "v7", "v8", "by command")
+    registry.robot_event("r1", "swap", "v9", "v7", "")
+    registry.robot_event("r1", "rollback", "v7", "v9", "non-finite actions")  # v9 rolled back from by itself
+    registry.robot_event("r1", "swap", "v8", "v7", "")  # v8 again, after v7
+    assert registry.rollback_robot("r1").release == "v7"  # not v9 (bad), and v8 is the one running
     registry.close()
 
 
@@ -874,10 +978,10 @@ def test_a_robot_that_cannot_fetch_its_release_backs_off_and_says_why(deploy, ro
     deploy.bucket.point_back(root, {p: None for p in held if "/files/" in p})
     deploy.bucket.delete(run, recursive=True)
     deploy.ops().assign("r1", release="gone-v1")
-    _wait(lambda: robot._failures.get("gone-v1", 0) >= 2, 30, "two failed pulls")
-    t0, failures = time.monotonic(), robot._failures["gone-v1"]
+    _wait(lambda: robot.ledger.failures.get("gone-v1", 0) >= 2, 30, "two failed pulls")
+    t0, failures = time.monotonic(), robot.ledger.failures["gone-v1"]
     time.sleep(3.0)
-    assert robot._failures["gone-v1"] <= failures + 1  # backing off (2, 4, 8 s...), not a pull every 2 s
+    assert robot.ledger.failures["gone-v1"] <= failures + 1  # backing off (2, 4, 8 s...), not a pull every 2 s
 
     def status() -> dict:
         return next(r for r in deploy.ops().status()["robots"] if r["id"] == "r1")["status"] or {}

@@ -157,7 +157,7 @@ def test_select_layers_needs_the_margin() -> None:
 
 
 def test_auto_converts_only_faster_shapes_and_caches_timings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("robotloop.config.CACHE_HOME", tmp_path)  # the cache file lands under the test's dir
+    monkeypatch.setattr("robotloop.config.cache_home", lambda: tmp_path)  # the cache file lands under the test's dir
     measured: list[LinearShape] = []
 
     def fake_gpu_timings(shape: LinearShape) -> ShapeTiming:
@@ -196,7 +196,7 @@ def test_auto_converts_only_faster_shapes_and_caches_timings(tmp_path: Path, mon
 
 
 def test_auto_measuring_forward_leaves_the_run_random_stream_alone(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr("robotloop.config.CACHE_HOME", tmp_path)
+    monkeypatch.setattr("robotloop.config.cache_home", lambda: tmp_path)
 
     def fp8_never_faster(shape: LinearShape) -> ShapeTiming:  # stands in for GPU timings
         return ShapeTiming(bf16_ms=1.0, fp8_ms=2.0)

@@ -32,6 +32,7 @@ from robotloop.storage.server.auth import (
     parse_tokens_text,
 )
 from robotloop.storage.server.buckets import BucketStore, InvalidPath, validate_path
+from services.bucket import BucketOptions
 from services.bucket.app import create_app, serve
 
 W, R, OTHER, ADMIN = "hub_w_robots", "hub_r_robots", "hub_w_other", "hub_admin"
@@ -437,7 +438,7 @@ def test_open_local_mode(tmp_path: Path) -> None:
         assert client.get("/api/buckets/local/b", headers={"authorization": "Bearer anything"}).status_code == 200
         assert client.get("/api/whoami-v2").json()["name"] == "local"
     with pytest.raises(ValueError, match="non-loopback"):
-        serve(tmp_path / "root", host="0.0.0.0", port=0, tokens_file=None)
+        serve(BucketOptions(tmp_path / "root", host="0.0.0.0", port=0, tokens=None))
 
 
 def test_body_limit(tmp_path: Path) -> None:

@@ -45,3 +45,15 @@ def test_readme_command_exists_with_its_options(argv):
 def _subcommands(group: str) -> set[str]:
     result = CliRunner().invoke(app, [group, "--help"], terminal_width=200)
     return set(re.findall(r"│ (\w[\w-]*) ", result.output))
+
+
+def test_readme_sim_recordings_give_the_expert_time_to_finish():
+    """`--max-steps` under the task's episode length cuts the scripted expert off before it succeeds: such a README
+    command commits 0 episodes (Insertion's 200 once did)."""
+    from robotloop.sim.tasks import get_task
+
+    for argv in (a for a in readme_commands() if a[:1] == ["record"] and "--sim" in a):
+        if "--max-steps" in argv:
+            task = get_task(argv[argv.index("--sim") + 1])
+            steps = int(argv[argv.index("--max-steps") + 1])
+            assert steps >= task.episode_length, f"robotloop {' '.join(argv)}: the expert needs {task.episode_length}"

@@ -73,6 +73,16 @@ def test_checkpoints_load_in_lerobot_and_resume_bit_for_bit(bucket_server, tmp_p
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_resuming_with_another_model_says_which_options_differ(bucket_server, tmp_path):
+    client, url, _ = _dataset(bucket_server, tmp_path, "resume-other")
+    out = BucketUrl.parse("hf://buckets/lab/train/models/resume-other")
+    _run(client, url, out, steps=3)
+    settings = TrainSettings(steps=6, batch_size=4, checkpoint_every=3, seed=7, resume=True, deterministic=True)
+    bigger = ACTSettings(**{**TINY, "dim_model": 64})
+    with pytest.raises(ValueError, match=r"another model: dim_model 32 \(asked: 64\)"):  # not a state_dict dump
+        train(client, [url], out, settings, bigger, DataSettings(decode_workers=1))
+
+
 def test_an_episode_committed_mid_run_is_trained_on(bucket_server, tmp_path):
     client, url, recorder = _dataset(bucket_server, tmp_path, "live", episodes=1)
     committed = threading.Event()
@@ -148,6 +158,7 @@ def test_two_ranks_under_torchrun_share_the_episodes_and_one_checkpoint(bucket_s
     ]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert (run.stdout + run.stderr).count("randomly initialised") == 2  # once per rank: said once, not twice
     client.fetch(out / "checkpoints" / "000004", tmp_path / "ckpt")
     state = tmp_path / "ckpt" / "training_state"
     assert {p.name for p in state.glob("sampler_state_rank*.json")} == {
@@ -195,6 +206,9 @@ def test_channels_last_optimizer_state_checkpoints_and_keeps_its_layout(bucket_s
         (["--device", "cuda:99"], "device 'cuda:99'"),
         (["--progress-file", "/nonexistent/p.jsonl"], "/nonexistent: no such folder"),
         (["--backbone-weights", "/nonexistent.pt"], "does not exist"),
+        (["--policy.chunk_size", "0"], "--chunk-size"),
+        (["--policy.image_size", "4x4"], "at least 8x8"),
+        (["--chunk-size", "5", "--n-action-steps", "6"], "n_action_steps"),
     ],
 )
 def test_bad_train_options_are_refused_before_any_data_streams(option, message):
@@ -205,3 +219,23 @@ def test_bad_train_options_are_refused_before_any_data_streams(option, message):
     args = ["train", "--dataset", "hf://buckets/lab/none/datasets/x", "--output", "hf://buckets/lab/none/models/r"]
     result = CliRunner().invoke(app, [*args, *option], env={"COLUMNS": "300"})
     assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+
+
+def test_lerobot_policy_spellings_reach_the_saved_config(bucket_server, tmp_path):
+    """`--policy.chunk_size=5` as a LeRobot user writes it (and our `--dim-model`) lands in the checkpoint's
+    config.json, which lerobot reads."""
+    from typer.testing import CliRunner
+
+    from robotloop.cli import app
+
+    client, url, _ = _dataset(bucket_server, tmp_path, "spellings")
+    out = "hf://buckets/lab/train/models/spellings"
+    args = ["--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN, "train", "--dataset", str(url)]
+    args += ["--output", out, "--steps", "2", "--batch-size", "2", "--tiny", "--device", "cpu", "--decode-workers"]
+    args += ["1", "--policy.chunk_size=5", "--dim-model", "32", "--policy.optimizer_lr=3e-4"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    client.fetch(BucketUrl.parse(f"{out}/checkpoints/000002/pretrained_model/config.json"), tmp_path / "cfg.json")
+    config = json.loads((tmp_path / "cfg.json").read_text())
+    assert (config["chunk_size"], config["n_action_steps"], config["dim_model"]) == (5, 5, 32)
+    assert config["optimizer_lr"] == 3e-4

@@ -137,9 +137,9 @@ def test_resume_decodes_the_episodes_that_were_in_flight_at_the_save(bucket_serv
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     with StreamingSampler(client, [dataset], settings()) as a:
         deadline = time.monotonic() + 60
-        while not a._jobs_by_seq and time.monotonic() < deadline:  # saved while decode workers hold episodes
+        while not a._feed.order.in_flight and time.monotonic() < deadline:  # saved while decode workers hold episodes
             time.sleep(0.01)
-        assert a._jobs_by_seq, "no episode was ever in flight"
+        assert a._feed.order.in_flight, "no episode was ever in flight"
         state = a.state_dict()
     assert len(state["buffered"]) < len(LENGTHS)
     with StreamingSampler(client, [dataset], settings()) as b:
@@ -332,8 +332,124 @@ def test_close_removes_the_workers_scratch_and_frees_the_buffer(bucket_server, d
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     sampler = StreamingSampler(client, [dataset], settings(decode_workers=2))
     sampler.next_batch(4)
-    scratch = Path(sampler._scratch)
+    scratch = Path(sampler._feed.pool.scratch)
     assert scratch.is_dir()
     sampler.close()
     assert not scratch.exists() and sampler.arena.tensors == {}
-    assert not any(w.is_alive() for w in sampler._workers)
+    assert not any(w.is_alive() for w in sampler._feed.pool.workers)
+
+
+# -- the pieces, one at a time -------------------------------------------------------------------------------------
+def test_the_catalog_reads_the_recorded_episodes_and_splits_them_between_ranks(bucket_server, dataset, tmp_path):
+    from robotloop.train.data import EpisodeCatalog
+
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    catalogs = [EpisodeCatalog(client, [dataset], rank, 2) for rank in range(2)]
+    for catalog in catalogs:
+        assert catalog.fps == SPEC.fps and catalog.video_keys == ["observation.images.top"]
+        assert set(catalog.features) == {"observation.images.top", "observation.state", "action"}
+        assert catalog.frame_shapes() == {
+            "observation.images.top": ((3, 24, 32), torch.uint8),
+            "observation.state": ((4,), torch.float32),
+            "action": ((3,), torch.float32),
+        }
+        assert catalog.known == {}  # nothing is this rank's until the sampler takes it
+    refs = catalogs[0].sources[0].episodes
+    assert [(r.index, r.length) for r in refs] == list(enumerate(LENGTHS))
+    assert [r.to_index - r.from_index for r in refs] == LENGTHS
+    taken = [catalog.take(refs, 0) for catalog in catalogs]
+    assert taken == [[(str(dataset), 0), (str(dataset), 2)], [(str(dataset), 1)]]
+    assert catalogs[0].take(refs, 0) == []  # known already
+    assert catalogs[0].share_frames() == LENGTHS[0] + LENGTHS[2]
+    assert [r.index for r in catalogs[1].refs()] == [1]
+    assert [r.index for r in catalogs[1].refs(all_ranks=True)] == [0, 1, 2]
+    lineage = refs[1].lineage()
+    assert lineage["episode_index"] == 1 and lineage["length"] == LENGTHS[1]
+    assert [f.get("video_key") for f in lineage["files"]] == [None, "observation.images.top"]
+    assert all(len(f["xet_hash"]) == 64 for f in lineage["files"])
+
+    live = BucketUrl.parse("hf://buckets/lab/train-data/datasets/catalog-live")
+    recorder = record(client, live, [12], tmp_path / "stage")
+    catalog = EpisodeCatalog(client, [live], 0, 1)
+    assert catalog.take(catalog.sources[0].episodes, 0) == [(str(live), 0)]
+    recorder.commit(known_episode(1, 14))
+    assert [r.index for r in catalog.sources[0].refresh()] == [1]  # only what was committed since
+    assert catalog.sources[0].refresh() == []
+
+
+def test_the_schedule_permutes_per_pass_puts_fresh_episodes_first_and_restores_first():
+    from robotloop.train.data import DecodeSchedule, EpisodeRef, FileRef
+
+    def ref(i: int, length: int = 10) -> EpisodeRef:
+        return EpisodeRef("d", i, length, 0, length, FileRef("u", "h", 1, False), {})
+
+    keys = [("d", i) for i in range(6)]
+    known = {k: ref(k[1]) for k in keys}
+    a, b = DecodeSchedule(seed=3), DecodeSchedule(seed=3)
+    a.add(keys)
+    b.add(keys)
+    assert list(a.queue) == list(b.queue) and sorted(a.queue) == keys  # seeded: the same order every time
+    a.add([("d", 9)], fresh=True)
+    assert a.queue[0] == ("d", 9)  # a fresh episode jumps the queue
+    order = [a.next(known, set(), bound=1000) for _ in range(7)]
+    assert order[0] == ("d", 9) and a.next(known, set(), bound=1000) is None  # all fit: no second pass
+    assert a.passes == 0
+    first = a.next(known, busy={("d", 0)}, bound=30)  # 60 frames in a 30-frame buffer: a new pass
+    assert a.passes == 1 and first != ("d", 0) and ("d", 0) not in a.queue
+    a.restart([("d", 4), ("d", 1)], [("d", 2)])
+    assert a.next(known, busy={("d", 4)}, bound=30) == ("d", 4)  # to restore: decoded even though busy
+    a.restored(("d", 1))  # not the next one to restore: nothing changes
+    assert a.restore == [("d", 4), ("d", 1)]
+    a.restored(("d", 4))
+    assert a.restore == [("d", 1)]
+
+
+def test_the_arena_grows_then_wraps_evicting_the_oldest_episodes():
+    from robotloop.train.data import DataError, FrameArena
+
+    shapes = {"action": ((2,), torch.float32)}
+    arena = FrameArena(shapes, bound=10, device=torch.device("cpu"))
+
+    def put(key: str, length: int) -> tuple[int, list]:
+        start, evicted = arena.place(("d", key), length, hint=4)
+        arena.fill(start, {"action": torch.full((length, 2), float(ord(key)))})
+        return start, evicted
+
+    assert arena.grows(3) and put("a", 3) == (0, []) and arena.capacity == 4  # sized for the hint
+    assert arena.grows(3) and put("b", 3) == (3, []) and arena.capacity == 8  # doubled
+    assert put("c", 3) == (6, []) and arena.capacity == 10  # up to the bound, never past it
+    assert not arena.grows(3)
+    assert put("d", 3) == (0, [("d", "a")])  # wrapped: the oldest episode it overlaps goes
+    assert arena.tensors["action"][6:9, 0].tolist() == [ord("c")] * 3  # growth kept what was buffered
+    assert arena.last[0:3].tolist() == [2, 2, 2] and arena.last[6:9].tolist() == [8, 8, 8]
+    view = arena.view()
+    assert view.keys == [("d", "b"), ("d", "c"), ("d", "d")]  # insertion order, not slot order
+    assert view.start_list == [3, 6, 0] and view.offset_list == [0, 3, 6, 9]
+    assert arena.view(exclude=("d", "d")).keys == [("d", "b"), ("d", "c")] and view.total == 9
+    assert put("e", 4) == (3, [("d", "b"), ("d", "c")])  # one episode may evict several
+    assert list(arena.slots) == [("d", "d"), ("d", "e")] and arena.last[3:7].tolist() == [6] * 4
+    with pytest.raises(DataError, match="more than the buffer holds"):
+        arena.place(("d", "e"), 11, hint=11)
+    arena.clear()
+    assert arena.view().total == 0 and put("f", 2) == (0, [])
+
+
+def test_decode_results_enter_in_job_order_and_a_drop_makes_older_jobs_stale():
+    from robotloop.train.data import DecodeOrder
+
+    order = DecodeOrder()
+    seqs = [order.number(("d", i)) for i in range(3)]
+    assert seqs == [0, 1, 2] and not order.room(3) and order.room(4)
+    assert order.hold(1, {"x": 1}, None) and order.take_next() is None  # job 0 has not come back yet
+    assert order.hold(0, {"x": 0}, None)
+    assert order.take_next() == (0, ("d", 0), {"x": 0}, None)
+    assert order.take_next() is None  # job 0 is being copied in: job 1 waits until it is ingested
+    order.ingested(0)
+    assert order.take_next() == (1, ("d", 1), {"x": 1}, None)
+    order.ingested(1)
+    assert order.in_flight_keys() == [("d", 2)] and order.busy() == {("d", 2)}
+    order.drop()
+    assert order.busy() == set() and order.room(1)
+    assert not order.hold(2, {"x": 2}, None)  # submitted before the drop: stale
+    assert order.number(("d", 5)) == 3 and order.hold(3, None, "boom")
+    assert order.take_next() == (3, ("d", 5), None, "boom")

@@ -202,7 +202,7 @@ def test_compile_cache_persists_under_robotloop_cache_unless_chosen(monkeypatch:
     """inductor's default cache is in /tmp (wiped by containers and reboots; a cold ACT compile took 191 s)."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from robotloop.config import CACHE_HOME
+    from robotloop.config import cache_home
     from robotloop.train.policy import use_persistent_compile_cache
 
     for unset_or_default in (None, default_cache_dir()):
@@ -210,6 +210,6 @@ def test_compile_cache_persists_under_robotloop_cache_unless_chosen(monkeypatch:
             monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
         else:
             monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", unset_or_default)
-        assert use_persistent_compile_cache() == CACHE_HOME / "inductor"
+        assert use_persistent_compile_cache() == cache_home() / "inductor"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/srv/compile-cache")  # the user's choice stands
     assert str(use_persistent_compile_cache()) == "/srv/compile-cache"

@@ -237,6 +237,27 @@ def test_robotloop_train_serve_is_the_training_service():
         assert out.returncode == 0 and f"robotloop trainer {argv[-2]}" in out.stdout, out.stdout + out.stderr
 
 
+def test_robotloop_trainer_submit_runs_a_job_and_every_service_serves_its_openapi(trainer):
+    """No curl with an undocumented body: `robotloop trainer submit` takes `robotloop train`'s options, and
+    GET /openapi.json documents the routes."""
+    from robotloop.cli import app
+
+    args = ["trainer", "submit", "--dataset", DATASET, "--output", "hf://buckets/lab/trainsvc/models/submitted"]
+    args += ["--steps", "2", "--batch-size", "4", "--tiny", "--decode-workers", "1", "--log-every", "1"]
+    args += ["--trainer-url", trainer.endpoint, "--trainer-token", WRITER, "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    submitted = json.loads(result.output)
+    assert submitted["spec"]["steps"] == 2 and submitted["spec"]["tiny"] is True
+    done = trainer.wait(submitted["id"], lambda s: s["status"] in ("succeeded", "failed"), timeout_s=240)
+    assert done["status"] == "succeeded", trainer.log(submitted["id"])[-3000:]
+    zero_steps = [("0" if i and args[i - 1] == "--steps" else a) for i, a in enumerate(args)]
+    bad = CliRunner().invoke(app, zero_steps)
+    assert bad.exit_code == 2 and "--steps" in bad.output  # the same bounds as `robotloop train`, before sending
+    schema = httpx.get(f"{trainer.endpoint}/openapi.json", timeout=30).json()
+    assert "/v1/jobs" in schema["paths"] and "post" in schema["paths"]["/v1/jobs"]
+
+
 def test_a_full_queue_refuses_new_jobs_and_creates_nothing(tmp_path):
     from robotloop.train.jobs import JobManager, JobSpec, QueueFull
 

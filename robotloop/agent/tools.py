@@ -29,9 +29,14 @@ from strands import tool
 from ..config import Settings
 from ..deploy.client import DeployClient
 from ..errors import RobotloopError
+from ..options import tool_parameters
 from ..storage import BucketClient, BucketUrl, connect
 from ..train.client import TrainerClient
 from ..train.jobs import JobSpec
+from ..train.progress import JOB_FIELDS
+
+# The service's storage, never the model's to choose: the tool's jobs read and write where the service does.
+STORAGE_FIELDS = ("storage_endpoint", "storage_token")
 
 
 @dataclass
@@ -110,9 +115,10 @@ class RobotloopTools:
             keep_failed: also commit failed demos (marked by next.success never being true)
         """
         from ..capture import DatasetRecorder, DatasetSpec
-        from ..capture.sim_record import record_sim
+        from ..capture.sim_record import check_task, record_sim
         from ..sim.env import parse_image_size
 
+        check_task(task)
         url, size = BucketUrl.parse(dataset), parse_image_size(image_size)
         recorder = DatasetRecorder(self.ctx.bucket, url, DatasetSpec.aloha(size, vcodec=codec))
         before = recorder.committed_episodes()
@@ -142,53 +148,13 @@ class RobotloopTools:
 
     @tool
     @reported
-    def start_training(
-        self,
-        datasets: list[str],
-        output: str,
-        steps: int = Field(1000, ge=1),
-        batch_size: int = Field(8, ge=1),
-        device: str = "cpu",
-        tiny: bool = False,
-        resume: bool = False,
-        checkpoint_every: int = Field(1000, ge=1),
-        log_every: int = Field(50, ge=1),
-        fp8: str = "off",
-        gpus: int = Field(1, ge=1),
-        seed: int = Field(0, ge=0),
-    ) -> dict[str, Any]:
+    @tool_parameters(JobSpec, exclude=STORAGE_FIELDS, param="spec")
+    def start_training(self, spec: JobSpec) -> dict[str, Any]:
         """Submit an ACT training job to the training service; it streams the datasets from the bucket and writes
         checkpoints under output/checkpoints/<step>. Answers the job id: follow it with watch_training.
-
-        Args:
-            datasets: dataset URLs to train on (hf://buckets/.../datasets/<name>)
-            output: run URL, hf://buckets/<namespace>/<bucket>/models/<run>
-            steps: training steps
-            batch_size: samples per step
-            device: cpu, cuda or cuda:N
-            tiny: a small ACT for quick smoke tests on CPU
-            resume: continue the run from its last checkpoint
-            checkpoint_every: steps between checkpoints (the last step always checkpoints)
-            log_every: steps between progress reports
-            fp8: off, auto, tensorwise, rowwise or rowwise_with_gw_hp (FP8 training on GPUs that support it)
-            gpus: GPUs for the job (more than one: DDP through torchrun; needs device cuda)
-            seed: seed for weights and sampling
         """
-        # The service's own model: a bad option fails here, naming the field, before anything is sent.
-        spec = JobSpec(
-            datasets=datasets,
-            output=output,
-            steps=steps,
-            batch_size=batch_size,
-            device=device,
-            tiny=tiny,
-            resume=resume,
-            checkpoint_every=checkpoint_every,
-            log_every=log_every,
-            fp8=fp8,
-            gpus=gpus,
-            seed=seed,
-        )
+        # The parameters are JobSpec's fields (robotloop.train.options.TrainOptions plus gpus): a bad option
+        # fails here, naming the field, before anything is sent.
         return _job(self.ctx.trainer.submit(spec.model_dump(mode="json", exclude_none=True)))
 
     @tool
@@ -309,12 +275,13 @@ class RobotloopTools:
             videos: record the first N episodes as mp4
             device: cpu or cuda
         """
-        from ..deploy.evaluate import REPORT_FILE, evaluate, resolve_policy_for
+        from ..deploy.evaluate import REPORT_FILE, evaluate
+        from ..deploy.resolve import locate_policy_for
 
-        local = resolve_policy_for(self.ctx.settings, policy, lambda: self.ctx.bucket)
+        found = locate_policy_for(self.ctx.settings, policy, lambda: self.ctx.bucket)
         out = self.ctx.eval_dir / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{task}"
         report = evaluate(
-            local,
+            found.path,
             task,
             episodes,
             workers,
@@ -324,6 +291,7 @@ class RobotloopTools:
             output_dir=out,
             device=device,
             source=policy,
+            checkpoint=found.checkpoint,
         )
         summary = report.to_dict()["summary"]
         return {
@@ -360,18 +328,7 @@ def _rounded(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _job(state: dict[str, Any]) -> dict[str, Any]:
-    keep = (
-        "id",
-        "status",
-        "step",
-        "loss",
-        "samples_per_s",
-        "data_wait_share",
-        "episodes",
-        "last_checkpoint",
-        "exit_code",
-        "message",
-    )
+    keep = ("id", "status", *JOB_FIELDS, "exit_code", "message")  # the trainer's Progress, as the service shows it
     return _rounded(
         {**{k: state.get(k) for k in keep}, "steps": state["spec"]["steps"], "output": state["spec"]["output"]}
     )

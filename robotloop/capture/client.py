@@ -16,26 +16,34 @@ from typing import Any
 import httpx
 import numpy as np
 
-from ..errors import RobotloopError
+from ..service_client import ServiceClient, ServiceError
 from .sessions import encode_frames
 
 
-class CaptureError(RobotloopError, RuntimeError):
-    """The service refused a request; `status` is the HTTP status, the message is the service's explanation."""
+class CaptureError(ServiceError):
+    """The service refused a request, or could not be reached; `status` is the HTTP status (0: no answer), `message`
+    the service's own explanation."""
 
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"capture service answered {status}: {message}")
-        self.status, self.message = status, message
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(f"capture service answered {status}: {message}" if status else message, status)
+        self.message = message
 
 
-class CaptureClient:
-    """Talks to one capture service with one robot token."""
+class CaptureClient(ServiceClient):
+    """Talks to one capture service with one robot token (robots name both: there is no settings section)."""
+
+    service, error = "capture service", CaptureError
+    token_hint = "a robot token from the service's tokens file"
 
     def __init__(self, url: str, token: str, timeout_s: float = 300.0) -> None:
+        """Raises: CaptureError: no token."""
         # The close encodes and uploads the whole episode before it answers: hence the long default timeout.
-        self.http = httpx.Client(
-            base_url=url.rstrip("/"), headers={"authorization": f"Bearer {token}"}, timeout=timeout_s
-        )
+        super().__init__(url, token, timeout_s)
+
+    @property
+    def http(self) -> httpx.Client:
+        """The underlying HTTP client (bearer token set)."""
+        return self._http
 
     def open(
         self,
@@ -92,20 +100,18 @@ class CaptureClient:
         self._call("DELETE", f"/v1/episodes/{episode_id}")
 
     def health(self) -> dict[str, Any]:
+        """``{"status": "ok", "open_episodes": n}``.
+
+        Raises:
+            CaptureError: the service cannot be reached (status 0), as for every call.
+        """
         return self._call("GET", "/v1/health")
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        response = self.http.request(method, path, **kwargs)
-        if response.status_code >= 400:
-            try:
-                message = response.json().get("error", response.text)
-            except ValueError:
-                message = response.text
-            raise CaptureError(response.status_code, message)
-        return response.json()
+    def _refused(self, status: int, message: str) -> CaptureError:
+        return CaptureError(message, status)  # `message` alone: robots' operators read it as the service wrote it
 
     def __enter__(self) -> CaptureClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.http.close()
+        self._http.close()  # not `close`: here that commits an episode

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import CACHE_HOME
+from ..compat import dropped_video_frames
+from ..config import cache_home
 from ..errors import BadValue
 from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError, private_dir
 from .episode import BadEpisode, Episode
@@ -106,7 +107,7 @@ class DatasetRecorder:
     def __init__(self, client: BucketClient, url: BucketUrl, spec: DatasetSpec, staging: Path | None = None) -> None:
         self.client, self.url, self.spec = client, url, spec
         key = hashlib.sha256(f"{client.endpoint}|{url}".encode()).hexdigest()[:16]
-        self.staging = private_dir(staging or CACHE_HOME / "recordings" / key)
+        self.staging = private_dir(staging or cache_home() / "recordings" / key)
         self.root = self.staging / "dataset"
         self._synced_info: str | None = None  # the bucket's meta/info.json Xet hash when this recorder last synced
         self.client.create_bucket(url)
@@ -372,9 +373,8 @@ class LiveEpisode:
 
     def dropped_frames(self) -> int:
         """Frames lerobot's streaming encoder dropped so far (it drops rather than block when its queue is full).
-        Read from lerobot 0.6.1's private encoder state: it offers no public counter."""
-        encoder = getattr(self.dataset.writer, "_streaming_encoder", None)
-        return sum(getattr(encoder, "_dropped_frames", {}).values())
+        Read from lerobot's private encoder state (see robotloop.compat): it offers no public counter."""
+        return dropped_video_frames(self.dataset.writer)
 
     def abort(self) -> None:
         """Drop the episode: nothing of it reaches the bucket."""
@@ -463,7 +463,7 @@ def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
     Raises:
         KeyError, TypeError, AttributeError: `info` is not a LeRobot dataset's.
     """
-    from lerobot.utils.constants import DEFAULT_FEATURES
+    from lerobot.utils.constants import DEFAULT_FEATURES, OBS_IMAGES
 
     have = {k: list(v["shape"]) for k, v in info["features"].items() if k not in DEFAULT_FEATURES}
     want = {k: list(v["shape"]) for k, v in spec.features().items()}
@@ -474,7 +474,25 @@ def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
         )
     if have != want or info.get("fps") != spec.fps:
         return f"holds a dataset with features {have} at {info.get('fps')} fps; episodes here have {want} at {spec.fps}"
+    cameras = [k for k in spec.features() if k.startswith(f"{OBS_IMAGES}.")]
+    stored = {(info["features"][k].get("info") or {}).get("video.codec") for k in cameras}
+    stored.discard(None)
+    ours = stream_codec(spec.vcodec)
+    if ours and stored and stored != {ours}:
+        return (
+            f"holds {'/'.join(sorted(stored))} video; these episodes would be {ours} ({spec.vcodec}): one dataset, "
+            "one codec (lerobot refuses to mix them), so record with the dataset's codec or into a new dataset"
+        )
     return None
+
+
+def stream_codec(vcodec: str) -> str | None:
+    """The codec name LeRobot stores in info.json for an encoder name (libsvtav1 -> av1, h264_nvenc -> h264), or
+    None where the encoder is chosen at run time ("auto")."""
+    from lerobot.configs.video import VIDEO_CODECS_ALIASES
+
+    name = VIDEO_CODECS_ALIASES.get(vcodec, vcodec)
+    return next((c for c in ("av1", "h264", "hevc") if c in name), None)
 
 
 class _CommittedMeanwhile(Exception):

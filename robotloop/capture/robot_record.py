@@ -9,6 +9,8 @@ vector, array entries of shape (H, W, 3) are cameras, and the action is what `se
 from __future__ import annotations
 
 import contextlib
+import importlib
+import pkgutil
 import time
 from collections.abc import Callable, Iterator
 
@@ -85,23 +87,33 @@ def record_robot(
     return reports
 
 
-def make_hardware(kind: str, type_name: str, port: str | None, id_: str | None):
-    """A LeRobot robot or teleoperator from its registered type name, e.g. ("robot", "so101_follower").
+def make_hardware(kind: str, type_name: str, port: str | None, id_: str | None, cameras: str | None = None):
+    """A LeRobot robot or teleoperator made from `hardware_config(...)` (not yet connected).
 
     Raises:
-        ValueError: unknown type name (the message lists the known ones).
+        ValueError: see `hardware_config`. ImportError: the robot's SDK is not installed (LeRobot says which).
     """
-    import importlib
-    import pkgutil
+    if kind == "robot":
+        from lerobot.robots.utils import make_robot_from_config as make
+    else:
+        from lerobot.teleoperators.utils import make_teleoperator_from_config as make
+    return make(hardware_config(kind, type_name, port, id_, cameras))
 
+
+def hardware_config(kind: str, type_name: str, port: str | None, id_: str | None, cameras: str | None = None):
+    """A LeRobot robot or teleoperator config from its registered type name, e.g. ("robot", "so101_follower"),
+    with `cameras` in LeRobot's own spelling of `--robot.cameras`, e.g.
+    `"{front: {type: opencv, index_or_path: 0, width: 640, height: 480, fps: 30}}"`.
+
+    Raises:
+        ValueError: unknown type name (the message lists the known ones), or cameras LeRobot cannot read.
+    """
     if kind == "robot":
         import lerobot.robots as package
         from lerobot.robots import RobotConfig as Config
-        from lerobot.robots.utils import make_robot_from_config as make
     else:
         import lerobot.teleoperators as package
         from lerobot.teleoperators import TeleoperatorConfig as Config
-        from lerobot.teleoperators.utils import make_teleoperator_from_config as make
     for module in pkgutil.iter_modules(package.__path__):  # each module registers its config types on import
         with contextlib.suppress(ImportError):  # a robot whose optional SDK is not installed cannot be chosen
             importlib.import_module(f"{package.__name__}.{module.name}")
@@ -112,4 +124,34 @@ def make_hardware(kind: str, type_name: str, port: str | None, id_: str | None):
             f"unknown {kind} type {type_name!r}; LeRobot knows {sorted(Config.get_known_choices())}"
         ) from None
     kwargs = {k: v for k, v in {"port": port, "id": id_}.items() if v is not None}
-    return make(config_class(**kwargs))
+    if cameras:
+        kwargs["cameras"] = parse_cameras(cameras)
+    return config_class(**kwargs)
+
+
+def parse_cameras(text: str) -> dict:
+    """`--robot.cameras` as LeRobot reads it (a YAML mapping of name -> camera config, decoded by draccus into
+    LeRobot's registered `CameraConfig` types).
+
+    Raises:
+        BadValue (a ValueError): not a mapping, an unknown camera type, or fields the camera type does not have.
+    """
+    import draccus
+    import lerobot.cameras as package
+    import yaml
+    from lerobot.cameras import CameraConfig
+
+    for module in pkgutil.iter_modules(package.__path__):  # each camera module registers its config type
+        with contextlib.suppress(ImportError):
+            importlib.import_module(f"{package.__name__}.{module.name}")
+    try:
+        value = yaml.safe_load(text)
+        if not isinstance(value, dict):
+            raise ValueError(f"expected a mapping of camera name to its config, got {type(value).__name__}")
+        return draccus.decode(dict[str, CameraConfig], value)
+    except (yaml.YAMLError, ValueError, TypeError, KeyError, draccus.utils.ParsingError) as error:
+        known = sorted(CameraConfig.get_known_choices())
+        raise BadValue(
+            f"--robot.cameras {text!r}: {' '.join(str(error).split())}; e.g. {{front: {{type: opencv, "
+            f"index_or_path: 0, width: 640, height: 480, fps: 30}}}} (camera types: {known})"
+        ) from None

@@ -16,14 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import BadValue
+from ..sim.tasks import TASKS
 from ..workers import die_with_parent
 from .episode import Episode
 from .recorder import CommitReport, DatasetRecorder, DatasetSpec, WrittenEpisode, write_episode
 
-TASK_TEXT = {
-    "transfer_cube": "Pick up the cube with the right arm and transfer it to the left arm.",
-    "insertion": "Pick up the socket and the peg and insert the peg into the socket.",
-}
+TASK_TEXT = {name: spec.text for name, spec in TASKS.items()}  # the sim tasks recordable, by name
 
 
 @dataclass
@@ -68,6 +66,22 @@ def _demo(
     return seed, demo.success, write_episode(target.spec, target.repo_id, target.staging, episode)
 
 
+def _init_worker(parent_pid: int) -> None:
+    """A sim worker dies with its parent, and keeps ffmpeg's notes about each demo's video to itself ("moving the
+    moov atom ..." on every encode, printed once lerobot hands logging back to ffmpeg; errors still show)."""
+    import av
+
+    die_with_parent(parent_pid)
+    av.logging.set_libav_level(av.logging.ERROR)
+
+
+def check_task(task: str) -> None:
+    """Raises BadValue naming the choices when `task` is not a sim task robotloop records (check it before
+    touching a dataset: a wrong task is the caller's first mistake to hear about)."""
+    if task not in TASK_TEXT:
+        raise BadValue(f"unknown sim task {task!r}; choose one of {sorted(TASK_TEXT)}")
+
+
 def record_sim(
     recorder: DatasetRecorder,
     task: str,
@@ -93,15 +107,14 @@ def record_sim(
     Raises:
         BadValue: unknown task.
     """
-    if task not in TASK_TEXT:
-        raise BadValue(f"unknown sim task {task!r}; choose one of {sorted(TASK_TEXT)}")
+    check_task(task)
     max_attempts = max_attempts or 2 * episodes
     report, start = RecordReport(task), time.perf_counter()
     next_seed = seed_start
     target = _Target(recorder.spec, recorder.url.bucket_id, recorder.staging)
     # spawn, not fork: MuJoCo's EGL context must be created in the worker, never inherited.
     with ProcessPoolExecutor(
-        max_workers=workers, mp_context=mp.get_context("spawn"), initializer=die_with_parent, initargs=(os.getpid(),)
+        max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(os.getpid(),)
     ) as pool:
         pending: set[Future] = set()
 

@@ -6,16 +6,20 @@ import faulthandler
 import sys
 from typing import Annotated
 
+from .output import ReportErrors, quiet_libraries
+
+quiet_libraries()  # first: tqdm reads its settings when it is imported, and the commands below import it
+
 import typer
 
 from ..config import load_settings
-from . import bucket, capture, demo, record, train, trainer_service
+from ..train.command import train as train_command
+from . import bucket, capture, demo, record, trainer_service
 from . import deploy as deploy_cli
 from . import robot as robot_cli
 from .agent import agent as agent_command
 from .eval import eval_policy
 from .loop import loop
-from .output import ReportErrors
 
 app = typer.Typer(
     cls=ReportErrors,
@@ -31,7 +35,7 @@ app.add_typer(deploy_cli.app, name="deploy")
 app.add_typer(robot_cli.app, name="robot")
 app.command("demo")(demo.demo)
 app.command("record")(record.record)
-app.command("train")(train.train)
+app.command("train")(train_command)
 app.command("eval")(eval_policy)
 app.command("agent")(agent_command)
 app.command("loop")(loop)
@@ -66,7 +70,7 @@ def run(argv: list[str] | None = None) -> None:
     i = 0
     while i < len(args) and args[i].startswith("-"):  # global options come first: --endpoint URL --token T
         i += 1 if "=" in args[i] else 2
-    if args[i : i + 1] == ["train"] and args[i + 1 : i + 2] in (["serve"], ["watch"]):
+    if args[i : i + 1] == ["train"] and args[i + 1 : i + 2] in (["serve"], ["watch"], ["submit"]):
         args[i] = "trainer"
     app(args, prog_name="robotloop")
 

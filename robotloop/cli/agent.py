@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, get_args
 
 import typer
 from rich.console import Console
@@ -34,6 +34,9 @@ def agent(
     from ..agent import make_agent
 
     settings = ctx.obj
+    providers = get_args(type(settings.agent).model_fields["provider"].annotation)  # the config's one list
+    if provider is not None and provider not in providers:
+        raise typer.BadParameter(f"{provider!r}: choose one of {', '.join(providers)}", param_hint="--provider")
     try:
         overrides = {k: v for k, v in {"provider": provider, "model_id": model_id, "base_url": base_url}.items() if v}
         settings = settings.model_copy(

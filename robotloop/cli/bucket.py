@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -9,8 +10,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from services.bucket import BucketOptions
+from services.options import serve_command
+
+from ..config import load_settings
 from ..storage import BadBucketUrl, BucketUrl, Entry, NotFound, connect
-from .output import fail
+from .output import JsonOutput, fail, print_json, show
 
 app = typer.Typer(no_args_is_help=True, help="Work with Xet storage buckets (hf://buckets/<ns>/<bucket>/<path>).")
 console = Console()
@@ -41,6 +46,43 @@ def create(
     except NotFound:
         client.create_bucket(root, private=not public)
     console.print(f"created {root} ({'public' if public else 'private'})")
+
+
+@app.command("list")
+def list_buckets(
+    ctx: typer.Context,
+    namespace: Annotated[str, typer.Argument(help="A namespace (user or organization), e.g. lab.")],
+    as_json: JsonOutput = False,
+) -> None:
+    """The buckets of a namespace: size, files, private or public."""
+    buckets = connect(ctx.obj).list_buckets(namespace.removeprefix("hf://buckets/").strip("/"))
+    if as_json:
+        return print_json(buckets)
+    table = Table("bucket", "files", "size", "access", box=None)
+    for b in buckets:
+        table.add_row(f"hf://buckets/{b['id']}", f"{b['total_files']:,}", f"{b['size']:,}", _access(b["private"]))
+    console.print(table if buckets else f"no buckets in {namespace}")
+
+
+def _access(private: bool) -> str:
+    return "private" if private else "public"
+
+
+@app.command()
+def delete(
+    ctx: typer.Context,
+    url: Annotated[str, typer.Argument(help="hf://buckets/<namespace>/<bucket>")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask: delete it and every file in it.")] = False,
+) -> None:
+    """Delete a bucket and every file in it, for good (asks first unless --yes)."""
+    target = _url(url)
+    if target.path:
+        raise typer.BadParameter(f"{url}: a bucket, not a path in one (files: robotloop bucket rm)", param_hint="URL")
+    root = BucketUrl(target.bucket_id, "")
+    if not yes and not typer.confirm(f"delete {root} and every file in it, for good?"):
+        raise typer.Exit(1)
+    connect(ctx.obj).delete_bucket(root)
+    console.print(f"deleted {root}")
 
 
 @app.command()
@@ -128,7 +170,7 @@ def scrub(root: Annotated[Path, typer.Option(help="The bucket server's data root
     from ..storage.server.files import scrub_root
 
     if not (root / "cas" / "index.sqlite").is_file():
-        raise fail(ValueError(f"{root}: not a bucket server's data root (no cas/index.sqlite)"))
+        raise fail(f"{root}: not a bucket server's data root (no cas/index.sqlite)")
     report = scrub_root(root)
     console.print(f"checked {report['xorbs']} xorbs and {report['shards']} shards under {root}")
     for item in report["damaged"]:
@@ -142,18 +184,72 @@ def scrub(root: Annotated[Path, typer.Option(help="The bucket server's data root
     console.print("nothing damaged")
 
 
-@app.command()
-def serve(
-    root: Annotated[Path, typer.Option(help="Data root (xorbs, shards, index).")] = Path("buckets"),
-    host: Annotated[
-        str, typer.Option(help="Address to listen on (anything but loopback needs --tokens).")
-    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8750,
-    tokens: Annotated[
-        Path | None, typer.Option(help="Tokens file: '<token> <read|write> <namespace|*>' per line.")
-    ] = None,
-) -> None:
-    """Run the Hub-compatible Xet bucket server."""
-    from services.bucket.app import serve as run_server
+app.command("serve")(serve_command(BucketOptions, "services.bucket.app", fail))
 
-    run_server(root, host, port, tokens)
+
+server_app = typer.Typer(
+    no_args_is_help=True,
+    help="The embedded bucket server (what commands start on localhost when no endpoint is configured): "
+    "see it, start it, stop it, and the environment other tools (hf, lerobot, curl) need to reach it.",
+)
+app.add_typer(server_app, name="server")
+
+
+def _embedded_root(ctx: typer.Context) -> Path:
+    return (ctx.obj or load_settings()).storage.embedded_root
+
+
+def _server_state(root: Path, server) -> dict:
+    return {
+        "running": server is not None,
+        "endpoint": server.endpoint if server else None,
+        "pid": server.pid if server else None,
+        "root": str(root),
+        "log": str(root / "server.log"),
+    }
+
+
+def _server_text(state: dict) -> str:
+    if not state["running"]:
+        return f"not running (data root {state['root']}; any robotloop command starts it)"
+    return f"running at {state['endpoint']} (pid {state['pid']}), data root {state['root']}, log {state['log']}"
+
+
+@server_app.command("status")
+def server_status(ctx: typer.Context, as_json: JsonOutput = False) -> None:
+    """Whether the embedded server runs, where, and its data root and log."""
+    from ..storage.embedded import embedded_server
+
+    root = _embedded_root(ctx)
+    show(_server_state(root, embedded_server(root)), as_json, _server_text)
+
+
+@server_app.command("start")
+def server_start(ctx: typer.Context, as_json: JsonOutput = False) -> None:
+    """Start the embedded server (or find the one running); it keeps running after this command."""
+    from ..storage.embedded import ensure_embedded_server
+
+    root = _embedded_root(ctx)
+    server = ensure_embedded_server(root)
+    show(_server_state(root, server), as_json, _server_text)
+
+
+@server_app.command("stop")
+def server_stop(ctx: typer.Context) -> None:
+    """Stop the embedded server; the next command that needs it starts it again."""
+    from ..storage.embedded import stop_embedded_server
+
+    stopped = stop_embedded_server(_embedded_root(ctx))
+    console.print("stopped" if stopped else "not running")
+
+
+@server_app.command("env")
+def server_env(ctx: typer.Context) -> None:
+    """Print `export HF_ENDPOINT=... HF_TOKEN=...` for the embedded server (started if it is not running), so hf,
+    lerobot (`repo_type="bucket"`) and curl reach it: `eval "$(robotloop bucket server env)"`. The token is the
+    local write token (in `<root>/tokens`, mode 0600): keep it to this machine."""
+    from ..storage.embedded import ensure_embedded_server
+
+    server = ensure_embedded_server(_embedded_root(ctx))
+    print(f"export HF_ENDPOINT={shlex.quote(server.endpoint)}")
+    print(f"export HF_TOKEN={shlex.quote(server.token)}")

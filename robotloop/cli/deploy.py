@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Annotated
@@ -11,14 +10,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from services.deploy import DeployOptions
+from services.options import serve_command
+
 from ..config import Settings, load_settings
+from .output import JsonOutput, fail, print_json, show
 
 app = typer.Typer(no_args_is_help=True, help="Ship checkpoints to robots: signed releases, channels, rollbacks.")
 console = Console()
 
-TRUSTED_HELP = (
-    "Accept only releases signed by these public keys (robots check regardless). Default: deploy.trusted_keys."
-)
 DeployUrl = Annotated[str | None, typer.Option("--deploy-url", help="Deploy service. Default: deploy.url.")]
 DeployToken = Annotated[
     str | None, typer.Option("--deploy-token", help="Operator token. Default: deploy.token (ROBOTLOOP_DEPLOY__TOKEN).")
@@ -43,34 +43,17 @@ def keygen(
 ) -> None:
     """Make an ed25519 deploy key: the private key file (0600) and, beside it, the public key with the suffix .pub
     (deploy.key -> deploy.pub): copy that one to robots' trusted keys."""
-    from ..deploy.keys import generate_keypair, public_path
+    from ..deploy.keys import KeyExists, generate_keypair, public_path
 
     key = key or _settings(ctx).deploy.key_file
-    key_id = generate_keypair(key, overwrite=force)
+    try:
+        key_id = generate_keypair(key, overwrite=force)
+    except KeyExists as error:  # the CLI's own words for the way out: its flag, not the library's argument
+        raise fail(f"{error}: pass --force to replace it (releases it signed stop verifying)") from None
     console.print(f"deploy key {key_id}: private {key}, public {public_path(key)}")
 
 
-@app.command()
-def serve(
-    ctx: typer.Context,
-    host: Annotated[str | None, typer.Option(help="Listen address. Default: deploy.host (127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port. Default: deploy.port (8780).")] = None,
-    tokens: Annotated[Path | None, typer.Option(help="Operator tokens: '<token> <read|write> *' per line.")] = None,
-    db: Annotated[Path | None, typer.Option(help="SQLite state. Default: deploy.db.")] = None,
-    trusted_key: Annotated[list[Path] | None, typer.Option(help=TRUSTED_HELP)] = None,
-    allow_any_signer: Annotated[
-        bool | None,
-        typer.Option(
-            "--allow-any-signer",
-            help="Without --trusted-key: register releases signed by any key "
-            "(robots still verify). Default: refuse to start without trusted keys.",
-        ),
-    ] = None,
-) -> None:
-    """Serve the deploy service until interrupted."""
-    from services.deploy.app import serve as run  # FastAPI/uvicorn only when serving
-
-    run(_settings(ctx), tokens, db, host, port, trusted_key, allow_any_signer)
+app.command("serve")(serve_command(DeployOptions, "services.deploy.app", fail))
 
 
 @app.command()
@@ -89,6 +72,7 @@ def publish(
     ] = True,
     deploy_url: DeployUrl = None,
     deploy_token: DeployToken = None,
+    as_json: JsonOutput = False,
 ) -> None:
     """Sign a release manifest of a checkpoint, store it in the bucket and register it with the deploy service."""
     from ..deploy.keys import load_private_key
@@ -101,9 +85,21 @@ def publish(
     deploy = _client(ctx, deploy_url, deploy_token) if register else None
     signed = run(connect(settings), checkpoint, name, signer, deploy, channel)
     m = signed.manifest
-    console.print(
-        f"release {m.name}: {len(m.files)} files, {m.total_bytes / 1e6:.1f} MB, signed by {signed.key_id}, "
-        f"manifest {manifest_url(m.bucket, m.name)}" + (f", channel {channel}" if channel else "")
+    result = {
+        "release": m.name,
+        "files": len(m.files),
+        "bytes": m.total_bytes,
+        "key_id": signed.key_id,
+        "manifest": str(manifest_url(m.bucket, m.name)),
+        "channel": channel,
+    }
+    show(
+        result,
+        as_json,
+        lambda r: (
+            f"release {r['release']}: {r['files']} files, {r['bytes'] / 1e6:.1f} MB, signed by {r['key_id']}, "
+            f"manifest {r['manifest']}" + (f", channel {r['channel']}" if r["channel"] else "")
+        ),
     )
 
 
@@ -115,9 +111,11 @@ def promote(
     reason: Annotated[str, typer.Option(help="Recorded in the history.")] = "",
     deploy_url: DeployUrl = None,
     deploy_token: DeployToken = None,
+    as_json: JsonOutput = False,
 ) -> None:
     """Point a channel at a release; robots on that channel pick it up within one long-poll."""
-    _run(ctx, deploy_url, deploy_token, lambda c: c.promote(channel, release, reason))
+    result = _client(ctx, deploy_url, deploy_token).promote(channel, release, reason)
+    show(result, as_json, lambda r: f"channel {r['channel']} -> {r['release']} (was {r['previous'] or '-'})")
 
 
 @app.command()
@@ -128,16 +126,17 @@ def rollback(
     reason: Annotated[str, typer.Option(help="Recorded in the history.")] = "",
     deploy_url: DeployUrl = None,
     deploy_token: DeployToken = None,
+    as_json: JsonOutput = False,
 ) -> None:
     """Roll a channel (or one robot) back to the release before the current one."""
     if (channel is None) == (robot is None):
         raise typer.BadParameter("give exactly one of --channel or --robot")
-    _run(
-        ctx,
-        deploy_url,
-        deploy_token,
-        lambda c: c.rollback_channel(channel, reason) if channel else c.rollback_robot(robot, reason),
-    )
+    client = _client(ctx, deploy_url, deploy_token)
+    if channel:
+        result = client.rollback_channel(channel, reason)
+        show(result, as_json, lambda r: f"channel {r['channel']} -> {r['release']} (was {r['previous'] or '-'})")
+    else:
+        show(_assignment(client.rollback_robot(robot, reason)), as_json, _assignment_text)
 
 
 @app.command()
@@ -148,9 +147,18 @@ def register(
     rotate: Annotated[bool, typer.Option(help="Issue a new token to a registered robot (the old one stops).")] = False,
     deploy_url: DeployUrl = None,
     deploy_token: DeployToken = None,
+    as_json: JsonOutput = False,
 ) -> None:
     """Register a robot; prints its token once (give it to the robot as ROBOTLOOP_ROBOT__TOKEN)."""
-    _run(ctx, deploy_url, deploy_token, lambda c: {"robot": robot, "token": c.register_robot(robot, channel, rotate)})
+    token = _client(ctx, deploy_url, deploy_token).register_robot(robot, channel, rotate)
+    show(
+        {"robot": robot, "channel": channel, "token": token},
+        as_json,
+        lambda r: (
+            f"robot {r['robot']} follows {r['channel']}. Its token, shown once (give it to the robot as "
+            f"ROBOTLOOP_ROBOT__TOKEN):\n{r['token']}"
+        ),
+    )
 
 
 @app.command()
@@ -162,16 +170,22 @@ def assign(
     unpin: Annotated[bool, typer.Option(help="Follow the channel again.")] = False,
     deploy_url: DeployUrl = None,
     deploy_token: DeployToken = None,
+    as_json: JsonOutput = False,
 ) -> None:
     """Move a robot to a channel, or pin it to a release."""
-    _run(ctx, deploy_url, deploy_token, lambda c: c.assign(robot, channel, release, unpin))
+    result = _client(ctx, deploy_url, deploy_token).assign(robot, channel, release, unpin)
+    show(_assignment(result), as_json, _assignment_text)
 
 
 @app.command()
-def status(ctx: typer.Context, deploy_url: DeployUrl = None, deploy_token: DeployToken = None) -> None:
+def status(
+    ctx: typer.Context, deploy_url: DeployUrl = None, deploy_token: DeployToken = None, as_json: JsonOutput = False
+) -> None:
     """Channels and robots: what each is assigned, what it runs, its control rate and health."""
     client = _client(ctx, deploy_url, deploy_token)
     state = client.status()
+    if as_json:
+        return print_json(state)
     console.print("channels: " + ", ".join(f"{k} -> {v or '-'}" for k, v in state["channels"].items()))
     table = Table("robot", "channel", "assigned", "running", "Hz", "health", "last seen")
     for r in state["robots"]:
@@ -196,10 +210,14 @@ def history(
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
     deploy_url: DeployUrl = None,
     deploy_token: DeployToken = None,
+    as_json: JsonOutput = False,
 ) -> None:
     """Publishes, promotions, swaps, rollbacks (with reasons), newest first."""
     client = _client(ctx, deploy_url, deploy_token)
-    for e in client.history(robot, channel, limit):
+    events = client.history(robot, channel, limit)
+    if as_json:
+        return print_json(events)
+    for e in events:
         who = e["robot"] or e["channel"] or ""
         console.print(
             f"{_when(e['at'])} {e['kind']:<16} {who:<10} {e['release'] or '-'} (was {e['previous'] or '-'}) "
@@ -217,6 +235,11 @@ def _health(health: dict | None) -> str:
     )
 
 
-def _run(ctx: typer.Context, url: str | None, token: str | None, fn) -> None:
-    client = _client(ctx, url, token)
-    console.print_json(json.dumps(fn(client)))
+def _assignment(a: dict) -> dict:
+    """An assignment without its signed manifest (thousands of lines; `robotloop deploy` shows releases by name)."""
+    return {k: v for k, v in a.items() if k != "manifest"}
+
+
+def _assignment_text(a: dict) -> str:
+    pinned = f"pinned to {a['release']}" if a.get("pinned") else f"runs its release {a.get('release') or '-'}"
+    return f"robot {a['robot']} follows {a['channel']}, {pinned}"

@@ -55,7 +55,8 @@ def eval_policy(
     device: Annotated[str, typer.Option(help="auto (cuda when there is a GPU, else cpu), cpu or cuda.")] = "auto",
 ) -> None:
     """Evaluate a trained policy in the ALOHA sim: episodes run in parallel, seeded, with rollout videos."""
-    from ..deploy.evaluate import evaluate, resolve_policy_for
+    from ..deploy.evaluate import evaluate
+    from ..deploy.resolve import locate_policy_for
     from ..sim.env import parse_image_size
     from ..sim.tasks import get_task
     from ..train.device import resolve_device
@@ -69,7 +70,8 @@ def eval_policy(
     except BadInput:
         raise typer.BadParameter(f"{image_size!r}: expected HxW, e.g. 480x640", param_hint="--image-size") from None
     out = output_dir or Path("outputs/eval") / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{sim}"
-    local = resolve_policy_for(ctx.obj, policy)
+    found = locate_policy_for(ctx.obj, policy)
+    console.print(f"policy: {found.checkpoint}")  # the step a run's "latest" is at now
     with Progress(
         TextColumn("evaluating"),
         BarColumn(),
@@ -86,7 +88,7 @@ def eval_policy(
             bars.update(bar, advance=1, note=f"{sum(done)}/{len(done)} solved")
 
         report = evaluate(
-            local,
+            found.path,
             sim,
             episodes,
             workers,
@@ -98,6 +100,7 @@ def eval_policy(
             device=resolve_device(device),
             on_episode=on_episode,
             source=policy,
+            checkpoint=found.checkpoint,
         )
     console.print(_episode_table(report))
     lo, hi = report.success_ci95

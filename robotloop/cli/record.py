@@ -11,20 +11,22 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..capture import DatasetRecorder, DatasetSpec
 from ..capture.sim_record import TASK_TEXT, record_sim
 from ..errors import BadInput
+from ..sim.constants import parse_image_size
 from ..storage import BadBucketUrl, BucketUrl, connect
 from .output import fail, quiet_encoders
 
 console = Console()
+CAMERAS_HELP = (
+    "LeRobot's --robot.cameras, e.g. '{front: {type: opencv, index_or_path: 0, width: 640, height: 480, fps: 30}}'."
+)
 
 
 def _image_size(text: str) -> tuple[int, int]:
+    """--image-size through the sim's parser (the one rule for image sizes), as a CLI error."""
     try:
-        h, w = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise typer.BadParameter(f"{text!r}: expected HxW, e.g. 480x640", param_hint="--image-size") from None
-    if h < 8 or w < 8:
-        raise typer.BadParameter(f"{text!r}: images must be at least 8x8", param_hint="--image-size")
-    return h, w
+        return parse_image_size(text)
+    except BadInput as error:
+        raise typer.BadParameter(str(error), param_hint="--image-size") from None
 
 
 def record(
@@ -45,6 +47,7 @@ def record(
     ] = None,
     robot_port: Annotated[str | None, typer.Option("--robot.port")] = None,
     robot_id: Annotated[str | None, typer.Option("--robot.id")] = None,
+    robot_cameras: Annotated[str | None, typer.Option("--robot.cameras", help=CAMERAS_HELP)] = None,
     teleop_type: Annotated[str | None, typer.Option("--teleop.type", help="LeRobot teleoperator type.")] = None,
     teleop_port: Annotated[str | None, typer.Option("--teleop.port")] = None,
     teleop_id: Annotated[str | None, typer.Option("--teleop.id")] = None,
@@ -67,6 +70,7 @@ def record(
             robot_type,
             robot_port,
             robot_id,
+            robot_cameras,
             teleop_type,
             teleop_port,
             teleop_id,
@@ -139,6 +143,7 @@ def _record_hardware(
     robot_type,
     robot_port,
     robot_id,
+    robot_cameras,
     teleop_type,
     teleop_port,
     teleop_id,
@@ -153,10 +158,15 @@ def _record_hardware(
         raise typer.BadParameter("hardware recording needs --teleop.type and --task")
     try:
         url = BucketUrl.parse(to)
-        robot = make_hardware("robot", robot_type, robot_port, robot_id)
+        robot = make_hardware("robot", robot_type, robot_port, robot_id, robot_cameras)
         teleop = make_hardware("teleop", teleop_type, teleop_port, teleop_id)
     except (BadInput, ImportError) as error:  # ImportError: lerobot's hardware extras are not installed
         raise typer.BadParameter(str(error)) from None
+    if not robot_spec(robot, fps, codec).cameras:
+        console.print(
+            "[yellow]note:[/yellow] no cameras: the dataset will hold joint states only, which ACT cannot train on "
+            "(add --robot.cameras)"
+        )
     robot.connect()
     teleop.connect()
     try:

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from ..config import load_settings
 from ..errors import BadInput
-from .record import _image_size
+from .record import CAMERAS_HELP, _image_size
 
 app = typer.Typer(no_args_is_help=True, help="The robot side: run released policies, hot-swap and roll back.")
 console = Console()
@@ -42,6 +42,7 @@ def run(
     robot_type: Annotated[str | None, typer.Option("--robot.type", help="LeRobot robot type (hardware).")] = None,
     robot_port: Annotated[str | None, typer.Option("--robot.port")] = None,
     robot_hw_id: Annotated[str | None, typer.Option("--robot.id", help="LeRobot calibration id.")] = None,
+    robot_cameras: Annotated[str | None, typer.Option("--robot.cameras", help=CAMERAS_HELP)] = None,
     fps: Annotated[float, typer.Option(min=1, help="Hardware: control rate.")] = 30.0,
     episode_time_s: Annotated[float, typer.Option(min=0.1, help="Hardware: seconds per episode.")] = 30.0,
     duration_s: Annotated[
@@ -55,7 +56,7 @@ def run(
     from ..deploy.keys import load_public_keys
     from ..deploy.runtime import RobotRuntime
     from ..deploy.store import ReleaseStore
-    from ..storage import resolve_endpoint
+    from ..storage import ensure_endpoint
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     settings = ctx.obj or load_settings()
@@ -69,8 +70,8 @@ def run(
     deploy = DeployClient(
         deploy_url or settings.deploy.client_url, token or (cfg.token.get_secret_value() if cfg.token else None)
     )
-    endpoint, storage_token = resolve_endpoint(settings)
-    env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fps, episode_time_s)
+    endpoint, storage_token = ensure_endpoint(settings)
+    env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, robot_cameras, fps, episode_time_s)
     options = cfg.model_copy(update={"robot_id": robot_id, "device": device or cfg.device})
     runtime = RobotRuntime(
         env,
@@ -90,13 +91,14 @@ def run(
         env.close()
     pulled = sum(p.bytes_fetched for p in stats.pulls) / 1e6
     console.print(
-        f"ran {stats.steps} steps, {len(stats.episodes)} whole episodes; pulled {pulled:.1f} MB; swaps "
+        f"ran {stats.steps} steps ({_rate(stats.control_hz, env.rate_hz)}), {len(stats.episodes)} whole episodes; "
+        f"pulled {pulled:.1f} MB; swaps "
         f"{len(stats.swaps)}, rollbacks {len(stats.rollbacks)}, refused {len(stats.refused)}; running "
         f"{runtime.running or 'no release (none was assigned, or none could run)'}"
     )
 
 
-def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fps, episode_time_s):
+def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, robot_cameras, fps, episode_time_s):
     from ..deploy.envs import HardwareControlEnv, SimControlEnv
 
     if sim:
@@ -107,8 +109,12 @@ def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, fp
     from ..capture.robot_record import make_hardware
 
     try:
-        robot = make_hardware("robot", robot_type, robot_port, robot_hw_id)
+        robot = make_hardware("robot", robot_type, robot_port, robot_hw_id, robot_cameras)
     except BadInput as error:
         raise typer.BadParameter(str(error), param_hint="--robot.type") from None
     robot.connect()
     return HardwareControlEnv(robot, fps, episode_time_s)
+
+
+def _rate(reached: float | None, target: float) -> str:
+    return f"{reached:.1f} Hz of {target:g}" if reached is not None else f"target {target:g} Hz"

@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from services.options import serve_command
+from services.trainer import TrainerOptions
+
 from ..config import Settings, load_settings
 from ..errors import RobotloopError
-from .output import fail
+from ..options import typer_command
+from ..train.jobs import JobSpec
+from .output import JsonOutput, fail, show
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -22,21 +26,30 @@ app = typer.Typer(
 console = Console()
 
 
-@app.command()
-def serve(
-    ctx: typer.Context,
-    host: Annotated[str | None, typer.Option(help="Listen address. Default: trainer.host (127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option(min=0, max=65535, help="Port. Default: trainer.port (8770).")] = None,
-    tokens: Annotated[
-        Path | None, typer.Option(help="Caller tokens: '<token> <read|write> <namespace|*>' per line.")
-    ] = None,
-    root: Annotated[Path | None, typer.Option(help="Job directories (log, progress). Default: trainer.root.")] = None,
-) -> None:
-    """Serve until interrupted; jobs use the storage endpoint and token (--endpoint/--token, ROBOTLOOP_STORAGE__*)."""
-    from services.trainer.app import serve as run  # the service pulls in FastAPI/uvicorn: only when serving
+app.command("serve")(serve_command(TrainerOptions, "services.trainer.app", fail))
 
-    settings: Settings = ctx.obj or load_settings()  # set by the `robotloop` callback (--endpoint, --token)
-    run(settings, tokens, root, host, port)
+TOKEN_HELP = "A write token of the service. Default: trainer.token (ROBOTLOOP_TRAINER__TOKEN), else asked."
+URL_HELP = "The training service. Default: trainer.url, else http://trainer.host:trainer.port."
+
+
+@app.command()
+@typer_command(JobSpec, param="spec")
+def submit(
+    ctx: typer.Context,
+    spec: JobSpec,
+    *,
+    service_token: Annotated[str | None, typer.Option("--trainer-token", "--service-token", help=TOKEN_HELP)] = None,
+    url: Annotated[str | None, typer.Option("--trainer-url", "--url", help=URL_HELP)] = None,
+    watch_it: Annotated[bool, typer.Option("--watch", help="Then show its progress until it ends.")] = False,
+    as_json: JsonOutput = False,
+) -> None:
+    """Submit a training job to the training service (the options are `robotloop train`'s, the job spec's own):
+    prints the job's id; `robotloop trainer watch ID` follows it."""
+    client = _client(ctx, url, service_token)
+    state = client.submit(spec.model_dump(mode="json", exclude_none=True) | _secret(spec))
+    show(state, as_json, lambda s: f"job {s['id']} {s['status']}: {s['spec']['steps']} steps to {s['spec']['output']}")
+    if watch_it:
+        _watch(client, state["id"], 1.0)
 
 
 @app.command()
@@ -62,12 +75,24 @@ def watch(
     every_s: Annotated[float, typer.Option(min=0.1, help="Seconds between polls.")] = 1.0,
 ) -> None:
     """Show a job's progress bar until it ends; exit 0 only if it succeeded."""
+    _watch(_client(ctx, url, service_token), job_id, every_s)
+
+
+def _client(ctx: typer.Context, url: str | None, service_token: str | None):
     from ..train.client import TrainerClient
 
     settings: Settings = ctx.obj or load_settings()
     if not (service_token or settings.trainer.token):
         service_token = typer.prompt("Service token", hide_input=True)
-    client = TrainerClient.from_settings(settings, url, service_token)
+    return TrainerClient.from_settings(settings, url, service_token)
+
+
+def _secret(spec: JobSpec) -> dict:
+    """The storage token, which model_dump masks, when the submitter gave one."""
+    return {"storage_token": spec.storage_token.get_secret_value()} if spec.storage_token else {}
+
+
+def _watch(client, job_id: str, every_s: float) -> None:
     with Progress(
         TextColumn("{task.fields[status]}"),
         BarColumn(),

@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import math
@@ -35,10 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import Settings
 from ..errors import BadValue
-from ..storage import BadBucketUrl, BucketClient, BucketUrl, connect, private_dir
-from .errors import PolicyLoadError
 from .runner import PolicyRunner
 
 DEFAULT_SEED = 1000  # lerobot-eval's default start seed
@@ -73,6 +69,7 @@ class EvalReport:
     episodes: list[EpisodeResult] = field(default_factory=list)
     wall_s: float = 0.0
     source: str | None = None  # what the policy was resolved from (a bucket URL), when not `policy` itself
+    checkpoint: str | None = None  # the checkpoint that was (a run's "latest" resolved to a step; a release name)
     inference: dict | None = None  # how the policy acted: n_action_steps, temporal_ensemble_coeff
 
     @property
@@ -254,6 +251,7 @@ def evaluate(
     device: str = "cpu",
     on_episode: Callable[[EpisodeResult], None] | None = None,
     source: str | None = None,
+    checkpoint: str | None = None,
     inference: dict | None = None,
     threads_per_worker: int | None = None,
 ) -> EvalReport:
@@ -267,7 +265,8 @@ def evaluate(
         videos: record the first `videos` episodes as mp4 under `output_dir/videos/`.
         output_dir: where videos and `eval_report.json` go; None writes nothing.
         on_episode: called in this process as each episode finishes (progress bars).
-        source: recorded in the report: where `policy_dir` came from (e.g. the checkpoint's bucket URL).
+        source: recorded in the report: where `policy_dir` came from (e.g. the run's bucket URL).
+        checkpoint: for the report: the checkpoint `policy_dir` is (`robotloop.deploy.resolve.ResolvedPolicy`).
         inference: overrides of how the policy acts (`PolicyRunner.load`), e.g. temporal ensembling; in the report.
         threads_per_worker: torch threads of each worker (default: the cores shared out among `workers`; less when
             other evaluations run beside this one).
@@ -306,7 +305,15 @@ def evaluate(
         inference,
     )
     report = EvalReport(
-        str(policy_dir), spec.name, seed, steps, trained, workers, source=source, inference=_acting(runner)
+        str(policy_dir),
+        spec.name,
+        seed,
+        steps,
+        trained,
+        workers,
+        source=source,
+        checkpoint=checkpoint,
+        inference=_acting(runner),
     )
     start = time.perf_counter()
     args = [(i, seed + i, i < videos) for i in range(episodes)]
@@ -362,133 +369,8 @@ def _fmt(size: tuple[int, int] | None) -> str:
 
 
 # -- resolving --policy --------------------------------------------------------------------------------
-def resolve_policy(
-    spec: str,
-    client_factory: Callable[[], BucketClient] | None = None,
-    cache_dir: Path | None = None,
-    release_resolver: Callable[[str], Path] | None = None,
-) -> Path:
-    """Turn `--policy` into a local LeRobot `pretrained_model` directory.
-
-    Accepted:
-        - a local `pretrained_model` dir, a checkpoint dir (`.../checkpoints/<step>`), or a run dir (the
-          step named in `checkpoints/last.json`);
-        - a bucket URL of the same three kinds: `hf://buckets/<ns>/<b>/models/<run>[/checkpoints/<step>]`,
-          downloaded through `robotloop.storage` (the read cache makes a second download free).
-    Anything else is a release name, handed to `release_resolver` (the CLI passes one that pulls the release
-    through the deploy service and verifies it as a robot would: `robotloop.deploy.store.pull_release`).
-
-    Args:
-        client_factory: makes the BucketClient (called only for URLs), e.g. `lambda: connect(settings)`.
-        cache_dir: where downloaded checkpoints go (default: robotloop's cache dir).
-
-    Raises:
-        PolicyLoadError: nothing there, no complete checkpoint in the run, or not a policy at all.
-    """
-    if spec.startswith("hf://"):
-        return _resolve_bucket(spec, client_factory, cache_dir)
-    local = Path(spec).expanduser()
-    if local.exists():
-        return _resolve_local(local)
-    if "/" in spec or spec.startswith(("~", ".")):  # release names have no slashes: a path that is not there
-        raise PolicyLoadError(
-            f"{spec}: no such directory (a policy is a local checkpoint folder, a bucket URL "
-            "hf://buckets/..., or a release name)"
-        )
-    return (release_resolver or resolve_release)(spec)
-
-
-def resolve_policy_for(settings: Settings, spec: str, client_factory: Callable[[], BucketClient] | None = None) -> Path:
-    """`resolve_policy` with robotloop's settings, what the CLI and the agent's tool use: downloads under the cache
-    dir, release names pulled through the deploy service and verified (`pull_release_for`).
-
-    Raises:
-        PolicyLoadError, and for release names DeployError / BadSignature / IntegrityError.
-    """
-    return resolve_policy(
-        spec,
-        client_factory or (lambda: connect(settings)),
-        settings.storage.cache_dir.parent / "policies",
-        release_resolver=lambda name: pull_release_for(settings, name),
-    )
-
-
-def pull_release_for(settings: Settings, name: str) -> Path:
-    """Release `name` pulled through the deploy service (deploy.url, deploy.token) and verified as robots do, with
-    the keys robots trust (robot.trusted_keys, deploy.trusted_keys, else the deploy key's public half).
-
-    Raises:
-        PolicyLoadError: no trusted keys configured. DeployError, BadSignature, IntegrityError: see `pull_release`.
-    """
-    from ..storage import resolve_endpoint
-    from .client import DeployClient
-    from .fetch import XetFetcher
-    from .keys import load_public_keys, public_path
-    from .store import ReleaseStore, pull_release
-
-    keys = settings.robot.trusted_keys or settings.deploy.trusted_keys
-    if not keys and public_path(settings.deploy.key_file).exists():
-        keys = [public_path(settings.deploy.key_file)]
-    if not keys:
-        raise PolicyLoadError(
-            f"{name!r}: to evaluate a release, configure the keys that sign releases (robot.trusted_keys)"
-        )
-    endpoint, storage_token = resolve_endpoint(settings)
-    store = ReleaseStore(settings.storage.cache_dir.parent / "eval-releases")
-    return pull_release(
-        name,
-        DeployClient.from_settings(settings),
-        lambda b: XetFetcher(endpoint, storage_token, b),
-        load_public_keys(keys),
-        store,
-    )
-
-
-def resolve_release(name: str) -> Path:
-    """Without a deploy service to ask, a name that is not a path or URL cannot be resolved.
-
-    Raises:
-        PolicyLoadError: always.
-    """
-    raise PolicyLoadError(
-        f"{name!r} is neither a local checkpoint directory, an hf://buckets/... URL, nor (with no deploy service "
-        "configured) a release name"
-    )
-
-
-def _resolve_local(path: Path) -> Path:
-    from ..train.layout import STEP_DIR
-
-    if (path / "config.json").is_file():
-        return path
-    if (path / "pretrained_model").is_dir():
-        return path / "pretrained_model"
-    last = path / "checkpoints" / "last.json"
-    if last.is_file():
-        step = json.loads(last.read_text())["step"]
-        return path / "checkpoints" / STEP_DIR.format(step) / "pretrained_model"
-    raise PolicyLoadError(f"{path}: neither a pretrained_model directory, a checkpoint directory nor a run directory")
-
-
-def _resolve_bucket(spec: str, client_factory: Callable[[], BucketClient] | None, cache_dir: Path | None) -> Path:
-    from ..config import CACHE_HOME
-    from .publish import PublishError, resolve_checkpoint
-
-    try:
-        url = BucketUrl.parse(spec)
-    except BadBucketUrl as error:
-        raise PolicyLoadError(str(error)) from None
-    client = client_factory() if client_factory else connect()
-    try:
-        model = resolve_checkpoint(client, url) / "pretrained_model"
-    except PublishError as error:
-        raise PolicyLoadError(str(error)) from None
-    key = hashlib.sha256(f"{client.endpoint}|{model}".encode()).hexdigest()[:16]
-    dest = private_dir(cache_dir or CACHE_HOME / "policies") / key
-    if not client.download_tree(model, dest):
-        raise PolicyLoadError(f"{model}: no files there")
-    return dest
-
+# Policy resolution lives in robotloop.deploy.resolve; these names stay importable from here.
+from .resolve import pull_release_for, resolve_policy, resolve_policy_for, resolve_release  # noqa: E402
 
 __all__ = [
     "EpisodeResult",

@@ -32,18 +32,13 @@ class XetFetcher:
 
     def _stream_group(self):
         from huggingface_hub.utils import build_hf_headers
-        from huggingface_hub.utils._xet import (
-            XetTokenType,
-            get_xet_session,
-            xet_connection_info_refresh_url,
-        )
+
+        from ..compat import xet_refresh_url, xet_session
 
         if self._group is None:
-            refresh = xet_connection_info_refresh_url(
-                token_type=XetTokenType.READ, repo_id=self.bucket_id, repo_type="bucket", endpoint=self.endpoint
-            )
+            refresh = xet_refresh_url(self.bucket_id, self.endpoint, write=False)
             headers = build_hf_headers(token=self.token, library_name="robotloop")
-            self._group = get_xet_session().new_download_stream_group(
+            self._group = xet_session().new_download_stream_group(
                 token_refresh_url=refresh, token_refresh_headers=headers
             )
         return self._group

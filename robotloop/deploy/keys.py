@@ -73,7 +73,7 @@ def generate_keypair(private_path: Path, overwrite: bool = False) -> str:
     """
     private_path = Path(private_path)
     if private_path.exists() and not overwrite:
-        raise KeyExists(f"{private_path} exists; refusing to overwrite a deploy key (pass overwrite)")
+        raise KeyExists(f"{private_path} exists; refusing to overwrite a deploy key (a lost key is not recovered)")
     private_path.parent.mkdir(parents=True, exist_ok=True)
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())

@@ -351,7 +351,7 @@ class Registry:
 
     def rollback_robot(self, robot: str, by: str = "", reason: str = "") -> Assignment:
         """Pin a robot to the last release it ran before its current one, skipping releases it refused or rolled
-        back from by itself.
+        back from by itself, unless it ran them well later (the newest verdict on a release counts).
 
         Raises:
             RegistryNotFound: unknown robot, or it never ran an earlier good release.
@@ -362,9 +362,13 @@ class Registry:
             "('swap', 'rollback', 'refused') ORDER BY id DESC",
             (robot,),
         )
-        bad = {e["previous"] if e["kind"] == "rollback" else e["release"] for e in events if e["kind"] != "swap"}
+        good: dict[str | None, bool] = {}  # release -> its newest verdict (events come newest first)
+        for e in events:
+            if e["kind"] == "rollback":
+                good.setdefault(e["previous"], False)  # rolled back from it ...
+            good.setdefault(e["release"], e["kind"] != "refused")  # ... to a release it then ran
         ran = [e["release"] for e in events if e["kind"] in ("swap", "rollback")]
-        target = next((r for r in ran if r and r != current and r not in bad), None)
+        target = next((r for r in ran if r and r != current and good[r]), None)
         if target is None:
             what = f"before {current!r}" if current else "yet"
             raise RegistryNotFound(f"robot {robot!r} has not run a good release {what}: nothing to roll back to")

@@ -216,7 +216,8 @@ class PolicyRunner:
             if img.shape != (h, w, c) or img.dtype != np.uint8:
                 raise BadValue(
                     f"camera {cam!r}: the policy was trained on uint8 {h}x{w}x{c} images, got "
-                    f"{img.dtype} {'x'.join(map(str, img.shape))} (run the sim with image_size=({h}, {w}))"
+                    f"{img.dtype} {'x'.join(map(str, img.shape))} (the camera must give {h}x{w}: for the sim, "
+                    f"--image-size {h}x{w})"
                 )
             chw = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)
             batch[key] = (chw.to(torch.float32) / 255.0).unsqueeze(0).contiguous()
@@ -315,17 +316,10 @@ def make_tiny_checkpoint(
     from ..capture.recorder import DatasetSpec
     from ..sim.constants import START_ARM_POSE
     from ..sim.env import joint_state
-    from ..train.policy import ACTSettings, build_policy
+    from ..train.policy import TINY_ACT, ACTSettings, build_policy
 
     settings = settings or ACTSettings(
-        dim_model=64,
-        n_heads=4,
-        dim_feedforward=128,
-        n_encoder_layers=1,
-        n_vae_encoder_layers=1,
-        chunk_size=chunk_size,
-        n_action_steps=chunk_size,
-        dropout=0.0,
+        **{**TINY_ACT, "chunk_size": chunk_size, "n_action_steps": chunk_size, "dropout": 0.0}
     )
     torch.manual_seed(seed)
     start = joint_state(START_ARM_POSE).astype(np.float32)

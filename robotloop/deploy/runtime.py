@@ -7,8 +7,11 @@ Three threads:
 - updater: long-polls the deploy service for this robot's assignment; on a change it pulls the release into the
   local store (signature, then hashes, checked before anything is loaded; only missing bytes travel), verifies
   it again, loads it with `PolicyRunner.load` and runs one warm-up pass, then hands it to the control thread.
-- reporter: heartbeats (running release, control rate, longest tick gap, health) and swap/rollback/refused
-  events, so the control thread never waits on the network.
+- reporter (`Reporter`, in `robotloop.deploy.reporter`): heartbeats (running release, control rate, longest tick
+  gap, health) and swap/rollback/refused events, so the control thread never waits on the network.
+
+What the robot learns about each release (refused, skipped, failing to fetch, scored, the last good one) is kept
+in one `ReleaseLedger` (`robotloop.deploy.ledger`).
 
 Health check (plain): every finished episode gets a score, by default its highest staged sim reward (0-4 for
 ALOHA; 4 = success). A new release is on probation for its first `health_window` whole episodes (episodes that a
@@ -33,11 +36,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
-from collections import defaultdict, deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,7 +51,9 @@ from .client import DeployClient, DeployError
 from .envs import StepResult
 from .fetch import XetFetcher
 from .keys import BadSignature
+from .ledger import ReleaseLedger
 from .manifest import BadManifest, SignedManifest
+from .reporter import Reporter
 from .store import IntegrityError, PullCancelled, PullReport, ReleaseStore
 
 log = logging.getLogger(__name__)
@@ -71,6 +76,36 @@ def default_score(result: EpisodeResult) -> float | None:
 
 
 @dataclass
+class _EpisodeTally:
+    """The episode in progress: what its `EpisodeResult` will say."""
+
+    release: str | None
+    mixed: bool  # started with nothing to run, or a swap or rollback cut it in two: it counts for no release
+    steps: int = 0
+    max_reward: float | None = None
+    success: bool | None = None
+    jerk: float = 0.0  # sum of |a_t - a_{t-1}|
+    last: np.ndarray | None = None
+
+    def track(self, action: np.ndarray, result: StepResult) -> None:
+        self.steps += 1
+        if self.last is not None:
+            self.jerk += float(np.abs(action - self.last).mean())
+        self.last = np.array(action, copy=True)
+        if result.reward is not None:
+            self.max_reward = max(self.max_reward or 0.0, result.reward)
+            self.success = bool(self.success) or bool(result.success)
+
+    def result(self) -> EpisodeResult | None:
+        """The whole episode of one release; None for one that counts for no release."""
+        if self.mixed or self.release is None:
+            return None
+        return EpisodeResult(
+            self.release, self.steps, self.max_reward, self.success, self.jerk / max(1, self.steps - 1)
+        )
+
+
+@dataclass
 class _Loaded:
     release: str
     runner: Any  # PolicyRunner
@@ -89,9 +124,56 @@ class RuntimeStats:
     assigned_at: dict[str, float] = field(default_factory=dict)  # release -> monotonic time the assignment arrived
     ready_at: dict[str, float] = field(default_factory=dict)  # release -> loaded and warmed up, waiting to swap
     max_gap_s: float = 0.0  # longest interval between two actions within an episode
+    control_hz: float | None = None  # the rate actually reached over the last window (RateWatch)
+
+
+@dataclass
+class RateWatch:
+    """The control rate actually reached, over windows of `window_s` within an episode; warns (at most once a
+    minute) when it falls under 90% of the target: each tick (policy, robot I/O) takes longer than its period."""
+
+    target_hz: float
+    window_s: float = 5.0
+    last_hz: float | None = None
+    _t0: float = field(default_factory=time.monotonic)
+    _steps: int = 0
+    _warned_at: float = -math.inf
+
+    def restart(self) -> None:
+        """A new episode: its reset is not control time."""
+        self._t0, self._steps = time.monotonic(), 0
+
+    def tick(self) -> None:
+        self._steps += 1
+        now = time.monotonic()
+        if now - self._t0 < self.window_s:
+            return
+        self.last_hz = self._steps / (now - self._t0)
+        self._t0, self._steps = now, 0
+        if self.last_hz < 0.9 * self.target_hz and now - self._warned_at > 60.0:
+            self._warned_at = now
+            log.warning(
+                "control runs at %.1f Hz, under the %g Hz it should: a tick (policy step and robot I/O) takes "
+                "longer than its %.0f ms period",
+                self.last_hz,
+                self.target_hz,
+                1e3 / self.target_hz,
+            )
 
 
 class RobotRuntime:
+    """Runs the release assigned to one robot, and moves it to the next one safely (see the module docstring).
+
+    Owns the loaded policies (`_active` runs, `_standby` waits for a chunk boundary, `_previous` is the way back
+    while a new release is on probation), guarded by `_lock` for the swap; the `ledger` (what the robot knows
+    of each release: refused, skipped, failing to fetch, scored; `ReleaseLedger`); the `Reporter`, which sends
+    its events and heartbeats; and `stats`. `run()` starts and joins the updater and
+    reporter threads, and runs the control loop in the caller's thread.
+
+    Raises (on construction):
+        ValueError: `options.robot_id` is empty.
+    """
+
     def __init__(
         self,
         env: Any,
@@ -109,30 +191,14 @@ class RobotRuntime:
         self.stats = RuntimeStats()
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._state_lock = (
-            threading.RLock()
-        )  # _refused and runtime.json: changed by the updater, control, reporter threads
         self._active: _Loaded | None = None
         self._previous: _Loaded | None = None
         self._standby: _Loaded | None = None
         self._probation = False
         self._latest_obs: dict | None = None
-        # Events in the order they happened: one that fails to send stays at the front (the registry's history,
-        # and `rollback_robot` with it, read them in order).
-        self._outbox: deque[tuple[str, str | None, str | None, str]] = deque()
-        self._scores: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=options.health_window))
-        self._state_path = store.root / "runtime.json"
-        state = self._load_state()
-        self._refused: set[str] = set(state.get("refused", []))
-        self._last_good: str | None = state.get("last_good")  # runs at start, before the service answers
+        self.ledger = ReleaseLedger.load(store.root / "runtime.json", options.health_window)
+        self._reporter = Reporter(deploy, options, self.stats, self.ledger, self._snapshot, self._stop)
         self._fetchers: dict[str, XetFetcher] = {}
-        self._mismatched: set[str] = set()  # releases whose inputs do not fit this robot: skipped until a restart
-        self._unscored: dict[str, int] = defaultdict(int)  # finished episodes with no score, per release
-        self._integrity_failed: set[str] = set()  # releases whose bytes did not verify
-        self._failures: dict[str, int] = {}  # per release, preparations that failed and will be retried
-        self._fetch_errors: dict[
-            str, str
-        ] = {}  # per release not fetched yet: the last error, shown in heartbeats once (refused the second time)
 
     # -- public ----------------------------------------------------------------------------------------------
     @property
@@ -149,7 +215,7 @@ class RobotRuntime:
         """Run until `stop()` (or `duration_s`); starts and joins the updater and reporter threads."""
         threads = [
             threading.Thread(target=self._updater, name="robotloop-updater", daemon=True),
-            threading.Thread(target=self._reporter, name="robotloop-reporter", daemon=True),
+            threading.Thread(target=self._reporter.run, name="robotloop-reporter", daemon=True),
         ]
         self._resume_installed()
         for thread in threads:
@@ -165,12 +231,13 @@ class RobotRuntime:
     # -- control thread --------------------------------------------------------------------------------------
     def _control(self, deadline: float | None) -> None:
         period = 1.0 / self.env.rate_hz
+        rate = RateWatch(self.env.rate_hz)
         obs, episode = self._new_episode()
         tick, last_action = time.monotonic(), None
         while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
             swapped = self._maybe_swap(last_action)
             if swapped:
-                episode["mixed"] = True
+                episode.mixed = True
             active = self._active
             if active is None:  # nothing to run yet: hold still, keep the camera fresh for warm-ups
                 tick = _sleep_until(tick + period)
@@ -180,7 +247,7 @@ class RobotRuntime:
                 obs, result = self.env.step(action)  # ValueError: an action the robot cannot take (shape, NaN)
             except (RuntimeError, ValueError) as error:  # NonFiniteAction, or a policy that does not fit this robot
                 self._rollback(f"{type(error).__name__}: {error}")
-                episode["mixed"] = True
+                episode.mixed = True
                 continue
             now = time.monotonic()
             if last_action is not None:
@@ -190,66 +257,44 @@ class RobotRuntime:
             last_action = now
             self._latest_obs = obs
             self.stats.steps += 1
-            self._track(episode, action, result)
+            rate.tick()
+            self.stats.control_hz = rate.last_hz
+            episode.track(action, result)
             if result.done:
                 self._finish(episode)
                 obs, episode = self._new_episode()
                 last_action = None  # an episode reset is not a control gap
                 tick = time.monotonic()
+                rate.restart()
             tick = _sleep_until(tick + period)
 
-    def _new_episode(self) -> tuple[dict, dict]:
+    def _new_episode(self) -> tuple[dict, _EpisodeTally]:
         obs = self.env.reset()
         self._latest_obs = obs
         active = self._active
         if active is not None:
             active.runner.reset()
-        return obs, {
-            "release": active.release if active else None,
-            "steps": 0,
-            "max_reward": None,
-            "success": None,
-            "jerk": 0.0,
-            "last": None,
-            "mixed": active is None,
-        }
+        return obs, _EpisodeTally(active.release if active else None, mixed=active is None)
 
-    @staticmethod
-    def _track(episode: dict, action: np.ndarray, result: StepResult) -> None:
-        episode["steps"] += 1
-        if episode["last"] is not None:
-            episode["jerk"] += float(np.abs(action - episode["last"]).mean())
-        episode["last"] = np.array(action, copy=True)
-        if result.reward is not None:
-            episode["max_reward"] = max(episode["max_reward"] or 0.0, result.reward)
-            episode["success"] = bool(episode["success"]) or bool(result.success)
-
-    def _finish(self, episode: dict) -> None:
-        if episode["mixed"] or episode["release"] is None:
+    def _finish(self, episode: _EpisodeTally) -> None:
+        result = episode.result()
+        if result is None:
             return
-        result = EpisodeResult(
-            episode["release"],
-            episode["steps"],
-            episode["max_reward"],
-            episode["success"],
-            episode["jerk"] / max(1, episode["steps"] - 1),
-        )
         self.stats.episodes.append(result)
         score = self.score(result)
         if score is None:  # no reward (hardware): a release that ran its window of episodes has passed
-            self._unscored[result.release] += 1
-            ran_its_window = self._unscored[result.release] >= self.options.health_window
+            ran_its_window = self.ledger.unscored(result.release) >= self.options.health_window
             if self._probation and result.release == self.running and ran_its_window:
                 self._probation, self._previous = False, None
             return
-        self._scores[result.release].append(score)
+        self.ledger.scored(result.release, score)
         self._judge(result.release)
 
     def _judge(self, release: str) -> None:
         """End the probation of a new release: keep it, or roll back if it scores below the previous one."""
         if not self._probation or self._previous is None or release != self.running:
             return
-        mine, theirs = self._scores[release], self._scores.get(self._previous.release)
+        mine, theirs = self.ledger.scores[release], self.ledger.scores.get(self._previous.release)
         if len(mine) < self.options.health_window:
             return
         self._probation = False
@@ -289,9 +334,9 @@ class RobotRuntime:
             self._previous, self._active = proven, standby
             # Probation only for a release new to this robot: going back to one it ran (an operator's
             # rollback) is not judged against the release the operator just left.
-            self._probation = active is not None and standby.release not in self._scores
-        self._outbox.append(("swap", standby.release, was, ""))
-        log.warning("running release %s (was %s)", standby.release, was)
+            self._probation = active is not None and standby.release not in self.ledger.scores
+        self._reporter.event("swap", standby.release, was, "")
+        log.info("running release %s (was %s)", standby.release, was)  # a normal swap: not a warning
         return True
 
     def _rollback(self, reason: str) -> None:
@@ -334,16 +379,14 @@ class RobotRuntime:
                 if not prepared:
                     # Transient failure: ask again (answered at once) after a pause that doubles per failure of
                     # this release, up to a minute: a release that cannot be fetched is not hammered every 2 s.
-                    failures = self._failures[known] = self._failures.get(known, 0) + 1
+                    failures = self.ledger.retrying(known)
                     known = None
                     self._stop.wait(min(2.0 * 2 ** (failures - 1), 60.0))
 
     def _wanted(self, release: str) -> bool:
         with self._lock:
             standby = self._standby.release if self._standby else None
-        return (
-            release not in self._refused and release not in self._mismatched and release not in (self.running, standby)
-        )
+        return self.ledger.wanted(release) and release not in (self.running, standby)
 
     def _prepare(self, release: str, manifest: dict | None) -> bool:
         """Pull, verify, load and warm up `release`, then offer it to the control thread. False: try again later."""
@@ -365,8 +408,7 @@ class RobotRuntime:
             )
             self.stats.pulls.append(report)
         except IntegrityError as error:
-            if release not in self._integrity_failed:  # one bad transfer or a flipped bit: fetch once more
-                self._integrity_failed.add(release)
+            if self.ledger.unverified(release):  # one bad transfer or a flipped bit: fetch once more
                 log.warning("%s did not verify (%s); fetching it again before refusing it", release, error)
                 return False
             self._refuse(release, f"{type(error).__name__}: {error}", kind="refused", back=self.running)
@@ -379,9 +421,9 @@ class RobotRuntime:
             return False
         except (StorageError, OSError) as error:
             log.warning("pull of %s failed, will retry: %s", release, error)
-            self._fetch_errors[release] = str(error)[:500]  # operators see it in the robot's heartbeat status
+            self.ledger.fetch_failed(release, error)  # operators see it in the robot's heartbeat status
             return False
-        self._fetch_errors.pop(release, None)
+        self.ledger.fetched(release)
         try:
             runner = PolicyRunner.load(self.store.model_dir(release), self.options.device)
             obs = self._latest_obs
@@ -390,7 +432,7 @@ class RobotRuntime:
         except ValueError as error:  # the robot's observations do not fit the policy (camera size, state size)
             # Often the robot's own setup (a sim started with another --image-size): refused for this run only,
             # so that a robot restarted with the right setup tries the release again.
-            self._mismatched.add(release)
+            self.ledger.skip(release)
             self._refuse(
                 release,
                 f"observations do not fit the policy: {error}",
@@ -420,84 +462,32 @@ class RobotRuntime:
         entry = {"release": release, "back_to": back, "reason": reason}
         (self.stats.refused if kind == "refused" else self.stats.rollbacks).append(entry)
         if release and for_good:
-            with self._state_lock:
-                self._refused.add(release)
-                self._save_state()
+            self.ledger.refuse(release)
         # Events name the release now running and the one left behind, as the registry records them.
-        self._outbox.append((kind, back, release, reason) if kind == "rollback" else (kind, release, back, reason))
+        if kind == "rollback":
+            self._reporter.event(kind, back, release, reason)
+        else:
+            self._reporter.event(kind, release, back, reason)
 
     def _resume_installed(self) -> None:
         """After a restart: refused releases leave the store; staged pulls resume on the next pull."""
-        stale = [n for n in self.store.installed() if n in self._refused]
+        stale = [n for n in self.store.installed() if n in self.ledger.refused]
         for name in stale:  # never load a refused release again
             self.store.remove(name)
 
     def _start_last_good(self) -> None:
         """Load the last release that ran well from the store, so a robot that restarts while the deploy service
         is unreachable still runs (verified again first); the assignment, once it arrives, decides from there."""
-        name = self._last_good
-        if name and name not in self._refused and self.store.has(name):
+        name = self.ledger.last_good
+        if name and name not in self.ledger.refused and self.store.has(name):
             manifest = json.loads((self.store.release_dir(name) / "manifest.json").read_bytes())
             self._prepare(name, manifest)
 
     # -- reporter thread -------------------------------------------------------------------------------------
-    def _reporter(self) -> None:
-        last_steps, last_t = 0, time.monotonic()
-        while not self._stop.wait(self.options.heartbeat_s) or self._outbox:
-            self._flush_events()
-            now, steps = time.monotonic(), self.stats.steps
-            with self._lock:  # one consistent view: the control thread changes these between two of our reads
-                running, probation = self.running, self._probation
-                health = {r: round(float(np.mean(list(s))), 3) for r, s in list(self._scores.items()) if s}
-            status = {
-                "control_hz": round((steps - last_steps) / max(now - last_t, 1e-6), 1),
-                "max_gap_ms": round(1000 * self.stats.max_gap_s, 1),
-                "episodes": len(self.stats.episodes),
-                "health": health,
-                "probation": probation,
-                "refused": self._refused_sorted(),
-                "unfetchable": {
-                    r: {"failures": self._failures.get(r, 0), "error": e} for r, e in list(self._fetch_errors.items())
-                },
-                "last_pull": asdict(self.stats.pulls[-1]) if self.stats.pulls else None,
-            }
-            last_steps, last_t = steps, now
-            if running and not probation and running != self._last_good:
-                self._last_good = running
-                self._save_state()
-            try:
-                self.deploy.heartbeat(self.options.robot_id, running, status)
-            except DeployError as error:
-                log.warning("heartbeat failed: %s", error)
-            if self._stop.is_set():
-                break
-
-    def _flush_events(self) -> None:
-        while self._outbox:
-            kind, release, previous, detail = self._outbox[0]
-            try:
-                self.deploy.event(self.options.robot_id, kind, release, previous, detail)
-            except DeployError as error:
-                log.warning("could not report %s of %s (will retry): %s", kind, release, error)
-                return
-            self._outbox.popleft()
-
-    # -- persisted state -------------------------------------------------------------------------------------
-    def _load_state(self) -> dict:
-        try:
-            return json.loads(self._state_path.read_text())
-        except (OSError, ValueError):
-            return {}
-
-    def _refused_sorted(self) -> list[str]:
-        with self._state_lock:
-            return sorted(self._refused)
-
-    def _save_state(self) -> None:
-        with self._state_lock:
-            tmp = self._state_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"refused": sorted(self._refused), "last_good": self._last_good}))
-            tmp.replace(self._state_path)
+    def _snapshot(self) -> tuple[str | None, bool, dict[str, float]]:
+        """The running release, whether it is on probation, and the health scores, read together."""
+        with self._lock:  # one consistent view: the control thread changes these between two of our reads
+            return self.running, self._probation, self.ledger.health()
 
 
 def _sleep_until(t: float) -> float:

@@ -23,7 +23,7 @@ from ..capture.sim_record import TASK_TEXT, record_sim
 from ..config import RobotSettings
 from ..deploy.client import DeployClient
 from ..deploy.envs import SimControlEnv
-from ..deploy.evaluate import EvalReport, evaluate, resolve_policy
+from ..deploy.evaluate import EvalReport, evaluate
 from ..deploy.fetch import XetFetcher
 from ..deploy.keys import (
     generate_keypair,
@@ -33,6 +33,7 @@ from ..deploy.keys import (
 )
 from ..deploy.local import start_local_deploy_service
 from ..deploy.publish import publish
+from ..deploy.resolve import resolve_policy
 from ..deploy.runtime import RobotRuntime
 from ..deploy.store import ReleaseStore
 from ..errors import BadValue
@@ -40,7 +41,7 @@ from ..storage import BucketClient, BucketUrl
 from ..train.data import DataSettings
 from ..train.device import resolve_device
 from ..train.layout import checkpoint_url
-from ..train.policy import ACTSettings
+from ..train.policy import TINY_ACT, ACTSettings
 from ..train.trainer import Progress, TrainReport, TrainSettings, train
 from .gpu import GpuMonitor
 
@@ -67,15 +68,6 @@ H200_RECIPE = dict(
 H200_TASKS: dict[str, dict[str, Any]] = {
     "insertion": dict(episodes=100, steps=6000, policy=dict(H200_RECIPE, image_size=(240, 320))),
 }
-TINY_ACT = dict(
-    dim_model=64,
-    dim_feedforward=128,
-    n_heads=4,
-    n_encoder_layers=1,
-    n_vae_encoder_layers=1,
-    chunk_size=20,
-    n_action_steps=20,
-)
 
 
 @dataclass

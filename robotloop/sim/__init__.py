@@ -13,9 +13,28 @@ import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from robotloop.sim.env import AlohaGymEnv, AlohaSim, register_envs  # noqa: E402
-from robotloop.sim.scripted import Demo, record_demo, rollout_mocap  # noqa: E402
-from robotloop.sim.tasks import TASKS, TaskSpec, get_task  # noqa: E402
+# Lazy (PEP 562): `robotloop.sim.tasks` and `.constants` are read without loading MuJoCo (the CLI lists tasks and
+# parses image sizes at start-up); the simulator loads with the first name that needs it.
+_LAZY = {
+    "AlohaGymEnv": "env",
+    "AlohaSim": "env",
+    "register_envs": "env",
+    "Demo": "scripted",
+    "record_demo": "scripted",
+    "rollout_mocap": "scripted",
+    "TASKS": "tasks",
+    "TaskSpec": "tasks",
+    "get_task": "tasks",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"robotloop.sim.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'robotloop.sim' has no attribute {name!r}")
+
 
 __all__ = [
     "TASKS",

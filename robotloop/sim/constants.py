@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import BadValue, MissingFile
+
 DT = 0.02  # control period, 50 Hz
 FPS = 50
 STATE_DIM = 14
@@ -55,8 +57,37 @@ def assets_dir() -> Path:
     else:
         spec = importlib.util.find_spec("gym_aloha")
         if spec is None or not spec.submodule_search_locations:
-            raise FileNotFoundError("gym-aloha is not installed; set ROBOTLOOP_ALOHA_ASSETS to its assets folder")
+            raise MissingFile("gym-aloha is not installed; set ROBOTLOOP_ALOHA_ASSETS to its assets folder")
         path = Path(next(iter(spec.submodule_search_locations))) / "assets"
     if not (path / "scene.xml").is_file():
-        raise FileNotFoundError(f"gym-aloha MJCF assets not found in {path}")
+        raise MissingFile(f"gym-aloha MJCF assets not found in {path}")
     return path
+
+
+ImageSize = tuple[int, int]  # (height, width)
+MIN_IMAGE_SIDE = 8  # the smallest frame the video encoders take; the sim could render less, nothing else could
+
+
+def parse_image_size(size: ImageSize | str | None) -> ImageSize | None:
+    """(H, W), "HxW" or None (no rendering) -> (H, W) or None, validated: robotloop's one image-size parser.
+
+    Example:
+        >>> parse_image_size("480x640"), parse_image_size((48, 64)), parse_image_size(None)
+        ((480, 640), (48, 64), None)
+
+    Raises:
+        BadValue (a ValueError): not two integers, or a side under `MIN_IMAGE_SIDE`.
+    """
+    if size is None:
+        return None
+    given = size
+    try:
+        if isinstance(size, str):
+            h, w = size.lower().split("x")
+            size = (int(h), int(w))
+        h, w = (int(v) for v in size)
+    except (TypeError, ValueError):
+        raise BadValue(f"image size {given!r}: expected HxW, e.g. 480x640") from None
+    if h < MIN_IMAGE_SIDE or w < MIN_IMAGE_SIDE:
+        raise BadValue(f"image size {given!r}: images must be at least {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE}")
+    return h, w

@@ -25,16 +25,17 @@ from robotloop.sim.constants import (  # noqa: E402
     ACTION_DIM,
     START_ARM_POSE,
     STATE_DIM,
+    ImageSize,
     assets_dir,
     normalize_gripper,
     normalize_gripper_velocity,
+    parse_image_size,
     unnormalize_gripper,
 )
 from robotloop.sim.physics import forward_without_actuation, legacy_step, load_model, n_substeps  # noqa: E402
 from robotloop.sim.tasks import TaskSpec, get_task  # noqa: E402
 
 Obs = dict[str, Any]
-ImageSize = tuple[int, int]  # (height, width)
 
 
 def joint_state(qpos: np.ndarray) -> np.ndarray:
@@ -65,22 +66,6 @@ def check_action(action: Any, dim: int = ACTION_DIM) -> np.ndarray:
     if not np.all(np.isfinite(arr)):
         raise BadValue(f"action has non-finite values: {arr}")
     return arr
-
-
-def parse_image_size(size: ImageSize | str | None) -> ImageSize | None:
-    """(H, W), "HxW" or None (no rendering) -> (H, W) or None, validated."""
-    if size is None:
-        return None
-    try:
-        if isinstance(size, str):
-            h, _, w = size.lower().partition("x")
-            size = (int(h), int(w))
-        h, w = (int(v) for v in size)
-    except (TypeError, ValueError):  # int() of a word, or not two numbers
-        raise BadValue(f"image size {size!r}: expected (H, W) or 'HxW', e.g. 480x640") from None
-    if h <= 0 or w <= 0:
-        raise BadValue(f"image size must be positive, got {size}")
-    return h, w
 
 
 def shadow_map_size(height: int, width: int) -> int:

@@ -8,15 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import mujoco
 import numpy as np
 
-from robotloop.sim.physics import contact_pairs, geom_id
+if TYPE_CHECKING:  # the task table is read without MuJoCo (the CLI lists tasks); rewards load it when built
+    import mujoco
 
 from ..errors import BadValue
 
 Pairs = set[tuple[int, int]]
+
+
+def _contact_pairs(data: mujoco.MjData) -> Pairs:
+    from robotloop.sim.physics import contact_pairs  # MuJoCo loads with the first reward, not with the task table
+
+    return contact_pairs(data)
 
 
 def sample_box_pose(seed: int | None = None) -> np.ndarray:
@@ -39,13 +46,15 @@ class TransferCubeReward:
     """1 right finger touches cube, 2 lifted, 3 left finger touches, 4 left holds it off the table."""
 
     def __init__(self, model: mujoco.MjModel):
+        from robotloop.sim.physics import geom_id
+
         box = geom_id(model, "red_box")
         self.left = (box, geom_id(model, "vx300s_left/10_left_gripper_finger"))
         self.right = (box, geom_id(model, "vx300s_right/10_right_gripper_finger"))
         self.table = (box, geom_id(model, "table"))
 
     def __call__(self, data: mujoco.MjData) -> int:
-        pairs = contact_pairs(data)
+        pairs = _contact_pairs(data)
         left, right, table = self.left in pairs, self.right in pairs, self.table in pairs
         reward = 0
         if right:
@@ -63,6 +72,8 @@ class InsertionReward:
     """1 both grippers touch, 2 both lifted, 3 peg touches socket in the air, 4 peg touches the pin."""
 
     def __init__(self, model: mujoco.MjModel):
+        from robotloop.sim.physics import geom_id
+
         g = lambda name: geom_id(model, name)  # noqa: E731
         peg, table, pin = g("red_peg"), g("table"), g("pin")
         sockets = [g(f"socket-{i}") for i in range(1, 5)]
@@ -75,7 +86,7 @@ class InsertionReward:
         self.pin = {(peg, pin)}
 
     def __call__(self, data: mujoco.MjData) -> int:
-        pairs = contact_pairs(data)
+        pairs = _contact_pairs(data)
         hit = lambda group: not group.isdisjoint(pairs)  # noqa: E731
         left, right = hit(self.left), hit(self.right)
         on_table = hit(self.peg_table) or hit(self.socket_table)
@@ -96,6 +107,7 @@ class TaskSpec:
     """One ALOHA task: its two scenes, object sampler, reward and episode settings."""
 
     name: str
+    text: str  # the instruction stored with every recorded frame (LeRobot's `task`)
     joint_xml: str  # joint-position-controlled scene (the env)
     mocap_xml: str  # end-effector (mocap) scene used by the scripted expert
     object_dim: int  # free-joint qpos entries of the objects (7 per object)
@@ -109,6 +121,7 @@ class TaskSpec:
 TASKS: dict[str, TaskSpec] = {
     "transfer_cube": TaskSpec(
         name="transfer_cube",
+        text="Pick up the cube with the right arm and transfer it to the left arm.",
         joint_xml="bimanual_viperx_transfer_cube.xml",
         mocap_xml="bimanual_viperx_end_effector_transfer_cube.xml",
         object_dim=7,
@@ -118,6 +131,7 @@ TASKS: dict[str, TaskSpec] = {
     ),
     "insertion": TaskSpec(
         name="insertion",
+        text="Pick up the socket and the peg and insert the peg into the socket.",
         joint_xml="bimanual_viperx_insertion.xml",
         mocap_xml="bimanual_viperx_end_effector_insertion.xml",
         object_dim=14,

@@ -28,12 +28,11 @@ from typing import IO
 
 import httpx
 from huggingface_hub import HfApi, HfFileSystem
-from huggingface_hub._buckets import BucketFile, _BucketAddFile
 from huggingface_hub.errors import BucketNotFoundError, EntryNotFoundError, HfHubHTTPError
 from huggingface_hub.utils import build_hf_headers
-from huggingface_hub.utils._xet import XetTokenType, get_xet_session, xet_connection_info_refresh_url
 
 from .. import errors
+from ..compat import BucketAddFile, BucketFile, xet_refresh_url, xet_session
 from ..errors import BadInput, MissingFile, RobotloopError, Unavailable
 from .cache import ReadCache
 from .urls import BucketUrl
@@ -124,6 +123,25 @@ class BucketClient:
         with _explained(BucketUrl(url.bucket_id, ""), "create the bucket"):  # the bucket's URL, not a file's
             self.api.create_bucket(url.bucket_id, private=private, exist_ok=True)
 
+    def list_buckets(self, namespace: str) -> list[dict]:
+        """The buckets of `namespace` this token may see: id, private, size, total_files (as `hf buckets list`).
+
+        Raises:
+            StorageError: the server cannot be reached or refuses the token.
+        """
+        with _explained(BucketUrl(f"{namespace}/-", ""), "list the buckets"):
+            infos = self.api.list_buckets(namespace)
+            return [{"id": b.id, "private": b.private, "size": b.size, "total_files": b.total_files} for b in infos]
+
+    def delete_bucket(self, url: BucketUrl) -> None:
+        """Delete the bucket of `url` and every file in it (for good: buckets have no trash).
+
+        Raises:
+            NotFound: no such bucket. StorageError: the token may not delete it, or the server refuses.
+        """
+        with _explained(BucketUrl(url.bucket_id, ""), "delete the bucket"):
+            self.api.delete_bucket(url.bucket_id)
+
     # -- writes ----------------------------------------------------------------------------------------
     def point_back(self, bucket: BucketUrl, files: dict[str, str | None]) -> None:
         """Point bucket paths (relative to the bucket's root) at Xet hashes the bucket holds or held before, in one
@@ -137,7 +155,7 @@ class BucketClient:
         root = BucketUrl(bucket.bucket_id, "")
         # An add with a known hash uploads nothing: it only registers the path (a copy would need the bucket to
         # still hold a file with that hash, and the path being restored was just overwritten).
-        adds = [_BucketAddFile(source=b"", destination=path, xet_hash=h) for path, h in files.items() if h is not None]
+        adds = [BucketAddFile(source=b"", destination=path, xet_hash=h) for path, h in files.items() if h is not None]
         deletes = [path for path, h in files.items() if h is None]
         with _explained(root, "restore files in"):
             self.api.batch_bucket_files(bucket.bucket_id, add=adds or None, delete=deletes or None)
@@ -165,7 +183,7 @@ class BucketClient:
         with _explained(url, "upload"):
             report = self._xet_upload(pairs, url)
             adds = [
-                _BucketAddFile(source=src, destination=dst.path, xet_hash=f.xet_hash, size=f.size)
+                BucketAddFile(source=src, destination=dst.path, xet_hash=f.xet_hash, size=f.size)
                 for (src, dst), f in zip(pairs, report.files, strict=True)
             ]
             self.api.batch_bucket_files(url.bucket_id, add=adds)
@@ -184,11 +202,9 @@ class BucketClient:
     def _xet_upload(self, pairs: list[tuple[Path, BucketUrl]], url: BucketUrl) -> UploadReport:
         # huggingface_hub's batch_bucket_files uploads too, but keeps the dedup figures to itself; driving the
         # same hf_xet session here gives them to us, and the batch then only registers the hashes.
-        refresh_url = xet_connection_info_refresh_url(
-            token_type=XetTokenType.WRITE, repo_id=url.bucket_id, repo_type="bucket", endpoint=self.endpoint
-        )
+        refresh_url = xet_refresh_url(url.bucket_id, self.endpoint, write=True)
         headers = build_hf_headers(token=self.token, library_name="robotloop")
-        commit = get_xet_session().new_upload_commit(token_refresh_url=refresh_url, token_refresh_headers=headers)
+        commit = xet_session().new_upload_commit(token_refresh_url=refresh_url, token_refresh_headers=headers)
         from hf_xet import SKIP_SHA256
 
         handles = [commit.start_upload_file(str(src), sha256=SKIP_SHA256) for src, _ in pairs]

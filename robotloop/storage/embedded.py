@@ -106,6 +106,18 @@ def _start(root: Path, token: str, port: int) -> LocalServer:
     return LocalServer(server.endpoint, token, proc.pid)
 
 
+def embedded_server(root: Path) -> LocalServer | None:
+    """The embedded server of `root` when one runs and answers (proving it holds the local token), else None.
+    Starts nothing (`ensure_embedded_server` does)."""
+    root = Path(root).expanduser()
+    if not (root / "tokens").exists():
+        return None
+    try:
+        return _running_server(root, _local_token(root))
+    except EmbeddedServerError:
+        return None
+
+
 def stop_embedded_server(root: Path) -> bool:
     """Stop the embedded server of `root` if one runs. Returns whether one was stopped."""
     try:

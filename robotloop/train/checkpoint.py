@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .. import __version__
+from ..errors import Conflict
 from ..storage import BucketClient, BucketUrl
 from .layout import checkpoint_url
 
@@ -84,6 +85,9 @@ def load_checkpoint(
 ) -> tuple[dict, list[tuple[int, float]]]:
     """Load weights, optimizer and RNG state of checkpoint `step` into `policy`/`optimizer`; returns this
     rank's sampler state and the run's loss history so far. Weights load through safetensors only.
+
+    Raises:
+        ValueError: the checkpoint's model is not `policy`'s (another size, chunk or inputs): say which.
     """
     from lerobot.optim.optimizers import load_optimizer_state
     from lerobot.utils.random_utils import load_rng_state
@@ -91,6 +95,7 @@ def load_checkpoint(
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         client.fetch(checkpoint_url(output, step), root)
+        _check_same_model(json.loads((root / "pretrained_model" / "config.json").read_text()), policy, output, step)
         weights = load_file(root / "pretrained_model" / "model.safetensors", device=str(policy.device))
         # Saved without BatchNorm2d's num_batches_tracked (lerobot's frozen ACT has none): the counter stays ours.
         own = policy.policy.state_dict()
@@ -102,6 +107,41 @@ def load_checkpoint(
         saved = json.loads((root / "training_state" / "training_step.json").read_text())
         losses = [(int(s), float(v)) for s, v in saved.get("losses", [])]  # none in checkpoints of older versions
         return _load_sampler_state(root / "training_state", rank), losses
+
+
+# What makes two ACT models different models: a checkpoint of one cannot be resumed as the other.
+ARCHITECTURE = (
+    "dim_model",
+    "n_heads",
+    "dim_feedforward",
+    "n_encoder_layers",
+    "n_decoder_layers",
+    "n_vae_encoder_layers",
+    "latent_dim",
+    "use_vae",
+    "chunk_size",
+    "vision_backbone",
+)
+
+
+class ModelMismatch(Conflict, ValueError):
+    """The checkpoint a run resumes from was trained with another model; the message names what differs."""
+
+
+def _check_same_model(saved: dict, policy, output: BucketUrl, step: int) -> None:
+    ours = policy.policy.config
+    wanted = {name: getattr(ours, name) for name in ARCHITECTURE} | {
+        "inputs": {k: list(v.shape) for k, v in ours.input_features.items()}
+    }
+    have = {name: saved.get(name) for name in ARCHITECTURE} | {
+        "inputs": {k: list(v["shape"]) for k, v in saved.get("input_features", {}).items()}
+    }
+    differ = [f"{k} {have[k]} (asked: {wanted[k]})" for k in wanted if have[k] != wanted[k]]
+    if differ:
+        raise ModelMismatch(
+            f"{output} step {step} was trained with another model: {', '.join(differ)}. Resume with the run's own "
+            "model options (e.g. --tiny if it was trained with it), or train into a new output"
+        )
 
 
 def _contiguous(state_dict: dict) -> dict:

@@ -7,7 +7,7 @@ Modes (`ACTSettings.fp8`, `robotloop train --fp8`):
   raises `Fp8Unavailable` before training.
 - "auto": on the first batch, time each distinct (in, out, tokens) linear shape forward+backward, compiled,
   in bf16 and in FP8 ("tensorwise"), and convert only the layers whose shape is at least `MIN_SPEEDUP`
-  faster in FP8. Timings are cached per GPU model and shape in `<CACHE_HOME>/fp8/linear_timings.json`. On a
+  faster in FP8. Timings are cached per GPU model and shape in `<cache_home()>/fp8/linear_timings.json`. On a
   device without FP8, "auto" logs that it trains in bf16 and converts nothing.
 
 Which layers (the rule): a plain `nn.Linear` that is *called as a module*, with `in_features` and
@@ -285,9 +285,9 @@ def record_linear_shapes(
 
 
 def default_cache_path() -> Path:
-    from ..config import CACHE_HOME
+    from ..config import cache_home
 
-    return CACHE_HOME / "fp8" / "linear_timings.json"
+    return cache_home() / "fp8" / "linear_timings.json"
 
 
 @dataclass

@@ -7,8 +7,8 @@ Each job has a directory ``<root>/<id>/``::
     progress.jsonl   one JSON line per progress report, then one "done" line (`robotloop train --progress-file`)
     exit.json        how it ended: status, exit code, times, message (written once the child has exited)
 
-A job is one process group: ``python -m robotloop.cli train ...`` for one GPU (or CPU), ``python -m
-torch.distributed.run --nproc-per-node N -m robotloop.cli train ...`` for several. The storage endpoint and token
+A job is one process group: ``python -m robotloop.train ...`` for one GPU (or CPU), ``python -m
+torch.distributed.run --nproc-per-node N -m robotloop.train ...`` for several. The storage endpoint and token
 reach the child through ``ROBOTLOOP_STORAGE__ENDPOINT`` / ``ROBOTLOOP_STORAGE__TOKEN``, never its command line
 (which `ps` shows to every user). Cancel sends SIGTERM to the leader only: the trainer checkpoints and exits; its
 decode workers must stay alive until then. SIGKILL goes to the whole group once the grace period is over.
@@ -40,11 +40,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from ..errors import BadValue, Busy, NotFound
-from ..storage import BucketUrl
+from ..options import to_argv
 from ..storage.private import private_dir
+from .options import TrainOptions
+from .progress import JOB_FIELDS, read_line
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
@@ -62,36 +64,15 @@ class UnknownJob(NotFound, KeyError):
         return f"no job '{self.args[0]}'; GET /v1/jobs lists the jobs"
 
 
-class JobSpec(BaseModel):
-    """What to train: the `robotloop train` options a job may set, plus the storage it reads and writes."""
+class JobSpec(TrainOptions):
+    """What to train: every `robotloop train` option (`TrainOptions`), plus how the job runs and the storage it
+    reads and writes."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    datasets: list[str] = Field(min_length=1, max_length=64, description="hf://buckets/... dataset URLs")
-    output: str = Field(description="run URL: hf://buckets/<ns>/<bucket>/models/<run>")
-    steps: int = Field(default=1000, ge=1, le=100_000_000)
-    batch_size: int = Field(default=8, ge=1, le=65536)
-    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d{1,2})?)$")
-    tiny: bool = False
-    resume: bool = False
-    fp8: Literal["off", "auto", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = "off"  # robotloop.train.fp8.FP8_MODES
+    # A job says where it runs: "auto" would pick a GPU on one service host and the CPU on another.
+    device: str = Field(default="cpu", pattern=r"^(cpu|cuda(:\d{1,2})?)$", description="cpu, cuda or cuda:N.")
     gpus: int = Field(default=1, ge=1, le=64, description="1: plain process; more: torchrun, one rank per GPU")
-    log_every: int = Field(default=50, ge=1, le=100_000_000)
-    checkpoint_every: int = Field(default=1000, ge=1, le=100_000_000)
-    decode_workers: int = Field(default=4, ge=1, le=64)
-    seed: int = Field(default=0, ge=0, le=2**32 - 1)  # torch seeds are 64-bit; numpy's 32
     storage_endpoint: str | None = Field(default=None, pattern=r"^https?://\S+$", description="default: the service's")
     storage_token: SecretStr | None = Field(default=None, description="default: the service's (with its endpoint only)")
-
-    @field_validator("datasets")
-    @classmethod
-    def _dataset_urls(cls, urls: list[str]) -> list[str]:
-        return [str(BucketUrl.parse(u)) for u in urls]  # BadBucketUrl is a ValueError: reported per field
-
-    @field_validator("output")
-    @classmethod
-    def _output_url(cls, url: str) -> str:
-        return str(BucketUrl.parse(url))
 
     @model_validator(mode="after")
     def _gpus_need_cuda(self) -> JobSpec:
@@ -119,31 +100,8 @@ class JobSpec(BaseModel):
         launcher = [sys.executable]
         if self.gpus > 1:
             launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.gpus)]
-        args = [
-            "-m",
-            "robotloop.cli",
-            "train",
-            "--output",
-            self.output,
-            "--steps",
-            str(self.steps),
-            "--batch-size",
-            str(self.batch_size),
-            "--device",
-            self.device,
-            "--log-every",
-            str(self.log_every),
-            "--checkpoint-every",
-            str(self.checkpoint_every),
-            "--decode-workers",
-            str(self.decode_workers),
-            "--seed",
-            str(self.seed),
-            "--progress-file",
-            str(progress_file),
-        ]
-        args += [a for url in self.datasets for a in ("--dataset", url)]
-        args += ["--tiny"] * self.tiny + ["--resume"] * self.resume + ["--fp8", self.fp8] * (self.fp8 != "off")
+        options = to_argv(self, TrainOptions.model_fields)  # every option, derived: none is forgotten here
+        args = ["-m", "robotloop.train", *options, "--progress-file", str(progress_file)]
         return launcher + args
 
     def child_env(self, base: dict[str, str], job_dir: Path) -> dict[str, str]:
@@ -165,7 +123,8 @@ class JobSpec(BaseModel):
 
 @dataclass
 class JobState:
-    """A job as GET shows it. Progress fields are None until the first progress report."""
+    """A job as GET shows it. The progress fields (robotloop.train.progress.JOB_FIELDS: step ... last_checkpoint)
+    are the trainer's latest Progress, None until its first report."""
 
     id: str
     status: Status
@@ -421,11 +380,7 @@ class JobManager:
         job.progress_offset += len(data)
         *lines, job.progress_tail = (job.progress_tail + data).split(b"\n")
         for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a torn line from a killed child: skip it, the next report supersedes it
-            _apply(job.state, record)
+            _apply(job.state, line)
 
     def _load(self, job_dir: Path) -> None:
         """A job from an earlier run of the service: its final state, or failed if the service died under it."""
@@ -448,14 +403,15 @@ class JobManager:
         self._jobs[state.id] = job
 
 
-def _apply(state: JobState, record: dict[str, Any]) -> None:
-    if record.get("event") == "progress":
-        for key in ("step", "loss", "samples_per_s", "data_wait_share", "episodes"):
-            setattr(state, key, record.get(key))
-    elif record.get("event") == "done":
-        state.step, state.loss = record.get("steps"), record.get("final_loss")
-        state.samples_per_s, state.data_wait_share = record.get("samples_per_s"), record.get("data_wait_share")
-        state.last_checkpoint = (record.get("checkpoints") or [None])[-1]
+def _apply(state: JobState, line: bytes) -> None:
+    """Copy a progress line's fields into the job's state, by name: the trainer's Progress is the wire type."""
+    read = read_line(line)
+    if read is None:
+        return  # a torn line from a killed child: skip it, the next report supersedes it
+    event, progress = read
+    if event in ("progress", "done"):
+        for name in JOB_FIELDS:
+            setattr(state, name, getattr(progress, name))
 
 
 def _signal(proc: subprocess.Popen | None, sig: int, group: bool) -> None:

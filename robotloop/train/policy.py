@@ -42,6 +42,7 @@ from lerobot.utils.constants import ACTION, IMAGENET_STATS, OBS_IMAGES, OBS_STAT
 from lerobot.utils.feature_utils import dataset_to_policy_features
 from torch import Tensor, nn
 
+from ..compat import normalizer_tensor_stats
 from ..errors import BadValue
 from .fp8 import Accelerator, AutoFp8, Measure, gpu_measure, setup_fp8
 from .fp8 import check_mode as check_fp8_mode
@@ -51,6 +52,20 @@ log = logging.getLogger(__name__)
 ACTION_IS_PAD = "action_is_pad"
 INPUTS_FILE = "robotloop_inputs.json"  # beside config.json: the camera sizes the policy's inputs are resized from
 GRAD_CLIP_NORM = 10.0  # lerobot's AdamWConfig.grad_clip_norm, which ACT's optimizer preset uses
+
+
+# The one small ACT (dim 64, one encoder layer; the ResNet18 backbone stays): `robotloop train --tiny`, the loop's
+# cpu preset, deploy's make_tiny_checkpoint, the benchmarks' quick modes and the tests. Chunks of 10 actions fit
+# the 30-frame episodes the tests record. A caller that needs another horizon overrides chunk_size/n_action_steps.
+TINY_ACT: dict[str, Any] = dict(
+    dim_model=64,
+    dim_feedforward=128,
+    n_heads=4,
+    n_encoder_layers=1,
+    n_vae_encoder_layers=1,
+    chunk_size=10,
+    n_action_steps=10,
+)
 
 
 @dataclass
@@ -129,6 +144,8 @@ class ACTSettings:
             raise BadValue("warmup_steps and random_shift must be >= 0 and lr_min_ratio in [0, 1]")
         if self.temporal_ensemble_coeff is not None and self.n_action_steps != 1:
             raise BadValue("temporal ensembling runs the model every step: set n_action_steps=1 with it")
+        if not 1 <= self.n_action_steps <= self.chunk_size:  # lerobot refuses it too, but only once data streamed
+            raise BadValue(f"n_action_steps {self.n_action_steps} must be within the chunk, 1..{self.chunk_size}")
 
     def lr_factor(self, step: int, total: int) -> float:
         """The schedule's multiplier of `lr` and `lr_backbone` for optimizer step `step` (0-based) of `total`.
@@ -299,6 +316,9 @@ def make_act_config(features: dict[str, Any], settings: ACTSettings, device: tor
         optimizer_lr=settings.lr,
         optimizer_lr_backbone=settings.lr_backbone,
         optimizer_weight_decay=settings.weight_decay,
+        # Saved in config.json: with lerobot's default (True) and no repo_id, `lerobot-train --policy.path=<ours>`
+        # refuses the checkpoint. robotloop's models go to buckets, never to the Hub through lerobot.
+        push_to_hub=False,
     )
     cfg.validate_features()
     return cfg
@@ -316,8 +336,8 @@ def load_backbone_weights(policy: ACTPolicy, path: Path | None) -> None:
     """
     if path is None:
         log.warning(
-            "ACT backbone: no local ResNet weights given (ACTSettings.backbone_weights); the backbone is "
-            "randomly initialised. lerobot's default ImageNet weights are NOT downloaded: pass a "
+            "ACT backbone: no local ResNet weights given (--backbone-weights, ACTSettings.backbone_weights); the "
+            "backbone is randomly initialised. lerobot's default ImageNet weights are NOT downloaded: pass a "
             "torchvision resnet18 state_dict file to start from them."
         )
         return
@@ -359,7 +379,7 @@ def _affine_from_normalizer(norm: NormalizerProcessorStep, key: str, ft: Feature
         NotImplementedError: a normalization mode other than IDENTITY, MEAN_STD or MIN_MAX.
     """
     mode = norm.norm_map.get(ft, NormalizationMode.IDENTITY)
-    stats = norm._tensor_stats.get(key)  # lerobot's own tensors: same dtype, shape and eps handling
+    stats = normalizer_tensor_stats(norm).get(key)  # lerobot's own tensors: same dtype, shape and eps handling
     if mode is NormalizationMode.IDENTITY or stats is None:
         return None
     if mode is NormalizationMode.MEAN_STD:
@@ -583,11 +603,11 @@ def use_persistent_compile_cache() -> Path:
 
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from ..config import CACHE_HOME
+    from ..config import cache_home
 
     # inductor writes its /tmp default into the variable the first time anything asks: that is not a choice.
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR") in (None, default_cache_dir()):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(CACHE_HOME / "inductor")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_home() / "inductor")
     return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
 

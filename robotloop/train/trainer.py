@@ -26,6 +26,7 @@ from .checkpoint import code_version, load_checkpoint, save_checkpoint
 from .data import DataSettings, StreamingSampler
 from .layout import latest_step
 from .policy import ACTSettings, build_policy
+from .progress import Progress  # the wire type of on_progress (re-exported: callers import it from here)
 
 log = logging.getLogger(__name__)
 
@@ -44,20 +45,6 @@ class TrainSettings:
     # Wait until every episode is buffered before step 1 (when the data fits the buffer): the run is then
     # bit-for-bit reproducible and resumable. Off: training starts with the first decoded episodes.
     deterministic: bool = False
-
-
-@dataclass
-class Progress:
-    """What a log line (and the training service's GET) shows."""
-
-    step: int
-    loss: float
-    samples_per_s: float
-    data_wait_share: float
-    episodes: int
-    elapsed_s: float = 0.0  # since this run's first step (its compile included)
-    data_wait_s: float = 0.0  # of which inside next_batch; two reports give the rate and share between them
-    data_gpu_s: float = 0.0  # blocked on an empty buffer + GPU time of sampling (see StreamingSampler.gpu_s)
 
 
 @dataclass
@@ -183,6 +170,7 @@ def _loop(
                 elapsed,
                 waited,
                 sampler.blocked_s + sampler.gpu_s - gpu0,
+                checkpoints[-1] if checkpoints else None,
             )
             log.info(
                 "step %d loss %.4f %.1f samples/s data wait %.1f%%",

@@ -31,15 +31,14 @@ from robotloop.storage.server.auth import AuthError, CasClaims, TokenStore, bear
 from robotloop.storage.server.buckets import BucketStore
 from robotloop.storage.server.cas import CasStore
 from robotloop.storage.server.files import read_file_range, server_stats
+from services.bucket import DEFAULT_MAX_BODY_BYTES, BucketOptions
 from services.bucket.cas_api import cas_router
 from services.bucket.hub_api import error_response, hub_router
 from services.errors import http_status, json_errors
 from services.limits import BodyLimit
-from services.ports import require_free_port
+from services.serve import serve_app
 
 log = logging.getLogger("robotloop.bucket")
-
-DEFAULT_MAX_BODY_BYTES = 256 * 1024 * 1024  # a xorb is at most 64 MiB; leave headroom for shards
 
 
 def _cas_authorize(tokens: TokenStore):
@@ -65,7 +64,7 @@ def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int 
     cas = CasStore(root / "cas")
     buckets = BucketStore(root, file_size=cas.file_size, uploaded_by=cas.uploaded_by)
 
-    app = FastAPI(title="robotloop bucket server", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="robotloop bucket server", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.buckets, app.state.tokens, app.state.cas = buckets, tokens, cas
 
     def cas_base_url(request: Request) -> str:
@@ -119,25 +118,18 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def serve(
-    root: Path,
-    host: str = "127.0.0.1",
-    port: int = 8750,
-    tokens_file: Path | None = None,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-) -> None:
+def serve(options: BucketOptions) -> None:
     """Run the server with uvicorn until interrupted.
 
     Raises:
-        ValueError: open local mode (no ``tokens_file``) on a non-loopback host: anybody on the
-            network could read and write every bucket.
+        ValueError: open local mode (no ``tokens``) on a non-loopback host: anybody on the network could read
+            and write every bucket.
+        TokensFileError, FileNotFoundError: a malformed or missing tokens file. PortInUse: a busy port.
     """
-    import uvicorn
-
-    if tokens_file is None and not _is_loopback(host):
+    root, host, tokens = Path(options.root), options.host, options.tokens
+    if tokens is None and not _is_loopback(host):
         raise BadValue(f"refusing to serve without a tokens file on non-loopback host {host!r}; pass --tokens FILE")
-    app = create_app(Path(root), Path(tokens_file) if tokens_file else None, max_body_bytes)
-    require_free_port(host, port)
-    mode = f"tokens from {tokens_file}" if tokens_file else "OPEN local mode (no tokens file)"
-    log.warning("robotloop bucket server on http://%s:%d, root %s, %s", host, port, root, mode)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    app = create_app(root, Path(tokens) if tokens else None, options.max_body_bytes)
+    mode = f"tokens from {tokens}" if tokens else "OPEN local mode (no tokens file)"
+    banner = f"robotloop bucket server on http://{host}:{options.port}, root {root}, {mode}"
+    serve_app(app, host, options.port, log, banner)

@@ -1,7 +1,7 @@
-"""``python -m services.capture --tokens FILE [--host H] [--port P]``: the same as `robotloop capture serve`."""
+"""``python -m services.capture --tokens FILE [--host H] [--port P]``: the options of `robotloop capture serve`."""
 
-import sys
+from services.capture import CaptureOptions
+from services.options import main
 
-from robotloop.cli import app
-
-app(["capture", "serve", *sys.argv[1:]], prog_name="python -m services.capture")
+if __name__ == "__main__":
+    main(CaptureOptions, "services.capture.app", "python -m services.capture")

@@ -46,11 +46,13 @@ from starlette.requests import ClientDisconnect
 from robotloop.capture.sessions import EpisodeSessions, Limits
 from robotloop.config import Settings
 from robotloop.errors import BadValue
+from robotloop.output import quiet_encoders
 from robotloop.storage import BucketClient, BucketUrl, connect
 from robotloop.storage.server.auth import TokenStore
+from services.capture import CaptureOptions
 from services.errors import json_errors
 from services.limits import BodyLimit
-from services.ports import require_free_port
+from services.serve import serve_app
 
 log = logging.getLogger("robotloop.capture")
 
@@ -125,7 +127,9 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
         yield
         task.cancel()
 
-    app = FastAPI(title="robotloop capture service", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="robotloop capture service", docs_url=None, redoc_url=None, openapi_url="/openapi.json", lifespan=lifespan
+    )
     app.state.sessions, app.state.tokens = sessions, tokens
 
     @app.get("/v1/health")
@@ -176,25 +180,21 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
     return app
 
 
-def serve(
-    settings: Settings, tokens_file: Path | None = None, host: str | None = None, port: int | None = None
-) -> None:
-    """Run the service with uvicorn until interrupted; arguments left None come from `settings.capture`.
+def serve(options: CaptureOptions, settings: Settings) -> None:
+    """Run the service with uvicorn until interrupted; options left None come from `settings.capture`.
 
     Raises:
         ValueError: no tokens file: robots must have tokens (there is no open mode here).
-        TokensFileError, FileNotFoundError: a malformed or missing tokens file.
+        TokensFileError, FileNotFoundError: a malformed or missing tokens file. PortInUse: a busy port.
     """
-    import uvicorn
-
     cfg = settings.capture
-    tokens_file = tokens_file or cfg.tokens_file
+    tokens_file = options.tokens or cfg.tokens_file
     if tokens_file is None:
         raise BadValue(
             "the capture service needs robot tokens: pass --tokens FILE ('<token> write <namespace|*>' per line)"
         )
-    host, port = host or cfg.host, port or cfg.port
+    host, port = options.host or cfg.host, options.port or cfg.port
+    quiet_encoders()  # each episode's encoder would print its banner into the service's log
     app = create_app(settings, tokens_file)
-    require_free_port(host, port)
-    log.warning("robotloop capture service on http://%s:%d, robot tokens from %s", host, port, tokens_file)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    banner = f"robotloop capture service on http://{host}:{port}, robot tokens from {tokens_file}"
+    serve_app(app, host, port, log, banner)

@@ -1,8 +1,8 @@
-"""``python -m services.deploy --tokens FILE [--db PATH] [--host H] [--port P]``: the same as
+"""``python -m services.deploy --tokens FILE [--db PATH] [--host H] [--port P]``: the options of
 `robotloop deploy serve`."""
 
-import sys
+from services.deploy import DeployOptions
+from services.options import main
 
-from robotloop.cli import app
-
-app(["deploy", "serve", *sys.argv[1:]], prog_name="python -m services.deploy")
+if __name__ == "__main__":
+    main(DeployOptions, "services.deploy.app", "python -m services.deploy")

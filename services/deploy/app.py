@@ -54,9 +54,10 @@ from robotloop.storage.server.auth import (
     TokenStore,
     bearer_from_header,
 )
+from services.deploy import DeployOptions
 from services.errors import json_errors
 from services.limits import BodyLimit
-from services.ports import require_free_port
+from services.serve import serve_app
 
 log = logging.getLogger("robotloop.deploy")
 MAX_WAIT_S = 60.0
@@ -128,7 +129,7 @@ def create_app(
         )
     trusted = load_public_keys(trusted_keys) if trusted_keys else None
     registry = Registry(db)
-    app = FastAPI(title="robotloop deploy service", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="robotloop deploy service", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.registry, app.state.tokens = registry, tokens
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
 
@@ -266,38 +267,21 @@ def _robot_itself(who: Caller, robot: str) -> None:
         raise Forbidden(f"only robot {robot!r} itself reports its heartbeats and events")
 
 
-def serve(
-    settings: Settings,
-    tokens_file: Path | None = None,
-    db: Path | None = None,
-    host: str | None = None,
-    port: int | None = None,
-    trusted_keys: list[Path] | None = None,
-    allow_any_signer: bool | None = None,
-) -> None:
-    """Run the service with uvicorn until interrupted; arguments left None come from `settings.deploy`.
+def serve(options: DeployOptions, settings: Settings) -> None:
+    """Run the service with uvicorn until interrupted; options left None come from `settings.deploy`.
 
     Raises:
         ValueError: no tokens file (there is no open mode: the service decides what robots run), or no trusted
             keys and not `allow_any_signer`.
-        TokensFileError, FileNotFoundError: a malformed or missing tokens file.
+        TokensFileError, FileNotFoundError: a malformed or missing tokens file. PortInUse: a busy port.
     """
-    import uvicorn
-
     cfg = settings.deploy
-    tokens_file = tokens_file or cfg.tokens_file
+    tokens_file = options.tokens or cfg.tokens_file
     if tokens_file is None:
         raise BadValue("the deploy service needs operator tokens: pass --tokens FILE ('<token> write *' per line)")
-    host, port, db = host or cfg.host, port or cfg.port, db or cfg.db
-    any_signer = cfg.allow_any_signer if allow_any_signer is None else allow_any_signer
-    app = create_app(tokens_file, db, trusted_keys or cfg.trusted_keys, any_signer)
-    require_free_port(host, port)
-    log.warning("robotloop deploy service on http://%s:%d, state in %s", host, port, db)
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
-            # Robots' long-polls are open requests: answer them now, or shutdown would wait them out.
-            app.state.registry.release_waiters()
-            super().handle_exit(sig, frame)
-
-    Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)).run()
+    host, port, db = options.host or cfg.host, options.port or cfg.port, options.db or cfg.db
+    any_signer = cfg.allow_any_signer if options.allow_any_signer is None else options.allow_any_signer
+    app = create_app(tokens_file, db, options.trusted_keys or cfg.trusted_keys, any_signer)
+    # Robots' long-polls are open requests: answer them at the stop signal, or shutdown would wait them out.
+    on_exit = app.state.registry.release_waiters
+    serve_app(app, host, port, log, f"robotloop deploy service on http://{host}:{port}, state in {db}", on_exit)

@@ -1,8 +1,8 @@
-"""``python -m services.trainer --tokens FILE [--root DIR] [--host H] [--port P]``: the same as
+"""``python -m services.trainer --tokens FILE [--root DIR] [--host H] [--port P]``: the options of
 `robotloop trainer serve`."""
 
-import sys
+from services.options import main
+from services.trainer import TrainerOptions
 
-from robotloop.cli import app
-
-app(["trainer", "serve", *sys.argv[1:]], prog_name="python -m services.trainer")
+if __name__ == "__main__":
+    main(TrainerOptions, "services.trainer.app", "python -m services.trainer")

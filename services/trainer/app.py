@@ -42,12 +42,13 @@ from starlette.concurrency import run_in_threadpool
 
 from robotloop.config import Settings
 from robotloop.errors import BadValue
-from robotloop.storage import BucketUrl, resolve_endpoint
+from robotloop.storage import BucketUrl, ensure_endpoint
 from robotloop.storage.server.auth import AuthError, TokenStore
 from robotloop.train.jobs import JobManager, JobSpec, UnknownJob
 from services.errors import json_errors
 from services.limits import BodyLimit
-from services.ports import require_free_port
+from services.serve import serve_app
+from services.trainer import TrainerOptions
 
 log = logging.getLogger("robotloop.trainer")
 
@@ -86,7 +87,7 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
     tokens = TokenStore.from_file(Path(tokens_file))
     cfg = settings.trainer
     jobs = JobManager(root or cfg.root, cfg.max_running, cfg.cancel_grace_s, max_queued=cfg.max_queued)
-    storage = resolve_endpoint(settings)  # once: a job's child gets a concrete endpoint and token, not a lookup
+    storage = ensure_endpoint(settings)  # once: a job's child gets a concrete endpoint and token, not a lookup
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -94,7 +95,11 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
         await run_in_threadpool(jobs.close)  # running jobs checkpoint before the service goes
 
     app = FastAPI(
-        title="robotloop training service", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan
+        title="robotloop training service",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url="/openapi.json",
+        lifespan=lifespan,
     )
     app.state.jobs, app.state.tokens = jobs, tokens
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
@@ -157,28 +162,18 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
     return app
 
 
-def serve(
-    settings: Settings,
-    tokens_file: Path | None = None,
-    root: Path | None = None,
-    host: str | None = None,
-    port: int | None = None,
-) -> None:
-    """Run the service with uvicorn until interrupted; arguments left None come from `settings.trainer`.
+def serve(options: TrainerOptions, settings: Settings) -> None:
+    """Run the service with uvicorn until interrupted; options left None come from `settings.trainer`.
 
     Raises:
         ValueError: no tokens file (jobs run code on this machine: there is no open mode).
-        TokensFileError, FileNotFoundError: a malformed or missing tokens file.
+        TokensFileError, FileNotFoundError: a malformed or missing tokens file. PortInUse: a busy port.
     """
-    import uvicorn
-
     cfg = settings.trainer
-    tokens_file = tokens_file or cfg.tokens_file
+    tokens_file = options.tokens or cfg.tokens_file
     if tokens_file is None:
         raise BadValue("the training service needs tokens: pass --tokens FILE ('<token> write <namespace|*>' per line)")
-    host, port = host or cfg.host, port or cfg.port
-    app = create_app(settings, tokens_file, root)
-    require_free_port(host, port)
-    log.warning("robotloop training service on http://%s:%d, jobs under %s", host, port, root or cfg.root)
-    # Followed logs are open requests: without a bound, shutdown would wait for the jobs they follow.
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    host, port = options.host or cfg.host, options.port or cfg.port
+    app = create_app(settings, tokens_file, options.root)
+    banner = f"robotloop training service on http://{host}:{port}, jobs under {options.root or cfg.root}"
+    serve_app(app, host, port, log, banner)  # its shutdown bound: followed logs wait for the jobs they follow

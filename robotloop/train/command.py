@@ -1,9 +1,8 @@
-"""`robotloop train`: fit LeRobot's ACT streaming straight from bucket datasets."""
+"""`robotloop train` and `python -m robotloop.train` (under torchrun too): fit LeRobot's ACT streaming straight
+from bucket datasets. The train layer's entry point: the CLI registers this command, nothing here imports the CLI."""
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import signal
 import threading
@@ -16,26 +15,22 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..errors import BadInput, RobotloopError
-from ..storage import BadBucketUrl, BucketUrl, connect
-from .output import fail
+from ..options import typer_command
+from ..output import fail
+from ..storage import BucketUrl, connect
+from .options import TrainOptions
+from .progress import Progress as TrainProgress
+from .progress import progress_line
 
 console = Console()
 
 
+@typer_command(TrainOptions)
 def train(
     ctx: typer.Context,
-    dataset: Annotated[list[str], typer.Option(help="Dataset URL (repeat for several).")],
-    output: Annotated[str, typer.Option(help="Run URL: hf://buckets/<ns>/<bucket>/models/<run>")],
-    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps (the run's total, counting resumed ones).")] = 1000,
-    batch_size: Annotated[int, typer.Option(min=1, help="Samples per step (per GPU under torchrun).")] = 8,
-    device: Annotated[
-        str, typer.Option(help="auto (cuda when there is a GPU, else cpu), cpu, cuda or cuda:N.")
-    ] = "auto",
-    resume: Annotated[bool, typer.Option(help="Continue from the run's last checkpoint.")] = False,
-    log_every: Annotated[int, typer.Option(min=1, help="Steps between progress lines.")] = 50,
-    checkpoint_every: Annotated[
-        int, typer.Option(min=1, help="Steps between checkpoints (the last step always writes one).")
-    ] = 1000,
+    options: TrainOptions,
+    *,
+    # Options of this process only, not of a job: local paths and how this machine runs the step.
     fast: Annotated[
         bool | None,
         typer.Option(help="bf16, fused attention, channels_last, compile + CUDA graphs (default: on with cuda)."),
@@ -46,19 +41,9 @@ def train(
             exists=True, dir_okay=False, help="Local torchvision resnet18 weights; default none: random init."
         ),
     ] = None,
-    decode_workers: Annotated[int, typer.Option(min=1, help="Processes decoding video for the frame buffer.")] = 4,
-    seed: Annotated[int, typer.Option(help="Seed of the weights and the sampler.")] = 0,
-    tiny: Annotated[bool, typer.Option(help="A small ACT (dim 64) for smoke tests on CPU.")] = False,
     progress_file: Annotated[
         Path | None, typer.Option(help="Append one JSON line per progress report, and the final report.")
     ] = None,
-    fp8: Annotated[
-        str,
-        typer.Option(
-            help="FP8 linear layers (TorchAO): off, auto (only shapes measured faster; bf16 where there is no FP8), "
-            "tensorwise, rowwise, rowwise_with_gw_hp."
-        ),
-    ] = "off",
 ) -> None:
     """Train ACT; checkpoints (LeRobot format + lineage + loss plot) land under --output every --checkpoint-every steps.
 
@@ -68,55 +53,49 @@ def train(
     from ..train.device import resolve_device
     from ..train.fp8 import Fp8Error
     from ..train.fp8 import preflight as preflight_fp8
-    from ..train.policy import ACTSettings
+    from ..train.policy import TINY_ACT, ACTSettings
     from ..train.trainer import TrainSettings
     from ..train.trainer import train as run
 
+    o = options  # URLs already checked by TrainOptions
+    datasets, out = [BucketUrl.parse(d) for d in o.datasets], BucketUrl.parse(o.output)
     try:
-        datasets = [BucketUrl.parse(d) for d in dataset]
-        out = BucketUrl.parse(output)
-    except BadBucketUrl as error:
-        raise typer.BadParameter(str(error)) from None
-    try:
-        device = resolve_device(device)
+        device = resolve_device(o.device)
     except BadInput as error:
         raise typer.BadParameter(str(error), param_hint="--device") from None
     if progress_file is not None and not progress_file.parent.is_dir():  # found at the first report, the run would die
         raise typer.BadParameter(f"{progress_file.parent}: no such folder", param_hint="--progress-file")
     try:  # fail now, not after the data streams in (build_policy checks again, per rank)
-        preflight_fp8(fp8, device)
+        preflight_fp8(o.fp8, device)
     except Fp8Error as error:
-        raise fail(error, f"--fp8 {fp8}: ") from None
+        raise fail(error, f"--fp8 {o.fp8}: ") from None
     except BadInput as error:
         raise typer.BadParameter(str(error), param_hint="--fp8") from None
     use_fast = device.startswith("cuda") if fast is None else fast
-    arch = (
-        dict(
-            dim_model=64,
-            dim_feedforward=128,
-            n_encoder_layers=1,
-            n_vae_encoder_layers=1,
-            chunk_size=10,
-            n_action_steps=10,
-        )
-        if tiny
-        else {}
+    arch = dict(TINY_ACT) if o.tiny else {}
+    arch |= {"fp8": o.fp8, "precision": "bf16"} if o.fp8 != "off" else {}  # FP8 trains the other layers in bf16
+    arch |= o.policy_overrides()
+    if o.chunk_size and not o.n_action_steps:  # a smaller chunk than the default 100 actions run per chunk
+        arch["n_action_steps"] = min(arch.get("n_action_steps", ACTSettings.n_action_steps), o.chunk_size)
+    make = ACTSettings.fast if use_fast else ACTSettings
+    try:
+        act = make(backbone_weights=backbone_weights, **arch)
+    except BadInput as error:
+        raise typer.BadParameter(str(error)) from None
+    # Without --backbone-weights the library says once that the backbone starts random (load_backbone_weights).
+    settings = TrainSettings(
+        steps=o.steps,
+        batch_size=o.batch_size,
+        log_every=o.log_every,
+        checkpoint_every=o.checkpoint_every,
+        seed=o.seed,
+        device=device,
+        resume=o.resume,
     )
-    arch |= {"fp8": fp8, "precision": "bf16"} if fp8 != "off" else {}  # FP8 trains the other layers in bf16
-    act = (
-        ACTSettings.fast(backbone_weights=backbone_weights, **arch)
-        if use_fast
-        else ACTSettings(backbone_weights=backbone_weights, **arch)
-    )
-    if backbone_weights is None:
-        console.print(
-            "[yellow]note:[/yellow] no --backbone-weights: the ResNet18 backbone starts from random weights "
-            "(nothing is downloaded)"
-        )
-    settings = TrainSettings(steps, batch_size, log_every, checkpoint_every, seed, device, resume)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # the trainer polls it each step, then checkpoints
     write_progress = _progress_writer(progress_file)
+    last: list[TrainProgress] = []  # the latest report: the done line's episode count
     failure: Exception | None = None
     with Progress(
         TextColumn("training"),
@@ -126,14 +105,15 @@ def train(
         TextColumn("{task.fields[note]}"),
         console=console,
     ) as bars:
-        bar = bars.add_task("train", total=steps, note="streaming first episodes")
+        bar = bars.add_task("train", total=o.steps, note="streaming first episodes")
 
         def on_progress(p) -> None:
             note = f"loss {p.loss:.3f}  {p.samples_per_s:.0f} samples/s  data wait {100 * p.data_wait_share:.1f}%"
             bars.update(bar, completed=p.step, note=note)
             if not console.is_terminal:  # a log file (the training service, CI): bars would only show at the end
-                console.print(f"step {p.step}/{steps}  {note}")
-            write_progress({"event": "progress", **asdict(p)})
+                console.print(f"step {p.step}/{o.steps}  {note}")
+            last.append(p)
+            write_progress(progress_line("progress", p))
 
         try:
             report = run(
@@ -142,7 +122,7 @@ def train(
                 out,
                 settings,
                 act,
-                DataSettings(decode_workers=decode_workers),
+                DataSettings(decode_workers=o.decode_workers),
                 on_progress,
                 stop.is_set,
             )
@@ -155,20 +135,28 @@ def train(
         f"data wait {100 * report.data_wait_share:.1f}%, final loss {report.final_loss:.4f}"
     )
     console.print(f"last checkpoint: {report.checkpoints[-1] if report.checkpoints else 'none'}")
-    write_progress(
-        {"event": "done", **{k: v for k, v in asdict(report).items() if k != "losses"}, "stopped": stop.is_set()}
+    final = TrainProgress(
+        report.steps,
+        report.final_loss,
+        report.samples_per_s,
+        report.data_wait_share,
+        last[-1].episodes if last else None,
+        report.wall_s,
+        last_checkpoint=report.checkpoints[-1] if report.checkpoints else None,
     )
+    # The final progress, plus the run's summary (benchmarks/train_e2e.py reads steps, wall_s, final_loss).
+    summary = {k: v for k, v in asdict(report).items() if k not in ("losses", *asdict(final))}
+    write_progress(progress_line("done", final, **summary, stopped=stop.is_set()))
 
 
 def _progress_writer(path: Path | None):
-    """A function appending one JSON object per line to `path`; a no-op without a path, and on ranks > 0 under
-    torchrun (one writer per job). Non-finite floats become null: the file stays strict JSON."""
+    """A function appending lines (robotloop.train.progress.progress_line) to `path`; a no-op without a path, and
+    on ranks > 0 under torchrun (one writer per job)."""
     if path is None or os.environ.get("RANK", "0") != "0":
-        return lambda record: None
+        return lambda line: None
 
-    def write(record: dict) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+    def write(line: str) -> None:
         with path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(clean) + "\n")
+            f.write(line)
 
     return write

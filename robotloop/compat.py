@@ -1,0 +1,108 @@
+"""Every use of another package's private API, in one place.
+
+robotloop reaches into a few private corners of huggingface_hub and lerobot, where their public API does not
+(yet) give what it needs:
+
+* ``huggingface_hub._buckets._BucketAddFile``: registering a file in a bucket by a Xet hash it already has
+  (`HfApi.batch_bucket_files` takes only local files or bytes, and would upload them again).
+* ``huggingface_hub.utils._xet``: the shared hf_xet session and its token refresh route, to drive uploads
+  ourselves (for the dedup figures `batch_bucket_files` keeps to itself) and to stream byte ranges.
+* lerobot's ``NormalizerProcessorStep._tensor_stats``: its normalization stats as tensors, so the fused
+  normalization on the GPU uses lerobot's own numbers.
+* lerobot's ``DatasetWriter._streaming_encoder._dropped_frames``: the frames its streaming video encoder dropped
+  (there is no public counter), so an episode shorter in video than in data is refused.
+
+huggingface_hub is pinned only to ``>=1.6,<2``: any release may move these. `tests/test_compat.py` checks that
+each one still exists with the signature or fields used here, naming the one that changed; `untested_versions`
+says which installed package is outside the versions tested (pyproject's pins, in `TESTED`).
+
+Example:
+    ```python
+    >>> from robotloop.compat import untested_versions
+    >>> untested_versions()
+    []
+    ```
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import warnings
+from typing import Any
+
+from huggingface_hub import BucketFile
+from huggingface_hub._buckets import _BucketAddFile as BucketAddFile
+from huggingface_hub.utils._xet import XetTokenType, get_xet_session, xet_connection_info_refresh_url
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+__all__ = [
+    "TESTED",
+    "BucketAddFile",
+    "BucketFile",
+    "dropped_video_frames",
+    "normalizer_tensor_stats",
+    "untested_versions",
+    "xet_refresh_url",
+    "xet_session",
+]
+
+# The versions the private uses above were tested with: pyproject.toml's pins (tests/test_compat.py keeps the two
+# in step).
+TESTED: dict[str, str] = {"huggingface_hub": ">=1.6,<2", "hf-xet": "==1.8.*", "lerobot": "==0.6.1"}
+
+
+def untested_versions() -> list[str]:
+    """One line per package in `TESTED` whose installed version is outside the tested range (or missing)."""
+    lines = []
+    for name, spec in TESTED.items():
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            lines.append(f"{name} is not installed (tested: {spec})")
+            continue
+        if Version(installed) not in SpecifierSet(spec):
+            lines.append(f"{name} {installed} is installed; robotloop's private uses of it were tested with {spec}")
+    return lines
+
+
+@functools.cache
+def _warn_untested_once() -> None:
+    # At the first private use, not at import: importing robotloop does no work.
+    for line in untested_versions():
+        warnings.warn(f"{line} (see robotloop/compat.py)", RuntimeWarning, stacklevel=3)
+
+
+def xet_refresh_url(bucket_id: str, endpoint: str, write: bool) -> str:
+    """The route hf_xet calls for (fresh) CAS tokens of bucket `bucket_id` on `endpoint`."""
+    _warn_untested_once()
+    kind = XetTokenType.WRITE if write else XetTokenType.READ
+    return xet_connection_info_refresh_url(token_type=kind, repo_id=bucket_id, repo_type="bucket", endpoint=endpoint)
+
+
+def xet_session() -> Any:
+    """huggingface_hub's process-wide ``hf_xet.XetSession`` (its connection pools and caches are shared)."""
+    _warn_untested_once()
+    return get_xet_session()
+
+
+def normalizer_tensor_stats(norm: Any) -> dict[str, dict[str, Any]]:
+    """lerobot's ``NormalizerProcessorStep`` stats as tensors (key -> {"mean", "std", "min", "max", ...}), on its
+    device and dtype: what lerobot itself normalizes with.
+
+    Raises:
+        AttributeError: `norm` has no ``_tensor_stats`` (a lerobot release renamed it).
+    """
+    _warn_untested_once()
+    return norm._tensor_stats
+
+
+def dropped_video_frames(writer: Any) -> int:
+    """Frames lerobot's streaming video encoder of `writer` (a ``DatasetWriter``) dropped so far; 0 without one.
+
+    lerobot drops frames rather than block when the encoder's queue is full, and counts them only privately.
+    """
+    _warn_untested_once()
+    encoder = getattr(writer, "_streaming_encoder", None)
+    return sum(getattr(encoder, "_dropped_frames", {}).values())

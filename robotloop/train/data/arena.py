@@ -1,0 +1,213 @@
+"""The frame buffer on the sampler's device: a ring of preallocated tensors ("arena") that decoded episodes are
+copied into, the view of it that batches sample from, and, on CUDA, the stream and events that keep those
+copies off the trainer's stream without racing its gathers.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from .catalog import EpisodeKey
+from .errors import DataError
+from .settings import ACTION_KEY
+
+if TYPE_CHECKING:
+    from .settings import DataSettings
+
+FrameShapes = dict[str, tuple[tuple[int, ...], torch.dtype]]  # feature -> (shape of one frame's value, dtype)
+
+
+def buffer_bytes(settings: DataSettings, device: torch.device) -> int:
+    """The frame buffer's byte bound: `settings.buffer_bytes`, else a share of the GPU's free memory, else 8 GiB."""
+    if settings.buffer_bytes is not None:
+        return settings.buffer_bytes
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * settings.buffer_share)
+    return 8 << 30
+
+
+def frame_bytes(shapes: FrameShapes) -> int:
+    """Bytes one buffered frame takes: every feature's value, plus the arena's 8-byte `last` index."""
+    return sum(torch.Size(sh).numel() * torch.empty(0, dtype=dt).element_size() for sh, dt in shapes.values()) + 8
+
+
+@dataclass
+class BufferView:
+    """What `next_batch` samples from: buffered episodes in insertion order (the canonical order, so a
+    rebuilt buffer samples the same frames wherever the episodes landed in the arena).
+
+    The background thread publishes plain lists; the trainer's thread turns them into device tensors on its
+    own stream at the next batch (an async copy from pinned memory), so publishing never waits for the GPU.
+    """
+
+    keys: list[EpisodeKey] = field(default_factory=list)
+    start_list: list[int] = field(default_factory=list)  # arena slot of each episode's first frame
+    offset_list: list[int] = field(default_factory=lambda: [0])  # cumulative frame counts, [0, n0, n0+n1, ...]
+    starts: torch.Tensor | None = None
+    offsets: torch.Tensor | None = None
+
+    @property
+    def total(self) -> int:
+        return self.offset_list[-1]
+
+    def materialize(self, device: torch.device) -> None:
+        def put(values: list[int]) -> torch.Tensor:
+            t = torch.tensor(values, dtype=torch.long)
+            return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+        if self.starts is None:
+            self.starts, self.offsets = put(self.start_list), put(self.offset_list)
+
+
+class FrameArena:
+    """Preallocated per-frame tensors on one device, filled as a ring: episodes are contiguous slices and a
+    new episode overwrites (evicts) the oldest ones. Grows by doubling up to `bound` frames before the first
+    wrap, so small datasets do not reserve the whole bound.
+
+    Owns the tensors (`tensors`, and `last`: per slot, the slot of its episode's last frame, which bounds action
+    chunks) and where each buffered episode lies (`slots`, in insertion order). Not thread-safe: the sampler
+    places episodes under its lock and fills them outside it, in slots no published view names.
+
+    Raises (`place`):
+        DataError: an episode longer than the whole buffer.
+    """
+
+    def __init__(self, shapes: FrameShapes, bound: int, device: torch.device) -> None:
+        self.shapes, self.bound, self.device = shapes, bound, device
+        self.capacity, self.write = 0, 0
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.last = torch.empty(0, dtype=torch.long, device=device)  # per slot: the slot of its episode's last frame
+        self.slots: dict[EpisodeKey, tuple[int, int]] = {}  # episode key -> (start, length), insertion order
+
+    def grows(self, length: int) -> bool:
+        """Whether placing an episode of `length` frames reallocates the arena."""
+        return self.write + length > self.capacity and self.capacity < self.bound
+
+    def place(self, key: EpisodeKey, length: int, hint: int) -> tuple[int, list[EpisodeKey]]:
+        """Reserve `length` slots for `key`; returns the start and the episodes evicted for it. A growth sizes the
+        arena for `hint` frames (the whole share) at once where the bound allows."""
+        if length > self.bound:
+            raise DataError(
+                f"episode {key} has {length} frames, more than the buffer holds ({self.bound}); "
+                "raise buffer_frames/buffer_bytes"
+            )
+        if self.grows(length):
+            self._grow(min(self.bound, max(2 * self.capacity, self.write + length, min(hint, self.bound))))
+        if self.write + length > self.capacity:
+            self.write = 0
+        start, end = self.write, self.write + length
+        evicted = [k for k, (s, n) in self.slots.items() if s < end and s + n > start]
+        for k in evicted:
+            del self.slots[k]
+        self.slots[key] = (start, length)
+        self.write = end
+        return start, evicted
+
+    def _grow(self, capacity: int) -> None:
+        new = {
+            k: torch.empty((capacity, *shape), dtype=dtype, device=self.device)
+            for k, (shape, dtype) in self.shapes.items()
+        }
+        last = torch.zeros(capacity, dtype=torch.long, device=self.device)
+        # Growth happens only before the first wrap, so every buffered frame lies in [0, write).
+        for k, t in self.tensors.items():
+            new[k][: self.write] = t[: self.write]
+        last[: self.write] = self.last[: self.write]
+        self.tensors, self.last, self.capacity = new, last, capacity
+
+    def fill(self, start: int, episode: dict[str, torch.Tensor]) -> None:
+        length = len(episode[ACTION_KEY])
+        for k, t in episode.items():
+            self.tensors[k][start : start + length].copy_(t, non_blocking=False)
+        self.last[start : start + length] = start + length - 1
+
+    def view(self, exclude: EpisodeKey | None = None) -> BufferView:
+        """The buffered episodes (but `exclude`, one still being copied in) as a view to sample from."""
+        keys = [k for k in self.slots if k != exclude]
+        offsets = [0]
+        for k in keys:
+            offsets.append(offsets[-1] + self.slots[k][1])
+        return BufferView(keys, [self.slots[k][0] for k in keys], offsets)
+
+    def clear(self) -> None:
+        """Forget every buffered episode (the tensors stay allocated): the next one is placed at slot 0."""
+        self.slots.clear()
+        self.write = 0
+
+    def free(self) -> None:
+        """Release the tensors now (GPU memory on CUDA), not when the last reference goes."""
+        self.tensors = {}
+
+
+class IngestStream:
+    """Where decoded episodes are copied into the arena: on CUDA a side stream, from pinned memory; on CPU inline.
+
+    The copies run after the last batch's gathers (they may read slots about to be overwritten), and the ingest
+    thread waits for them before it publishes the episode; the trainer's stream never waits on ingest.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    @contextmanager
+    def after(self, done: torch.cuda.Event | None) -> Iterator[None]:
+        """Run the block's copies on the ingest stream after `done` (the last batch's gathers), and wait for them."""
+        if self.stream is None:
+            yield
+            return
+        with torch.cuda.stream(self.stream):
+            if done is not None:
+                self.stream.wait_event(done)
+            yield
+        self.stream.synchronize()
+
+    def fill(self, arena: FrameArena, start: int, episode: dict[str, torch.Tensor], done: torch.cuda.Event | None):
+        """Copy `episode` into the arena at `start`. Called outside the sampler's lock: the trainer keeps sampling
+        the other episodes while this one is copied in."""
+        with self.after(done):
+            pinned = self.stream is not None
+            arena.fill(start, {k: v.pin_memory() if pinned else v for k, v in episode.items()})
+
+
+class GatherClock:
+    """On CUDA, events around each batch's gathers: the last one orders ingest after them (`last_done`), and
+    together they count the GPU time sampling takes (`gpu_s`) without ever blocking. On CPU it records nothing."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.enabled = device.type == "cuda"
+        self.last_done: torch.cuda.Event | None = None
+        self._marks: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()  # (start, end) of each batch
+        self._gpu_s = 0.0
+
+    def start(self) -> torch.cuda.Event | None:
+        if not self.enabled:
+            return None
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start
+
+    def end(self, start: torch.cuda.Event | None) -> None:
+        if start is None:
+            return
+        self.last_done = torch.cuda.Event(enable_timing=True)
+        self.last_done.record()
+        self._marks.append((start, self.last_done))
+        if len(self._marks) > 1024:  # nobody reads gpu_s: fold finished batches in, keep the queue short
+            self._fold()
+
+    @property
+    def gpu_s(self) -> float:
+        self._fold()
+        return self._gpu_s
+
+    def _fold(self) -> None:
+        while self._marks and self._marks[0][1].query():
+            start, end = self._marks.popleft()
+            self._gpu_s += start.elapsed_time(end) / 1e3

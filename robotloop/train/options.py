@@ -1,0 +1,115 @@
+"""The options of a training run, written once: `robotloop train`'s flags, the training service's `JobSpec` and
+the agent's `start_training` tool are all derived from `TrainOptions` (see `robotloop.options`).
+
+A new option is one field here (type, default, bounds, description); the trainer reads it from the
+`TrainOptions` the command receives. tests/test_train_options.py checks that every field reaches all three.
+
+Example:
+    ```python
+    >>> options = TrainOptions(datasets=["hf://buckets/lab/demos/datasets/cube"],
+    ...                        output="hf://buckets/lab/demos/models/run1", steps=500, tiny=True)
+    >>> to_argv(options)[:2]
+    ['--dataset', 'hf://buckets/lab/demos/datasets/cube']
+    ```
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ..options import Flag, to_argv
+from ..storage import BucketUrl
+
+# robotloop.train.fp8.FP8_MODES (which needs torch; this module must not): tests/test_fp8.py checks they agree.
+Fp8Mode = Literal["off", "auto", "tensorwise", "rowwise", "rowwise_with_gw_hp"]
+MAX_STEPS = 100_000_000
+
+
+class TrainOptions(BaseModel):
+    """What a caller chooses about a training run: data, output, length, size, device, seed, policy preset."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    datasets: Annotated[list[str], Flag("--dataset")] = Field(
+        min_length=1,
+        max_length=64,
+        description="Dataset URLs, hf://buckets/<ns>/<bucket>/datasets/<name> (the command's --dataset: repeat it "
+        "for several).",
+    )
+    output: str = Field(description="Run URL: hf://buckets/<ns>/<bucket>/models/<run>")
+    steps: int = Field(
+        default=1000, ge=1, le=MAX_STEPS, description="Optimizer steps (the run's total, counting resumed ones)."
+    )
+    batch_size: int = Field(default=8, ge=1, le=65536, description="Samples per step (per GPU under torchrun).")
+    device: str = Field(default="auto", description="auto (cuda when there is a GPU, else cpu), cpu, cuda or cuda:N.")
+    resume: bool = Field(default=False, description="Continue from the run's last checkpoint.")
+    log_every: int = Field(default=50, ge=1, le=MAX_STEPS, description="Steps between progress reports.")
+    checkpoint_every: int = Field(
+        default=1000, ge=1, le=MAX_STEPS, description="Steps between checkpoints (the last step always writes one)."
+    )
+    decode_workers: int = Field(default=4, ge=1, le=64, description="Processes decoding video for the frame buffer.")
+    seed: int = Field(
+        default=0, ge=0, le=2**32 - 1, description="Seed of the weights and the sampler."
+    )  # torch seeds are 64-bit; numpy's 32
+    tiny: bool = Field(default=False, description="A small ACT (policy.TINY_ACT: dim 64) for smoke tests on CPU.")
+    # The policy, on top of lerobot's ACT (or --tiny's): unset keeps its value. LeRobot's spellings work too.
+    chunk_size: Annotated[int | None, Flag("--chunk-size", ("--policy.chunk_size",))] = Field(
+        default=None, ge=1, le=1000, description="Actions the policy predicts per step (ACT's chunk; default 100)."
+    )
+    n_action_steps: Annotated[int | None, Flag("--n-action-steps", ("--policy.n_action_steps",))] = Field(
+        default=None, ge=1, le=1000, description="Actions run from each chunk (default: the chunk, at most 100)."
+    )
+    dim_model: Annotated[int | None, Flag("--dim-model", ("--policy.dim_model",))] = Field(
+        default=None, ge=8, le=8192, description="Transformer width (lerobot's ACT: 512)."
+    )
+    lr: Annotated[float | None, Flag("--lr", ("--policy.optimizer_lr",))] = Field(
+        default=None, gt=0, le=1, description="Learning rate (lerobot's ACT: 1e-5, tuned for an ImageNet backbone)."
+    )
+    image_size: Annotated[str | None, Flag("--policy-image-size", ("--policy.image_size",))] = Field(
+        default=None,
+        description="HxW the policy sees, e.g. 240x320 (default: the camera's; resized in its "
+        "preprocessor, which lerobot's tools load too).",
+    )
+    fp8: Fp8Mode = Field(
+        default="off",
+        description="FP8 linear layers (TorchAO): off, auto (only shapes measured faster; bf16 where there is no "
+        "FP8), tensorwise, rowwise, rowwise_with_gw_hp.",
+    )
+
+    @field_validator("datasets")
+    @classmethod
+    def _dataset_urls(cls, urls: list[str]) -> list[str]:
+        return [str(BucketUrl.parse(u)) for u in urls]  # BadBucketUrl is a ValueError: reported per field
+
+    @field_validator("output")
+    @classmethod
+    def _output_url(cls, url: str) -> str:
+        return str(BucketUrl.parse(url))
+
+    @field_validator("image_size")
+    @classmethod
+    def _image_size(cls, size: str | None) -> str | None:
+        from ..sim.constants import parse_image_size  # numpy only: the service and the agent stay light
+
+        return None if size is None else "x".join(map(str, parse_image_size(size)))
+
+    def policy_overrides(self) -> dict:
+        """The ACTSettings fields this run sets (unset ones keep the model's); n_action_steps follows a smaller
+        chunk, which it may not exceed."""
+        out = {k: getattr(self, k) for k in ("chunk_size", "n_action_steps", "dim_model", "lr") if getattr(self, k)}
+        if self.image_size:
+            out["image_size"] = tuple(int(v) for v in self.image_size.split("x"))
+        return out
+
+    @field_validator("fp8", mode="before")
+    @classmethod
+    def _fp8_mode(cls, mode: object) -> object:
+        modes = get_args(Fp8Mode)
+        if mode not in modes:  # robotloop.train.fp8.check_mode's message, which the CLI has always shown
+            raise ValueError(f"fp8 must be one of {', '.join(modes)}, got {mode!r}")
+        return mode
+
+
+__all__ = ["Fp8Mode", "TrainOptions", "to_argv"]

@@ -1,0 +1,113 @@
+"""The private APIs robotloop uses (all behind robotloop/compat.py) still exist with the shape it relies on.
+
+huggingface_hub is pinned only to >=1.6,<2: when a release moves one of them, these fail naming the symbol, instead
+of an upload or a training run failing far from the cause.
+"""
+
+import dataclasses
+import inspect
+import tomllib
+from pathlib import Path
+
+import pytest
+from huggingface_hub import HfApi
+from packaging.requirements import Requirement
+
+from robotloop import compat
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fields(cls: type) -> dict[str, dataclasses.Field]:
+    assert dataclasses.is_dataclass(cls), f"{cls.__module__}.{cls.__qualname__} is no longer a dataclass"
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def test_tested_versions_are_pyprojects_pins() -> None:
+    pins = {}
+    for line in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+        req = Requirement(line)
+        pins[req.name.lower()] = str(req.specifier)
+    for name, spec in compat.TESTED.items():
+        assert name.lower() in pins, f"{name} is not a dependency in pyproject.toml"
+        assert Requirement(f"{name}{spec}").specifier == Requirement(f"{name}{pins[name.lower()]}").specifier, name
+
+
+def test_installed_versions_are_the_tested_ones() -> None:
+    assert compat.untested_versions() == []
+
+
+def test_huggingface_hub_bucket_add_file() -> None:
+    """huggingface_hub._buckets._BucketAddFile(source, destination, xet_hash=, size=): a file by its Xet hash."""
+    init = fields(compat.BucketAddFile)
+    for name in ("source", "destination", "xet_hash", "size"):
+        assert name in init and init[name].init, f"huggingface_hub._buckets._BucketAddFile lost its field {name!r}"
+    add = compat.BucketAddFile(source=b"", destination="a/b.txt", xet_hash="0" * 64, size=3)
+    assert (add.destination, add.xet_hash, add.size) == ("a/b.txt", "0" * 64, 3)
+    batch = inspect.signature(HfApi.batch_bucket_files).parameters
+    assert "add" in batch and "delete" in batch, "HfApi.batch_bucket_files(add=, delete=) changed"
+
+
+def test_huggingface_hub_bucket_file() -> None:
+    have = fields(compat.BucketFile)
+    for name in ("path", "size", "xet_hash"):
+        assert name in have, f"huggingface_hub.BucketFile lost its field {name!r}"
+
+
+def test_huggingface_hub_xet_refresh_route() -> None:
+    """huggingface_hub.utils._xet.xet_connection_info_refresh_url(*, token_type, repo_id, repo_type, endpoint)."""
+    from huggingface_hub.utils import _xet
+
+    assert {t.name for t in _xet.XetTokenType} >= {"READ", "WRITE"}, "huggingface_hub.utils._xet.XetTokenType changed"
+    params = inspect.signature(_xet.xet_connection_info_refresh_url).parameters
+    for name in ("token_type", "repo_id", "repo_type", "endpoint"):
+        assert name in params, f"huggingface_hub.utils._xet.xet_connection_info_refresh_url lost {name!r}"
+    url = compat.xet_refresh_url("lab/demos", "http://127.0.0.1:1", write=True)
+    assert url.startswith("http://127.0.0.1:1/") and "lab/demos" in url and "write" in url, url
+    assert "read" in compat.xet_refresh_url("lab/demos", "http://127.0.0.1:1", write=False)
+
+
+def test_huggingface_hub_xet_session() -> None:
+    """huggingface_hub.utils._xet.get_xet_session(): an hf_xet session with upload commits and download streams."""
+    session = compat.xet_session()
+    for method in ("new_upload_commit", "new_download_stream_group"):
+        assert callable(getattr(session, method, None)), f"get_xet_session() gives no {method}"
+    assert compat.xet_session() is session, "get_xet_session() is no longer one shared session"
+
+
+def test_lerobot_normalizer_tensor_stats() -> None:
+    """lerobot's NormalizerProcessorStep._tensor_stats: key -> {"mean", "std", ...} as tensors."""
+    import torch
+    from lerobot.configs import FeatureType, NormalizationMode, PolicyFeature
+    from lerobot.processor import NormalizerProcessorStep
+
+    norm = NormalizerProcessorStep(
+        features={"observation.state": PolicyFeature(type=FeatureType.STATE, shape=(2,))},
+        norm_map={FeatureType.STATE: NormalizationMode.MEAN_STD},
+        stats={"observation.state": {"mean": [1.0, 2.0], "std": [3.0, 4.0]}},
+    )
+    try:
+        stats = compat.normalizer_tensor_stats(norm)
+    except AttributeError:
+        pytest.fail("lerobot's NormalizerProcessorStep has no _tensor_stats any more")
+    assert torch.equal(stats["observation.state"]["std"], torch.tensor([3.0, 4.0])), stats
+    assert norm.eps > 0 and norm.norm_map[FeatureType.STATE] is NormalizationMode.MEAN_STD
+
+
+def test_lerobot_streaming_encoder_dropped_frames() -> None:
+    """lerobot's DatasetWriter._streaming_encoder and StreamingVideoEncoder._dropped_frames (video key -> count)."""
+    from lerobot.datasets.dataset_writer import DatasetWriter
+    from lerobot.datasets.video_utils import StreamingVideoEncoder
+
+    assert "self._streaming_encoder =" in inspect.getsource(DatasetWriter.__init__), (
+        "lerobot's DatasetWriter no longer keeps _streaming_encoder"
+    )
+    encoder = StreamingVideoEncoder(fps=30)
+    assert isinstance(getattr(encoder, "_dropped_frames", None), dict), (
+        "lerobot's StreamingVideoEncoder no longer counts _dropped_frames"
+    )
+    writer = type("Writer", (), {"_streaming_encoder": encoder})()
+    assert compat.dropped_video_frames(writer) == 0
+    encoder._dropped_frames["observation.images.top"] = 2
+    assert compat.dropped_video_frames(writer) == 2
+    assert compat.dropped_video_frames(type("NoEncoder", (), {})()) == 0

@@ -1,0 +1,137 @@
+"""One list of training options (robotloop.train.options.TrainOptions) reaches every front end: `robotloop train`'s
+flags, the training service's JobSpec (and the command line it starts) and the agent's start_training tool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from pydantic import BaseModel, Field, ValidationError
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from robotloop.agent.tools import STORAGE_FIELDS, RobotloopTools
+from robotloop.cli import app
+from robotloop.options import flag, to_argv, tool_parameters, typer_command
+from robotloop.train.jobs import JobSpec
+from robotloop.train.options import TrainOptions
+
+URL = "hf://buckets/lab/demos/datasets/cube"
+RUN = "hf://buckets/lab/demos/models/run1"
+# Not their defaults, so that a flag the child would not parse back shows.
+CHANGED: dict[str, Any] = {
+    "datasets": [URL, "hf://buckets/lab/demos/datasets/more"],
+    "output": RUN,
+    "steps": 7,
+    "batch_size": 3,
+    "device": "cuda:1",
+    "resume": True,
+    "log_every": 2,
+    "checkpoint_every": 5,
+    "decode_workers": 2,
+    "seed": 11,
+    "tiny": True,
+    "fp8": "rowwise",
+    "chunk_size": 20,
+    "n_action_steps": 4,
+    "dim_model": 64,
+    "lr": 3e-4,
+    "image_size": "120x160",
+}
+
+
+def train_command():
+    return get_command(app).commands["train"]
+
+
+def test_every_option_is_a_cli_flag_a_job_spec_field_and_a_tool_parameter():
+    assert set(CHANGED) == set(TrainOptions.model_fields), "give a new option a non-default value in CHANGED"
+    cli = {opt: param for param in train_command().params for opt in param.opts}
+    tool = RobotloopTools.start_training.tool_spec["inputSchema"]["json"]["properties"]
+    for name, info in TrainOptions.model_fields.items():
+        assert flag(name, info) in cli, name
+        assert info.description and info.description in (cli[flag(name, info)].help or ""), name
+        assert name in JobSpec.model_fields, name
+        assert name in tool and tool[name]["description"] == JobSpec.model_fields[name].description, name
+    # What a job adds runs the job (gpus) or is the service's business (storage: never the model's to choose).
+    assert set(JobSpec.model_fields) - set(TrainOptions.model_fields) == {"gpus", *STORAGE_FIELDS}
+    assert set(tool) == set(JobSpec.model_fields) - set(STORAGE_FIELDS)
+
+
+def test_a_job_spec_command_line_parses_back_to_the_same_options(tmp_path: Path):
+    spec = JobSpec(**CHANGED)
+    argv = spec.command(tmp_path / "progress.jsonl")
+    args = argv[argv.index("robotloop.train") + 1 :]  # python -m robotloop.train <options>
+    parsed = train_command().make_context("train", args).params
+    assert {k: parsed[k] for k in CHANGED} == CHANGED
+    assert parsed["progress_file"] == tmp_path / "progress.jsonl"
+    # Defaults (False flags included) are written out too: the child runs with exactly the spec.
+    plain = JobSpec(datasets=[URL], output=RUN).command(tmp_path / "p")
+    assert "--no-resume" in plain and "--no-tiny" in plain and plain[plain.index("--device") + 1] == "cpu"
+
+
+def test_bounds_and_checks_are_the_same_on_every_front_end():
+    runner = CliRunner()
+    result = runner.invoke(app, ["train", "--dataset", URL, "--output", RUN, "--steps", "0"])
+    assert result.exit_code == 2 and "--steps" in result.output
+    result = runner.invoke(app, ["train", "--dataset", "s3://lab/cube", "--output", RUN])
+    assert result.exit_code == 2 and "hf://buckets/" in " ".join(result.output.split())
+    for bad in ({"steps": 0}, {"datasets": ["s3://lab/cube"]}, {"fp8": "fp4"}):
+        with pytest.raises(ValidationError):
+            JobSpec(**{**CHANGED, **bad})
+    tool = RobotloopTools.start_training.tool_spec["inputSchema"]["json"]["properties"]
+    assert tool["steps"]["minimum"] == 1 and tool["fp8"]["enum"][0] == "off"
+
+
+def test_an_option_added_to_the_model_reaches_every_front_end():
+    """What adding a field to TrainOptions does, on a model of its own: no front end lists options by hand."""
+
+    class Options(TrainOptions):
+        warmup_steps: int = Field(default=0, ge=0, description="Steps of linear learning-rate warm-up.")
+
+    seen: list[BaseModel] = []
+
+    @typer_command(Options)
+    def command(options: Options) -> None:
+        seen.append(options)
+
+    cli = typer.Typer()
+    cli.command()(command)
+    cli.command("other")(lambda: None)  # two commands: the first is then named, as `robotloop train` is
+    args = ["command", *to_argv(Options(datasets=[URL], output=RUN, warmup_steps=9))]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert seen[0].warmup_steps == 9 and seen[0].datasets == [URL]
+    assert "--warmup-steps" in CliRunner().invoke(cli, ["command", "--help"], env={"COLUMNS": "200"}).output
+
+    class Tools:
+        @tool_parameters(Options, param="spec")
+        def start(self, spec: Options) -> BaseModel:
+            """Start."""
+            return spec
+
+    from strands import tool
+
+    start = tool(Tools.start)
+    assert "warmup_steps" in start.tool_spec["inputSchema"]["json"]["properties"]
+    assert Tools().start(datasets=[URL], output=RUN, warmup_steps=4).warmup_steps == 4
+
+
+def test_progress_has_one_wire_type_from_the_trainer_to_the_agent():
+    import dataclasses
+
+    from robotloop.agent.tools import _job
+    from robotloop.train.jobs import JobState, _apply
+    from robotloop.train.progress import JOB_FIELDS, Progress, progress_line, read_line
+
+    sent = Progress(12, float("nan"), 850.5, 0.02, 3, 1.5, last_checkpoint=f"{RUN}/checkpoints/000010")
+    line = progress_line("progress", sent)
+    assert read_line(line) == ("progress", dataclasses.replace(sent, loss=None))  # NaN: strict JSON's null
+    assert read_line(line[:-5]) is None  # a torn last line is skipped
+    state = JobState("j1", "running", {"steps": 20, "output": RUN}, 0.0)
+    _apply(state, line.encode())
+    shown = _job(dataclasses.asdict(state))
+    assert {k: shown[k] for k in JOB_FIELDS} == {k: getattr(read_line(line)[1], k) for k in JOB_FIELDS}
+    assert set(JOB_FIELDS) <= {f.name for f in dataclasses.fields(JobState)}
