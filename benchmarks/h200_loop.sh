@@ -39,7 +39,9 @@ fi
 if has alone && [ -n "$RUN" ]; then
   stamp start alone
   python3 benchmarks/loop_train.py --dataset "hf://buckets/local/loop/datasets/transfer_cube-$RUN" --batch 64 \
-    --steps 600 --out "$R/standalone.json" > "$R/standalone.log" 2>&1
+    --steps 600 --gc-every 0 500 --out "$R/standalone.json" > "$R/standalone.log" 2>&1
+  python3 benchmarks/loop_train.py --dataset "hf://buckets/local/loop/datasets/transfer_cube-$RUN" --batch 64 \
+    --steps 600 --like-loop --out "$R/standalone_like_loop.json" > "$R/standalone_like_loop.log" 2>&1
   stamp end alone rc=$?
 fi
 pack

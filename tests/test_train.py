@@ -239,3 +239,18 @@ def test_lerobot_policy_spellings_reach_the_saved_config(bucket_server, tmp_path
     config = json.loads((tmp_path / "cfg.json").read_text())
     assert (config["chunk_size"], config["n_action_steps"], config["dim_model"]) == (5, 5, 32)
     assert config["optimizer_lr"] == 3e-4
+
+
+def test_collecting_garbage_by_hand_trains_the_same_and_gives_automatic_collection_back(bucket_server, tmp_path):
+    import gc
+
+    client, url, _ = _dataset(bucket_server, tmp_path, "gc")
+    reports = []
+    for gc_every in (None, 2):
+        out = BucketUrl.parse(f"hf://buckets/lab/train/models/gc-{gc_every}")
+        settings = TrainSettings(
+            steps=4, batch_size=4, checkpoint_every=4, seed=7, deterministic=True, gc_every=gc_every
+        )
+        reports.append(train(client, [url], out, settings, ACTSettings(**TINY), DataSettings(decode_workers=1)))
+        assert gc.isenabled()  # as it was before the run
+    assert reports[0].losses == reports[1].losses  # the collector's schedule changes no number

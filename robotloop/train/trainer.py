@@ -11,10 +11,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -45,6 +47,10 @@ class TrainSettings:
     # Wait until every episode is buffered before step 1 (when the data fits the buffer): the run is then
     # bit-for-bit reproducible and resumable. Off: training starts with the first decoded episodes.
     deterministic: bool = False
+    # Python's garbage collector. None: automatic. N: automatic collection off for the run and the young
+    # generations collected every N steps, as torchtitan does: a full collection in a big process (the loop's)
+    # stalls a launch-bound eager step. Not yet measured to help: benchmarks/loop_train.py --gc-every compares.
+    gc_every: int | None = None
 
 
 @dataclass
@@ -117,10 +123,24 @@ def train(
             torch.manual_seed(settings.seed + start + 1000 * rank)
         if settings.deterministic:
             sampler.wait_ready()
-        report = _loop(
-            client, sampler, policy, optimizer, output, settings, act, data, start, losses, on_progress, should_stop
-        )
+        with _automatic_gc(settings.gc_every is None):
+            report = _loop(
+                client, sampler, policy, optimizer, output, settings, act, data, start, losses, on_progress, should_stop
+            )
     return report
+
+
+@contextmanager
+def _automatic_gc(on: bool) -> Iterator[None]:
+    """Python's automatic garbage collection on (as it is) or off for the block, then as it was."""
+    was = gc.isenabled()
+    if not on:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _loop(
@@ -156,6 +176,8 @@ def _loop(
             policy.set_lr_factor(act.lr_factor(step, settings.steps))
         pending.append((step, policy.train_step(batch)))
         step += 1
+        if settings.gc_every and step % settings.gc_every == 0:
+            gc.collect(1)
         if step % settings.log_every == 0 or step == settings.steps:
             losses += [(s, float(v)) for s, v in pending]  # the one host sync per log interval
             pending.clear()
