@@ -196,7 +196,7 @@ def test_cancel_checkpoints_first_and_a_queued_job_then_runs_to_the_end(trainer)
         ),
         ("POST", "/v1/jobs", WRITER, job("hf://models/lab/a", 5), 422, "buckets"),
         ("POST", "/v1/jobs", WRITER, job("hf://buckets/lab/x/models/a", 0), 422, "steps"),
-        ("POST", "/v1/jobs", WRITER, {**job("hf://buckets/lab/x/models/a", 5), "lr": 1}, 422, "lr"),
+        ("POST", "/v1/jobs", WRITER, {**job("hf://buckets/lab/x/models/a", 5), "lr": 2}, 422, "lr"),  # lr <= 1
         ("POST", "/v1/jobs", WRITER, job("hf://buckets/lab/x/models/a", 5, gpus=2), 422, "needs device 'cuda'"),
         ("GET", "/v1/jobs", None, None, 401, "token is required"),
         ("GET", "/v1/jobs", "rl_nobody", None, 401, "Invalid credentials"),  # reads check the token too
