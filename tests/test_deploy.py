@@ -558,7 +558,7 @@ def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot, tmp_
     deploy.ckpts["small"] = make_tiny_checkpoint(tmp_path / "small", image_size=(24, 32))
     deploy.release("e2e-small", "small", channel="e2e")
     _wait(lambda: any(r["release"] == "e2e-small" for r in stats.refused), 15, "the mismatched release to be skipped")
-    assert "image_size=(24, 32)" in stats.refused[-1]["reason"] and robot.running == "e2e-v2"
+    assert "--image-size 24x32" in stats.refused[-1]["reason"] and robot.running == "e2e-v2"  # the CLI flag
     assert "e2e-small" not in json.loads((robot.store.root / "runtime.json").read_text())["refused"]
 
     _wait(
