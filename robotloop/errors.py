@@ -24,7 +24,7 @@ that nothing that worked breaks:
     ```
 
 The front ends map categories to what they answer, each in one place: the CLI to exit codes
-(`robotloop.cli.output.EXIT_CODES`), the services to HTTP statuses (`services.errors.HTTP_STATUS`, which also
+(`EXIT_CODES` in `robotloop/output.py`), the services to HTTP statuses (`services.errors.HTTP_STATUS`, which also
 names the few classes whose status an API fixed before the categories), the agent's tools to an error result.
 They catch `RobotloopError` only: anything else is a bug and shows its traceback.
 

@@ -1,6 +1,6 @@
 """How every entry point (the `robotloop` commands, `python -m robotloop.train`) reports a failure: one red line,
 escaped (messages hold URLs like `hf://[<TYPE>/]...` that rich would read as markup), and the exit code of the
-error's category (`EXIT_CODES`, the one place they are mapped; `robotloop.cli.output` re-exports it beside the
+error's category (`EXIT_CODES`, the one place they are mapped; the CLI's output module re-exports it beside the
 root group that reports them). Exit code 2 stays typer's, for usage errors. And quieter libraries, for the entry
 points that draw their own progress."""
 
