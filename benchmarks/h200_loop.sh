@@ -10,7 +10,7 @@
 #   fp8speed  benchmarks/fp8.py's speed table, side by side (cases: $FP8_CASES, default all three)
 # $STEPS names them in order (default "tc alone insertion+eval200"); steps joined by "+" run at the same time
 # (timings of a step that shared the machine say so in BENCHMARKS.md). Results go to $1 (default /tmp/h200-loop):
-# logs, report.json/report.md, eval_report.json, and results.tar.gz holding all of them, rebuilt after every step
+# logs, report.json/report.md, eval_report.json, and results.tar.gz holding all of them, rebuilt as each step ends
 # (a device call returns at most 8 files).
 #
 #   setsid nohup bash benchmarks/h200_loop.sh /tmp/r > /tmp/r.log 2>&1 &
@@ -24,7 +24,7 @@ stamp() { echo "$(date +%T) $*" | tee -a "$R/plan.log"; }
 pack() {  # the small files only: no weights, videos or bucket data
   (cd "$R" && find . -name robot-store -prune -o -name deploy -prune -o -name staging -prune -o -name keys -prune \
     -o -name videos -prune -o -type f \( -name '*.log' -o -name '*.json' -o -name '*.md' -o -name '*.png' \) \
-    -size -8M -print | tar czf results.tar.gz.new -T - && mv results.tar.gz.new results.tar.gz)
+    -size -8M -print | tar czf "results.tar.gz.$BASHPID" -T - && mv "results.tar.gz.$BASHPID" results.tar.gz)
 }
 run_id() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['settings']['run'])" "$R/tc/report.json"; }
 dataset() { echo "hf://buckets/local/loop/datasets/transfer_cube-$(run_id)"; }
@@ -69,7 +69,7 @@ command -v nvidia-smi > /dev/null && { nvidia-smi dmon -s um -d 5 > "$R/dmon.log
 for group in $STEPS; do
   pids=()
   for s in ${group//+/ }; do
-    (stamp start "$s"; "step_$s"; stamp end "$s" rc=$?) &
+    (stamp start "$s"; "step_$s"; stamp end "$s" rc=$?; pack) &
     pids+=($!)
   done
   wait "${pids[@]}"

@@ -31,9 +31,9 @@ import functools
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
 
@@ -86,6 +86,9 @@ def typer_parameters(model: type[BaseModel], names: Iterable[str] | None = None)
         # A Literal is a plain string to Typer: the model checks it, with the message that names the option.
         if get_origin(kind) is Literal:
             kind = str
+        # A secret is typed in as text; the model wraps it. (Typer 0.27, the GPU image's, refuses SecretStr.)
+        if SecretStr in (kind, *get_args(kind)):
+            kind = str | None
         decl = flag(name, info)
         if kind is bool:  # both spellings, as Typer gives a bool by default: to_argv writes --no-<flag> for False
             decl = f"{decl}/--no-{decl[2:]}"

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 import typer
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, SecretStr, ValidationError
 from typer.main import get_command
 from typer.testing import CliRunner
 
 from robotloop.agent.tools import STORAGE_FIELDS, RobotloopTools
 from robotloop.cli import app
-from robotloop.options import flag, to_argv, tool_parameters, typer_command
+from robotloop.options import flag, to_argv, tool_parameters, typer_command, typer_parameters
 from robotloop.train.jobs import JobSpec
 from robotloop.train.options import TrainOptions
 
@@ -135,3 +135,26 @@ def test_progress_has_one_wire_type_from_the_trainer_to_the_agent():
     shown = _job(dataclasses.asdict(state))
     assert {k: shown[k] for k in JOB_FIELDS} == {k: getattr(read_line(line)[1], k) for k in JOB_FIELDS}
     assert set(JOB_FIELDS) <= {f.name for f in dataclasses.fields(JobState)}
+
+
+def test_a_secret_option_is_typed_in_as_text_and_kept_secret():
+    """A SecretStr field is a plain text option to Typer (Typer 0.27, the GPU image's, refuses the type); the model
+    wraps what was typed, so it never prints."""
+
+    class Options(BaseModel):
+        token: SecretStr | None = Field(default=None, description="A token.")
+
+    seen: list[Options] = []
+
+    @typer_command(Options)
+    def command(options: Options) -> None:
+        seen.append(options)
+
+    (param,) = typer_parameters(Options)
+    assert param.annotation.__origin__ == str | None
+    cli = typer.Typer()
+    cli.command()(command)
+    cli.command("other")(lambda: None)
+    assert CliRunner().invoke(cli, ["command", "--token", "s3cret"]).exit_code == 0
+    assert isinstance(seen[0].token, SecretStr) and seen[0].token.get_secret_value() == "s3cret"
+    assert "s3cret" not in repr(seen[0])
