@@ -22,9 +22,10 @@ mkdir -p "$R"
 export MUJOCO_GL=egl PYTHONUNBUFFERED=1 XDG_CACHE_HOME=${XDG_CACHE_HOME:-$(mktemp -d)}
 stamp() { echo "$(date +%T) $*" | tee -a "$R/plan.log"; }
 pack() {  # the small files only: no weights, videos or bucket data
+  local part="results.tar.gz.$BASHPID"  # steps side by side pack at once
   (cd "$R" && find . -name robot-store -prune -o -name deploy -prune -o -name staging -prune -o -name keys -prune \
     -o -name videos -prune -o -type f \( -name '*.log' -o -name '*.json' -o -name '*.md' -o -name '*.png' \) \
-    -size -8M -print | tar czf "results.tar.gz.$BASHPID" -T - && mv "results.tar.gz.$BASHPID" results.tar.gz)
+    -size -8M -print | tar czf "$part" -T - && mv "$part" results.tar.gz)
 }
 run_id() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['settings']['run'])" "$R/tc/report.json"; }
 dataset() { echo "hf://buckets/local/loop/datasets/transfer_cube-$(run_id)"; }
