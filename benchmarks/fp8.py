@@ -162,6 +162,8 @@ def speed_run(mode: str, case: Case, args, device: torch.device, fast: bool) -> 
         "first_step_s": round(first, 1),
         "fp8_layers": len(tp.fp8_layers),
     }
+    if tp.fp8_step_timing is not None:  # "auto": its eager whole-step check, bf16 against the chosen layers in FP8
+        row["auto_step_ms"] = asdict(tp.fp8_step_timing)
     if device.type == "cuda":
         row["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     return row

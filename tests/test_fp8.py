@@ -168,7 +168,13 @@ def test_auto_converts_only_faster_shapes_and_caches_timings(tmp_path: Path, mon
 
     def build(measure):
         torch.manual_seed(0)
-        return build_policy(FEATURES, _stats(), _fp8_settings("auto"), accelerator=H100, fp8_measure=measure)
+        return build_policy(
+            FEATURES, _stats(), _fp8_settings("auto"), accelerator=H100, fp8_measure=measure, fp8_time_step=fp8_step
+        )
+
+    def fp8_step(model: nn.Module) -> float:
+        """Stands in for the whole step's GPU timing: 1.2x faster with the chosen layers in FP8."""
+        return 1.0 if any(isinstance(m, Float8Linear) for m in model.modules()) else 1.2
 
     tp = build(fake_gpu_timings)
     assert tp.fp8_layers == [] and not measured  # decided on the first batch, when token counts are known
@@ -193,6 +199,55 @@ def test_auto_converts_only_faster_shapes_and_caches_timings(tmp_path: Path, mon
     measured.clear()
     build(fake_gpu_timings).loss(_batch())
     assert len(measured) == 8 and json.loads((tmp_path / "fp8" / "linear_timings.json").read_text())
+
+
+def test_auto_keeps_bf16_when_the_whole_step_is_not_faster(tmp_path, monkeypatch, caplog) -> None:
+    """Layers faster alone, a step no faster with them (what one H200 showed on the large ACT): bf16."""
+    monkeypatch.setattr("robotloop.config.cache_home", lambda: tmp_path)
+    stepped: list[bool] = []
+
+    def fp8_faster_alone(shape: LinearShape) -> ShapeTiming:  # stands in for GPU timings of single layers
+        return ShapeTiming(bf16_ms=2.0, fp8_ms=1.0)
+
+    def fp8_step_slower(model: nn.Module) -> float:  # stands in for the whole step's GPU timing
+        stepped.append(fp8 := any(isinstance(m, Float8Linear) for m in model.modules()))
+        return 1.4 if fp8 else 1.0
+
+    torch.manual_seed(0)
+    auto = build_policy(
+        FEATURES,
+        _stats(),
+        _fp8_settings("auto"),
+        accelerator=H100,
+        fp8_measure=fp8_faster_alone,
+        fp8_time_step=fp8_step_slower,
+    )
+    with caplog.at_level(logging.INFO, logger="robotloop.train.fp8"):
+        assert torch.isfinite(auto.train_step(_batch()))
+    assert stepped == [False, True]  # the model as it is, then a copy with the chosen layers in FP8
+    assert auto.fp8_layers == [] and auto.fp8_step_timing == ShapeTiming(bf16_ms=1.0, fp8_ms=1.4)
+    assert not any(isinstance(m, Float8Linear) for m in auto.policy.modules())
+    assert "runs 0.71x of bf16's (1.4 ms against 1.0): training in bf16" in caplog.text
+
+
+def test_timing_the_whole_step_leaves_no_trace() -> None:
+    """The whole-step timer runs real forward + backward passes (BatchNorm learning its statistics, dropout and
+    VAE noise drawing numbers): afterwards the run goes on exactly as without them."""
+    settings = _settings(backbone_norm="batch")
+    torch.manual_seed(0)
+    timed = build_policy(FEATURES, _stats(), settings)
+    twin = build_policy(FEATURES, _stats(), settings)
+    twin.policy.load_state_dict(timed.policy.state_dict())
+    batch = _batch()
+    torch.manual_seed(7)
+    assert timed.step_ms(batch, warmup=1, steps=2) > 0
+    assert all(p.grad is None for p in timed.policy.parameters())
+    l_timed = timed.train_step(batch)
+    torch.manual_seed(7)
+    l_twin = twin.train_step(batch)
+    torch.testing.assert_close(l_timed, l_twin, rtol=0, atol=0)
+    for (name, a), (_, b) in zip(timed.policy.named_buffers(), twin.policy.named_buffers(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
 def test_auto_measuring_forward_leaves_the_run_random_stream_alone(tmp_path, monkeypatch) -> None:

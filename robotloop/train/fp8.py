@@ -6,9 +6,12 @@ Modes (`ACTSettings.fp8`, `robotloop train --fp8`):
   applied at build time to every linear layer that passes `fp8_candidates`. On a device without FP8 this
   raises `Fp8Unavailable` before training.
 - "auto": on the first batch, time each distinct (in, out, tokens) linear shape forward+backward, compiled,
-  in bf16 and in FP8 ("tensorwise"), and convert only the layers whose shape is at least `MIN_SPEEDUP`
-  faster in FP8. Timings are cached per GPU model and shape in `<cache_home()>/fp8/linear_timings.json`. On a
-  device without FP8, "auto" logs that it trains in bf16 and converts nothing.
+  in bf16 and in FP8 ("tensorwise"), and pick the layers whose shape is at least `MIN_SPEEDUP` faster in FP8
+  (timings cached per GPU model and shape in `<cache_home()>/fp8/linear_timings.json`). Then the whole training
+  step decides: one forward+backward of the model as it is against a copy with those layers in FP8; unless the
+  copy is `MIN_SPEEDUP` faster too, nothing is converted. Layers faster alone do not make a faster step: on one
+  H200 the large ACT's compiled step ran at 0.71x of bf16 with the 8 layers the shapes picked (BENCHMARKS.md).
+  On a device without FP8, "auto" logs that it trains in bf16 and converts nothing.
 
 Which layers (the rule): a plain `nn.Linear` that is *called as a module*, with `in_features` and
 `out_features` both multiples of 16 (what `torch._scaled_mm` needs). `nn.MultiheadAttention`'s `out_proj`
@@ -33,6 +36,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
@@ -256,6 +260,7 @@ class ShapeTiming:
 
 
 Measure = Callable[[LinearShape], ShapeTiming]
+StepTimer = Callable[[nn.Module], float]  # milliseconds of one training forward + backward of this model
 
 
 def record_linear_shapes(
@@ -365,9 +370,12 @@ class AutoFp8:
     cache_path: Path = dataclasses.field(default_factory=default_cache_path)
     recipe: str = AUTO_RECIPE
     min_speedup: float = MIN_SPEEDUP
+    time_step: StepTimer | None = None  # tests pass one; else `apply`'s, which times the real loss
+    step_timing: ShapeTiming | None = None  # the whole step's bf16 and FP8 milliseconds, once measured
 
-    def apply(self, model: nn.Module, run_forward: Callable[[], object]) -> list[str]:
-        """Record the candidates' shapes with one forward, time them (cache first), convert the faster ones.
+    def apply(self, model: nn.Module, run_forward: Callable[[], object], time_step: StepTimer) -> list[str]:
+        """Record the candidates' shapes with one forward, time them (cache first), pick the faster ones, and
+        convert them if the whole step with them in FP8 is faster too (`time_step` times one, eager).
 
         Raises:
             Fp8FormatMismatch: see `check_formats`.
@@ -385,9 +393,27 @@ class AutoFp8:
         )
         for shape, t in timings.items():
             log.info("FP8 auto: %s bf16 %.4f ms fp8 %.4f ms (%.2fx)", shape.key, t.bf16_ms, t.fp8_ms, t.speedup)
-        return convert_linears(
-            model, self.recipe, self.accelerator, only=select_layers(shapes, timings, self.min_speedup)
+        chosen = select_layers(shapes, timings, self.min_speedup)
+        if chosen and not self._whole_step_faster(model, chosen, self.time_step or time_step):
+            chosen = []
+        return convert_linears(model, self.recipe, self.accelerator, only=chosen)
+
+    def _whole_step_faster(self, model: nn.Module, chosen: list[str], time_step: StepTimer) -> bool:
+        trial = copy.deepcopy(model)
+        convert_linears(trial, self.recipe, self.accelerator, only=chosen)
+        self.step_timing = t = ShapeTiming(bf16_ms=time_step(model), fp8_ms=time_step(trial))
+        del trial
+        faster = t.speedup >= self.min_speedup
+        log.log(
+            logging.INFO if faster else logging.WARNING,
+            "FP8 auto: the step with %d layers in FP8 runs %.2fx of bf16's (%.1f ms against %.1f): %s",
+            len(chosen),
+            t.speedup,
+            t.fp8_ms,
+            t.bf16_ms,
+            "converting them" if faster else "training in bf16",
         )
+        return faster
 
 
 def check_mode(mode: str) -> None:
@@ -419,10 +445,15 @@ def preflight(mode: str, device: str) -> None:
 
 
 def setup_fp8(
-    model: nn.Module, mode: str, accelerator: Accelerator, measure: Callable[[], Measure]
+    model: nn.Module,
+    mode: str,
+    accelerator: Accelerator,
+    measure: Callable[[], Measure],
+    time_step: StepTimer | None = None,
 ) -> tuple[list[str], AutoFp8 | None]:
     """Apply `mode` to `model` at build time. Returns the layers converted now, and the AutoFp8 plan still to
-    run on the first batch ("auto" on an FP8 device) or None. `measure` builds the shape timer ("auto" only).
+    run on the first batch ("auto" on an FP8 device) or None. `measure` builds the shape timer, `time_step`
+    replaces the whole-step timer ("auto" only; tests pass both).
 
     Raises:
         ValueError: unknown mode. Fp8Unavailable: a recipe on a device without FP8.
@@ -438,7 +469,7 @@ def setup_fp8(
     except Fp8Unavailable:
         log.warning("fp8=auto: %s has no FP8; training in bf16 (no layer converted)", accelerator.label)
         return [], None
-    return [], AutoFp8(accelerator, measure())
+    return [], AutoFp8(accelerator, measure(), time_step=time_step)
 
 
 # ----- GPU timing (not runnable on CPU) ------------------------------------------------------------------
@@ -507,6 +538,7 @@ __all__ = [
     "Fp8Unavailable",
     "LinearShape",
     "ShapeTiming",
+    "StepTimer",
     "TimingCache",
     "check_formats",
     "convert_linears",

@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +46,7 @@ from torch import Tensor, nn
 
 from ..compat import normalizer_tensor_stats
 from ..errors import BadValue
-from .fp8 import Accelerator, AutoFp8, Measure, gpu_measure, setup_fp8
+from .fp8 import Accelerator, AutoFp8, Measure, ShapeTiming, StepTimer, gpu_measure, setup_fp8
 from .fp8 import check_mode as check_fp8_mode
 
 log = logging.getLogger(__name__)
@@ -434,6 +436,7 @@ class TrainablePolicy:
         self._params: list[nn.Parameter] = []  # the optimizer's, for grad clipping
         self.fp8_layers: list[str] = list(fp8_layers or [])
         self._fp8_auto = fp8_auto
+        self.fp8_step_timing: ShapeTiming | None = None  # "auto": the whole step's bf16 / FP8 ms, if it timed it
         self._loss_fn = self._loss_eager
         if settings.compile:
             # dynamic=False: fixed batch shapes are what CUDA graphs need, and it avoids recompiles guessing
@@ -482,21 +485,22 @@ class TrainablePolicy:
         enabled = self.settings.precision == "bf16"
         return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=enabled)
 
-    def _loss_eager(self, batch: dict[str, Tensor]) -> Tensor:
-        """lerobot's ACTPolicy.forward loss, without its `.item()` calls."""
+    def _loss_eager(self, batch: dict[str, Tensor], policy: ACTPolicy | None = None) -> Tensor:
+        """lerobot's ACTPolicy.forward loss, without its `.item()` calls (of `policy`, default this one's)."""
+        policy = policy or self.policy
         b = self.prepare(batch)
         b[OBS_IMAGES] = [b[k] for k in self.image_keys]
         with self._autocast():
-            actions_hat, (mu, log_sigma_x2) = self.policy.model(b)
+            actions_hat, (mu, log_sigma_x2) = policy.model(b)
         actions_hat = actions_hat.float()
         abs_err = F.l1_loss(b[ACTION], actions_hat, reduction="none")
         valid_mask = ~b[ACTION_IS_PAD].unsqueeze(-1)
         num_valid = valid_mask.sum() * abs_err.shape[-1]
         l1_loss = (abs_err * valid_mask).sum() / num_valid.clamp_min(1)
-        if self.policy.config.use_vae and log_sigma_x2 is not None:
+        if policy.config.use_vae and log_sigma_x2 is not None:
             mu, log_sigma_x2 = mu.float(), log_sigma_x2.float()
             mean_kld = (-0.5 * (1 + log_sigma_x2 - mu.pow(2) - log_sigma_x2.exp())).sum(-1).mean()
-            return l1_loss + mean_kld * self.policy.config.kl_weight
+            return l1_loss + mean_kld * policy.config.kl_weight
         return l1_loss
 
     def loss(self, batch: dict[str, Tensor]) -> Tensor:
@@ -513,16 +517,42 @@ class TrainablePolicy:
 
     def _apply_fp8_auto(self, batch: dict[str, Tensor]) -> None:
         """fp8="auto", first batch: one eager forward records each linear layer's token count, then the
-        faster-in-FP8 layers are converted. Before the first compiled call, so compile sees the final modules;
-        the RNG is forked so this forward leaves dropout and VAE noise of the run unchanged."""
+        faster-in-FP8 layers are converted if the whole step is faster with them. Before the first compiled
+        call, so compile sees the final modules; the RNG is forked and the buffers (BatchNorm's running
+        statistics) restored, so these passes leave the run as it would be without them."""
         auto, self._fp8_auto = self._fp8_auto, None
+        cuda = [self.device] if self.device.type == "cuda" else []
 
         def forward() -> None:
-            cuda = [self.device] if self.device.type == "cuda" else []
             with torch.no_grad(), torch.random.fork_rng(devices=cuda, device_type=self.device.type):
                 self._loss_eager(batch)
 
-        self.fp8_layers = auto.apply(self.policy, forward)
+        self.fp8_layers = auto.apply(self.policy, forward, lambda policy: self.step_ms(batch, policy))
+        self.fp8_step_timing = auto.step_timing
+
+    def step_ms(
+        self, batch: dict[str, Tensor], policy: ACTPolicy | None = None, warmup: int = 2, steps: int = 5
+    ) -> float:
+        """Median milliseconds of one eager training forward + backward of `policy` (default this one's) on
+        `batch`, leaving no trace: the random stream is forked, the gradients dropped and the buffers
+        (BatchNorm's running statistics) put back as they were."""
+        policy = policy or self.policy
+        cuda = [self.device] if self.device.type == "cuda" else []
+        buffers = {name: b.clone() for name, b in policy.named_buffers()}
+        times = []
+        with torch.random.fork_rng(devices=cuda, device_type=self.device.type):
+            for i in range(warmup + steps):
+                t0 = time.perf_counter()
+                self._loss_eager(batch, policy).backward()
+                if cuda:
+                    torch.cuda.synchronize(self.device)
+                if i >= warmup:
+                    times.append(time.perf_counter() - t0)
+        policy.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, b in policy.named_buffers():
+                b.copy_(buffers[name])
+        return statistics.median(times) * 1e3
 
     # ----- optimization -------------------------------------------------------------------------------
 
@@ -619,6 +649,7 @@ def build_policy(
     *,
     accelerator: Accelerator | None = None,
     fp8_measure: Measure | None = None,
+    fp8_time_step: StepTimer | None = None,
 ) -> TrainablePolicy:
     """Build lerobot's ACTPolicy and its processors for these features and dataset stats.
 
@@ -631,6 +662,7 @@ def build_policy(
         accelerator: the device description the FP8 checks use (default: `Accelerator.detect(device)`;
             tests pass a simulated GPU).
         fp8_measure: fp8="auto"'s shape timer (default: timing on `device`; tests pass a fake timing table).
+        fp8_time_step: fp8="auto"'s whole-step timer (default: the real loss, eager, on `device`).
 
     Raises:
         ValueError: bad features or settings. FileNotFoundError / RuntimeError: bad backbone weights file.
@@ -651,7 +683,7 @@ def build_policy(
     accelerator = accelerator or Accelerator.detect(device)
     mode = settings.compile_mode if settings.compile else "default"
     fp8_layers, fp8_auto = setup_fp8(
-        policy, settings.fp8, accelerator, lambda: fp8_measure or gpu_measure(device, mode)
+        policy, settings.fp8, accelerator, lambda: fp8_measure or gpu_measure(device, mode), fp8_time_step
     )
     if settings.channels_last:
         policy.model.backbone.to(memory_format=torch.channels_last)
