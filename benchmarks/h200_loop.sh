@@ -66,6 +66,9 @@ print('lerobot ACTPolicy.from_pretrained loaded', path, sum(p.numel() for p in p
   done
 }
 
+# Every command must build with the GPU image's own Typer (0.27 there): fail in a second, not after each step.
+python3 -c "from typer.main import get_command; from robotloop.cli import app; get_command(app)" > "$R/cli.log" 2>&1 \
+  || { stamp "the CLI does not build here: $R/cli.log"; pack; exit 1; }
 command -v nvidia-smi > /dev/null && { nvidia-smi dmon -s um -d 5 > "$R/dmon.log" 2>&1 & }
 for group in $STEPS; do
   pids=()
