@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RobotSettings
+from ..errors import NotFound, Refused
 from ..storage import StorageError
 from .client import DeployClient, DeployError
 from .envs import StepResult
@@ -360,7 +361,7 @@ class RobotRuntime:
                 answer = self.deploy.assignment(self.options.robot_id, known=known, wait_s=self.options.poll_wait_s)
                 assigned = answer["release"]
             except (DeployError, ValueError, KeyError, TypeError) as error:  # refused, or an answer of another shape
-                if isinstance(error, DeployError) and error.status in (401, 403, 404):
+                if isinstance(error, DeployError) and isinstance(error, Refused | NotFound):
                     log.error("deploy service refuses this robot: %s", error)
                 elif not isinstance(error, DeployError):
                     log.error("unexpected answer from the deploy service: %r", error)
