@@ -24,9 +24,11 @@ that nothing that worked breaks:
     ```
 
 The front ends map categories to what they answer, each in one place: the CLI to exit codes
-(`EXIT_CODES` in `robotloop/output.py`), the services to HTTP statuses (`services.errors.HTTP_STATUS`, which also
-names the few classes whose status an API fixed before the categories), the agent's tools to an error result.
-They catch `RobotloopError` only: anything else is a bug and shows its traceback.
+(`EXIT_CODES` in `robotloop/output.py`), the services to HTTP statuses (`CATEGORY_STATUS` here, which
+`services.errors.HTTP_STATUS` extends with the few classes whose status an API fixed before the categories), the
+agent's tools to an error result. They catch `RobotloopError` only: anything else is a bug and shows its traceback.
+The service clients read a refusal's status back into its category (`category_of_status`), so a 404 from a service
+is a `NotFound` on the caller's side too, and an unreachable service is `Unavailable`.
 
     ```python
     >>> from robotloop.storage import BucketUrl
@@ -101,6 +103,39 @@ CATEGORIES: tuple[type[RobotloopError], ...] = (
     Unavailable,
     Busy,
 )
+
+
+# The HTTP status a service answers each category with, and the category a client reads each status back as.
+CATEGORY_STATUS: dict[type[RobotloopError], int] = {
+    RobotloopError: 500,  # filed under no category: the server failed at something, not the caller
+    BadInput: 400,
+    TooLarge: 413,
+    Unprocessable: 422,
+    NotFound: 404,
+    Conflict: 409,
+    Refused: 403,
+    Unavailable: 503,
+    Busy: 429,
+}
+
+# The statuses services answer besides the categories' (see services/errors.py), read back as the category of the
+# errors they answer for; any other 4xx is a BadInput, any other 5xx an Unavailable.
+_OTHER_STATUSES: dict[int, type[RobotloopError]] = {
+    401: Refused,  # no or unknown token
+    410: Unavailable,  # the server's own bytes are damaged
+    416: BadInput,  # a range outside the file
+    502: Unavailable,  # the service's own storage failed
+    504: Unavailable,
+}
+_STATUS_CATEGORY: dict[int, type[RobotloopError]] = {
+    **_OTHER_STATUSES,
+    **{status: kind for kind, status in CATEGORY_STATUS.items()},
+}
+
+
+def category_of_status(status: int) -> type[RobotloopError]:
+    """The category of a service's refusal with HTTP `status` (>= 400): the inverse of `CATEGORY_STATUS`."""
+    return _STATUS_CATEGORY.get(status) or (BadInput if status < 500 else Unavailable)
 
 
 def category(error: RobotloopError) -> type[RobotloopError]:

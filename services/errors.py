@@ -2,9 +2,10 @@
 (`robotloop.errors`), for FastAPI's validation errors and for Starlette's (unknown route, wrong method), so
 clients read one shape.
 
-`HTTP_STATUS` is the one place a robotloop error becomes an HTTP status: a category maps to its status, and the few
-classes listed after the categories keep the status their API has answered with since before the categories (the
-Hub's clients and the robots read them). An error takes the entry of the first class of its MRO the table names.
+`HTTP_STATUS` is the one place a robotloop error becomes an HTTP status: a category maps to its status
+(`robotloop.errors.CATEGORY_STATUS`, which the service clients read back), and the few classes listed after the
+categories keep the status their API has answered with since before the categories (the Hub's clients and the
+robots read them). An error takes the entry of the first class of its MRO the table names.
 
 Example:
     ```python
@@ -24,33 +25,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from robotloop.deploy.keys import BadSignature
-from robotloop.errors import (
-    BadInput,
-    Busy,
-    Conflict,
-    NotFound,
-    Refused,
-    RobotloopError,
-    TooLarge,
-    Unavailable,
-    Unprocessable,
-    lookup,
-)
+from robotloop.errors import CATEGORY_STATUS, RobotloopError, lookup
 from robotloop.storage.client import StorageError
 from robotloop.storage.server.auth import Unauthorized
 from robotloop.storage.server.cas import DamagedXorb, RangeNotSatisfiable
 
 HTTP_STATUS: dict[type[RobotloopError], int] = {
-    RobotloopError: 500,  # filed under no category: the server failed at something, not the caller
-    BadInput: 400,
-    TooLarge: 413,
-    Unprocessable: 422,
-    NotFound: 404,
-    Conflict: 409,
-    Refused: 403,
-    Unavailable: 503,
-    Busy: 429,
-    # Classes whose status their API fixed first:
+    **CATEGORY_STATUS,  # the categories' (robotloop/errors.py: the service clients read them back)
+    # Classes whose status their API fixed first (robotloop/errors.py reads these statuses back too):
     Unauthorized: 401,  # 401 is what makes a client ask for a token; 403 means the token it has is not enough
     BadSignature: 422,  # an untrusted manifest is content the deploy service cannot accept, not a missing right
     RangeNotSatisfiable: 416,

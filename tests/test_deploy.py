@@ -757,7 +757,8 @@ def test_eval_resolves_a_release_name_and_verifies_it_as_robots_do(deploy, bucke
 
 def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_order(tmp_path):
     # Runtime bookkeeping only, with stand-ins for the policy runner and the deploy service (no model needed).
-    from robotloop.deploy.runtime import _EpisodeTally, _Loaded
+    from robotloop.deploy.runtime import _EpisodeTally
+    from robotloop.deploy.swap import Loaded
 
     class Runner:
         at_chunk_boundary = True
@@ -787,26 +788,67 @@ def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_or
     )  # hardware: no reward, no score
 
     def swap(release: str) -> None:
-        runtime._standby = _Loaded(release, Runner())
+        runtime.slots.offer(Loaded(release, Runner()))
         assert runtime._maybe_swap(None)
 
     def episode(release: str) -> None:
         runtime._finish(_EpisodeTally(release, mixed=False, steps=10))
 
     swap("A")
-    runtime._probation = False  # A is proven
+    runtime.slots.probation = False  # A is proven
     swap("B")
-    assert runtime._probation and runtime._previous.release == "A"
+    assert runtime.slots.probation and runtime.slots.previous.release == "A"
     swap("C")  # arrives while B is still on probation: the way back stays A, the last proven release
-    assert runtime._probation and runtime._previous.release == "A"
+    assert runtime.slots.probation and runtime.slots.previous.release == "A"
     episode("C")
-    assert runtime._probation
+    assert runtime.slots.probation
     episode("C")  # no score on this robot: a release that ran its window of episodes has passed
-    assert not runtime._probation and runtime._previous is None
+    assert not runtime.slots.probation and runtime.slots.previous is None
 
     runtime._reporter.flush()  # the first send fails: nothing is lost and the order is kept
     runtime._reporter.flush()
     assert service.sent == [("swap", "A"), ("swap", "B"), ("swap", "C")]
+
+
+def test_policy_slots_swap_at_a_chunk_boundary_and_the_health_check_judges_the_new_release(tmp_path):
+    from robotloop.deploy.ledger import ReleaseLedger
+    from robotloop.deploy.runtime import EpisodeResult
+    from robotloop.deploy.swap import HealthCheck, Loaded, PolicySlots
+
+    class Runner:
+        def __init__(self) -> None:
+            self.at_chunk_boundary, self.resets = False, 0
+
+        def reset(self) -> None:
+            self.resets += 1
+
+    slots, ledger = PolicySlots(), ReleaseLedger(tmp_path / "runtime.json", health_window=2)
+    check, seen, a, b = HealthCheck(slots, ledger, window=2, margin=0.5), [], Runner(), Runner()
+
+    def swap():
+        return slots.swap(lambda release: True, lambda release, was: seen.append((release, was, slots.running)))
+
+    slots.offer(Loaded("A", a))
+    assert swap() == ("A", None) and not slots.probation  # the first release: nothing to judge it against
+    slots.offer(Loaded("B", b))
+    assert swap() is None and slots.pending() == "B"  # A is inside an action chunk: B waits
+    a.at_chunk_boundary = True
+    assert swap() == ("B", "A") and slots.probation and slots.previous.release == "A"
+    assert seen == [("A", None, None), ("B", "A", "A")]  # recorded before the new release shows as running
+    for score in (3.0, 3.0):
+        ledger.scored("A", score)
+    episode = EpisodeResult("B", steps=10, max_reward=1.0, success=False, action_jerk=0.0)
+    assert check.finished(episode, 1.0) is None and slots.probation  # one episode of two: not judged yet
+    failed = check.finished(episode, 1.0)
+    assert "mean episode score 1.000 over 2 episodes is below the previous release's 3.000" in failed
+    assert slots.roll_back() == ("B", "A") and slots.running == "A" and not slots.probation
+    assert a.resets == 2 and slots.previous is None  # reset when it swapped in, and again when it came back
+    # a release within the margin passes: the way back is let go
+    slots.offer(Loaded("C", Runner()))
+    assert swap() == ("C", "A") and slots.probation
+    for _ in range(2):
+        assert check.finished(EpisodeResult("C", 10, 2.6, False, 0.0), 2.6) is None
+    assert not slots.probation and slots.previous is None and slots.running == "C"
 
 
 def test_the_release_ledger_remembers_refusals_across_restarts_and_the_rest_for_one_run(tmp_path):

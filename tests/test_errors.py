@@ -25,7 +25,8 @@ import services
 from robotloop.agent.tools import reported
 from robotloop.cli import app
 from robotloop.cli.output import EXIT_CODES
-from robotloop.errors import CATEGORIES, BadInput, NotFound, RobotloopError
+from robotloop.errors import CATEGORIES, BadInput, NotFound, RobotloopError, category
+from robotloop.service_client import ServiceClient, ServiceError
 from services.errors import HTTP_STATUS, json_errors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,6 +160,16 @@ def test_each_category_answers_its_status_over_a_socket(kind, service_url: str):
     answer = httpx.get(f"{service_url}/raise/{kind.__name__}")
     assert answer.status_code == HTTP_STATUS[kind], answer.text
     assert answer.json() == {"error": f"{kind.__name__} refused this"}
+
+
+@pytest.mark.parametrize("kind", (RobotloopError, *CATEGORIES), ids=lambda k: k.__name__)
+def test_a_service_client_reads_each_status_back_as_its_category(kind, service_url: str):
+    class Client(ServiceClient):
+        service = "test service"
+
+    with pytest.raises(ServiceError, match=f"test service: {kind.__name__} refused this") as refused:
+        Client(service_url, "token")._call("GET", f"/raise/{kind.__name__}")
+    assert category(refused.value) is kind and refused.value.status == HTTP_STATUS[kind]
 
 
 def test_a_bug_in_a_route_is_a_500_not_a_refusal(service_url: str):

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from robotloop.deploy.evaluate import evaluate, resolve_policy, wilson_interval
+from robotloop.config import Settings
+from robotloop.deploy.evaluate import evaluate, locate_and_evaluate, resolve_policy, wilson_interval
 from robotloop.deploy.runner import PolicyLoadError, make_tiny_checkpoint
+from robotloop.errors import BadInput
 from robotloop.storage import BucketClient, BucketUrl
 
 from .conftest import WRITE_TOKEN
@@ -93,6 +95,18 @@ def test_bad_arguments_are_refused(tiny: Path, tmp_path: Path) -> None:
         assert result.exit_code == 2, result.output
 
 
+def test_an_unknown_task_fails_before_the_policy_is_located(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="unknown ALOHA task 'juggling'"):
+        locate_and_evaluate(
+            Settings(),
+            "hf://buckets/lab/eval/models/run1",
+            "juggling",
+            1,
+            output_dir=tmp_path,
+            client_factory=lambda: pytest.fail("the policy was fetched"),
+        )
+
+
 def test_resolve_policy_local_forms(tiny: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     step = run / "checkpoints" / "000020"
@@ -168,4 +182,6 @@ def test_cli_evaluates_a_checkpoint_in_a_bucket(tiny: Path, bucket_server, tmp_p
     # downloaded beside the read cache, not into ~/.cache
     downloaded = Path(saved["policy"])
     assert saved["source"] == str(run) and downloaded.is_relative_to(tmp_path / "cache" / "policies")
+    # the step "latest" meant, printed before the episodes and kept in the report
+    assert saved["checkpoint"] == f"{run}/checkpoints/000005" and f"policy: {run}/checkpoints/000005" in done.stdout
     assert len(_decode(saved["episodes"][0]["video"])) == 9

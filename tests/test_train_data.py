@@ -13,9 +13,11 @@ import pytest
 import torch
 
 from robotloop.capture import DatasetRecorder, DatasetSpec, Episode
+from robotloop.errors import BadInput
+from robotloop.errors import NotFound as Missing
 from robotloop.storage import BucketClient, BucketUrl, NotFound
 from robotloop.storage.cache import ReadCache
-from robotloop.train.data import DatasetMismatch, DataSettings, StreamingSampler
+from robotloop.train.data import DatasetMismatch, DataSettings, StaleState, StreamingSampler
 
 from .conftest import WRITE_TOKEN
 
@@ -296,8 +298,27 @@ def test_pyav_decodes_the_frames_torchcodec_does(bucket_server, dataset, tmp_pat
 
 
 def test_unknown_video_backend_is_refused():
-    with pytest.raises(ValueError, match="video_backend"):
+    with pytest.raises(ValueError, match="video_backend") as refused:
         DataSettings(video_backend="opencv")
+    assert isinstance(refused.value, BadInput)
+
+
+def test_bad_input_is_filed_under_the_error_model(full, bucket_server, dataset):
+    """What the caller got wrong is a BadInput (or NotFound) and still the ValueError it was before."""
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    bad = (([], 0, 1, "at least one dataset"), ([dataset], 2, 2, r"rank 2 is not in \[0, 2\)"))
+    for urls, rank, world, want in bad:
+        with pytest.raises(BadInput, match=want) as refused:
+            StreamingSampler(client, urls, settings(), rank=rank, world_size=world)
+        assert isinstance(refused.value, ValueError)
+    sampler, _ = full
+    state = sampler.state_dict()
+    with pytest.raises(BadInput, match="state is for rank/world/seed"):
+        sampler.load_state_dict({**state, "world": [1, 2, 7]})
+    gone = {**state, "known": [*state["known"], [str(dataset), 99]]}  # an episode the dataset does not hold
+    with pytest.raises(Missing, match="do not hold") as stale:
+        sampler.load_state_dict(gone)
+    assert isinstance(stale.value, StaleState) and isinstance(stale.value, ValueError)
 
 
 def test_a_dataset_at_a_bucket_root_streams(bucket_server, tmp_path):

@@ -275,29 +275,26 @@ class RobotloopTools:
             videos: record the first N episodes as mp4
             device: cpu or cuda
         """
-        from ..deploy.evaluate import REPORT_FILE, evaluate
-        from ..deploy.resolve import locate_policy_for
+        from ..deploy.evaluate import REPORT_FILE, default_output_dir, locate_and_evaluate
 
-        found = locate_policy_for(self.ctx.settings, policy, lambda: self.ctx.bucket)
-        out = self.ctx.eval_dir / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{task}"
-        report = evaluate(
-            found.path,
+        out = default_output_dir(task, self.ctx.eval_dir)
+        report = locate_and_evaluate(
+            self.ctx.settings,
+            policy,
             task,
             episodes,
             workers,
+            output_dir=out,
+            client_factory=lambda: self.ctx.bucket,
             seed=seed,
             max_steps=max_steps,
             videos=videos,
-            output_dir=out,
             device=device,
-            source=policy,
-            checkpoint=found.checkpoint,
         )
-        summary = report.to_dict()["summary"]
         return {
             "policy": policy,
             "task": report.task,
-            **_rounded(summary),
+            **_rounded(report.summary),
             "wall_s": round(report.wall_s, 1),
             "report": str(out / REPORT_FILE),
             "videos": report.videos,

@@ -107,8 +107,8 @@ class CaptureClient(ServiceClient):
         """
         return self._call("GET", "/v1/health")
 
-    def _refused(self, status: int, message: str) -> CaptureError:
-        return CaptureError(message, status)  # `message` alone: robots' operators read it as the service wrote it
+    def _refusal_message(self, status: int, message: str) -> str:
+        return message  # alone: robots' operators read it as the service wrote it (CaptureError adds the status)
 
     def __enter__(self) -> CaptureClient:
         return self

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated
 
@@ -55,8 +54,7 @@ def eval_policy(
     device: Annotated[str, typer.Option(help="auto (cuda when there is a GPU, else cpu), cpu or cuda.")] = "auto",
 ) -> None:
     """Evaluate a trained policy in the ALOHA sim: episodes run in parallel, seeded, with rollout videos."""
-    from ..deploy.evaluate import evaluate
-    from ..deploy.resolve import locate_policy_for
+    from ..deploy.evaluate import REPORT_FILE, default_output_dir, locate_and_evaluate
     from ..sim.env import parse_image_size
     from ..sim.tasks import get_task
     from ..train.device import resolve_device
@@ -69,9 +67,7 @@ def eval_policy(
         size = parse_image_size(image_size)
     except BadInput:
         raise typer.BadParameter(f"{image_size!r}: expected HxW, e.g. 480x640", param_hint="--image-size") from None
-    out = output_dir or Path("outputs/eval") / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{sim}"
-    found = locate_policy_for(ctx.obj, policy)
-    console.print(f"policy: {found.checkpoint}")  # the step a run's "latest" is at now
+    out = output_dir or default_output_dir(sim)
     with Progress(
         TextColumn("evaluating"),
         BarColumn(),
@@ -80,27 +76,31 @@ def eval_policy(
         TextColumn("{task.fields[note]}"),
         console=console,
     ) as bars:
-        bar = bars.add_task("eval", total=episodes, note="starting workers")
+        bar = bars.add_task("eval", total=episodes, note="locating the policy")
         done: list[bool] = []
+
+        def on_located(found) -> None:
+            console.print(f"policy: {found.checkpoint}")  # the step a run's "latest" is at now
+            bars.update(bar, note="starting workers")
 
         def on_episode(result) -> None:
             done.append(result.success)
             bars.update(bar, advance=1, note=f"{sum(done)}/{len(done)} solved")
 
-        report = evaluate(
-            found.path,
+        report = locate_and_evaluate(
+            ctx.obj,
+            policy,
             sim,
             episodes,
             workers,
+            output_dir=out,
+            on_located=on_located,
             seed=seed,
             max_steps=max_steps,
             image_size=size,
             videos=videos,
-            output_dir=out,
             device=resolve_device(device),
             on_episode=on_episode,
-            source=policy,
-            checkpoint=found.checkpoint,
         )
     console.print(_episode_table(report))
     lo, hi = report.success_ci95
@@ -111,7 +111,7 @@ def eval_policy(
     )
     for video in report.videos:
         console.print(f"video: {video}")
-    console.print(f"report: {out / 'eval_report.json'}")
+    console.print(f"report: {out / REPORT_FILE}")
 
 
 def _episode_table(report) -> Table:

@@ -31,10 +31,17 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from ..config import Settings
 from ..errors import BadValue
+from ..storage import BucketClient
+
+# Policy resolution lives in robotloop.deploy.resolve; pull_release_for, resolve_policy and resolve_release stay
+# importable from here.
+from .resolve import ResolvedPolicy, locate_policy_for, pull_release_for, resolve_policy, resolve_release
 from .runner import PolicyRunner
 
 DEFAULT_SEED = 1000  # lerobot-eval's default start seed
@@ -101,17 +108,20 @@ class EvalReport:
     def videos(self) -> list[str]:
         return [e.video for e in self.episodes if e.video]
 
-    def to_dict(self) -> dict:
-        lo, hi = self.success_ci95
-        summary = {
+    @property
+    def summary(self) -> dict:
+        """The aggregates, as the report file's `summary` holds them (and the agent's tool answers them)."""
+        return {
             "successes": self.successes,
             "n_episodes": len(self.episodes),
             "success_rate": self.success_rate,
-            "success_ci95": [lo, hi],
+            "success_ci95": list(self.success_ci95),
             "mean_max_reward": self.mean_max_reward,
             "mean_sum_reward": self.mean_sum_reward,
         }
-        return {**asdict(self), "summary": summary}
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "summary": self.summary}
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -328,6 +338,53 @@ def evaluate(
     return report
 
 
+def default_output_dir(task: str, root: Path = Path("outputs/eval")) -> Path:
+    """Where an evaluation's videos and report go when the caller names no folder: `<root>/<time>_<task>`."""
+    return root / f"{time.strftime('%Y-%m-%d_%H-%M-%S')}_{task}"
+
+
+def locate_and_evaluate(
+    settings: Settings,
+    policy: str,
+    task: str,
+    episodes: int,
+    workers: int = 1,
+    *,
+    output_dir: Path,
+    client_factory: Callable[[], BucketClient] | None = None,
+    on_located: Callable[[ResolvedPolicy], None] | None = None,
+    **options: Any,
+) -> EvalReport:
+    """`robotloop eval` and the agent's `evaluate_policy` tool: the task checked, `policy` (a folder, a bucket URL
+    or a release name) located with robotloop's settings (`locate_policy_for`), then evaluated (`evaluate`), the
+    report saved under `output_dir` and naming what `policy` resolved to.
+
+    Args:
+        on_located: called with what `policy` resolved to before the first episode (the CLI prints the step).
+        options: `evaluate`'s keyword arguments (seed, max_steps, image_size, videos, device, on_episode, ...).
+
+    Raises:
+        BadInput: an unknown task (before anything is downloaded) or bad arguments; PolicyLoadError, and for
+        release names the deploy service's errors: see `locate_policy_for` and `evaluate`.
+    """
+    from ..sim import get_task
+
+    get_task(task)  # an unknown task fails before a checkpoint is downloaded
+    found = locate_policy_for(settings, policy, client_factory)
+    if on_located is not None:
+        on_located(found)
+    return evaluate(
+        found.path,
+        task,
+        episodes,
+        workers,
+        output_dir=output_dir,
+        source=policy,
+        checkpoint=found.checkpoint,
+        **options,
+    )
+
+
 def _run_all(job: _Job, args: list[tuple[int, int, bool]], workers: int, runner: PolicyRunner):
     """Yield EpisodeResults as they finish: in this process (with `runner`) for one worker, else in a spawn pool."""
     if workers == 1:
@@ -368,17 +425,14 @@ def _fmt(size: tuple[int, int] | None) -> str:
     return "no" if size is None else f"{size[0]}x{size[1]}"
 
 
-# -- resolving --policy --------------------------------------------------------------------------------
-# Policy resolution lives in robotloop.deploy.resolve; these names stay importable from here.
-from .resolve import pull_release_for, resolve_policy, resolve_policy_for, resolve_release  # noqa: E402
-
 __all__ = [
     "EpisodeResult",
     "EvalReport",
+    "default_output_dir",
     "evaluate",
+    "locate_and_evaluate",
     "pull_release_for",
     "resolve_policy",
-    "resolve_policy_for",
     "resolve_release",
     "wilson_interval",
     "write_video",

@@ -101,15 +101,6 @@ def locate_policy_for(
     )
 
 
-def resolve_policy_for(settings: Settings, spec: str, client_factory: Callable[[], BucketClient] | None = None) -> Path:
-    """`locate_policy_for(...).path`.
-
-    Raises:
-        PolicyLoadError, and for release names DeployError / BadSignature / IntegrityError.
-    """
-    return locate_policy_for(settings, spec, client_factory).path
-
-
 def pull_release_for(settings: Settings, name: str) -> Path:
     """Release `name` pulled through the deploy service (deploy.url, deploy.token) and verified as robots do, with
     the keys robots trust (robot.trusted_keys, deploy.trusted_keys, else the deploy key's public half).

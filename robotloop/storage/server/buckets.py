@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from ...errors import BadInput, Conflict, NotFound, RobotloopError, Unprocessable
 from ..private import private_dir
+from .sqlite import ThreadLocalDb
 
 MAX_PATH_BYTES = 1024
 MAX_NAME_LEN = 96
@@ -253,23 +253,9 @@ class BucketStore:
         private_dir(self.root)
         self.db_path = self.root / "buckets.sqlite"
         self._file_size, self._uploaded_by = file_size, uploaded_by
-        self._local = threading.local()
-        with self._conn() as conn:
+        self._db = ThreadLocalDb(self.db_path, timeout_s=30.0, foreign_keys=True, rows=True)
+        with self._db.conn() as conn:
             conn.executescript(_SCHEMA)
-
-    # --- connection ---------------------------------------------------------------------
-
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            # isolation_level=None: we issue BEGIN/COMMIT ourselves so a batch is exactly one transaction.
-            conn = sqlite3.connect(self.db_path, isolation_level=None, timeout=30.0, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            conn.row_factory = sqlite3.Row
-            self._local.conn = conn
-        return conn
 
     # --- buckets ------------------------------------------------------------------------
 
@@ -284,7 +270,7 @@ class BucketStore:
         validate_name("bucket name", name)
         now = time.time()
         try:
-            with self._tx(immediate=True) as conn:
+            with self._db.tx(immediate=True) as conn:
                 conn.execute(
                     "INSERT INTO buckets (namespace, name, private, created_at) VALUES (?, ?, ?, ?)",
                     (namespace, name, int(private), now),
@@ -300,7 +286,7 @@ class BucketStore:
             BucketNotFound: no such bucket.
         """
         row = (
-            self._conn()
+            self._db.conn()
             .execute(
                 "SELECT b.*, COALESCE(SUM(f.size), 0) AS size, COUNT(f.path) AS total_files"
                 " FROM buckets b LEFT JOIN files f ON f.bucket_id = b.id"
@@ -325,7 +311,7 @@ class BucketStore:
     ) -> list[BucketRecord]:
         """Buckets of ``namespace`` ordered by name, names strictly after ``after`` (keyset paging)."""
         rows = (
-            self._conn()
+            self._db.conn()
             .execute(
                 "SELECT b.*, COALESCE(SUM(f.size), 0) AS size, COUNT(f.path) AS total_files"
                 " FROM buckets b LEFT JOIN files f ON f.bucket_id = b.id"
@@ -343,7 +329,7 @@ class BucketStore:
         Raises:
             BucketNotFound: no such bucket.
         """
-        with self._tx(immediate=True) as conn:
+        with self._db.tx(immediate=True) as conn:
             bucket_id = self._bucket_id(conn, namespace, name)
             conn.execute("DELETE FROM files WHERE bucket_id = ?", (bucket_id,))
             conn.execute("DELETE FROM buckets WHERE id = ?", (bucket_id,))
@@ -354,7 +340,7 @@ class BucketStore:
         Raises:
             BucketNotFound: no such bucket.
         """
-        with self._tx(immediate=True) as conn:
+        with self._db.tx(immediate=True) as conn:
             bucket_id = self._bucket_id(conn, namespace, name)
             conn.execute("UPDATE buckets SET private = ? WHERE id = ?", (int(private), bucket_id))
 
@@ -367,7 +353,7 @@ class BucketStore:
         validate_name("namespace", to_ns)
         validate_name("bucket name", to_name)
         try:
-            with self._tx(immediate=True) as conn:
+            with self._db.tx(immediate=True) as conn:
                 bucket_id = self._bucket_id(conn, from_ns, from_name)
                 conn.execute("UPDATE buckets SET namespace = ?, name = ? WHERE id = ?", (to_ns, to_name, bucket_id))
         except sqlite3.IntegrityError:
@@ -381,7 +367,7 @@ class BucketStore:
         Raises:
             BucketNotFound, EntryNotFound.
         """
-        conn = self._conn()
+        conn = self._db.conn()
         bucket_id = self._bucket_id(conn, namespace, name)
         row = conn.execute("SELECT * FROM files WHERE bucket_id = ? AND path = ?", (bucket_id, path)).fetchone()
         if row is None:
@@ -392,7 +378,7 @@ class BucketStore:
         """Whether bucket ``namespace/name`` has a file with this Xet hash (False for a missing bucket): a CAS
         token of that bucket may reconstruct only such files."""
         row = (
-            self._conn()
+            self._db.conn()
             .execute(
                 "SELECT 1 FROM files f JOIN buckets b ON b.id = f.bucket_id WHERE b.namespace = ? AND b.name = ? "
                 "AND f.xet_hash = ? LIMIT 1",
@@ -408,7 +394,7 @@ class BucketStore:
         Raises:
             BucketNotFound.
         """
-        conn = self._conn()
+        conn = self._db.conn()
         bucket_id = self._bucket_id(conn, namespace, name)
         out: list[FileRecord] = []
         for path in dict.fromkeys(paths):  # dedupe, keep order
@@ -440,7 +426,7 @@ class BucketStore:
                 text.encode("utf-8")
             except UnicodeEncodeError:
                 raise InvalidPath(f"{what} {text!r} is not valid UTF-8 text") from None
-        conn = self._conn()
+        conn = self._db.conn()
         bucket_id = self._bucket_id(conn, namespace, name)
         kind, after_path = (after[0], after[2:]) if after else ("f", None)
         if recursive:
@@ -505,7 +491,7 @@ class BucketStore:
 
     def logical_bytes(self) -> dict[str, int]:
         """Totals across all buckets: ``{"buckets", "bucket_files", "logical_bytes"}``."""
-        conn = self._conn()
+        conn = self._db.conn()
         files, size = conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM files").fetchone()
         (buckets,) = conn.execute("SELECT COUNT(*) FROM buckets").fetchone()
         return {"buckets": buckets, "bucket_files": files, "logical_bytes": size}
@@ -539,14 +525,14 @@ class BucketStore:
             BatchRejected: at least one invalid operation; ``failures`` lists each one.
         """
         bucket_ref = f"{namespace}/{name}"
-        conn = self._conn()
+        conn = self._db.conn()
         self._bucket_id(conn, namespace, name)  # fail fast with BucketNotFound
         resolved, failures = self._resolve_operations(conn, bucket_ref, operations, can_read_source)
         if failures:
             raise BatchRejected(bucket_ref, failures)
         now = time.time()
         result = BatchResult()
-        with self._tx(immediate=True) as conn:
+        with self._db.tx(immediate=True) as conn:
             bucket_id = self._bucket_id(conn, namespace, name)  # re-check inside the lock: may be deleted
             for op, size in resolved:
                 if isinstance(op, DeleteFile):
@@ -618,7 +604,7 @@ class BucketStore:
     def paths_of(self, xet_hash: str) -> list[str]:
         """Every '<namespace>/<bucket>/<path>' that holds the file with this Xet hash (what a damaged file affects)."""
         rows = (
-            self._conn()
+            self._db.conn()
             .execute(
                 "SELECT b.namespace, b.name, f.path FROM files f JOIN buckets b ON b.id = f.bucket_id "
                 "WHERE f.xet_hash = ? "
@@ -662,30 +648,9 @@ class BucketStore:
             raise BucketNotFound(f"bucket '{namespace}/{name}' not found")
         return int(row["id"])
 
-    def _tx(self, immediate: bool = False) -> _Transaction:
-        return _Transaction(self._conn(), immediate)
-
     def close(self) -> None:
         """Close this thread's connection (others close when their thread ends)."""
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
-
-
-class _Transaction:
-    """``with`` block = one SQLite transaction: COMMIT on success, ROLLBACK on any exception."""
-
-    def __init__(self, conn: sqlite3.Connection, immediate: bool) -> None:
-        self.conn, self.immediate = conn, immediate
-
-    def __enter__(self) -> sqlite3.Connection:
-        # IMMEDIATE takes the write lock up front so checks inside the block cannot race other writers.
-        self.conn.execute("BEGIN IMMEDIATE" if self.immediate else "BEGIN")
-        return self.conn
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+        self._db.close()
 
 
 def _bucket_from_row(row: sqlite3.Row) -> BucketRecord:

@@ -31,6 +31,7 @@ from robotloop.storage.server import xet_format as xf
 
 from ... import errors
 from ...errors import BadInput, NotFound, RobotloopError, Unavailable
+from .sqlite import ThreadLocalDb, Transaction
 
 MAX_XORB_BYTES = 80 * 1024 * 1024  # client caps xorbs at 64 MiB of chunk data + headers/footer
 MAX_SHARD_BYTES = 128 * 1024 * 1024
@@ -178,52 +179,26 @@ class CasStore:
         self.max_xorb_bytes, self.max_shard_bytes = max_xorb_bytes, max_shard_bytes
         for d in ("xorbs", "shards", "tmp"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
-        self._local = threading.local()
-        self._counter_lock = threading.Lock()
-        self._pending: dict[str, int] = {}
-        self._flushed_at = time.monotonic()
-        self._key = self._load_key()
+        self._index = ThreadLocalDb(self.root / "index.sqlite", timeout_s=60)
+        self._counters = BufferedCounters(self._index)
+        self._urls = FetchUrlSigner(self.root / "fetch.key", self.root / "tmp")
         self._verified: dict[str, tuple[int, int, int]] = {}  # xorb -> (size, mtime_ns, inode) when last checked whole
-        with self._db() as db:
+        with self._index.conn() as db:
             db.executescript(SCHEMA)
             db.executemany("INSERT OR IGNORE INTO counters VALUES (?, 0)", [(c,) for c in COUNTERS])
 
     def close(self) -> None:
         """Flush buffered counters and close this thread's connection (call on shutdown)."""
-        self._flush_counters()
-        db = getattr(self._local, "db", None)
-        if db is not None:
-            db.close()
-            self._local.db = None
+        self._counters.flush()
+        self._index.close()
 
     # -- plumbing ---------------------------------------------------------------------------
 
     def _db(self) -> sqlite3.Connection:
-        db = getattr(self._local, "db", None)
-        if db is None:
-            # isolation_level=None: we issue BEGIN IMMEDIATE ourselves so writers queue on the
-            # lock up front instead of failing to upgrade a read lock mid-transaction.
-            db = sqlite3.connect(self.root / "index.sqlite", timeout=60, isolation_level=None)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            self._local.db = db
-        return db
+        return self._index.conn()
 
-    def _tx(self) -> _Tx:
-        return _Tx(self._db())
-
-    def _load_key(self) -> bytes:
-        path = self.root / "fetch.key"
-        if not path.exists():
-            tmp = self.root / "tmp" / f"fetch.key.{os.getpid()}.{threading.get_ident()}"
-            tmp.write_bytes(secrets.token_bytes(32))
-            os.chmod(tmp, 0o600)
-            with contextlib.suppress(
-                FileExistsError
-            ):  # link, not rename: if another process won the race we keep its key
-                os.link(tmp, path)
-            tmp.unlink()
-        return path.read_bytes()
+    def _tx(self) -> Transaction:
+        return self._index.tx(immediate=True)  # writers queue on the lock up front
 
     def _blob_path(self, kind: str, hex_hash: str) -> Path:
         return self.root / kind / hex_hash[:2] / hex_hash
@@ -243,24 +218,6 @@ class CasStore:
         finally:
             os.close(fd)
 
-    def _add_counter(self, name: str, n: int) -> None:
-        # Buffered: a durable write transaction per ranged read would cost an fsync each and
-        # serialize readers on the write lock. Counters may lag by COUNTER_FLUSH_S per process.
-        with self._counter_lock:
-            self._pending[name] = self._pending.get(name, 0) + n
-            due = time.monotonic() - self._flushed_at > COUNTER_FLUSH_S
-        if due:
-            self._flush_counters()
-
-    def _flush_counters(self) -> None:
-        with self._counter_lock:
-            pending, self._pending, self._flushed_at = self._pending, {}, time.monotonic()
-        if pending:
-            with self._tx() as db:
-                db.executemany(
-                    "UPDATE counters SET value = value + ? WHERE name = ?", [(n, name) for name, n in pending.items()]
-                )
-
     def _chunks(self, db: sqlite3.Connection, xorb_hex: str) -> list[_Chunk] | None:
         rows = db.execute(
             "SELECT hash, byte_start, byte_end, raw_len FROM xorb_chunks WHERE xorb = ? ORDER BY idx", (xorb_hex,)
@@ -279,7 +236,7 @@ class CasStore:
         """
         _check_hex(hash_hex, "xorb")
         data = _read_body(body, self.max_xorb_bytes, f"xorb {hash_hex}")
-        self._add_counter("xorb_bytes_received", len(data))
+        self._counters.add("xorb_bytes_received", len(data))
         try:
             parsed = xf.parse_xorb(data)
         except xf.FormatError as e:
@@ -341,7 +298,7 @@ class CasStore:
         end = total - 1 if end is None else min(end, total - 1)
         if start >= total or start > end:
             raise RangeNotSatisfiable(f"xorb {hash_hex}: range {start}-{end} outside 0-{total - 1}")
-        self._add_counter("bytes_served", end - start + 1)
+        self._counters.add("bytes_served", end - start + 1)
         return XorbSlice(self._blob_path("xorbs", hash_hex), start, end - start + 1, total)
 
     def read_verified(self, hash_hex: str, start: int | None = None, end: int | None = None) -> VerifiedRange:
@@ -433,7 +390,7 @@ class CasStore:
         Raises TooLarge, TruncatedShard, CorruptShard, UnknownXorb.
         """
         data = _read_body(body, self.max_shard_bytes, "shard")
-        self._add_counter("shard_bytes_received", len(data))
+        self._counters.add("shard_bytes_received", len(data))
         try:
             shard = xf.parse_shard(data)
         except xf.TruncatedError as e:
@@ -620,17 +577,11 @@ class CasStore:
 
     def fetch_url(self, base_url: str, xorb_hex: str) -> str:
         """A signed, expiring URL for reading the xorb (the client sends no token there)."""
-        exp = int(time.time()) + FETCH_URL_TTL_S
-        return f"{base_url}/v1/xorb-data/{xorb_hex}?exp={exp}&sig={self._sign(xorb_hex, exp)}"
+        return self._urls.url(base_url, xorb_hex)
 
     def check_fetch_url(self, xorb_hex: str, exp: str | None, sig: str | None) -> bool:
         """True if (exp, sig) is a valid, unexpired signature for this xorb."""
-        if not exp or not sig or not (exp.isascii() and exp.isdigit() and sig.isascii()) or int(exp) < time.time():
-            return False  # non-ASCII digits or signatures are no URL of ours (and compare_digest refuses them)
-        return hmac.compare_digest(sig, self._sign(xorb_hex, int(exp)))
-
-    def _sign(self, xorb_hex: str, exp: int) -> str:
-        return hmac.new(self._key, f"{xorb_hex}.{exp}".encode(), hashlib.sha256).hexdigest()[:32]
+        return self._urls.check(xorb_hex, exp, sig)
 
     def dedup_shard(self, chunk_hex: str, namespace: str | None = None) -> bytes | None:
         """Global dedup answer: a shard listing the xorb holding this chunk (and the other xorbs
@@ -682,7 +633,7 @@ class CasStore:
 
         Counters include this process's buffered counts; other processes' may lag ~1 s.
         """
-        self._flush_counters()
+        self._counters.flush()
         db = self._db()
         out = dict(db.execute("SELECT name, value FROM counters").fetchall())
         out["bytes_received"] = out["xorb_bytes_received"] + out["shard_bytes_received"]
@@ -719,15 +670,58 @@ def _merge_fetch(fetch: dict[str, list[dict]]) -> dict[str, list[dict]]:
     return out
 
 
-class _Tx:
-    """`with store._tx() as db:` -> BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on error."""
+class BufferedCounters:
+    """The store's counters (bytes received and served, ...), added to in memory and written to the index at most
+    every COUNTER_FLUSH_S: a durable write transaction per ranged read would cost an fsync each and serialize
+    readers on the write lock. So counters may lag by COUNTER_FLUSH_S per process."""
 
-    def __init__(self, db: sqlite3.Connection):
-        self.db = db
+    def __init__(self, index: ThreadLocalDb) -> None:
+        self._index = index
+        self._lock = threading.Lock()
+        self._pending: dict[str, int] = {}
+        self._flushed_at = time.monotonic()
 
-    def __enter__(self) -> sqlite3.Connection:
-        self.db.execute("BEGIN IMMEDIATE")
-        return self.db
+    def add(self, name: str, n: int) -> None:
+        with self._lock:
+            self._pending[name] = self._pending.get(name, 0) + n
+            due = time.monotonic() - self._flushed_at > COUNTER_FLUSH_S
+        if due:
+            self.flush()
 
-    def __exit__(self, exc_type, *_) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending, self._flushed_at = self._pending, {}, time.monotonic()
+        if pending:
+            with self._index.tx(immediate=True) as db:
+                db.executemany(
+                    "UPDATE counters SET value = value + ? WHERE name = ?", [(n, name) for name, n in pending.items()]
+                )
+
+
+class FetchUrlSigner:
+    """Signed, expiring xorb URLs (`/v1/xorb-data/<xorb>?exp=...&sig=...`), which clients read without a token.
+
+    The HMAC key is made once, in `key_file` (0600), and shared by every process serving the same store."""
+
+    def __init__(self, key_file: Path, tmp_dir: Path) -> None:
+        if not key_file.exists():
+            tmp = tmp_dir / f"{key_file.name}.{os.getpid()}.{threading.get_ident()}"
+            tmp.write_bytes(secrets.token_bytes(32))
+            os.chmod(tmp, 0o600)
+            with contextlib.suppress(FileExistsError):  # link, not rename: if another process won the race, its key
+                os.link(tmp, key_file)
+            tmp.unlink()
+        self._key = key_file.read_bytes()
+
+    def url(self, base_url: str, xorb_hex: str) -> str:
+        exp = int(time.time()) + FETCH_URL_TTL_S
+        return f"{base_url}/v1/xorb-data/{xorb_hex}?exp={exp}&sig={self._sign(xorb_hex, exp)}"
+
+    def check(self, xorb_hex: str, exp: str | None, sig: str | None) -> bool:
+        """True if (exp, sig) is a valid, unexpired signature for this xorb."""
+        if not exp or not sig or not (exp.isascii() and exp.isdigit() and sig.isascii()) or int(exp) < time.time():
+            return False  # non-ASCII digits or signatures are no URL of ours (and compare_digest refuses them)
+        return hmac.compare_digest(sig, self._sign(xorb_hex, int(exp)))
+
+    def _sign(self, xorb_hex: str, exp: int) -> str:
+        return hmac.new(self._key, f"{xorb_hex}.{exp}".encode(), hashlib.sha256).hexdigest()[:32]

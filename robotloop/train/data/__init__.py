@@ -36,7 +36,7 @@ from .catalog import _combined_stats as _combined_stats  # tests check how stats
 from .decode import _FRAME_READERS as _FRAME_READERS  # tests compare the two video backends
 from .decode import DecodeOrder, DecodePool, FrameReader, resolve_video_backend
 from .decode import _decode_episode as _decode_episode
-from .errors import DataError, DatasetMismatch
+from .errors import DataError, DatasetMismatch, NotBuffered, StaleState
 from .feed import BufferFeed
 from .sampler import StreamingSampler
 from .settings import ACTION_KEY, STATE_KEY, DataSettings
@@ -58,6 +58,8 @@ __all__ = [
     "FileRef",
     "FrameArena",
     "FrameReader",
+    "NotBuffered",
+    "StaleState",
     "StreamingSampler",
     "buffer_bytes",
     "resolve_video_backend",

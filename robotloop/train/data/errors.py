@@ -1,6 +1,6 @@
 """What the streaming data path raises."""
 
-from ...errors import BadInput, Unavailable
+from ...errors import BadInput, NotFound, Unavailable
 
 
 class DatasetMismatch(BadInput, ValueError):
@@ -9,3 +9,11 @@ class DatasetMismatch(BadInput, ValueError):
 
 class DataError(Unavailable, RuntimeError):
     """An episode could not be read or decoded after retries; the message names the episode and the cause."""
+
+
+class StaleState(NotFound, ValueError):
+    """A saved sampler state names episodes the datasets no longer hold (a dataset was rewritten)."""
+
+
+class NotBuffered(Unavailable, TimeoutError):
+    """The buffer did not fill in the time allowed (`StreamingSampler.wait_ready`)."""

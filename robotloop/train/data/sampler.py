@@ -13,10 +13,12 @@ import time
 
 import torch
 
+from ...errors import BadValue
 from ...storage import BucketClient, BucketUrl
 from .arena import FrameArena, GatherClock, buffer_bytes, frame_bytes
 from .catalog import EpisodeCatalog, EpisodeKey
 from .decode import resolve_video_backend
+from .errors import NotBuffered, StaleState
 from .feed import BufferFeed
 from .settings import ACTION_KEY, STATE_KEY, DataSettings
 
@@ -44,6 +46,7 @@ class StreamingSampler:
     state is the feed's, read under the feed's lock.
 
     Raises (on construction):
+        BadValue: no dataset URL, a rank outside the world, or no episode for this rank with refresh off.
         NotFound: a dataset URL holds no committed dataset.
         DatasetMismatch: datasets differ in features or fps, or lack `observation.state`/`action`.
     """
@@ -57,9 +60,9 @@ class StreamingSampler:
         world_size: int = 1,
     ) -> None:
         if not dataset_urls:
-            raise ValueError("StreamingSampler needs at least one dataset URL")
+            raise BadValue("StreamingSampler needs at least one dataset URL")
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in [0, {world_size})")
+            raise BadValue(f"rank {rank} is not in [0, {world_size})")
         self.settings = s = settings or DataSettings()
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(s.device)
@@ -83,7 +86,7 @@ class StreamingSampler:
                 log.warning("%s holds no committed episode yet: batches wait for the first one", source.url)
         if not catalog.known and s.refresh_every_s <= 0:  # nothing to sample, and nothing will ever come
             total = sum(len(src.episodes) for src in self.sources)
-            raise ValueError(
+            raise BadValue(
                 f"rank {rank} of {world_size} has no episode to train on ({total} in the datasets) and "
                 "refresh is off: use fewer ranks, more episodes, or refresh_every_s > 0"
             )
@@ -142,7 +145,7 @@ class StreamingSampler:
         that fits the buffer. Use it before a run that must be bit-for-bit reproducible.
 
         Raises:
-            TimeoutError: not reached in `timeout_s`.
+            NotBuffered (an Unavailable and a TimeoutError): not reached in `timeout_s`.
             DataError: an episode failed.
         """
         feed, known = self._feed, self.catalog.known
@@ -166,7 +169,7 @@ class StreamingSampler:
             self.wait_s += time.perf_counter() - t0
             feed.raise_if_failed()
             if not ok:
-                raise TimeoutError(f"buffer holds {feed.view.total} frames after {timeout_s} s")
+                raise NotBuffered(f"buffer holds {feed.view.total} frames after {timeout_s} s")
 
     def refresh(self) -> int:
         """Look for episodes committed since the last look (the live loop); schedule them first. Returns how many
@@ -215,11 +218,11 @@ class StreamingSampler:
         else, and the first `next_batch` waits for it.
 
         Raises:
-            ValueError: the state is from another rank/world size/seed, or names episodes no longer in the
-                datasets (e.g. a dataset was rewritten).
+            BadValue: the state is from another rank/world size/seed. StaleState (a NotFound): it names episodes
+                no longer in the datasets (e.g. a dataset was rewritten). Both are ValueErrors.
         """
         if list(state["world"]) != [self.rank, self.world_size, self.settings.seed]:
-            raise ValueError(
+            raise BadValue(
                 f"state is for rank/world/seed {state['world']}, "
                 f"this sampler is {[self.rank, self.world_size, self.settings.seed]}"
             )
@@ -230,7 +233,7 @@ class StreamingSampler:
                 break
             self.refresh()
         if missing:
-            raise ValueError(f"state names episodes these datasets do not hold: {missing[:5]}")
+            raise StaleState(f"state names episodes these datasets do not hold: {missing[:5]}")
         with self._feed.lock:
             self._generator.set_state(state["generator"])
             self._feed.schedule.passes, self.batches = state["pass"], state["batches"]

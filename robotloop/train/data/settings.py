@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ...errors import BadValue
+
 STATE_KEY, ACTION_KEY = "observation.state", "action"
 
 
@@ -36,4 +38,4 @@ class DataSettings:
 
     def __post_init__(self) -> None:
         if self.video_backend not in ("auto", "torchcodec", "pyav"):
-            raise ValueError(f"video_backend must be 'auto', 'torchcodec' or 'pyav', got {self.video_backend!r}")
+            raise BadValue(f"video_backend must be 'auto', 'torchcodec' or 'pyav', got {self.video_backend!r}")
