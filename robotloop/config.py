@@ -28,7 +28,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from services.ports import CAPTURE_PORT, DEPLOY_PORT, TRAINER_PORT, UI_PORT  # the one place the default ports are written
+# The one place the default ports are written.
+from services.ports import CAPTURE_PORT, DEPLOY_PORT, TRAINER_PORT, UI_PORT
 
 from .errors import BadInput
 

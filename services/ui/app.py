@@ -33,10 +33,12 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import secrets
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -186,7 +188,15 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
     tokens = TokenStore.from_file(Path(tokens_file))
     board = dashboard or Dashboard(settings)
     namespaces = list(settings.ui.namespaces)
-    app = FastAPI(title="robotloop dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # The datasets page reads episodes with the trainer's catalog, which imports torch (seconds): import it
+        # now, beside serving, so that the first dataset shown does not wait for it.
+        threading.Thread(target=_import_catalog, name="robotloop-ui-warmup", daemon=True).start()
+        yield
+
+    app = FastAPI(title="robotloop dashboard", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
     app.state.tokens, app.state.sessions, app.state.board = tokens, Sessions(), board
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     templates = Jinja2Templates(directory=HERE / "templates")  # autoescape on for .html
@@ -387,6 +397,10 @@ def render_markdown(text: str, report_id: str) -> str:
                 name = str(child.attrGet("src") or "").rsplit("/", 1)[-1]
                 child.attrSet("src", f"/media/report/{quote(report_id)}/{quote(name)}")
     return md.renderer.render(tokens, md.options, {})
+
+
+def _import_catalog() -> None:
+    import robotloop.train.data.catalog  # noqa: F401
 
 
 def _chunks(board: Dashboard, url: str, size: int, chunk: int = MAX_RANGE_BYTES):

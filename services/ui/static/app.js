@@ -155,7 +155,7 @@
               el("button", { type: "button", onclick: () => act(`Roll channel ${channel} back to its previous release?`, `/api/channels/${enc(channel)}/rollback`) }, "Roll back"),
             );
           }
-          return row(channel, releaseLink(release), el("td", {}, ...actions));
+          return el("tr", { "data-channel": channel }, el("td", {}, channel), el("td", {}, releaseLink(release)), el("td", {}, ...actions));
         }),
       );
     }
