@@ -153,9 +153,7 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
         return {"text": text, "next_offset": next_offset, "status": status}
 
     @app.get("/v1/jobs/{job_id}/progress")
-    def job_progress(
-        job_id: str, token: Reader, after: Annotated[int, Query(ge=-1, le=2**62)] = -1
-    ) -> dict[str, Any]:
+    def job_progress(job_id: str, token: Reader, after: Annotated[int, Query(ge=-1, le=2**62)] = -1) -> dict[str, Any]:
         visible_state(job_id, token)  # an unknown or hidden job is a 404
         return {"points": jobs.progress(job_id, after)}
 
