@@ -18,12 +18,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import io
 import json
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +58,8 @@ class Dashboard:
     def __init__(self, settings: Settings, reports: list[Path] | None = None) -> None:
         self.settings = settings
         self.report_dirs = [Path(p) for p in (settings.ui.reports if reports is None else reports)]
-        self._sources: dict[str, Any] = {}
-        self._success: dict[str, dict[int, bool]] = {}  # data file Xet hash -> episode -> success
+        self._sources: dict[str, tuple[threading.Lock, Any]] = {}  # dataset URL -> (its lock, DatasetSource)
+        self._success: dict[str, dict[str, dict[int, bool]]] = {}  # dataset -> data file Xet hash -> successes
         self._sizes: dict[str, tuple[float, Entry]] = {}
         self._lock = threading.Lock()
 
@@ -172,9 +174,12 @@ class Dashboard:
         Raises:
             NotFound: no LeRobot dataset at `url`.
         """
-        source = self._source(url)
+        with self._source(url) as source:
+            return self._dataset(url, source)
+
+    def _dataset(self, url: str, source) -> dict[str, Any]:
         rows = source.episode_rows()
-        success = self._episode_success(source)
+        success = self._episode_success(url, source)
         episodes = []
         for ref in source.episodes:
             row = rows[ref.index]
@@ -211,8 +216,9 @@ class Dashboard:
         """
         import pyarrow.parquet as pq
 
-        source = self._source(url)
-        ref = next((e for e in source.episodes if e.index == index), None)
+        with self._source(url) as source:
+            ref = next((e for e in source.episodes if e.index == index), None)
+            names = {k: (source.features[k].get("names") or None) for k in (STATE_KEY, ACTION_KEY)}
         if ref is None:
             raise UnknownItem(f"{url} has no episode {index}")
         columns = ["episode_index", "timestamp", STATE_KEY, ACTION_KEY]
@@ -220,7 +226,6 @@ class Dashboard:
             table = pq.read_table(f, columns=columns, filters=[("episode_index", "=", index)])
         if table.num_rows > MAX_PLOT_FRAMES:  # thinned evenly: a plot has fewer pixels than that anyway
             table = table.take(list(range(0, table.num_rows, -(-table.num_rows // MAX_PLOT_FRAMES))))
-        names = {k: (source.features[k].get("names") or None) for k in (STATE_KEY, ACTION_KEY)}
         return {
             "url": url,
             "index": index,
@@ -242,6 +247,8 @@ class Dashboard:
         if cached and now - cached[0] < max_age_s:
             return cached[1]
         entry = self.bucket.stat(BucketUrl.parse(url))
+        if len(self._sizes) > 4096:  # bounded: forget everything rather than track ages
+            self._sizes.clear()
         self._sizes[url] = (now, entry)
         return entry
 
@@ -249,28 +256,33 @@ class Dashboard:
         """Bytes `[start, end)` of a bucket file (a video's byte range)."""
         return self.bucket.read_range(BucketUrl.parse(url), start, end)
 
-    def _source(self, url: str):
+    @contextlib.contextmanager
+    def _source(self, url: str) -> Iterator[Any]:
+        """The dataset's `DatasetSource`, refreshed, held under its lock (it is not thread-safe, and pages poll)."""
         from ..train.data.catalog import DatasetSource  # torch: only once a dataset is shown
 
         with self._lock:
-            source = self._sources.get(url)
-        if source is None:
-            source = DatasetSource(self.bucket, BucketUrl.parse(url))
-        else:
-            source.refresh()
-        with self._lock:
-            self._sources[url] = source
-        return source
+            lock = self._sources.setdefault(url, (threading.Lock(), None))[0]
+        with lock:
+            source = self._sources[url][1]  # read under the lock: another request may have opened it meanwhile
+            if source is None:
+                source = DatasetSource(self.bucket, BucketUrl.parse(url))
+                with self._lock:
+                    self._sources[url] = (lock, source)
+            else:
+                source.refresh()
+            yield source
 
-    def _episode_success(self, source) -> dict[int, bool]:
+    def _episode_success(self, url: str, source) -> dict[int, bool]:
         """Per episode, whether `next.success` is ever true (None-free: datasets without the column give {})."""
         import pyarrow.parquet as pq
 
         if SUCCESS_KEY not in source.features:
             return {}
         out: dict[int, bool] = {}
+        seen, kept = self._success.get(url, {}), {}
         for data in {e.data.xet_hash: e.data for e in source.episodes}.values():
-            known = self._success.get(data.xet_hash)
+            known = seen.get(data.xet_hash)
             if known is None:
                 raw = self.bucket.read_range(BucketUrl.parse(data.url), 0, data.size)
                 table = pq.read_table(io.BytesIO(raw), columns=["episode_index", SUCCESS_KEY])
@@ -278,8 +290,9 @@ class Dashboard:
                 for episode, flag in zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True):
                     solved = bool(flag[0] if isinstance(flag, list) else flag)
                     known[episode] = known.get(episode, False) or solved
-                self._success[data.xet_hash] = known
+            kept[data.xet_hash] = known
             out.update(known)
+        self._success[url] = kept  # only the data files the dataset has now: the last one changes every commit
         return out
 
     # -- reports on this machine -------------------------------------------------------------------------------

@@ -187,6 +187,7 @@
     $("#robot-count").textContent = `(${data.robots.length})`;
     fill("#events", eventRows(data.events));
     state.fleetRenderMs = performance.now() - t0;
+    state.renderedAt ??= performance.now(); // the first render, since the navigation started
   }
 
   // -- releases -------------------------------------------------------------------------------------------
@@ -340,8 +341,9 @@
       .catch((error) => say(error.message));
     if (bucket) {
       $("#bucket").value = bucket;
-      const found = await api(`/api/datasets?bucket=${enc(bucket)}`);
-      $("#dataset-list").replaceChildren(...found.datasets.map((d) => el("li", {}, datasetLink(d))));
+      api(`/api/datasets?bucket=${enc(bucket)}`) // beside the dataset itself, not before it
+        .then((found) => $("#dataset-list").replaceChildren(...found.datasets.map((d) => el("li", {}, datasetLink(d)))))
+        .catch((error) => error instanceof SignedOut || say(error.message));
     }
     if (url) await showDataset(url, params.get("episode"));
   }
@@ -368,6 +370,7 @@
       ),
     );
     state.datasetRenderMs = performance.now() - t0;
+    state.renderedAt = performance.now(); // since the navigation started: what benchmarks/ui.py reports
     const chosen = data.episodes.find((e) => String(e.index) === String(selected));
     if (chosen) playEpisode(chosen);
   }
@@ -394,6 +397,7 @@
   // Episodes share mp4 files: seek to the episode's first frame, stop at its last.
   function playSegment(video, src, segment) {
     const start = () => {
+      video.dataset.seeking = "1"; // frames of the old position may still arrive: not judged until 'seeked'
       video.currentTime = segment.from_s;
       video.play().catch((error) => say(`video: ${error.message}`));
     };
@@ -412,16 +416,20 @@
     const check = (now, frame) => {
       const from = Number(video.dataset.from), to = Number(video.dataset.to);
       const t = frame ? frame.mediaTime : video.currentTime;
+      if (video.dataset.seeking) {
+        if (frame) video.requestVideoFrameCallback(check);
+        return;
+      }
+      // Playing starts when a frame of the episode's own segment is shown after the click.
+      if (frame && state.playingAt === null && !video.paused && t >= from - 0.01 && t < to) state.playingAt = performance.now();
       if (!video.paused && t >= to - 1e-3) {
         video.pause();
         video.currentTime = Math.max(from, to - 1e-3);
       }
       if (!video.paused && t < from - 0.05) video.currentTime = from; // a seek before the episode: back to it
-      video.requestVideoFrameCallback ? video.requestVideoFrameCallback(check) : null;
+      if (frame) video.requestVideoFrameCallback(check); // one chain of frame callbacks; timeupdate is the backup
     };
-    video.addEventListener("playing", () => {
-      if (state.playingAt === null) state.playingAt = performance.now();
-    });
+    video.addEventListener("seeked", () => delete video.dataset.seeking);
     video.addEventListener("timeupdate", () => check(0, null));
     if (video.requestVideoFrameCallback) video.requestVideoFrameCallback(check);
   }
