@@ -28,7 +28,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from services.ports import CAPTURE_PORT, DEPLOY_PORT, TRAINER_PORT  # the one place the default ports are written
+# The one place the default ports are written.
+from services.ports import CAPTURE_PORT, DEPLOY_PORT, TRAINER_PORT, UI_PORT
 
 from .errors import BadInput
 
@@ -167,6 +168,22 @@ class DeploySettings(ServiceSection):
     )
 
 
+class UiSettings(ServiceSection):
+    """The dashboard (`robotloop ui`): web pages over the deploy, training and bucket services."""
+
+    port: int = Field(default=UI_PORT, ge=1, le=65535, description="Port of the dashboard.")
+    tokens_file: Path | None = Field(
+        default=None, description="Viewer tokens, one '<token> <read|write> *' per line (required to serve)."
+    )
+    reports: list[Path] = Field(
+        default_factory=list,
+        description="Folders searched for loop reports (report.md) and evaluations (eval_report.json) to show.",
+    )
+    namespaces: list[str] = Field(
+        default_factory=list, description="Bucket namespaces whose buckets the datasets page lists."
+    )
+
+
 class RobotSettings(Section):
     """The robot runtime: where releases come from, which keys it trusts, how it judges a new release."""
 
@@ -229,6 +246,7 @@ class Settings(BaseSettings):
     trainer: TrainerServiceSettings = Field(default_factory=TrainerServiceSettings)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
     robot: RobotSettings = Field(default_factory=RobotSettings)
+    ui: UiSettings = Field(default_factory=UiSettings)
     agent: AgentSettings = Field(default_factory=AgentSettings)
 
     @classmethod

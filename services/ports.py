@@ -1,6 +1,6 @@
 """The services' default ports, and a check they make before they print where they serve: is the port free?
 
-The one place the four default ports are written: `robotloop.config` (capture.port, trainer.port, deploy.port)
+The one place the default ports are written: `robotloop.config` (capture.port, trainer.port, deploy.port, ui.port)
 and the bucket server's `--port` take them from here, and the options' help texts show them.
 """
 
@@ -14,6 +14,7 @@ BUCKET_PORT = 8750
 CAPTURE_PORT = 8760
 TRAINER_PORT = 8770
 DEPLOY_PORT = 8780
+UI_PORT = 8790
 
 
 class PortInUse(Conflict, ValueError):

@@ -1,4 +1,4 @@
-"""How every robotloop service runs: one uvicorn setup for all four (bucket, capture, trainer, deploy).
+"""How every robotloop service runs: one uvicorn setup for all of them (bucket, capture, trainer, deploy, ui).
 
 Each service's own ``serve(options, settings)`` builds its app and calls :func:`serve_app`, so they share the
 port check before the banner, uvicorn's log level and the bound on graceful shutdown.

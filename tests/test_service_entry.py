@@ -15,9 +15,17 @@ from services.bucket import BucketOptions
 from services.capture import CaptureOptions
 from services.deploy import DeployOptions
 from services.trainer import TrainerOptions
+from services.ui import UiOptions
 
 REPO = Path(__file__).resolve().parents[1]
-SERVICES = {"bucket": BucketOptions, "capture": CaptureOptions, "trainer": TrainerOptions, "deploy": DeployOptions}
+SERVICES = {
+    "bucket": BucketOptions,
+    "capture": CaptureOptions,
+    "trainer": TrainerOptions,
+    "deploy": DeployOptions,
+    "ui": UiOptions,
+}
+COMMANDS = {"ui": ["ui"]}  # the dashboard is `robotloop ui`; the others `robotloop <X> serve`
 
 
 def flags(options: type) -> set[str]:
@@ -30,7 +38,7 @@ def flags(options: type) -> set[str]:
 
 @pytest.mark.parametrize("name", SERVICES)
 def test_the_service_and_the_cli_have_the_same_options(name: str) -> None:
-    cli = CliRunner().invoke(app, [name, "serve", "--help"], terminal_width=80)
+    cli = CliRunner().invoke(app, [*COMMANDS.get(name, [name, "serve"]), "--help"], terminal_width=80)
     assert cli.exit_code == 0, cli.output
     code = f"import runpy, sys; sys.argv = ['x', '--help']; runpy.run_module('services.{name}', run_name='__main__')"
     own = subprocess.run(

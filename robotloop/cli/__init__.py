@@ -6,11 +6,14 @@ import faulthandler
 import sys
 from typing import Annotated
 
-from .output import ReportErrors, quiet_libraries
+from .output import ReportErrors, fail, quiet_libraries
 
 quiet_libraries()  # first: tqdm reads its settings when it is imported, and the commands below import it
 
 import typer
+
+from services.options import serve_command
+from services.ui import UiOptions
 
 from ..config import load_settings
 from ..train.command import train as train_command
@@ -39,6 +42,7 @@ app.command("train")(train_command)
 app.command("eval")(eval_policy)
 app.command("agent")(agent_command)
 app.command("loop")(loop)
+app.command("ui")(serve_command(UiOptions, "services.ui.app", fail))
 
 
 @app.callback()

@@ -1,6 +1,6 @@
 """HTTP client of the training service (services/trainer): submit jobs, read their state, wait, cancel. JSON only.
 
-Used by `robotloop trainer watch` and the agent's training tools.
+Used by `robotloop trainer watch`, the agent's training tools and the dashboard (`robotloop ui`).
 
 Example:
     ```python
@@ -55,6 +55,11 @@ class TrainerClient(ServiceClient):
         """The job's log from byte `offset` (64 KiB at most) and the offset to continue from."""
         page = self._call("GET", f"/v1/jobs/{job_id}/log", params={"offset": offset})
         return page["text"], page["next_offset"]
+
+    def progress(self, job_id: str, after_step: int = -1) -> list[dict[str, Any]]:
+        """The job's progress reports past `after_step` (step, loss, samples_per_s, data_wait_share, ...), oldest
+        first, a page (5000) at a time: ask again after the last step answered for the next page."""
+        return self._call("GET", f"/v1/jobs/{job_id}/progress", params={"after": after_step})["points"]
 
     def wait(
         self,

@@ -51,6 +51,7 @@ from .progress import JOB_FIELDS, read_line
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 FINISHED: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 LOG_CHUNK = 64 * 1024
+PROGRESS_POINTS = 5000  # progress reports one call answers at most: a page of a loss curve
 
 
 class QueueFull(Busy, RuntimeError):
@@ -238,6 +239,29 @@ class JobManager:
             except UnicodeDecodeError:
                 continue
         return data.decode("utf-8", errors="replace"), offset + len(data)  # not UTF-8 at all: show it anyway
+
+    def progress(self, job_id: str, after_step: int = -1, limit: int = PROGRESS_POINTS) -> list[dict[str, Any]]:
+        """The job's progress reports with a step past `after_step`, oldest first, at most `limit` (the first ones):
+        what a loss curve is drawn from. Each is a `Progress` as a dict; a torn last line waits for the next call.
+
+        Raises:
+            UnknownJob: no such job. ValueError: `limit` <= 0.
+        """
+        if limit <= 0:
+            raise BadValue("limit must be > 0")
+        path = self._get(job_id).dir / "progress.jsonl"
+        points: list[dict[str, Any]] = []
+        try:
+            with path.open("rb") as f:
+                for line in f:
+                    read = read_line(line) if line.endswith(b"\n") else None
+                    if read is not None and read[0] == "progress" and read[1].step > after_step:
+                        points.append(asdict(read[1]))
+                        if len(points) >= limit:
+                            break
+        except FileNotFoundError:  # queued: nothing reported yet
+            pass
+        return points
 
     def follow(self, job_id: str, offset: int = 0, poll_s: float = 0.5) -> Iterator[str]:
         """Log text from `offset` as it is written, until the job has finished and the log is read to its end.

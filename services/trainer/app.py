@@ -10,6 +10,8 @@ directory layout)::
                                             samples_per_s, data_wait_share, episodes, last_checkpoint, exit_code
     GET  /v1/jobs/{id}/log?offset=N         {"text", "next_offset", "status"}: the log from byte N (64 KiB at most)
     GET  /v1/jobs/{id}/log?follow=true      text/plain, streamed as the log grows, until the job has finished
+    GET  /v1/jobs/{id}/progress?after=S     {"points": [Progress, ...]}: the reports past step S (5000 at most),
+                                            oldest first: a loss curve, read a page at a time
     POST /v1/jobs/{id}/cancel               the state; a running job writes a checkpoint, then stops
 
 Errors are JSON ``{"error": "<what is wrong>"}``: 401 missing or unknown token, 403 a read-only token (submit,
@@ -149,6 +151,11 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
             return StreamingResponse(jobs.follow(job_id, offset), media_type="text/plain; charset=utf-8")
         text, next_offset = jobs.log(job_id, offset)
         return {"text": text, "next_offset": next_offset, "status": status}
+
+    @app.get("/v1/jobs/{job_id}/progress")
+    def job_progress(job_id: str, token: Reader, after: Annotated[int, Query(ge=-1, le=2**62)] = -1) -> dict[str, Any]:
+        visible_state(job_id, token)  # an unknown or hidden job is a 404
+        return {"points": jobs.progress(job_id, after)}
 
     @app.post("/v1/jobs/{job_id}/cancel")
     def cancel(job_id: str, token: Writer) -> dict[str, Any]:

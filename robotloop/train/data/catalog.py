@@ -133,7 +133,7 @@ class DatasetSource:
             is_meta = path.startswith(meta_prefix) and path.endswith(".parquet")
             if is_meta and self._meta_files.get(path, ("",))[0] != entry.xet_hash:
                 self._meta_files[path] = (entry.xet_hash, self._read_episode_rows(entry))
-        rows = {row["episode_index"]: row for _, rs in self._meta_files.values() for row in rs}
+        rows = self.episode_rows()
         users: dict[str, int] = {}  # file path -> how many episodes read it
         for row in rows.values():
             for path in self._paths(row).values():
@@ -146,6 +146,11 @@ class DatasetSource:
                 new.append(ref)
         self.episodes = sorted(self.episodes + new, key=lambda e: e.index)
         return new
+
+    def episode_rows(self) -> dict[int, dict]:
+        """The episodes metadata as last refreshed, by episode index: LeRobot v3's `meta/episodes` columns (tasks,
+        length, each video's from/to timestamps, ...), without the per-episode stats columns."""
+        return {row["episode_index"]: row for _, rows in self._meta_files.values() for row in rows}
 
     def _read_episode_rows(self, entry: Entry) -> list[dict]:
         """Raises StorageError (retried by the caller's next refresh) when the file was rewritten since it was

@@ -1,0 +1,448 @@
+"""The dashboard in a real browser: Debian's headless Chromium driven by Playwright's Python API, against real
+services on 127.0.0.1 (bucket server, deploy service, training service, the dashboard itself as
+`python -m services.ui`) and a sim robot (MuJoCo, 48x64) that pulls and runs releases.
+
+Checked: a page without a session asks for a token and shows nothing; the fleet page shows the robot running the
+release it pulled and a rollback with its reason; promote and roll back need a write session, the CSRF header and
+the same origin; markup from robots, datasets and reports stays text; an episode's video plays its own time
+segment of a shared mp4 (its first frame is the episode's, its `currentTime` advances, it stops at its end); a
+training job's loss curve grows while the page is open. Each test writes screenshots under its tmp folder.
+
+Skipped, saying why, when Chromium (`apt-get install chromium`) or Playwright (the `dev` extra) is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from robotloop.capture import DatasetRecorder, DatasetSpec
+from robotloop.capture.episode import Episode
+from robotloop.config import RobotSettings
+from robotloop.deploy.client import DeployClient, DeployError
+from robotloop.deploy.keys import generate_keypair, load_private_key, load_public_keys, public_path
+from robotloop.deploy.local import LocalDeployService, start_local_deploy_service
+from robotloop.service_process import free_port, start_service_process
+from robotloop.storage import BucketClient, BucketUrl
+from robotloop.train.client import TrainerClient
+
+from .conftest import WRITE_TOKEN
+from .test_train_service import DATASET as TRAIN_DATASET
+from .test_train_service import READER as TRAINER_READER
+from .test_train_service import WRITER as TRAINER_WRITER
+from .test_train_service import job as job_spec
+from .test_train_service import trainer  # noqa: F401 - the training service fixture, with its 2-episode dataset
+
+CHROMIUM = os.environ.get("ROBOTLOOP_CHROMIUM", "/usr/bin/chromium")
+try:
+    from playwright.sync_api import Browser, Page, expect, sync_playwright
+except ImportError:  # the dev extra is not installed
+    sync_playwright = None
+
+pytestmark = pytest.mark.skipif(
+    sync_playwright is None or not Path(CHROMIUM).exists(),
+    reason=f"browser tests need Playwright (pip install -e '.[dev]') and Chromium at {CHROMIUM} "
+    "(apt-get install chromium; scripts/system-deps installs it)",
+)
+
+UI_WRITE, UI_READ, UI_SCOPED = "rl_ui_write", "rl_ui_read", "rl_ui_lab_only"
+OPS = "rl_ui_ops"
+DATASET = "hf://buckets/lab/ui/datasets/colours"
+RUN = "hf://buckets/lab/ui/models/run"
+XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 1">'
+FPS, FRAMES = 10, 30  # 3 s per episode: long enough to watch it play and stop
+IMAGE = (48, 64)
+
+
+def colour(k: int) -> int:
+    return 40 + 70 * k  # episode k's frames are all this grey: a frame tells which episode it belongs to
+
+
+@dataclass
+class Ui:
+    url: str
+    deploy: LocalDeployService
+    bucket: BucketClient
+    reports: Path
+    trainer_url: str
+    key: Path
+
+    def ops(self) -> DeployClient:
+        return DeployClient(self.deploy.url, OPS)
+
+    def call(self, method: str, path: str, **kw) -> httpx.Response:
+        return httpx.request(method, f"{self.url}{path}", timeout=30, **kw)
+
+
+def _record_colours(bucket: BucketClient, staging: Path) -> None:
+    """Three episodes in one shared mp4, each a different grey, with markup in the second one's task."""
+    spec = DatasetSpec({"top": (24, 32, 3)}, 14, 14, fps=FPS, vcodec="h264")
+    recorder = DatasetRecorder(bucket, BucketUrl.parse(DATASET), spec, staging=staging)
+    for k in range(3):
+        images = np.full((FRAMES, 24, 32, 3), colour(k), np.uint8)
+        state = np.tile(np.linspace(0, 1, FRAMES, dtype=np.float32)[:, None], (1, 14)) * (k + 1)
+        reward = np.linspace(0, 4, FRAMES, dtype=np.float32)
+        task = f"stack {XSS}" if k == 1 else "stack the cubes"
+        solved = reward >= (4 if k != 2 else 5)  # episode 2 never succeeds
+        recorder.commit(Episode({"top": images}, state, np.full((FRAMES, 14), k, np.float32), task, reward, solved))
+
+
+def _reports(base: Path, video: Path) -> Path:
+    """A loop report with markup and a figure, and an evaluation of release ui-v1 with one rollout video."""
+    loop, evaluation = base / "loop", base / "eval" / "ui-v1"
+    (evaluation / "videos").mkdir(parents=True)
+    loop.mkdir(parents=True)
+    (loop / "report.md").write_text(
+        f"# robotloop loop: ui-run\n\n{XSS}\n\n| stage | s |\n|---|---|\n| train | 1.5 |\n\n![loss](loss.png)\n"
+    )
+    (loop / "report.json").write_text(json.dumps({"settings": {"run": "ui-run"}, "release": "ui-v1"}))
+    (loop / "notes.txt").write_text("not a figure")
+    (loop / "loss.png").write_bytes(_png())
+    shutil.copy(video, evaluation / "videos" / "episode_0.mp4")
+    episodes = [
+        {"index": i, "seed": i, "success": i < 3, "max_reward": 4.0, "sum_reward": 1.0, "steps": 10, "wall_s": 1.0}
+        for i in range(4)
+    ]
+    episodes[0]["video"] = str(evaluation / "videos" / "episode_0.mp4")
+    summary = {"n_episodes": 4, "success_rate": 0.75, "success_ci95": [0.3006, 0.9544], "mean_max_reward": 4.0}
+    (evaluation / "eval_report.json").write_text(
+        json.dumps(
+            {"policy": "/x", "task": "transfer_cube", "checkpoint": "ui-v1", "episodes": episodes, "summary": summary}
+        )
+    )
+    return base
+
+
+def _png() -> bytes:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(2, 1))
+    fig.subplots().plot([0, 1], [1, 0])
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"ui-{os.getpid()}.png"
+    fig.savefig(path, dpi=40)
+    return path.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def ui(bucket_server, trainer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ui]:  # noqa: F811
+    base = tmp_path_factory.mktemp("ui")
+    bucket = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    bucket.create_bucket(BucketUrl.parse(DATASET))
+    _record_colours(bucket, base / "stage")
+    deploy = start_local_deploy_service(base / "deploy", OPS)
+    reports = _reports(base / "reports", next((base / "stage").rglob("*.mp4")))
+    generate_keypair(base / "keys" / "deploy.key")
+    tokens = base / "ui.tokens"
+    tokens.write_text(f"{UI_WRITE} write *\n{UI_READ} read *\n{UI_SCOPED} read lab\n")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ROBOTLOOP_", "HF_"))}
+    env.update(
+        {
+            "ROBOTLOOP_CONFIG": os.devnull,
+            "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
+            "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN,
+            "ROBOTLOOP_DEPLOY__URL": deploy.url,
+            "ROBOTLOOP_DEPLOY__TOKEN": OPS,
+            "ROBOTLOOP_TRAINER__URL": trainer.endpoint,
+            "ROBOTLOOP_TRAINER__TOKEN": TRAINER_READER,
+            "XDG_CACHE_HOME": str(base / "cache"),
+            "HF_HOME": str(base / "hf"),
+        }
+    )
+    url = f"http://127.0.0.1:{port}"
+    args = ["--tokens", str(tokens), "--port", str(port), "--reports", str(reports), "--namespace", "lab"]
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{url}/api/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    old = dict(os.environ)
+    os.environ.update(env)  # start_service_process passes the environment on
+    try:
+        proc = start_service_process("services.ui", args, base / "ui.log", answers, 60)
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    yield Ui(url, deploy, bucket, reports, trainer.endpoint, base / "keys" / "deploy.key")
+    proc.terminate()
+    proc.wait(10)
+    deploy.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        # --no-sandbox: the suite runs as root in containers, where Chromium's sandbox cannot start.
+        launched = p.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--autoplay-policy=no-user-gesture-required"]
+        )
+        yield launched
+        launched.close()
+
+
+def signed_in(browser: Browser, ui: Ui, token: str = UI_WRITE) -> Page:
+    """A fresh browser context, signed in through the page's own form."""
+    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    page.goto(f"{ui.url}/fleet")
+    page.fill("#token", token)
+    page.click("#login button[type=submit]")
+    expect(page.locator("#main")).to_be_visible()
+    return page
+
+
+def _wait(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(0.1)
+
+
+# -- tokens ----------------------------------------------------------------------------------------------------
+def test_a_page_without_a_token_asks_for_one_and_shows_nothing(ui, browser, tmp_path):
+    page = browser.new_page()
+    for path in ("/fleet", "/datasets", "/runs/x", "/reports"):
+        page.goto(f"{ui.url}{path}")
+        expect(page.locator("#login")).to_be_visible()
+        expect(page.locator("#main")).to_be_hidden()
+    page.screenshot(path=tmp_path / "login.png")
+    for path in (
+        "/api/fleet",
+        "/api/runs",
+        f"/api/dataset?url={DATASET}",
+        "/api/reports",
+        f"/media/bucket?url={DATASET}/x.mp4",
+    ):
+        assert ui.call("GET", path).status_code == 401, path
+    page.fill("#token", "not-a-token")
+    page.click("#login button[type=submit]")
+    expect(page.locator("#login-error")).to_have_text("unknown token")
+    page.fill("#token", UI_SCOPED)  # a namespace-scoped line: the dashboard shows every namespace
+    page.click("#login button[type=submit]")
+    expect(page.locator("#login-error")).to_contain_text("'<token> <read|write> *' lines")
+    page.fill("#token", UI_READ)
+    page.click("#login button[type=submit]")
+    expect(page.locator("#who")).to_have_text("signed in (read-only)")
+    cookie = next(c for c in page.context.cookies() if c["name"] == "robotloop_ui")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and UI_READ not in cookie["value"]
+    assert page.evaluate("() => sessionStorage.length + localStorage.length") == 0  # the token is not kept
+    page.click("#logout")
+    expect(page.locator("#login")).to_be_visible()
+    assert ui.call("GET", "/api/fleet", cookies={"robotloop_ui": cookie["value"]}).status_code == 401
+    page.context.close()
+
+
+def test_writes_need_a_write_token_the_header_and_the_same_origin(ui):
+    ops = ui.ops()
+    ops.register_robot("csrf-bot", channel="csrf")
+    with pytest.raises(DeployError, match="bad robot name"):  # a robot id cannot carry markup at all
+        ops.register_robot("<script>", channel="csrf")
+    guard = {"x-robotloop-ui": "1"}
+    read = ui.call("POST", "/api/session", json={"token": UI_READ}, headers=guard).cookies["robotloop_ui"]
+    write = ui.call("POST", "/api/session", json={"token": UI_WRITE}, headers=guard).cookies["robotloop_ui"]
+    assert ui.call("POST", "/api/session", json={"token": UI_WRITE}).status_code == 403  # login CSRF too
+    body = {"reason": "test"}
+    path = "/api/robots/csrf-bot/rollback"
+    refused = ui.call("POST", path, json=body, headers=guard, cookies={"robotloop_ui": read})
+    assert refused.status_code == 403 and "read-only" in refused.json()["error"]
+    assert "header" in ui.call("POST", path, json=body, cookies={"robotloop_ui": write}).json()["error"]
+    evil = ui.call(
+        "POST", path, json=body, headers={**guard, "origin": "http://evil.example"}, cookies={"robotloop_ui": write}
+    )
+    assert evil.status_code == 403 and "origin" in evil.json()["error"]
+    cross = ui.call(
+        "POST", path, json=body, headers={**guard, "sec-fetch-site": "cross-site"}, cookies={"robotloop_ui": write}
+    )
+    assert cross.status_code == 403
+    # Allowed through: the deploy service's own answer comes back (the robot never ran anything to go back to).
+    passed = ui.call("POST", path, json=body, headers={**guard, "origin": ui.url}, cookies={"robotloop_ui": write})
+    assert passed.status_code == 404 and "roll back" in passed.json()["error"]
+
+
+# -- fleet -----------------------------------------------------------------------------------------------------
+@pytest.fixture
+def robot(ui, tmp_path_factory: pytest.TempPathFactory):
+    """Robot `ui-bot` on channel `ui`: ALOHA TransferCube at 48x64, 15-step episodes, in a thread (stopped after
+    its test: the 2-core suite machine has no cycles for a robot nobody looks at)."""
+    from robotloop.deploy.envs import SimControlEnv
+    from robotloop.deploy.fetch import XetFetcher
+    from robotloop.deploy.runtime import RobotRuntime
+    from robotloop.deploy.store import ReleaseStore
+
+    base = tmp_path_factory.mktemp("robot")
+    token = ui.ops().register_robot("ui-bot", channel="ui")
+    options = RobotSettings(robot_id="ui-bot", poll_wait_s=5, heartbeat_s=0.5, health_window=2)
+    made: list = []
+
+    def control() -> None:  # MuJoCo's EGL context belongs to the thread that made it
+        env = SimControlEnv("transfer_cube", IMAGE, episode_steps=15)
+        fetcher = lambda bucket: XetFetcher(ui.bucket.endpoint, WRITE_TOKEN, bucket)  # noqa: E731
+        trusted = load_public_keys([public_path(ui.key)])
+        client = DeployClient(ui.deploy.url, token)
+        made.append(RobotRuntime(env, client, ReleaseStore(base / "store"), trusted, options, fetcher))
+        try:
+            made[0].run()
+        finally:
+            env.close()
+
+    thread = threading.Thread(target=control, daemon=True)
+    thread.start()
+    _wait(lambda: made, 30, "the robot to start")
+    yield made[0]
+    made[0].stop()
+    thread.join(10)
+
+
+def _publish(ui: Ui, name: str, ckpt: Path, step: int, lineage: dict | None = None, channel: str | None = "ui"):
+    from robotloop.deploy.publish import publish
+
+    url = BucketUrl.parse(f"{RUN}/checkpoints/{step:06d}")
+    ui.bucket.upload(ckpt, url / "pretrained_model")
+    if lineage is not None:
+        path = ui.reports.parent / f"lineage-{step}.json"
+        path.write_text(json.dumps(lineage))
+        ui.bucket.upload(path, url / "lineage.json")
+    return publish(ui.bucket, str(url), name, load_private_key(ui.key), ui.ops(), channel)
+
+
+def test_fleet_shows_the_robot_running_its_release_and_a_rollback_with_its_reason(ui, robot, browser, tmp_path):
+    from robotloop.deploy.runner import make_tiny_checkpoint
+    from robotloop.train.data.catalog import DatasetSource
+
+    source = DatasetSource(ui.bucket, BucketUrl.parse(DATASET))
+    lineage = {"step": 100, "datasets": [DATASET], "episodes": [e.lineage() for e in source.episodes]}
+    v1 = make_tiny_checkpoint(tmp_path / "v1", image_size=IMAGE)
+    v2 = make_tiny_checkpoint(tmp_path / "v2", image_size=IMAGE, seed=1)
+    _publish(ui, "ui-v1", v1, 100, lineage)
+    page = signed_in(browser, ui)
+    running = page.locator('#robots tr[data-robot="ui-bot"]')
+    expect(running).to_have_attribute("data-running", "ui-v1", timeout=60_000)  # pulled, verified, running
+    expect(running.locator("td").nth(4)).not_to_have_text("—")  # its heartbeat's control rate
+    _publish(ui, "ui-v2", v2, 200)
+    expect(running).to_have_attribute("data-running", "ui-v2", timeout=30_000)
+    expect(page.locator("#events tbody tr.event-swap").first).to_contain_text("ui-v2")
+    page.screenshot(path=tmp_path / "fleet-v2.png", full_page=True)
+
+    # Roll channel ui back from the page: a confirmation, a reason with markup in it, then the robot goes back.
+    channel = page.locator('#channels tr[data-channel="ui"]')
+    expect(channel.locator("td").nth(1)).to_have_text("ui-v2")
+    channel.get_by_role("button", name="Roll back").click()
+    expect(page.locator("#confirm")).to_be_visible()
+    expect(page.locator("#confirm-text")).to_have_text("Roll channel ui back to its previous release?")
+    page.fill("#confirm-reason", f"gripper slips {XSS}")
+    page.click("#confirm-ok")
+    rollback = page.locator("#events tbody tr.event-rollback").first
+    expect(rollback).to_contain_text(f"gripper slips {XSS}")  # the reason, as text
+    expect(running).to_have_attribute("data-running", "ui-v1", timeout=30_000)
+    assert page.evaluate("() => window.__pwned") is None
+    event = ui.ops().history(channel="ui", limit=5)[0]
+    assert event["kind"] == "rollback" and event["detail"].startswith("gripper slips")
+    page.screenshot(path=tmp_path / "fleet-rollback.png", full_page=True)
+
+    # A robot's own heartbeat figures with markup in them are shown as text too.
+    bot = DeployClient(ui.deploy.url, ui.ops().register_robot("xss-bot", channel="other"))
+    bot.heartbeat("xss-bot", None, {"control_hz": 49.5, "health": {XSS: 1.0}})
+    expect(page.locator('#robots tr[data-robot="xss-bot"]')).to_contain_text(XSS)
+    assert page.evaluate("() => window.__pwned") is None and page.locator("#robots img").count() == 0
+
+    # The release page: lineage down to the episodes and their Xet hashes, the evaluation, and links along it.
+    page.goto(f"{ui.url}/releases/ui-v1")
+    expect(page.locator("#evaluations")).to_contain_text("success 75.0% over 4 episodes (95% interval 30.1% to 95.4%)")
+    expect(page.locator("#evaluations video")).to_have_count(1)
+    expect(page.locator("#lineage tbody tr")).to_have_count(3)
+    expect(page.locator("#lineage code").first).to_have_attribute("title", source.episodes[0].data.xet_hash)
+    page.screenshot(path=tmp_path / "release.png", full_page=True)
+    page.locator("#lineage tbody tr").nth(1).get_by_role("link", name="episode 1").click()
+    expect(page.locator("#player-title")).to_contain_text("Episode 1", timeout=20_000)
+    page.goto(f"{ui.url}/releases")
+    expect(page.locator("#channel-histories")).to_contain_text("gripper slips")
+    page.context.close()
+
+
+# -- datasets --------------------------------------------------------------------------------------------------
+def test_an_episode_plays_its_own_segment_of_the_shared_video(ui, browser, tmp_path):
+    page = signed_in(browser, ui, UI_READ)
+    page.goto(f"{ui.url}/datasets?bucket=hf://buckets/lab/ui")
+    expect(page.locator("#buckets")).to_contain_text("hf://buckets/lab/ui")  # --namespace lab
+    page.get_by_role("link", name=DATASET).click()
+    rows = page.locator("#episodes tbody tr")
+    expect(rows).to_have_count(3)
+    expect(rows.nth(1)).to_contain_text(f"stack {XSS}")  # markup in a task is text
+    assert [rows.nth(k).locator("td").nth(3).inner_text() for k in range(3)] == ["yes", "yes", "no"]
+    # The first frame shown, grabbed at the first 'playing' event: its grey says which episode it is.
+    page.evaluate(
+        """() => { const v = document.getElementById('video');
+        v.addEventListener('playing', () => { const c = document.createElement('canvas'); c.width = 32; c.height = 24;
+          const g = c.getContext('2d'); g.drawImage(v, 0, 0, 32, 24);
+          window.__first = {t: v.currentTime, grey: g.getImageData(16, 12, 1, 1).data[0]}; }, {once: true}); }"""
+    )
+    rows.nth(1).click()
+    page.wait_for_function("() => window.__first !== undefined", timeout=10_000)
+    first = page.evaluate("() => window.__first")
+    assert 3.0 <= first["t"] < 3.2, first  # episode 1 starts 3 s into the shared file
+    assert abs(first["grey"] - colour(1)) < 12, first  # ... and that frame is episode 1's
+    page.wait_for_function("() => document.getElementById('video').currentTime > 3.5")  # it plays
+    page.screenshot(path=tmp_path / "dataset.png", full_page=True)
+    page.wait_for_function("() => document.getElementById('video').paused", timeout=10_000)  # and stops at its end
+    end = page.evaluate("() => document.getElementById('video').currentTime")
+    assert 5.7 <= end <= 6.0, end
+    page.wait_for_function("() => window.__robotloop.plottedEpisode === 1")
+    expect(page.locator("#state-plot canvas")).to_have_count(1)
+    assert page.evaluate("() => window.__pwned") is None
+    # The video route answers byte ranges, and refuses what is not a dataset's mp4.
+    cookies = {c["name"]: c["value"] for c in page.context.cookies()}
+    video = page.evaluate("() => document.getElementById('video').src")
+    part = ui.call("GET", video.removeprefix(ui.url), headers={"range": "bytes=0-99"}, cookies=cookies)
+    assert (
+        part.status_code == 206 and len(part.content) == 100 and part.headers["content-range"].startswith("bytes 0-99/")
+    )
+    assert ui.call("GET", f"/media/bucket?url={DATASET}/meta/info.json", cookies=cookies).status_code == 400
+    page.context.close()
+
+
+def test_a_report_renders_with_its_markup_escaped(ui, browser, tmp_path):
+    page = signed_in(browser, ui, UI_READ)
+    page.goto(f"{ui.url}/reports")
+    page.get_by_role("link", name="ui-run").click()
+    expect(page.locator("#report h1")).to_have_text("robotloop loop: ui-run")
+    expect(page.locator("#report")).to_contain_text(XSS)
+    expect(page.locator("#report table td").first).to_have_text("train")
+    page.wait_for_function("() => document.querySelector('#report img').naturalWidth > 0")  # the figure loads
+    assert page.evaluate("() => window.__pwned") is None and page.locator("#report script").count() == 0
+    cookies = {c["name"]: c["value"] for c in page.context.cookies()}
+    report_id = page.url.rsplit("/", 1)[-1]
+    assert ui.call("GET", f"/media/report/{report_id}/notes.txt", cookies=cookies).status_code == 404  # figures only
+    assert ui.call("GET", f"/media/report/{report_id}/..%2Freport.json", cookies=cookies).status_code == 404
+    page.screenshot(path=tmp_path / "report.png", full_page=True)
+    page.context.close()
+
+
+# -- training --------------------------------------------------------------------------------------------------
+def test_a_training_jobs_loss_curve_grows(ui, browser, tmp_path):
+    client = TrainerClient(ui.trainer_url, TRAINER_WRITER)
+    job = client.submit(job_spec("hf://buckets/lab/trainsvc/models/ui-live", 100_000, checkpoint_every=1000))
+    try:
+        page = signed_in(browser, ui, UI_READ)
+        page.goto(f"{ui.url}/runs")
+        expect(page.locator(f'#jobs tr[data-job="{job["id"]}"]')).to_be_visible()
+        page.get_by_role("link", name=job["id"]).click()
+        page.wait_for_function("() => (window.__robotloop.lossPoints || 0) >= 2", timeout=90_000)
+        before = page.evaluate("() => window.__robotloop.lossPoints")
+        page.wait_for_function(f"() => window.__robotloop.lossPoints > {before}", timeout=30_000)  # no reload
+        expect(page.locator("#job-facts")).to_contain_text("running")
+        expect(page.locator("#job-facts")).to_contain_text(TRAIN_DATASET)
+        page.screenshot(path=tmp_path / "run.png", full_page=True)
+        page.context.close()
+    finally:
+        client.cancel(job["id"])
