@@ -308,6 +308,14 @@ def main(argv: list[str] | None = None) -> int:
         help="one process per speed configuration, compiling at once, timed one at a time",
     )
     ap.add_argument(
+        "--speed-waves",
+        nargs="+",
+        default=None,
+        metavar="CASES",
+        help="side by side in waves, one per argument (comma-separated cases, e.g. large-b128 default-b8,default-b64):"
+        " the processes of a wave share the GPU's memory (the large ACT at batch 128 peaks at about 20 GiB each)",
+    )
+    ap.add_argument(
         "--gate", dest="gate_spec", default=None, help=argparse.SUPPRESS
     )  # FOLDER:TOTAL:NAME, set by --speed-side-by-side
     ap.add_argument("--pool", type=int, default=512, help="samples in the parity data pool")
@@ -341,7 +349,12 @@ def main(argv: list[str] | None = None) -> int:
         folder, total, name = args.gate_spec.rsplit(":", 2)
         args.gate = Gate(Path(folder), int(total), name)
     if "speed" not in args.skip and args.speed_side_by_side:
-        speed = speed_side_by_side(args, cases)
+        waves = [[CASES[c] for c in w.split(",")] for w in args.speed_waves] if args.speed_waves else [cases]
+        if args.quick:
+            waves = [cases]
+        for wave in waves:
+            speed += speed_side_by_side(args, wave)
+        cases = [c for wave in waves for c in wave]
     elif "speed" not in args.skip:
         for case in cases:
             for mode in args.modes:

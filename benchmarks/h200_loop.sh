@@ -7,7 +7,8 @@
 # and issue 14's:
 #   fp8train  `robotloop train --fp8 auto` and `--fp8 off` on tc's dataset, each checkpoint loaded with lerobot's
 #             ACTPolicy.from_pretrained and evaluated on the same 20 seeds
-#   fp8speed  benchmarks/fp8.py's speed table, side by side (cases: $FP8_CASES, default all three)
+#   fp8speed  benchmarks/fp8.py's speed table, side by side in waves ($FP8_WAVES, default the large ACT's five
+#             processes, then the default ACT's ten: all fifteen at once would not fit the GPU's memory)
 # $STEPS names them in order (default "tc alone insertion+eval200"); steps joined by "+" run at the same time
 # (timings of a step that shared the machine say so in BENCHMARKS.md). Results go to $1 (default /tmp/h200-loop):
 # logs, report.json/report.md, eval_report.json, and results.tar.gz holding all of them, rebuilt as each step ends
@@ -43,8 +44,8 @@ step_alone() {
 }
 step_insertion() { python3 -m robotloop.cli loop --preset h200 --task insertion --report-dir "$R/ins" > "$R/ins.log" 2>&1; }
 step_fp8speed() {
-  # shellcheck disable=SC2086  # FP8_CASES is a list
-  python3 benchmarks/fp8.py --skip parity --speed-side-by-side ${FP8_CASES:+--cases $FP8_CASES} \
+  # shellcheck disable=SC2086  # FP8_WAVES is a list
+  python3 benchmarks/fp8.py --skip parity --speed-side-by-side --speed-waves ${FP8_WAVES:-large-b128 default-b8,default-b64} \
     --out "$R/fp8_speed.json" > "$R/fp8_speed.log" 2>&1
 }
 step_fp8train() {

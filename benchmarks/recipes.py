@@ -1,6 +1,8 @@
 """Training recipes side by side on one GPU: which ACT recipe makes a policy that succeeds, from random init.
 
 Run (GPU machine):  python3 benchmarks/recipes.py --out-dir /tmp/sweep --recipes base shift frozen small
+                    python3 benchmarks/recipes.py --task insertion --episodes 100 --steps 6000 \
+                        --recipes base mid mid-long full --out-dir /tmp/sweep-ins
 Smoke (CPU):        .venv/bin/python benchmarks/recipes.py --quick --out-dir /tmp/sweep
 
 1. A bucket server on this machine (the embedded one, under --root) gets a dataset of scripted demos, recorded
@@ -30,7 +32,7 @@ from train_e2e import machine  # a sibling script: the benchmarks folder is on s
 from robotloop.loop.pipeline import H200_RECIPE
 from robotloop.train.policy import TINY_ACT
 
-DATASET = "hf://buckets/bench/recipes/datasets/transfer-cube"
+DATASETS = "hf://buckets/bench/recipes/datasets"  # one dataset per task under it
 RUNS = "hf://buckets/bench/recipes/models"
 # Each recipe is a change to the h200 preset's recipe (eager bf16, lerobot's default-size ACT, temporal ensembling).
 RECIPES: dict[str, dict] = {
@@ -38,6 +40,8 @@ RECIPES: dict[str, dict] = {
     "shift": {"random_shift": 8},
     "frozen": {"backbone_norm": "frozen"},  # lerobot's FrozenBatchNorm2d: the identity from random init
     "small": {"image_size": (120, 160)},
+    "mid": {"image_size": (240, 320)},
+    "mid-long": {"image_size": (240, 320), "steps_x": 2},  # steps_x: this recipe trains --steps x 2 steps
     "lr3e-4": {"lr": 3e-4, "lr_backbone": 3e-4},
     "full": {"image_size": None},  # the camera's 480x640
     "lerobot": {
@@ -59,10 +63,15 @@ def recipe(name: str, quick: bool = False) -> dict:
     return {**base, **RECIPES[name]}
 
 
+def dataset_url(task: str) -> str:
+    return f"{DATASETS}/{task.replace('_', '-')}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", type=Path, default=Path("/tmp/recipes-server"), help="bucket server data")
     ap.add_argument("--out-dir", type=Path, required=True)
+    ap.add_argument("--task", default="transfer_cube", help="the sim task recorded, trained and evaluated")
     ap.add_argument("--episodes", type=int, default=50)
     ap.add_argument("--record-workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--image-size", default="480x640")
@@ -110,15 +119,15 @@ def record(client, args) -> dict:
     from robotloop.storage import BucketUrl
 
     size = tuple(int(v) for v in args.image_size.split("x"))
-    url = BucketUrl.parse(DATASET)
+    url = BucketUrl.parse(dataset_url(args.task))
     recorder = DatasetRecorder(
         client, url, DatasetSpec.aloha(size), staging=args.root.resolve().parent / "recipes-stage"
     )
     have = recorder.committed_episodes()
-    split = demo_time_split(size, recorder) if have == 0 else None
+    split = demo_time_split(args.task, size, recorder) if have == 0 else None
     if have >= args.episodes:
         return {"episodes": have, "reused": True}
-    report = record_sim(recorder, "transfer_cube", args.episodes - have, args.record_workers, size, seed_start=have)
+    report = record_sim(recorder, args.task, args.episodes - have, args.record_workers, size, seed_start=have)
     out = {
         "episodes": len(report.committed),
         "failed_seeds": report.failed_seeds,
@@ -132,14 +141,14 @@ def record(client, args) -> dict:
     return out
 
 
-def demo_time_split(size, recorder) -> dict:
+def demo_time_split(task_name: str, size, recorder) -> dict:
     """Seconds of one demo's parts, measured in this process (seed 10_000, not in the dataset)."""
     from robotloop.capture.episode import Episode
     from robotloop.capture.recorder import write_episode
     from robotloop.sim import get_task, record_demo
     from robotloop.sim.scripted import rollout_mocap
 
-    task = get_task("transfer_cube")
+    task = get_task(task_name)
     t0 = time.perf_counter()
     rollout_mocap(task, task.sample_objects(10_000), task.episode_length)
     t1 = time.perf_counter()
@@ -167,10 +176,12 @@ def train_all(args, env: dict) -> dict:
     """One training process per recipe, all at once; their progress files and reports."""
     procs = {}
     for name in args.recipes:
+        fields = recipe(name, args.quick)
         spec = {
             "name": name,
-            "recipe": recipe(name, args.quick),
-            "steps": args.steps,
+            "recipe": {k: v for k, v in fields.items() if k != "steps_x"},
+            "steps": args.steps * fields.get("steps_x", 1),
+            "dataset": dataset_url(args.task),
             "batch": args.batch,
             "max_s": args.max_train_s,
             "buffer_bytes": int(args.buffer_gb * 2**30),
@@ -212,7 +223,7 @@ def train_worker(spec: dict) -> None:
     t0 = time.perf_counter()
     report = train(
         connect(load_settings()),
-        [BucketUrl.parse(DATASET)],
+        [BucketUrl.parse(spec["dataset"])],
         BucketUrl.parse(spec["run"]),
         settings,
         act,
@@ -277,6 +288,7 @@ def eval_all(args, env: dict, trained: dict) -> list[dict]:
             "episodes": args.eval_episodes,
             "workers": args.eval_workers,
             "image_size": args.image_size,
+            "task": args.task,
             "device": "cpu" if args.quick else "cuda",
             "out": str(args.out_dir / f"eval-{i}.json"),
             "cache": str(args.out_dir / "policies"),
@@ -308,7 +320,7 @@ def eval_worker(job: dict) -> None:
     size = tuple(int(v) for v in job["image_size"].split("x"))
     report = evaluate(
         model,
-        "transfer_cube",
+        job["task"],
         job["episodes"],
         job["workers"],
         seed=job["seed"],
