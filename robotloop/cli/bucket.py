@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +16,7 @@ from services.options import serve_command
 
 from ..config import load_settings
 from ..storage import BadBucketUrl, BucketUrl, Entry, NotFound, connect
-from .output import JsonOutput, fail, print_json, show
+from .output import JsonOutput, QuietOutput, fail, print_json, show, transfer_progress
 
 app = typer.Typer(no_args_is_help=True, help="Work with Xet storage buckets (hf://buckets/<ns>/<bucket>/<path>).")
 console = Console()
@@ -111,34 +112,60 @@ def put(
     local: Annotated[Path, typer.Argument(help="File or folder to upload.")],
     url: UrlArg,
     create: bool = typer.Option(True, help="Create the bucket if missing."),
+    quiet: QuietOutput = False,
+    as_json: JsonOutput = False,
 ) -> None:
     """Upload a file or a folder; prints how many bytes were new and how many deduplicated. As with `cp`, a file
-    put to an existing folder, or to a URL ending in `/`, goes into it."""
+    put to an existing folder, or to a URL ending in `/`, goes into it. A progress bar on stderr while it runs (in
+    a terminal, without --quiet or --json)."""
     target = _url(url)
     if url.endswith("/") and local.is_file() and target.path:
         target = target / local.name
     client = connect(ctx.obj)
     if create:
         client.create_bucket(target)
-    report = client.upload(local, target)
+    with transfer_progress("uploading", off=quiet or as_json) as progress:
+        report = client.upload(local, target, progress)
     if not report.files:
         raise fail(f"{local}: no files in it, nothing was uploaded")
-    console.print(
-        f"uploaded {len(report.files)} file(s), {report.bytes_total:,} bytes: {report.bytes_new:,} new, "
-        f"{report.bytes_deduplicated:,} deduplicated, {report.bytes_sent:,} sent"
+    summary = {
+        "url": str(target),
+        "files": [asdict(f) for f in report.files],
+        "bytes_total": report.bytes_total,
+        "bytes_new": report.bytes_new,
+        "bytes_deduplicated": report.bytes_deduplicated,
+        "bytes_sent": report.bytes_sent,
+    }
+    show(summary, as_json, _put_text)
+
+
+def _put_text(s: dict) -> str:
+    return (
+        f"uploaded {len(s['files'])} file(s), {s['bytes_total']:,} bytes: {s['bytes_new']:,} new, "
+        f"{s['bytes_deduplicated']:,} deduplicated, {s['bytes_sent']:,} sent"
     )
 
 
 @app.command()
 def get(
-    ctx: typer.Context, url: UrlArg, dest: Annotated[Path, typer.Argument(help="File or folder.")] = Path(".")
+    ctx: typer.Context,
+    url: UrlArg,
+    dest: Annotated[Path, typer.Argument(help="File or folder.")] = Path("."),
+    quiet: QuietOutput = False,
+    as_json: JsonOutput = False,
 ) -> None:
-    """Download a file, or every file under a folder."""
+    """Download a file, or every file under a folder. A progress bar on stderr while it runs (in a terminal,
+    without --quiet or --json)."""
     target = _url(url)
-    paths = connect(ctx.obj).fetch(target, dest)
+    with transfer_progress("downloading", off=quiet or as_json) as progress:
+        paths = connect(ctx.obj).fetch(target, dest, progress)
     if not paths:
         raise fail(f"nothing under {target}")
-    console.print(f"downloaded {len(paths)} file(s) to {dest}")
+    show({"url": str(target), "files": [str(p) for p in paths]}, as_json, lambda s: _get_text(s, dest))
+
+
+def _get_text(s: dict, dest: Path) -> str:
+    return f"downloaded {len(s['files'])} file(s) to {dest}"
 
 
 @app.command()
