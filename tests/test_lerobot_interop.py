@@ -10,6 +10,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,10 +70,16 @@ def _lerobot_train(args: list[str], tmp: Path, endpoint: str, steps: int = 2) ->
     return out
 
 
-def test_lerobot_train_reads_our_dataset_and_robotloop_evaluates_what_it_wrote(recorded, bucket_server):
+@pytest.fixture(scope="module")
+def theirs(recorded, bucket_server):
+    """lerobot-train's output folder after 2 steps on a local copy of the dataset robotloop recorded."""
     _, _, tmp = recorded
     local = ["--dataset.repo_id=lab/interop", f"--dataset.root={tmp / 'local'}", "--num_workers=0"]
-    out = _lerobot_train([*local, *NEW_POLICY, *TINY_FLAGS], tmp, bucket_server.endpoint)
+    return _lerobot_train([*local, *NEW_POLICY, *TINY_FLAGS], tmp, bucket_server.endpoint)
+
+
+def test_lerobot_train_reads_our_dataset_and_robotloop_evaluates_what_it_wrote(theirs):
+    out = theirs
     model = resolve_policy(str(out))  # lerobot-train's output folder: its checkpoints/last link
     assert model == (out / "checkpoints" / "000002" / "pretrained_model").resolve()
     report = evaluate(model, "transfer_cube", episodes=1, max_steps=3, image_size=(24, 32))
@@ -84,6 +91,55 @@ def test_lerobot_train_streams_our_dataset_from_the_bucket_server(recorded, buck
     # One DataLoader worker at least: lerobot 0.6.1's streaming was reported not to start with --num_workers=0.
     stream = ["--dataset.repo_id=lab/interop", "--dataset.repo_type=bucket", "--dataset.streaming=true"]
     _lerobot_train([*stream, "--num_workers=1", *NEW_POLICY, *TINY_FLAGS], tmp, bucket_server.endpoint)
+
+
+def test_a_lerobot_train_checkpoint_is_published_as_a_release_robots_pull(recorded, theirs, bucket_server):
+    """`robotloop deploy publish --checkpoint outputs/train/<run>/checkpoints/last/pretrained_model --to <bucket
+    folder>`: uploaded under <to>/checkpoints/<step>, signed, and pulled by a robot's release store byte for byte.
+    The same command again is the same release; other files where it would upload are refused."""
+    from robotloop.deploy.fetch import XetFetcher
+    from robotloop.deploy.keys import generate_keypair, load_public_keys, public_path
+    from robotloop.deploy.manifest import SignedManifest
+    from robotloop.deploy.store import ReleaseStore
+
+    client, _, tmp = recorded
+    key = tmp / "keys" / "deploy.key"
+    generate_keypair(key)
+    to = "hf://buckets/lab/interop-models/models/theirs"
+    model = theirs / "checkpoints" / "last" / "pretrained_model"  # lerobot-train's link to its last step
+    env = {**os.environ, "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint, "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN}
+
+    def publish(checkpoint: Path, *extra: str) -> subprocess.CompletedProcess:
+        args = ["deploy", "publish", "--checkpoint", str(checkpoint), "--name", "lerobot-v1", "--key", str(key)]
+        command = [sys.executable, "-m", "robotloop.cli", *args, "--no-register", "--json", *extra]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+    first = publish(model, "--to", to)
+    assert first.returncode == 0, first.stdout + first.stderr
+    result = json.loads(first.stdout)
+    assert result["checkpoint"] == f"{to}/checkpoints/000002" and result["release"] == "lerobot-v1"
+    stored = client.read_range(BucketUrl.parse(result["manifest"]), 0, 1 << 24)
+    signed = SignedManifest.from_json(stored)
+    store = ReleaseStore(tmp / "robot")
+    store.pull(
+        signed, load_public_keys([public_path(key)]), XetFetcher(client.endpoint, WRITE_TOKEN, signed.manifest.bucket)
+    )
+    pulled = store.model_dir("lerobot-v1")
+    files = sorted(p.relative_to(model).as_posix() for p in model.rglob("*") if p.is_file())
+    assert files and sorted(p.relative_to(pulled).as_posix() for p in pulled.rglob("*") if p.is_file()) == files
+    assert all((pulled / f).read_bytes() == (model / f).read_bytes() for f in files)
+
+    again = publish(theirs, "--to", to)  # the output folder itself: its checkpoints/last, the same files
+    assert again.returncode == 0 and json.loads(again.stdout)["manifest"] == result["manifest"], again.stdout
+    other = tmp / "other" / "checkpoints" / "000002" / "pretrained_model"
+    shutil.copytree(model, other)
+    (other / "config.json").write_text(
+        (other / "config.json").read_text().replace('"chunk_size": 5', '"chunk_size": 6')
+    )
+    refused = publish(other, "--to", to)
+    assert refused.returncode == 1 and "already holds other files" in " ".join(refused.stdout.split())
+    nowhere = publish(model)
+    assert nowhere.returncode == 1 and "--to" in nowhere.stdout
 
 
 @pytest.fixture(scope="module")
