@@ -89,6 +89,25 @@ def test_put_and_get_show_progress_on_stderr_and_keep_json_pure(bucket_server, t
     assert (tmp_path / "j.bin").read_bytes() == (tmp_path / "big.bin").read_bytes()
 
 
+def test_ls_and_du_print_json_for_scripts(bucket_server, tmp_path):
+    (tmp_path / "run" / "sub").mkdir(parents=True)
+    (tmp_path / "run" / "a.bin").write_bytes(b"a" * 100)
+    (tmp_path / "run" / "sub" / "b.bin").write_bytes(b"b" * 20)
+    assert (
+        robotloop(bucket_server, "bucket", "put", str(tmp_path / "run"), "hf://buckets/lab/cli-json/run").returncode
+        == 0
+    )
+    ls = robotloop(bucket_server, "bucket", "ls", "--json", "hf://buckets/lab/cli-json/run")
+    assert ls.returncode == 0, ls.stdout + ls.stderr
+    entries = sorted(json.loads(ls.stdout), key=lambda e: e["path"])
+    assert entries[0]["type"] == "file" and entries[0]["path"] == "run/a.bin" and entries[0]["size"] == 100
+    assert len(entries[0]["xet_hash"]) == 64 and entries[1] == {"type": "directory", "path": "run/sub"}
+    deep = json.loads(robotloop(bucket_server, "bucket", "ls", "-R", "--json", "hf://buckets/lab/cli-json").stdout)
+    assert {e["path"] for e in deep if e["type"] == "file"} == {"run/a.bin", "run/sub/b.bin"}
+    du = robotloop(bucket_server, "bucket", "du", "--json", "hf://buckets/lab/cli-json/run")
+    assert json.loads(du.stdout) == {"url": "hf://buckets/lab/cli-json/run", "bytes": 120}
+
+
 def test_bad_input_is_a_clear_error(bucket_server, tmp_path):
     bad_url = robotloop(bucket_server, "bucket", "ls", "s3://nope")
     assert bad_url.returncode != 0 and "hf://buckets/<namespace>/<bucket>" in bad_url.stdout + bad_url.stderr

@@ -91,12 +91,16 @@ def ls(
     ctx: typer.Context,
     url: UrlArg,
     recursive: bool = typer.Option(False, "-R", "--recursive", help="Every file below, not only the first level."),
+    as_json: JsonOutput = False,
 ) -> None:
-    """List files and folders."""
+    """List files and folders (--json: each as {"type": "file", "path", "size", "xet_hash"} or
+    {"type": "directory", "path"}, as huggingface_hub's list_bucket_tree names them)."""
     target = _url(url)
     entries = connect(ctx.obj).ls(target, recursive=recursive)
     if not entries and target.path:  # a mistyped path is not an empty folder (buckets have no empty folders)
         raise fail(f"nothing at {target}")
+    if as_json:
+        return print_json([_entry_json(e) for e in entries])
     table = Table("size", "xet hash", "path", box=None)
     for e in entries:
         if isinstance(e, Entry):
@@ -104,6 +108,12 @@ def ls(
         else:
             table.add_row("", "", e.path + "/")
     console.print(table)
+
+
+def _entry_json(e: Entry | BucketUrl) -> dict:
+    if isinstance(e, Entry):
+        return {"type": "file", "path": e.url.path, "size": e.size, "xet_hash": e.xet_hash}
+    return {"type": "directory", "path": e.path}
 
 
 @app.command()
@@ -181,11 +191,11 @@ def rm(
 
 
 @app.command()
-def du(ctx: typer.Context, url: UrlArg) -> None:
+def du(ctx: typer.Context, url: UrlArg, as_json: JsonOutput = False) -> None:
     """Total size of the files under a URL."""
     target = _url(url)
-    total = connect(ctx.obj).du(target)
-    console.print(f"{total:,} bytes\t{url}")
+    result = {"url": str(target), "bytes": connect(ctx.obj).du(target)}
+    show(result, as_json, lambda r: f"{r['bytes']:,} bytes\t{url}")
 
 
 @app.command()

@@ -8,9 +8,11 @@ traceback."""
 
 from __future__ import annotations
 
+import functools
 import json
+import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from typing import Annotated, Any
 
 import typer
@@ -57,6 +59,22 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=1))  # plain print: no rich wrapping or colour in what scripts parse
 
 
+def json_result(command: Callable[..., Any]) -> Callable[..., Any]:
+    """For a command that prints for people while it runs (progress bars, tables) and returns its result: with
+    `--json` (its `as_json` parameter) what it prints goes to stderr, and stdout holds its result as JSON, alone."""
+
+    @functools.wraps(command)  # typer reads the wrapped command's signature
+    def run(*args: Any, **kwargs: Any) -> None:
+        if not kwargs.get("as_json"):
+            command(*args, **kwargs)
+            return
+        with redirect_stdout(sys.stderr):  # rich consoles write to whatever sys.stdout is at the time
+            result = command(*args, **kwargs)
+        print_json(result)
+
+    return run
+
+
 class _TransferBar:
     """A `robotloop.storage.TransferProgress` drawn as one rich task: bytes, speed, time left."""
 
@@ -92,6 +110,7 @@ __all__ = [
     "error_console",
     "exit_code",
     "fail",
+    "json_result",
     "print_json",
     "quiet_encoders",
     "quiet_libraries",
