@@ -1,5 +1,6 @@
 """`robotloop bucket ...` as a user runs it: a real process against the real bucket server."""
 
+import json
 import os
 import subprocess
 import sys
@@ -7,8 +8,8 @@ import sys
 from .conftest import WRITE_TOKEN
 
 
-def robotloop(server, *args, token=WRITE_TOKEN, cwd=None):
-    env = {**os.environ, "ROBOTLOOP_STORAGE__ENDPOINT": server.endpoint, "COLUMNS": "200"}
+def robotloop(server, *args, token=WRITE_TOKEN, cwd=None, env=None):
+    env = {**os.environ, "ROBOTLOOP_STORAGE__ENDPOINT": server.endpoint, "COLUMNS": "200", **(env or {})}
     if token:
         env["ROBOTLOOP_STORAGE__TOKEN"] = token
     return subprocess.run(
@@ -59,6 +60,52 @@ def test_put_ls_du_get(bucket_server, tmp_path):
         put.returncode == 0
         and "new/b.txt" in robotloop(bucket_server, "bucket", "ls", "-R", "hf://buckets/lab/cli").stdout
     )
+
+
+def test_put_and_get_show_progress_on_stderr_and_keep_json_pure(bucket_server, tmp_path):
+    """In a terminal (TTY_INTERACTIVE=1 stands in for one: rich's switch) put and get draw a bar on stderr;
+    --quiet and --json draw none, and --json's stdout is one JSON document."""
+    (tmp_path / "big.bin").write_bytes(os.urandom(3_000_000))
+    url = "hf://buckets/lab/cli-progress/big.bin"
+    terminal = {"TTY_INTERACTIVE": "1"}
+    put = robotloop(bucket_server, "bucket", "put", str(tmp_path / "big.bin"), url, env=terminal)
+    assert put.returncode == 0, put.stdout + put.stderr
+    assert "uploading" in put.stderr and "3.0/3.0 MB" in put.stderr and "uploaded 1 file(s)" in put.stdout
+    get = robotloop(bucket_server, "bucket", "get", url, str(tmp_path / "back.bin"), env=terminal)
+    assert get.returncode == 0 and "downloading" in get.stderr and "3.0/3.0 MB" in get.stderr, get.stderr
+    quiet = robotloop(bucket_server, "bucket", "get", "-q", url, str(tmp_path / "q.bin"), env=terminal)
+    assert quiet.returncode == 0 and "downloading" not in quiet.stderr and "downloaded 1 file(s)" in quiet.stdout
+    piped = robotloop(bucket_server, "bucket", "put", str(tmp_path / "big.bin"), url)  # no terminal: no bar
+    assert piped.returncode == 0 and "uploading" not in piped.stderr
+
+    put_json = robotloop(bucket_server, "bucket", "put", "--json", str(tmp_path / "big.bin"), url, env=terminal)
+    assert put_json.returncode == 0 and "uploading" not in put_json.stderr
+    report = json.loads(put_json.stdout)
+    assert report["url"] == url and report["bytes_total"] == 3_000_000 and report["bytes_new"] == 0
+    assert report["bytes_deduplicated"] == 3_000_000 and report["files"][0]["path"] == "big.bin"
+    get_json = robotloop(bucket_server, "bucket", "get", "--json", url, str(tmp_path / "j.bin"), env=terminal)
+    assert get_json.returncode == 0 and "downloading" not in get_json.stderr
+    assert json.loads(get_json.stdout) == {"url": url, "files": [str(tmp_path / "j.bin")]}
+    assert (tmp_path / "j.bin").read_bytes() == (tmp_path / "big.bin").read_bytes()
+
+
+def test_ls_and_du_print_json_for_scripts(bucket_server, tmp_path):
+    (tmp_path / "run" / "sub").mkdir(parents=True)
+    (tmp_path / "run" / "a.bin").write_bytes(b"a" * 100)
+    (tmp_path / "run" / "sub" / "b.bin").write_bytes(b"b" * 20)
+    assert (
+        robotloop(bucket_server, "bucket", "put", str(tmp_path / "run"), "hf://buckets/lab/cli-json/run").returncode
+        == 0
+    )
+    ls = robotloop(bucket_server, "bucket", "ls", "--json", "hf://buckets/lab/cli-json/run")
+    assert ls.returncode == 0, ls.stdout + ls.stderr
+    entries = sorted(json.loads(ls.stdout), key=lambda e: e["path"])
+    assert entries[0]["type"] == "file" and entries[0]["path"] == "run/a.bin" and entries[0]["size"] == 100
+    assert len(entries[0]["xet_hash"]) == 64 and entries[1] == {"type": "directory", "path": "run/sub"}
+    deep = json.loads(robotloop(bucket_server, "bucket", "ls", "-R", "--json", "hf://buckets/lab/cli-json").stdout)
+    assert {e["path"] for e in deep if e["type"] == "file"} == {"run/a.bin", "run/sub/b.bin"}
+    du = robotloop(bucket_server, "bucket", "du", "--json", "hf://buckets/lab/cli-json/run")
+    assert json.loads(du.stdout) == {"url": "hf://buckets/lab/cli-json/run", "bytes": 120}
 
 
 def test_bad_input_is_a_clear_error(bucket_server, tmp_path):

@@ -185,3 +185,23 @@ def test_cli_evaluates_a_checkpoint_in_a_bucket(tiny: Path, bucket_server, tmp_p
     # the step "latest" meant, printed before the episodes and kept in the report
     assert saved["checkpoint"] == f"{run}/checkpoints/000005" and f"policy: {run}/checkpoints/000005" in done.stdout
     assert len(_decode(saved["episodes"][0]["video"])) == 9
+
+
+def test_eval_json_is_the_report_alone_on_stdout(tiny: Path, tmp_path: Path) -> None:
+    """`robotloop eval --json`: stdout is one JSON document (the report, its summary, where it was saved); the
+    policy line, progress and table a person sees go to stderr."""
+    args = ["--policy", str(tiny), "--episodes", "1", "--max-steps", "3", "--videos", "0"]
+    done = subprocess.run(
+        [sys.executable, "-m", "robotloop.cli", "eval", *args, "--output-dir", str(tmp_path / "out"), "--json"],
+        env={**os.environ, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["summary"]["n_episodes"] == 1 and report["episodes"][0]["steps"] == 3
+    assert report["checkpoint"] == str(tiny.parent) and report["task"] == "transfer_cube"
+    assert report["report_file"] == str(tmp_path / "out" / "eval_report.json")
+    assert json.loads((tmp_path / "out" / "eval_report.json").read_text())["summary"] == report["summary"]
+    assert "policy: " in done.stderr and "success 0/1" in " ".join(done.stderr.split())

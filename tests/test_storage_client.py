@@ -51,12 +51,17 @@ def test_upload_reports_dedup_and_round_trips(client, bucket_server, tmp_path):
     assert again.read_bytes() == bytes(data) and os.stat(again).st_nlink == 1
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
 
-    # A listing that no longer matches the bytes served (the file rewritten since, or a server lying about a
-    # hash) fails the download and leaves the shared read cache clean.
+    # A listing that no longer matches the bucket (the file rewritten since: its old hash is no longer served), or
+    # whose bytes do not hash to what it says (here its size is off, as a lying server's would be), fails the
+    # download and leaves the shared read cache clean.
     stale = Entry(url, len(data), first.files[0].xet_hash)
-    with pytest.raises(StorageError, match="nothing was kept"):
+    with pytest.raises(StorageError, match="cannot download"):
         client.download(stale, tmp_path / "stale.bin")
     assert client.cache.get(stale.xet_hash) is None and not (tmp_path / "stale.bin").exists()
+    fresh = BucketClient(client.endpoint, WRITE_TOKEN, ReadCache(tmp_path / "fresh-cache", 10**9))
+    with pytest.raises(StorageError, match="nothing was kept"):
+        fresh.download(Entry(url, len(data) - 1, entry.xet_hash), tmp_path / "wrong.bin")
+    assert fresh.cache.get(entry.xet_hash) is None and not (tmp_path / "wrong.bin").exists()
 
 
 def test_folder_upload_listing_du_and_fetch(client, tmp_path):
@@ -82,6 +87,44 @@ def test_folder_upload_listing_du_and_fetch(client, tmp_path):
     with pytest.raises(StorageError, match="is a file: folder .* cannot be uploaded under it"):
         client.upload(src, url / "meta.json")
     assert client.du(url) == 1004
+
+
+class Recorded:
+    """A TransferProgress that keeps what it heard, as the CLI's bar would draw it."""
+
+    def __init__(self) -> None:
+        self.total: int | None = None
+        self.advances: list[int] = []
+
+    def start(self, total_bytes: int) -> None:
+        self.total = total_bytes
+
+    def advance(self, nbytes: int) -> None:
+        assert self.total is not None, "advanced before the transfer's size was given"
+        self.advances.append(nbytes)
+
+
+def test_transfers_report_progress_from_hf_xet(client, tmp_path):
+    """Uploads and downloads (from the server, from the read cache, empty files) tell their size first, then
+    advance by hf_xet's reports to exactly that size."""
+    src = tmp_path / "run"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(6_000_000))
+    (src / "empty.txt").write_bytes(b"")
+    (src / "small.txt").write_bytes(b"x" * 10)
+    url = BucketUrl.parse("hf://buckets/lab/storage-progress/run")
+    client.create_bucket(url)
+    up = Recorded()
+    client.upload(src, url, up)
+    assert up.total == sum(up.advances) == 6_000_010 and all(n > 0 for n in up.advances)
+    down = Recorded()
+    assert len(client.fetch(url, tmp_path / "back", down)) == 3
+    assert down.total == sum(down.advances) == 6_000_010
+    assert (tmp_path / "back" / "big.bin").read_bytes() == (src / "big.bin").read_bytes()
+    assert (tmp_path / "back" / "empty.txt").read_bytes() == b""
+    cached = Recorded()  # the same files again: all from the read cache
+    client.fetch(url / "big.bin", tmp_path / "again.bin", cached)
+    assert cached.total == sum(cached.advances) == 6_000_000
 
 
 def test_errors_name_bucket_path_and_remedy(bucket_server, tmp_path):

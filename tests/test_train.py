@@ -199,6 +199,40 @@ def test_channels_last_optimizer_state_checkpoints_and_keeps_its_layout(bucket_s
     assert got.stride() == conv.stride() and torch.equal(got, want)
 
 
+def test_optimizer_state_leaves_the_kernel_choice_to_the_loader(bucket_server, tmp_path):
+    """lerobot-train's AdamW has `fused: None`, and lerobot's loader wants the saved param groups' values of the
+    same types: a CUDA run's `fused: True` is not saved (lerobot's own optimizer loads the state), and a run that
+    loads it keeps its own kernel."""
+    from lerobot.optim.optimizers import AdamWConfig, load_optimizer_state
+
+    from robotloop.train.checkpoint import load_checkpoint, save_checkpoint
+    from robotloop.train.policy import build_policy
+
+    from .test_train_policy import FEATURES, _batch, _settings, _stats
+
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    out = BucketUrl.parse("hf://buckets/lab/train/models/fused")
+    client.create_bucket(out)
+    make = lambda: build_policy(FEATURES, _stats(), _settings())  # noqa: E731
+    trained = make()
+    trained.train_step(_batch())
+    for group in trained.optimizer().param_groups:
+        group["fused"] = True  # what the optimizer holds on CUDA
+    save_checkpoint(client, out, 1, trained, trained.optimizer(), {}, {"step": 1}, [(0, 1.0)])
+    client.fetch(out / "checkpoints" / "000001" / "training_state", tmp_path / "state")
+    groups = json.loads((tmp_path / "state" / "optimizer_param_groups.json").read_text())
+    assert [g["fused"] for g in groups] == [None] * len(groups)
+    theirs = AdamWConfig(lr=1e-5, weight_decay=1e-4).build(make().policy.get_optim_params())  # lerobot-train's
+    load_optimizer_state(theirs, tmp_path / "state")
+    fresh = make()
+    for group in fresh.optimizer().param_groups:
+        group["fused"] = True
+    load_checkpoint(client, out, 1, fresh, fresh.optimizer())
+    assert [g["fused"] for g in fresh.optimizer().param_groups] == [True] * len(groups)
+    want = trained.optimizer().state[trained.policy.model.backbone.conv1.weight]["exp_avg"]
+    assert torch.equal(fresh.optimizer().state[fresh.policy.model.backbone.conv1.weight]["exp_avg"], want)
+
+
 @pytest.mark.parametrize(
     ("option", "message"),
     [

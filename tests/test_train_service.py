@@ -237,25 +237,64 @@ def test_robotloop_train_serve_is_the_training_service():
         assert out.returncode == 0 and f"robotloop trainer {argv[-2]}" in out.stdout, out.stdout + out.stderr
 
 
-def test_robotloop_trainer_submit_runs_a_job_and_every_service_serves_its_openapi(trainer):
+SUBMIT = ["trainer", "submit", "--dataset", DATASET, "--output", "hf://buckets/lab/trainsvc/models/submitted"]
+SUBMIT += ["--steps", "2", "--batch-size", "4", "--tiny", "--decode-workers", "1", "--log-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def submitted(trainer) -> tuple[dict, dict]:
+    """A 2-step job `robotloop trainer submit --json` sent: what it printed, and the job's state once it ended."""
+    from robotloop.cli import app
+
+    args = [*SUBMIT, "--trainer-url", trainer.endpoint, "--trainer-token", WRITER, "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.output)
+    done = trainer.wait(printed["id"], lambda s: s["status"] in ("succeeded", "failed"), timeout_s=240)
+    assert done["status"] == "succeeded", trainer.log(printed["id"])[-3000:]
+    return printed, done
+
+
+def test_robotloop_trainer_submit_runs_a_job_and_every_service_serves_its_openapi(trainer, submitted):
     """No curl with an undocumented body: `robotloop trainer submit` takes `robotloop train`'s options, and
     GET /openapi.json documents the routes."""
     from robotloop.cli import app
 
-    args = ["trainer", "submit", "--dataset", DATASET, "--output", "hf://buckets/lab/trainsvc/models/submitted"]
-    args += ["--steps", "2", "--batch-size", "4", "--tiny", "--decode-workers", "1", "--log-every", "1"]
-    args += ["--trainer-url", trainer.endpoint, "--trainer-token", WRITER, "--json"]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    submitted = json.loads(result.output)
-    assert submitted["spec"]["steps"] == 2 and submitted["spec"]["tiny"] is True
-    done = trainer.wait(submitted["id"], lambda s: s["status"] in ("succeeded", "failed"), timeout_s=240)
-    assert done["status"] == "succeeded", trainer.log(submitted["id"])[-3000:]
+    printed, _ = submitted
+    assert printed["spec"]["steps"] == 2 and printed["spec"]["tiny"] is True
+    args = [*SUBMIT, "--trainer-url", trainer.endpoint, "--trainer-token", WRITER, "--json"]
     zero_steps = [("0" if i and args[i - 1] == "--steps" else a) for i, a in enumerate(args)]
     bad = CliRunner().invoke(app, zero_steps)
     assert bad.exit_code == 2 and "--steps" in bad.output  # the same bounds as `robotloop train`, before sending
     schema = httpx.get(f"{trainer.endpoint}/openapi.json", timeout=30).json()
     assert "/v1/jobs" in schema["paths"] and "post" in schema["paths"]["/v1/jobs"]
+
+
+def test_trainer_status_list_and_watch_print_text_and_json(trainer, submitted):
+    """`robotloop train status|list|watch` (the trainer group's, as `train` spells them): a line or table for
+    people, with --json the job's state as GET /v1/jobs answers it (watch: its final state, no bar)."""
+    _, done = submitted
+    job = done["id"]
+    service = ["--trainer-url", trainer.endpoint, "--trainer-token", READER]
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "robotloop.cli", "train", *args, *service]
+        return subprocess.run(command, capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "250"})
+
+    status = cli("status", job, "--json")
+    assert status.returncode == 0, status.stdout + status.stderr
+    state = json.loads(status.stdout)
+    assert state["id"] == job and state["status"] == "succeeded" and state["step"] == 2
+    assert state["last_checkpoint"].endswith("checkpoints/000002") and state["spec"]["steps"] == 2
+    text = cli("status", job).stdout
+    assert f"job {job} succeeded: step 2/2" in text and "checkpoints/000002" in text
+    listed = cli("list", "--json")
+    assert listed.returncode == 0 and job in [j["id"] for j in json.loads(listed.stdout)]
+    assert job in cli("list").stdout
+    watched = cli("watch", job, "--json")
+    assert watched.returncode == 0 and json.loads(watched.stdout)["status"] == "succeeded", watched.stdout
+    missing = cli("status", "nope", "--json")
+    assert missing.returncode == 1 and "no job 'nope'" in missing.stdout
 
 
 def test_a_full_queue_refuses_new_jobs_and_creates_nothing(tmp_path):

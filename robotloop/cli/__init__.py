@@ -62,10 +62,13 @@ def main(
     ctx.obj = load_settings({"storage": {"endpoint": endpoint, "token": token}})  # SettingsError: ReportErrors
 
 
+TRAINER_COMMANDS = ("serve", "submit", "status", "list", "watch")
+
+
 def run(argv: list[str] | None = None) -> None:
-    """The `robotloop` entry point. `robotloop train serve|watch` mean `robotloop trainer serve|watch`, so every
-    service starts as `robotloop <X> serve`: `train` is a command with required options, which Typer cannot
-    also make a group."""
+    """The `robotloop` entry point. `robotloop train serve|submit|status|list|watch` mean `robotloop trainer ...`,
+    so every service starts as `robotloop <X> serve`: `train` is a command with required options, which Typer
+    cannot also make a group."""
     # A crash in native code (MuJoCo, EGL, a codec, CUDA) then prints every thread's Python stack instead of a
     # bare exit 139: one H200 loop run died so, with nothing in its log to say where.
     if not faulthandler.is_enabled():
@@ -74,7 +77,7 @@ def run(argv: list[str] | None = None) -> None:
     i = 0
     while i < len(args) and args[i].startswith("-"):  # global options come first: --endpoint URL --token T
         i += 1 if "=" in args[i] else 2
-    if args[i : i + 1] == ["train"] and args[i + 1 : i + 2] in (["serve"], ["watch"], ["submit"]):
+    if args[i : i + 1] == ["train"] and len(args) > i + 1 and args[i + 1] in TRAINER_COMMANDS:
         args[i] = "trainer"
     app(args, prog_name="robotloop")
 

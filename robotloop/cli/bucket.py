@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +16,7 @@ from services.options import serve_command
 
 from ..config import load_settings
 from ..storage import BadBucketUrl, BucketUrl, Entry, NotFound, connect
-from .output import JsonOutput, fail, print_json, show
+from .output import JsonOutput, QuietOutput, fail, print_json, show, transfer_progress
 
 app = typer.Typer(no_args_is_help=True, help="Work with Xet storage buckets (hf://buckets/<ns>/<bucket>/<path>).")
 console = Console()
@@ -90,12 +91,16 @@ def ls(
     ctx: typer.Context,
     url: UrlArg,
     recursive: bool = typer.Option(False, "-R", "--recursive", help="Every file below, not only the first level."),
+    as_json: JsonOutput = False,
 ) -> None:
-    """List files and folders."""
+    """List files and folders (--json: each as {"type": "file", "path", "size", "xet_hash"} or
+    {"type": "directory", "path"}, as huggingface_hub's list_bucket_tree names them)."""
     target = _url(url)
     entries = connect(ctx.obj).ls(target, recursive=recursive)
     if not entries and target.path:  # a mistyped path is not an empty folder (buckets have no empty folders)
         raise fail(f"nothing at {target}")
+    if as_json:
+        return print_json([_entry_json(e) for e in entries])
     table = Table("size", "xet hash", "path", box=None)
     for e in entries:
         if isinstance(e, Entry):
@@ -105,40 +110,72 @@ def ls(
     console.print(table)
 
 
+def _entry_json(e: Entry | BucketUrl) -> dict:
+    if isinstance(e, Entry):
+        return {"type": "file", "path": e.url.path, "size": e.size, "xet_hash": e.xet_hash}
+    return {"type": "directory", "path": e.path}
+
+
 @app.command()
 def put(
     ctx: typer.Context,
     local: Annotated[Path, typer.Argument(help="File or folder to upload.")],
     url: UrlArg,
     create: bool = typer.Option(True, help="Create the bucket if missing."),
+    quiet: QuietOutput = False,
+    as_json: JsonOutput = False,
 ) -> None:
     """Upload a file or a folder; prints how many bytes were new and how many deduplicated. As with `cp`, a file
-    put to an existing folder, or to a URL ending in `/`, goes into it."""
+    put to an existing folder, or to a URL ending in `/`, goes into it. A progress bar on stderr while it runs (in
+    a terminal, without --quiet or --json)."""
     target = _url(url)
     if url.endswith("/") and local.is_file() and target.path:
         target = target / local.name
     client = connect(ctx.obj)
     if create:
         client.create_bucket(target)
-    report = client.upload(local, target)
+    with transfer_progress("uploading", off=quiet or as_json) as progress:
+        report = client.upload(local, target, progress)
     if not report.files:
         raise fail(f"{local}: no files in it, nothing was uploaded")
-    console.print(
-        f"uploaded {len(report.files)} file(s), {report.bytes_total:,} bytes: {report.bytes_new:,} new, "
-        f"{report.bytes_deduplicated:,} deduplicated, {report.bytes_sent:,} sent"
+    summary = {
+        "url": str(target),
+        "files": [asdict(f) for f in report.files],
+        "bytes_total": report.bytes_total,
+        "bytes_new": report.bytes_new,
+        "bytes_deduplicated": report.bytes_deduplicated,
+        "bytes_sent": report.bytes_sent,
+    }
+    show(summary, as_json, _put_text)
+
+
+def _put_text(s: dict) -> str:
+    return (
+        f"uploaded {len(s['files'])} file(s), {s['bytes_total']:,} bytes: {s['bytes_new']:,} new, "
+        f"{s['bytes_deduplicated']:,} deduplicated, {s['bytes_sent']:,} sent"
     )
 
 
 @app.command()
 def get(
-    ctx: typer.Context, url: UrlArg, dest: Annotated[Path, typer.Argument(help="File or folder.")] = Path(".")
+    ctx: typer.Context,
+    url: UrlArg,
+    dest: Annotated[Path, typer.Argument(help="File or folder.")] = Path("."),
+    quiet: QuietOutput = False,
+    as_json: JsonOutput = False,
 ) -> None:
-    """Download a file, or every file under a folder."""
+    """Download a file, or every file under a folder. A progress bar on stderr while it runs (in a terminal,
+    without --quiet or --json)."""
     target = _url(url)
-    paths = connect(ctx.obj).fetch(target, dest)
+    with transfer_progress("downloading", off=quiet or as_json) as progress:
+        paths = connect(ctx.obj).fetch(target, dest, progress)
     if not paths:
         raise fail(f"nothing under {target}")
-    console.print(f"downloaded {len(paths)} file(s) to {dest}")
+    show({"url": str(target), "files": [str(p) for p in paths]}, as_json, lambda s: _get_text(s, dest))
+
+
+def _get_text(s: dict, dest: Path) -> str:
+    return f"downloaded {len(s['files'])} file(s) to {dest}"
 
 
 @app.command()
@@ -154,11 +191,11 @@ def rm(
 
 
 @app.command()
-def du(ctx: typer.Context, url: UrlArg) -> None:
+def du(ctx: typer.Context, url: UrlArg, as_json: JsonOutput = False) -> None:
     """Total size of the files under a URL."""
     target = _url(url)
-    total = connect(ctx.obj).du(target)
-    console.print(f"{total:,} bytes\t{url}")
+    result = {"url": str(target), "bytes": connect(ctx.obj).du(target)}
+    show(result, as_json, lambda r: f"{r['bytes']:,} bytes\t{url}")
 
 
 @app.command()

@@ -60,9 +60,20 @@ app.command("serve")(serve_command(DeployOptions, "services.deploy.app", fail))
 def publish(
     ctx: typer.Context,
     checkpoint: Annotated[
-        str, typer.Option(help="hf://buckets/.../models/<run>\\[/checkpoints/<step>] (run: latest).")
+        str,
+        typer.Option(
+            help="hf://buckets/.../models/<run>\\[/checkpoints/<step>] (run: latest), or a checkpoint on this "
+            "machine (a lerobot-train output folder, its checkpoints/last, ...), uploaded under --to first."
+        ),
     ],
     name: Annotated[str, typer.Option(help="Release name, e.g. v7 (immutable).")],
+    to: Annotated[
+        str | None,
+        typer.Option(
+            help="For a local checkpoint: the bucket folder it goes to first, as <to>/checkpoints/<step> "
+            "(e.g. hf://buckets/lab/demos/models/act_cube)."
+        ),
+    ] = None,
     channel: Annotated[
         str | None, typer.Option(help="Point this channel (canary, stable, ...) at the release.")
     ] = None,
@@ -74,19 +85,25 @@ def publish(
     deploy_token: DeployToken = None,
     as_json: JsonOutput = False,
 ) -> None:
-    """Sign a release manifest of a checkpoint, store it in the bucket and register it with the deploy service."""
+    """Sign a release manifest of a checkpoint, store it in the bucket and register it with the deploy service. A
+    checkpoint on this machine (lerobot-train's, say) is uploaded to --to first: robots fetch from buckets."""
     from ..deploy.keys import load_private_key
     from ..deploy.publish import manifest_url
     from ..deploy.publish import publish as run
-    from ..storage import connect
+    from ..storage import BadBucketUrl, BucketUrl, connect
 
     settings = _settings(ctx)
+    try:
+        dest = BucketUrl.parse(to) if to else None
+    except BadBucketUrl as error:
+        raise typer.BadParameter(str(error), param_hint="--to") from None
     signer = load_private_key(key or settings.deploy.key_file)
     deploy = _client(ctx, deploy_url, deploy_token) if register else None
-    signed = run(connect(settings), checkpoint, name, signer, deploy, channel)
+    signed = run(connect(settings), checkpoint, name, signer, deploy, channel, dest)
     m = signed.manifest
     result = {
         "release": m.name,
+        "checkpoint": m.checkpoint,
         "files": len(m.files),
         "bytes": m.total_bytes,
         "key_id": signed.key_id,
@@ -97,8 +114,8 @@ def publish(
         result,
         as_json,
         lambda r: (
-            f"release {r['release']}: {r['files']} files, {r['bytes'] / 1e6:.1f} MB, signed by {r['key_id']}, "
-            f"manifest {r['manifest']}" + (f", channel {r['channel']}" if r["channel"] else "")
+            f"release {r['release']} of {r['checkpoint']}: {r['files']} files, {r['bytes'] / 1e6:.1f} MB, signed "
+            f"by {r['key_id']}, manifest {r['manifest']}" + (f", channel {r['channel']}" if r["channel"] else "")
         ),
     )
 

@@ -17,10 +17,12 @@ from rich.progress import (
 from rich.table import Table
 
 from ..errors import BadInput
+from .output import JsonOutput, json_result
 
 console = Console()
 
 
+@json_result  # --json: the report on stdout, what the command shows on the way on stderr
 def eval_policy(
     ctx: typer.Context,
     policy: Annotated[
@@ -52,7 +54,8 @@ def eval_policy(
         typer.Option(file_okay=False, help="Videos and eval_report.json (default: outputs/eval/<time>_<task>)."),
     ] = None,
     device: Annotated[str, typer.Option(help="auto (cuda when there is a GPU, else cpu), cpu or cuda.")] = "auto",
-) -> None:
+    as_json: JsonOutput = False,
+) -> dict:
     """Evaluate a trained policy in the ALOHA sim: episodes run in parallel, seeded, with rollout videos."""
     from ..deploy.evaluate import REPORT_FILE, default_output_dir, locate_and_evaluate
     from ..sim.env import parse_image_size
@@ -112,6 +115,7 @@ def eval_policy(
     for video in report.videos:
         console.print(f"video: {video}")
     console.print(f"report: {out / REPORT_FILE}")
+    return {**report.to_dict(), "report_file": str(out / REPORT_FILE)}
 
 
 def _episode_table(report) -> Table:

@@ -8,12 +8,24 @@ traceback."""
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, redirect_stdout
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from typer.core import TyperGroup
 
 from ..errors import RobotloopError
@@ -22,6 +34,7 @@ from ..output import EXIT_CODES, error_console, exit_code, fail, quiet_encoders,
 console = Console()
 
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts, instead of text.")]
+QuietOutput = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 
 
 class ReportErrors(TyperGroup):
@@ -46,15 +59,61 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=1))  # plain print: no rich wrapping or colour in what scripts parse
 
 
+def json_result(command: Callable[..., Any]) -> Callable[..., Any]:
+    """For a command that prints for people while it runs (progress bars, tables) and returns its result: with
+    `--json` (its `as_json` parameter) what it prints goes to stderr, and stdout holds its result as JSON, alone."""
+
+    @functools.wraps(command)  # typer reads the wrapped command's signature
+    def run(*args: Any, **kwargs: Any) -> None:
+        if not kwargs.get("as_json"):
+            command(*args, **kwargs)
+            return
+        with redirect_stdout(sys.stderr):  # rich consoles write to whatever sys.stdout is at the time
+            result = command(*args, **kwargs)
+        print_json(result)
+
+    return run
+
+
+class _TransferBar:
+    """A `robotloop.storage.TransferProgress` drawn as one rich task: bytes, speed, time left."""
+
+    def __init__(self, bars: Progress, task: TaskID) -> None:
+        self.bars, self.task = bars, task
+
+    def start(self, total_bytes: int) -> None:
+        self.bars.update(self.task, total=total_bytes)
+
+    def advance(self, nbytes: int) -> None:
+        self.bars.advance(self.task, nbytes)
+
+
+@contextmanager
+def transfer_progress(label: str, off: bool) -> Iterator[_TransferBar | None]:
+    """A progress bar on stderr for an upload or download (hf_xet's reports, through `TransferProgress`), or
+    None: when `off` (--quiet, --json) or where stderr is no terminal (rich's test: TTY_INTERACTIVE=1 forces it
+    on, 0 off), so logs and pipes get only the result line."""
+    stderr = Console(stderr=True)
+    if off or not stderr.is_interactive:
+        yield None
+        return
+    columns = (TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=stderr) as bars:
+        yield _TransferBar(bars, bars.add_task(label, total=None))
+
+
 __all__ = [
     "EXIT_CODES",
     "JsonOutput",
+    "QuietOutput",
     "ReportErrors",
     "error_console",
     "exit_code",
     "fail",
+    "json_result",
     "print_json",
     "quiet_encoders",
     "quiet_libraries",
     "show",
+    "transfer_progress",
 ]

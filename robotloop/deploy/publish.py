@@ -4,6 +4,10 @@ Accepts the checkpoint step folder (``<run>/checkpoints/000200``), its ``pretrai
 (``<run>``, meaning its latest complete checkpoint per ``checkpoints/last.json``). The manifest lists the files
 of ``pretrained_model/`` by the Xet hash the bucket holds for them, so robots fetch exactly the signed content.
 
+A checkpoint on this machine (a lerobot-train output: ``outputs/train/<run>``, its ``checkpoints/last`` or a
+``pretrained_model`` folder; or a robotloop one) is uploaded first, to ``<to>/checkpoints/<step>/pretrained_model``
+in a bucket (robots fetch from buckets), then published from there.
+
 Example:
     ```python
     >>> signed = publish(connect(), "hf://buckets/lab/demos/models/run1", "v2", load_private_key(key_path),
@@ -53,6 +57,49 @@ def resolve_checkpoint(client: BucketClient, url: BucketUrl) -> BucketUrl:
     return checkpoint_url(url, step)
 
 
+def upload_local_checkpoint(client: BucketClient, local: Path, to: BucketUrl) -> BucketUrl:
+    """Upload the `pretrained_model` of a checkpoint on this machine (any folder `robotloop eval` takes: a
+    lerobot-train output follows its `checkpoints/last` link) to `<to>/checkpoints/<step>/pretrained_model`.
+    Returns that step folder's URL. Uploading the same files again is a no-op; other files there are refused,
+    so a run's checkpoint in the bucket is never overwritten.
+
+    Raises:
+        PublishError: no checkpoint at `local`, its folder names no step, or the destination holds other files.
+    """
+    import hf_xet
+
+    from .errors import PolicyLoadError
+    from .resolve import locate_policy
+
+    try:
+        model = locate_policy(str(local)).path.resolve()  # lerobot's checkpoints/last is a symlink to the step
+    except PolicyLoadError as error:
+        raise PublishError(str(error)) from None
+    if not model.parent.name.isdigit():
+        raise PublishError(
+            f"{model}: not in a checkpoint folder named by its step (<run>/checkpoints/<step>/pretrained_model), "
+            "so the release could not say which step it is"
+        )
+    step_url = checkpoint_url(to, int(model.parent.name))
+    model_url = step_url / "pretrained_model"
+    files = sorted(p for p in model.rglob("*") if p.is_file())
+    hashes = hf_xet.hash_files([str(p) for p in files])
+    ours = {p.relative_to(model).as_posix(): h.hash for p, h in zip(files, hashes, strict=True)}
+    try:
+        listed = client.ls(model_url, recursive=True)
+    except NotFound:  # no such bucket yet
+        listed = []
+    there = {e.url.path[len(model_url.path) + 1 :]: e.xet_hash for e in listed if isinstance(e, Entry)}
+    if there and there != ours:
+        raise PublishError(
+            f"{model_url} already holds other files: publish it from there, or upload this checkpoint to another --to"
+        )
+    if not there:
+        client.create_bucket(model_url)
+        client.upload(model, model_url)
+    return step_url
+
+
 def publish(
     client: BucketClient,
     checkpoint: str,
@@ -60,8 +107,11 @@ def publish(
     signer: Signer,
     deploy: DeployClient | None = None,
     channel: str | None = None,
+    to: BucketUrl | None = None,
 ) -> SignedManifest:
     """Build, sign and store the release manifest of `checkpoint`, then register it (and point `channel` at it).
+    `checkpoint`: a bucket URL, or a checkpoint on this machine, uploaded first under `to` (a bucket folder, e.g.
+    ``hf://buckets/lab/demos/models/run1``: see `upload_local_checkpoint`).
 
     Example:
         ```python
@@ -71,12 +121,21 @@ def publish(
         ```
 
     Raises:
-        BadBucketUrl: `checkpoint` is not a bucket URL. PublishError: no checkpoint, no pretrained_model, or
-        `name` already names another release in this bucket. DeployError: the deploy service refused it.
+        BadBucketUrl: `checkpoint` is not a bucket URL. PublishError: no checkpoint, no pretrained_model, a local
+        checkpoint without `to` (or see `upload_local_checkpoint`), or `name` already names another release in
+        this bucket. DeployError: the deploy service refused it.
         BadManifest: a bad release name. robotloop.storage.StorageError: the bucket cannot be reached or written.
     """
     check_release_name(name)
-    step_url = resolve_checkpoint(client, BucketUrl.parse(checkpoint))
+    if checkpoint.startswith("hf://"):
+        step_url = resolve_checkpoint(client, BucketUrl.parse(checkpoint))
+    elif to is None:
+        raise PublishError(
+            f"{checkpoint}: a checkpoint on this machine is published from a bucket: say which (--to "
+            "hf://buckets/<ns>/<bucket>/models/<run>)"
+        )
+    else:
+        step_url = upload_local_checkpoint(client, Path(checkpoint), to)
     model_url = step_url / "pretrained_model"
     try:  # listed once: the manifest's Xet hashes and the download come from the same listing
         entries = [e for e in client.ls(model_url, recursive=True) if isinstance(e, Entry)]

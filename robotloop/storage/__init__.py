@@ -12,7 +12,7 @@ from huggingface_hub import get_token
 
 from ..config import Settings, load_settings
 from .cache import ReadCache
-from .client import BucketClient, Entry, FileUpload, NotFound, StorageError, UploadReport
+from .client import BucketClient, Entry, FileUpload, NotFound, StorageError, TransferProgress, UploadReport
 from .embedded import ensure_embedded_server
 from .private import private_dir
 from .urls import BadBucketUrl, BucketUrl
@@ -25,6 +25,7 @@ __all__ = [
     "FileUpload",
     "NotFound",
     "StorageError",
+    "TransferProgress",
     "UploadReport",
     "connect",
     "ensure_endpoint",

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 import httpx
 from huggingface_hub import HfApi, HfFileSystem
@@ -83,6 +83,39 @@ class UploadReport:
     @property
     def bytes_deduplicated(self) -> int:
         return sum(f.bytes_deduplicated for f in self.files)
+
+
+class TransferProgress(Protocol):
+    """Where an upload or download reports how far it got (the CLI draws a bar from it): the files' total size
+    once it is known, then bytes done as hf_xet reports them, from hf_xet's own thread (a file from the read
+    cache all at once)."""
+
+    def start(self, total_bytes: int) -> None: ...
+
+    def advance(self, nbytes: int) -> None: ...
+
+
+class _XetReports:
+    """hf_xet's `progress_callback` for the upload commits or download groups of one transfer, one after another:
+    hf_xet reports each group's running total, this passes on to `progress` what was done since its last report.
+    `base`: the bytes of the groups before the current one."""
+
+    def __init__(self, progress: TransferProgress | None) -> None:
+        self.progress, self.base, self.done, self._lock = progress, 0, 0, threading.Lock()
+
+    def __call__(self, group, _items) -> None:
+        # Files written (downloads) lag the bytes received by seconds, in jumps; files read (uploads) lead the
+        # bytes sent. The further of the two, the transfer's share of the files' bytes, moves most evenly.
+        moved = group.total_transfer_bytes_completed / group.total_transfer_bytes if group.total_transfer_bytes else 0
+        self.to(self.base + max(group.total_bytes_completed, int(moved * group.total_bytes)))
+
+    def to(self, done: int) -> None:
+        """Advance to `done` bytes (after a group: its end, which its last report may not have reached)."""
+        with self._lock:
+            if done > self.done:
+                if self.progress is not None:
+                    self.progress.advance(done - self.done)
+                self.done = done
 
 
 @dataclass(frozen=True)
@@ -160,12 +193,12 @@ class BucketClient:
         with _explained(root, "restore files in"):
             self.api.batch_bucket_files(bucket.bucket_id, add=adds or None, delete=deletes or None)
 
-    def upload(self, local: str | Path, url: BucketUrl) -> UploadReport:
+    def upload(self, local: str | Path, url: BucketUrl, progress: TransferProgress | None = None) -> UploadReport:
         """Upload a file, or a folder recursively, to `url`; all files appear in one batch.
 
         As `cp` does: a file uploaded to a folder that exists goes into it (`url/<name>`), never beside it as a
         file of the folder's name. Only chunks the store lacks travel (Xet dedup); the report says how many bytes
-        that was.
+        that was. `progress` hears the upload's size, then hf_xet's reports of the bytes it has read and chunked.
 
         Raises:
             FileNotFoundError: `local` does not exist.
@@ -180,8 +213,10 @@ class BucketClient:
         report = UploadReport()
         if not pairs:
             return report
+        if progress is not None:
+            progress.start(sum(src.stat().st_size for src, _ in pairs))
         with _explained(url, "upload"):
-            report = self._xet_upload(pairs, url)
+            report = self._xet_upload(pairs, url, _XetReports(progress))
             adds = [
                 BucketAddFile(source=src, destination=dst.path, xet_hash=f.xet_hash, size=f.size)
                 for (src, dst), f in zip(pairs, report.files, strict=True)
@@ -199,16 +234,20 @@ class BucketClient:
             return url / local.name
         return url
 
-    def _xet_upload(self, pairs: list[tuple[Path, BucketUrl]], url: BucketUrl) -> UploadReport:
-        # huggingface_hub's batch_bucket_files uploads too, but keeps the dedup figures to itself; driving the
-        # same hf_xet session here gives them to us, and the batch then only registers the hashes.
+    def _xet_upload(self, pairs: list[tuple[Path, BucketUrl]], url: BucketUrl, reports: _XetReports) -> UploadReport:
+        # huggingface_hub's batch_bucket_files uploads too, but keeps the dedup figures (and the progress reports,
+        # which it draws as tqdm bars) to itself; driving the same hf_xet session here gives them to us, and the
+        # batch then only registers the hashes.
         refresh_url = xet_refresh_url(url.bucket_id, self.endpoint, write=True)
         headers = build_hf_headers(token=self.token, library_name="robotloop")
-        commit = xet_session().new_upload_commit(token_refresh_url=refresh_url, token_refresh_headers=headers)
+        commit = xet_session().new_upload_commit(
+            token_refresh_url=refresh_url, token_refresh_headers=headers, progress_callback=reports
+        )
         from hf_xet import SKIP_SHA256
 
         handles = [commit.start_upload_file(str(src), sha256=SKIP_SHA256) for src, _ in pairs]
         summary = commit.wait_to_finish()
+        reports.to(sum(src.stat().st_size for src, _ in pairs))
         files = []
         for (_, dst), handle in zip(pairs, handles, strict=True):
             meta = handle.result()
@@ -320,9 +359,10 @@ class BucketClient:
         Raises:
             NotFound: no file at `src`.
         """
-        entry = src if isinstance(src, Entry) else self.stat(src)
+        return self._download(src if isinstance(src, Entry) else self.stat(src), Path(dest), _XetReports(None))
+
+    def _download(self, entry: Entry, dest: Path, reports: _XetReports) -> Path:
         url = entry.url
-        dest = Path(dest)
         if dest.is_dir():
             dest = dest / url.name
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -331,7 +371,7 @@ class BucketClient:
             tmp = Path(tempfile.mkdtemp(dir=dest.parent)) / url.name
             try:
                 with _explained(url, "download"):
-                    self.api.download_bucket_files(url.bucket_id, [(url.path, str(tmp))], raise_on_missing_files=True)
+                    self._xet_download(entry, tmp, reports)
                 _check_xet_hash(tmp, entry)  # before the cache, which is keyed by the hash and shared by every job
                 if self.cache:
                     self.cache.put(entry.xet_hash, tmp)  # a copy: the download itself becomes `dest`
@@ -341,20 +381,50 @@ class BucketClient:
                 tmp.unlink(missing_ok=True)
                 tmp.parent.rmdir()
         _copy_out(cached, dest)
+        reports.to(reports.done + entry.size)  # from the cache: all at once
         return dest
 
-    def fetch(self, url: BucketUrl, dest: str | Path) -> list[Path]:
-        """Download `url`, a file or a folder, to `dest`. Returns the files written (empty: nothing there)."""
+    def _xet_download(self, entry: Entry, dest: Path, reports: _XetReports) -> None:
+        # What huggingface_hub's download_bucket_files does for one file (an hf_xet download group, by the hash
+        # listed), with hf_xet's progress reports passed on instead of drawn as tqdm bars.
+        import hf_xet
+
+        if entry.size == 0:  # nothing to reconstruct (huggingface_hub writes empty files itself too)
+            dest.write_bytes(b"")
+            return
+        refresh_url = xet_refresh_url(entry.url.bucket_id, self.endpoint, write=False)
+        headers = build_hf_headers(token=self.token, library_name="robotloop")
+        reports.base = reports.done
+        with xet_session().new_file_download_group(
+            token_refresh_url=refresh_url, token_refresh_headers=headers, progress_callback=reports
+        ) as group:
+            handle = group.start_download_file(hf_xet.XetFileInfo(entry.xet_hash, entry.size), str(dest))
+        handle.result()
+        reports.to(reports.base + entry.size)
+
+    def fetch(self, url: BucketUrl, dest: str | Path, progress: TransferProgress | None = None) -> list[Path]:
+        """Download `url`, a file or a folder, to `dest`. Returns the files written (empty: nothing there).
+        `progress` hears the download's size, then hf_xet's reports of the bytes written."""
         if url.path:
             try:
-                return [self.download(url, dest)]
+                entry = self.stat(url)
             except NotFound:
-                pass
-        return self.download_tree(url, dest)
+                entry = None  # not a file: a folder, or nothing
+            if entry is not None:
+                if progress is not None:
+                    progress.start(entry.size)
+                return [self._download(entry, Path(dest), _XetReports(progress))]
+        return self.download_tree(url, dest, progress=progress)
 
-    def download_tree(self, url: BucketUrl, dest: str | Path, entries: list[Entry] | None = None) -> list[Path]:
+    def download_tree(
+        self,
+        url: BucketUrl,
+        dest: str | Path,
+        entries: list[Entry] | None = None,
+        progress: TransferProgress | None = None,
+    ) -> list[Path]:
         """Download every file under `url` into folder `dest`, keeping relative paths. `entries`: the files under
-        `url` as a recursive `ls` already listed them (not listed again).
+        `url` as a recursive `ls` already listed them (not listed again). `progress`: as `fetch`'s.
 
         Raises:
             NotAFolder: `dest` is a file.
@@ -363,10 +433,13 @@ class BucketClient:
             raise NotAFolder(f"{dest} is a file: give a folder to download {url} into")
         if entries is None:
             entries = [e for e in self.ls(url, recursive=True) if isinstance(e, Entry)]
+        if progress is not None:
+            progress.start(sum(e.size for e in entries))
+        reports = _XetReports(progress)
         out = []
         for entry in entries:
             rel = entry.url.path[len(url.path) :].lstrip("/") or entry.url.name
-            out.append(self.download(entry, Path(dest) / rel))
+            out.append(self._download(entry, Path(dest) / rel, reports))
         return out
 
 

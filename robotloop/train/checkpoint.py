@@ -1,7 +1,9 @@
 """Checkpoints in a bucket, in LeRobot's layout, plus lineage.
 
     <output>/checkpoints/<step:06d>/pretrained_model/   policy + processors (`save_pretrained`): what
-                                                        `ACTPolicy.from_pretrained` and lerobot's tools load
+                                                        `ACTPolicy.from_pretrained` and lerobot's tools load;
+                                                        train_config.json: the run as lerobot-train's
+                                                        TrainPipelineConfig (`robotloop.train.train_config`)
     <output>/checkpoints/<step:06d>/training_state/     optimizer, RNG and sampler state, step (safetensors/json)
     <output>/checkpoints/<step:06d>/lineage.json        episodes trained on (with Xet hashes), config, code version
     <output>/checkpoints/<step:06d>/loss.png            the loss curve so far
@@ -39,8 +41,10 @@ def save_checkpoint(
     losses: list[tuple[int, float]],
     rank: int = 0,
     world: int = 1,
+    train_config=None,
 ) -> BucketUrl:
-    """Write checkpoint `step` to the bucket (model first, pointer last). Returns its URL.
+    """Write checkpoint `step` to the bucket (model first, pointer last). Returns its URL. `train_config`: the
+    run as lerobot's TrainPipelineConfig, saved beside the model's config.json as lerobot-train saves it.
 
     With several ranks, each writes its own sampler state; rank 0 writes the rest once every rank is done,
     and the pointer last.
@@ -60,9 +64,11 @@ def save_checkpoint(
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         policy.save_pretrained(root / "pretrained_model")
+        if train_config is not None:
+            train_config.save_pretrained(root / "pretrained_model")  # lerobot's own writer: train_config.json
         state = root / "training_state"
         state.mkdir()
-        save_optimizer_state(optimizer, state, optim_state_dict=_contiguous(optimizer.state_dict()))
+        save_optimizer_state(optimizer, state, optim_state_dict=_without_kernel(_contiguous(optimizer.state_dict())))
         save_rng_state(state)
         if world == 1:
             _save_sampler_state(sampler_state, state, 0)
@@ -89,7 +95,6 @@ def load_checkpoint(
     Raises:
         ValueError: the checkpoint's model is not `policy`'s (another size, chunk or inputs): say which.
     """
-    from lerobot.optim.optimizers import load_optimizer_state
     from lerobot.utils.random_utils import load_rng_state
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -101,7 +106,7 @@ def load_checkpoint(
         own = policy.policy.state_dict()
         weights |= {k: v for k, v in own.items() if k.endswith("num_batches_tracked") and k not in weights}
         policy.policy.load_state_dict(weights)
-        load_optimizer_state(optimizer, root / "training_state")
+        _load_optimizer_state(optimizer, root / "training_state")
         _match_param_layouts(optimizer)
         load_rng_state(root / "training_state")
         saved = json.loads((root / "training_state" / "training_step.json").read_text())
@@ -152,6 +157,28 @@ def _contiguous(state_dict: dict) -> dict:
         for i, s in state_dict["state"].items()
     }
     return {**state_dict, "state": state}
+
+
+def _without_kernel(state_dict: dict) -> dict:
+    """The optimizer state with each param group's kernel choice (`fused`) left unsaid, as lerobot-train's AdamW
+    has it: lerobot's loader wants the saved groups' values of the very types its optimizer's have, so a
+    `fused: true` (our CUDA kernel) stops `lerobot-train --resume` on our checkpoint."""
+    return {**state_dict, "param_groups": [{**g, "fused": None} for g in state_dict["param_groups"]]}
+
+
+def _load_optimizer_state(optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    """lerobot's `load_optimizer_state`, keeping our optimizer's kernel choice whatever the file says (None since
+    `_without_kernel`; older checkpoints saved ours)."""
+    from lerobot.optim.optimizers import load_optimizer_state
+    from lerobot.utils.constants import OPTIMIZER_PARAM_GROUPS
+
+    saved = json.loads((directory / OPTIMIZER_PARAM_GROUPS).read_text())
+    ours = [g.get("fused") for g in optimizer.param_groups]
+    for group, from_file in zip(optimizer.param_groups, saved, strict=False):  # lerobot checks the count
+        group["fused"] = from_file.get("fused")
+    load_optimizer_state(optimizer, directory)
+    for group, fused in zip(optimizer.param_groups, ours, strict=False):
+        group["fused"] = fused
 
 
 def _match_param_layouts(optimizer: torch.optim.Optimizer) -> None:

@@ -29,6 +29,7 @@ from .data import DataSettings, StreamingSampler
 from .layout import latest_step
 from .policy import ACTSettings, build_policy
 from .progress import Progress  # the wire type of on_progress (re-exported: callers import it from here)
+from .train_config import lerobot_train_config
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,8 @@ def _loop(
     t0, wait0, step = time.perf_counter(), sampler.wait_s, start
     gpu0 = sampler.blocked_s + sampler.gpu_s
     scheduled = act.lr_schedule != "constant" or act.warmup_steps > 0
+    # The run in lerobot's terms, saved in every checkpoint (train_config.json) for lerobot's own tools.
+    lerobot_config = lerobot_train_config(policy.policy.config, sampler_urls(sampler), output, settings, act, data)
 
     def checkpoint(at: int) -> None:
         world = sampler.world_size
@@ -166,7 +169,17 @@ def _loop(
             "code": code_version(),
         }
         url = save_checkpoint(
-            client, output, at, policy, optimizer, sampler.state_dict(), lineage, losses, sampler.rank, world
+            client,
+            output,
+            at,
+            policy,
+            optimizer,
+            sampler.state_dict(),
+            lineage,
+            losses,
+            sampler.rank,
+            world,
+            train_config=lerobot_config,
         )
         checkpoints.append(str(url))
 
