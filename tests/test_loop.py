@@ -153,3 +153,37 @@ def test_the_h200_preset_is_checked_up_front_and_says_plainly_how_good_the_polic
     assert verdict(report(48, 50)).startswith("Good: it succeeds in at least 87%")
     assert verdict(report(4, 50)).startswith("Not usable")
     assert verdict(report(3, 5)).startswith("Not reliable yet")
+
+
+def test_loop_flags_come_from_loop_options_and_bad_values_name_their_flag(tmp_path):
+    """`robotloop loop`'s flags are LoopOptions' fields: a value left out keeps the preset's, a value given wins,
+    and a bad one is a usage error naming its flag before anything runs."""
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from robotloop.cli import app
+    from robotloop.loop.options import LoopOptions
+    from robotloop.options import flag
+
+    command = get_command(app).commands["loop"]
+    flags = {o for p in command.params for o in p.opts}
+    assert {flag(n, f) for n, f in LoopOptions.model_fields.items()} <= flags and "--task" in flags  # LeRobot's
+    insertion = LoopOptions(preset="h200", task="insertion", device="cpu", workers=3).settings()
+    assert (insertion.episodes, insertion.steps, insertion.record_workers, insertion.eval_workers) == (100, 6000, 3, 3)
+    assert LoopOptions(preset="h200", device="cpu", steps=10, image_size="96x128").settings().image_size == (96, 128)
+    assert LoopOptions().settings().steps == LoopSettings().steps  # cpu: the dataclass's own defaults
+
+    weights = tmp_path / "none.pt"
+    runner = CliRunner()
+    for args, hint in [
+        (["--preset", "gpu"], "--preset"),
+        (["--image-size", "4x4"], "--image-size"),
+        (["--steps", "0"], "--steps"),
+        (["--backbone-weights", str(weights)], "--backbone-weights"),
+        (["--bucket", "s3://x"], "--bucket"),
+    ]:
+        result = runner.invoke(app, ["loop", *args, "--report-dir", str(tmp_path / "r")], env={"COLUMNS": "200"})
+        assert result.exit_code == 2 and hint in result.output, (args, result.output)
+    result = runner.invoke(app, ["loop", "--sim", "stacking", "--report-dir", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "unknown sim task 'stacking'" in " ".join(result.output.split())
+    assert not (tmp_path / "r").exists()  # refused before anything ran
