@@ -5,7 +5,8 @@
 - `lerobot-train --policy.path=<robotloop checkpoint>` fine-tunes a policy robotloop trained;
 - `lerobot-train --resume=true --config_path=<robotloop checkpoint>/pretrained_model/train_config.json` resumes a
   run robotloop trained, and lerobot's `TrainPipelineConfig.from_pretrained` reads that file as the run was;
-- `robotloop eval` (here `resolve_policy` + `evaluate`) runs a policy `lerobot-train` wrote, given its output folder.
+- `robotloop eval` (here `resolve_policy` + `evaluate`) runs a policy `lerobot-train` wrote, given its output folder;
+- `lerobot-eval --policy.path=<robotloop checkpoint>` runs ours in gym-aloha's simulator.
 """
 
 import json
@@ -158,6 +159,25 @@ def test_lerobot_train_fine_tunes_a_policy_robotloop_trained(recorded, ours, buc
     _, _, tmp = recorded
     local = ["--dataset.repo_id=lab/interop", f"--dataset.root={tmp / 'local'}", "--num_workers=0"]
     _lerobot_train([*local, f"--policy.path={ours / 'pretrained_model'}"], tmp, bucket_server.endpoint)
+
+
+def test_lerobot_eval_runs_a_policy_robotloop_trained(ours, tmp_path):
+    """lerobot's own evaluation, in gym-aloha's simulator (dm_control, 480x640: a few steps only here)."""
+    command = [
+        str(Path(sys.executable).parent / "lerobot-eval"),
+        f"--policy.path={ours / 'pretrained_model'}",
+        "--policy.device=cpu",
+        "--env.type=aloha",
+        "--env.task=AlohaTransferCube-v0",
+        "--env.episode_length=3",
+        "--eval.n_episodes=1",
+        "--eval.batch_size=1",
+        f"--output_dir={tmp_path / 'eval'}",
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600, env={**os.environ, "MUJOCO_GL": "egl"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    overall = json.loads((tmp_path / "eval" / "eval_info.json").read_text())["overall"]
+    assert overall["n_episodes"] == 1 and 0 <= overall["pc_success"] <= 100
 
 
 def test_lerobot_reads_the_train_config_of_a_robotloop_checkpoint(ours):
