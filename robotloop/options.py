@@ -31,6 +31,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, SecretStr, ValidationError
@@ -76,8 +77,11 @@ def _own_parameters(fn: Callable[..., Any], skip: str) -> list[inspect.Parameter
 
 
 # -- Typer ------------------------------------------------------------------------------------------------------
-def typer_parameters(model: type[BaseModel], names: Iterable[str] | None = None) -> list[inspect.Parameter]:
-    """One keyword parameter per field, annotated with its `typer.Option` (flag, help, min/max, default)."""
+def typer_parameters(
+    model: type[BaseModel], names: Iterable[str] | None = None, required: bool = True
+) -> list[inspect.Parameter]:
+    """One keyword parameter per field, annotated with its `typer.Option` (flag, help, min/max, default).
+    `required=False`: required fields are optional to Typer too (a config file may hold them; the model checks)."""
     import typer
 
     params = []
@@ -94,38 +98,64 @@ def typer_parameters(model: type[BaseModel], names: Iterable[str] | None = None)
             decl = f"{decl}/--no-{decl[2:]}"
         aliases = next((m.aliases for m in info.metadata if isinstance(m, Flag)), ())
         option = typer.Option(decl, *aliases, help=info.description, min=_bound(info, "ge"), max=_bound(info, "le"))
-        default = inspect.Parameter.empty if info.is_required() else info.get_default(call_default_factory=True)
+        if info.is_required():
+            default = inspect.Parameter.empty if required else None
+        else:
+            default = info.get_default(call_default_factory=True)
         params.append(
             inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[kind, option])
         )
     return params
 
 
-def typer_command(model: type[BaseModel], param: str = "options") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def typer_command(
+    model: type[BaseModel], param: str = "options", config: Callable[[Path], dict[str, Any]] | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a Typer command taking `param: model` (besides its own options): the command gets one option
     per field of `model` and receives their values as one validated `model`.
 
-    A value the model refuses (a validator, a bound Typer cannot check) is a usage error naming the flag.
+    `config` (optional) reads a file into field values: the command then takes `--config FILE` (LeRobot's
+    `--config_path` too), whose values stand where a flag is not given on the command line.
+
+    A value the model refuses (a validator, a bound Typer cannot check) is a usage error naming the flag (or the
+    file's key).
     """
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        import typer
+
         own = _own_parameters(fn, param)
-        derived = typer_parameters(model)
+        derived = typer_parameters(model, required=config is None)
+        if config is not None:
+            option = typer.Option(
+                "--config",
+                "--config-path",
+                "--config_path",
+                exists=True,
+                dir_okay=False,
+                help="A YAML or JSON file of these options (flags given here win over it).",
+            )
+            kind, keyword = Annotated[Path | None, option], inspect.Parameter.KEYWORD_ONLY
+            derived.append(inspect.Parameter(CONFIG_PARAM, keyword, default=None, annotation=kind))
         names = set(model.model_fields)
+        # The click context tells a flag given from a default: a config file's value stands only for the latter.
+        ctx_name = next((p.name for p in own if p.annotation is typer.Context), None)
+        if config is not None and ctx_name is None:
+            ctx_name = CONTEXT_PARAM
+            own = [inspect.Parameter(ctx_name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context), *own]
 
         @functools.wraps(fn)
         def command(*args: Any, **kwargs: Any) -> Any:
-            import typer
-
             values = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+            from_file = kwargs.pop(CONFIG_PARAM, None)
+            if config is not None:
+                ctx = kwargs[ctx_name] if ctx_name in kwargs else args[0]
+                values = _with_config(values, config, from_file, ctx)
+                kwargs.pop(CONTEXT_PARAM, None)
             try:
                 options = model.model_validate(values)
             except ValidationError as error:
-                first = error.errors()[0]
-                where = str(first["loc"][0]) if first["loc"] else ""
-                hint = flag(where, model.model_fields[where]) if where in names else None
-                message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's error
-                raise typer.BadParameter(message, param_hint=hint) from None
+                raise _usage_error(error, model, from_file) from None
             return fn(*args, **kwargs, **{param: options})
 
         # The model's options first (in its order), then the command's own: `--help` lists them so.
@@ -137,6 +167,31 @@ def typer_command(model: type[BaseModel], param: str = "options") -> Callable[[C
         return command
 
     return decorate
+
+
+CONFIG_PARAM = "config_file"
+CONTEXT_PARAM = "derived_command_context"  # the click context, when the command itself takes none
+
+
+def _with_config(values: dict[str, Any], read: Callable[[Path], dict[str, Any]], path: Path | None, ctx) -> dict:
+    """The flags' values, with the file's where a flag was not on the command line; unset required fields left
+    out (the model then says which is missing). By the source's name: Typer 0.29 has its own copy of click."""
+    given = {k: v for k, v in values.items() if ctx.get_parameter_source(k).name in ("COMMANDLINE", "ENVIRONMENT")}
+    defaults = {k: v for k, v in values.items() if k not in given and v not in (None, (), [])}
+    return {**defaults, **(read(path) if path else {}), **given}
+
+
+def _usage_error(error: ValidationError, model: type[BaseModel], config: Path | None) -> Exception:
+    import typer
+
+    first = error.errors()[0]
+    where = str(first["loc"][0]) if first["loc"] else ""
+    info = model.model_fields.get(where)
+    hint = flag(where, info) if info else (f"{where!r} in {config}" if config else None)
+    if first["type"] == "missing":  # a required option a config file could have held
+        return typer.BadParameter("missing: give the option, or its key in a --config file", param_hint=hint)
+    message = first["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's error
+    return typer.BadParameter(message, param_hint=hint)
 
 
 # -- command line -----------------------------------------------------------------------------------------------

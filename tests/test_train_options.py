@@ -158,3 +158,55 @@ def test_a_secret_option_is_typed_in_as_text_and_kept_secret():
     assert CliRunner().invoke(cli, ["command", "--token", "s3cret"]).exit_code == 0
     assert isinstance(seen[0].token, SecretStr) and seen[0].token.get_secret_value() == "s3cret"
     assert "s3cret" not in repr(seen[0])
+
+
+def test_a_config_file_holds_options_and_flags_given_win(tmp_path: Path):
+    """`robotloop train --config FILE` (LeRobot's `--config_path` too): ours as YAML, or lerobot's train_config.json;
+    a flag on the command line wins over the file, a key the options do not know is refused, naming it."""
+    from robotloop.train.options import read_train_config
+
+    seen: list[TrainOptions] = []
+
+    @typer_command(TrainOptions, config=read_train_config)
+    def command(options: TrainOptions) -> None:
+        seen.append(options)
+
+    cli = typer.Typer()
+    cli.command()(command)
+    cli.command("other")(lambda: None)
+    ours = tmp_path / "run.yaml"
+    ours.write_text(f"datasets: [{URL}]\noutput: {RUN}\nsteps: 100\nbatch-size: 3\nchunk_size: 20\n")
+    result = CliRunner().invoke(cli, ["command", "--config", str(ours), "--steps", "5"])
+    assert result.exit_code == 0, result.output
+    assert (seen[-1].datasets, seen[-1].output, seen[-1].steps, seen[-1].batch_size) == ([URL], RUN, 5, 3)
+    assert seen[-1].chunk_size == 20 and seen[-1].log_every == 50  # not in the file: the model's default
+
+    from lerobot.policies.act.configuration_act import ACTConfig
+
+    from robotloop.storage import BucketUrl
+    from robotloop.train.policy import ACTSettings
+    from robotloop.train.train_config import lerobot_train_config
+    from robotloop.train.trainer import TrainSettings
+
+    theirs = lerobot_train_config(
+        ACTConfig(chunk_size=30, n_action_steps=30, dim_model=256, push_to_hub=False),
+        [BucketUrl.parse("hf://buckets/lab/cube")],
+        BucketUrl.parse(RUN),
+        TrainSettings(steps=3000, batch_size=64, seed=4, log_every=10, checkpoint_every=500),
+        ACTSettings(lr=1e-4),
+    )
+    theirs.save_pretrained(tmp_path / "pretrained_model")
+    lerobot_file = tmp_path / "pretrained_model" / "train_config.json"
+    result = CliRunner().invoke(cli, ["command", "--config_path", str(lerobot_file), "--output", RUN])
+    assert result.exit_code == 0, result.output
+    got = seen[-1]
+    assert got.datasets == ["hf://buckets/lab/cube"] and (got.steps, got.batch_size, got.seed) == (3000, 64, 4)
+    assert (got.log_every, got.checkpoint_every, got.chunk_size, got.dim_model, got.lr) == (10, 500, 30, 256, 1e-4)
+
+    (bad := tmp_path / "bad.yaml").write_text(f"datasets: [{URL}]\noutput: {RUN}\nlearning_rate: 1e-4\n")
+    result = CliRunner().invoke(cli, ["command", "--config", str(bad)])
+    assert result.exit_code == 2 and "learning_rate" in result.output
+    result = CliRunner().invoke(cli, ["command", "--output", RUN])  # no dataset, no file
+    assert result.exit_code == 2 and "missing" in result.output and "--dataset" in result.output
+    result = CliRunner().invoke(app, ["train", "--output", RUN])  # the real command, the same way
+    assert result.exit_code == 2 and "--dataset" in result.output

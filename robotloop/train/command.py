@@ -18,14 +18,14 @@ from ..errors import BadInput, RobotloopError
 from ..options import typer_command
 from ..output import fail
 from ..storage import BucketUrl, connect
-from .options import TrainOptions
+from .options import TrainOptions, read_train_config
 from .progress import Progress as TrainProgress
 from .progress import progress_line
 
 console = Console()
 
 
-@typer_command(TrainOptions)
+@typer_command(TrainOptions, config=read_train_config)
 def train(
     ctx: typer.Context,
     options: TrainOptions,

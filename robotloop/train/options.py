@@ -15,10 +15,12 @@ Example:
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, get_args
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..errors import BadValue
 from ..options import Flag, to_argv
 from ..storage import BucketUrl
 
@@ -112,4 +114,48 @@ class TrainOptions(BaseModel):
         return mode
 
 
-__all__ = ["Fp8Mode", "TrainOptions", "to_argv"]
+def read_train_config(path: Path) -> dict[str, Any]:
+    """`robotloop train --config FILE`'s values: a YAML or JSON mapping of TrainOptions' fields (dashes or
+    underscores), or LeRobot's `train_config.json` (lerobot-train's `--config_path`), of which the fields that
+    mean the same are taken: a bucket dataset (`repo_type: bucket`, repo_id `<ns>/<bucket>[/<path>]`), batch size,
+    steps, seed, log and save intervals, workers, the policy's chunk, action steps, width and learning rate. Where
+    it differs (its local `output_dir`, its device), give the flag.
+
+    Example:
+        ```python
+        >>> read_train_config(Path("ckpt/pretrained_model/train_config.json"))
+        {'datasets': ['hf://buckets/lab/cube'], 'batch_size': 64, 'steps': 3000, ...}
+        ```
+
+    Raises:
+        BadValue: the file is not a mapping, or not YAML/JSON.
+    """
+    import yaml  # pyyaml: huggingface_hub's and lerobot's dependency (JSON is YAML)
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise BadValue(f"{path}: not YAML or JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise BadValue(f"{path}: expected a mapping of options, got {type(data).__name__}")
+    if isinstance(data.get("policy"), dict) or isinstance(data.get("dataset"), dict):
+        return _from_lerobot(data)
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def _from_lerobot(cfg: dict[str, Any]) -> dict[str, Any]:
+    dataset, policy, optimizer = (cfg.get(k) or {} for k in ("dataset", "policy", "optimizer"))
+    out: dict[str, Any] = {}
+    if dataset.get("repo_type") == "bucket" and dataset.get("repo_id"):
+        out["datasets"] = [f"hf://buckets/{dataset['repo_id']}"]  # robotloop.train.train_config.lerobot_repo_id
+    renames = {"batch_size": "batch_size", "steps": "steps", "seed": "seed", "log_freq": "log_every"}
+    renames |= {"save_freq": "checkpoint_every", "num_workers": "decode_workers"}
+    out |= {ours: cfg[theirs] for theirs, ours in renames.items() if cfg.get(theirs)}
+    out |= {k: policy[k] for k in ("chunk_size", "n_action_steps", "dim_model") if policy.get(k)}
+    lr = optimizer.get("lr") or policy.get("optimizer_lr")
+    if lr:
+        out["lr"] = lr
+    return out
+
+
+__all__ = ["Fp8Mode", "TrainOptions", "read_train_config", "to_argv"]
