@@ -98,3 +98,20 @@ def test_only_the_cli_imports_the_cli() -> None:
         if pattern.search(line)
     ]
     assert offenders == []
+
+
+def test_the_cli_starts_without_torch_or_mujoco() -> None:
+    """No work at import time: building every command (what `robotloop --help` does) loads neither torch nor
+    MuJoCo; `robotloop.sim` and `robotloop.loop` load them with the first name that needs them."""
+    code = (
+        "import sys\n"
+        "from typer.main import get_command\n"
+        "from robotloop.cli import app\n"
+        "get_command(app)\n"
+        "import robotloop.loop, robotloop.sim\n"
+        "robotloop.loop.LoopOptions().settings\n"
+        "robotloop.sim.get_task('insertion')\n"
+        "print('torch' in sys.modules, 'mujoco' in sys.modules)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert run.stdout.split()[-2:] == ["False", "False"], run.stdout + run.stderr

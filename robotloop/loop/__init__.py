@@ -2,6 +2,8 @@
 
 # Lazy (PEP 562): `robotloop.loop.options` (the CLI's flags) is read without loading torch; the pipeline loads
 # with the first name that needs it.
+from robotloop.lazy import lazy_names
+
 _LAZY = {
     "LoopReport": "pipeline",
     "LoopSettings": "pipeline",
@@ -11,12 +13,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"robotloop.loop.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'robotloop.loop' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = ["LoopOptions", "LoopReport", "LoopSettings", "run_loop", "write_report"]

@@ -15,6 +15,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 # Lazy (PEP 562): `robotloop.sim.tasks` and `.constants` are read without loading MuJoCo (the CLI lists tasks and
 # parses image sizes at start-up); the simulator loads with the first name that needs it.
+from robotloop.lazy import lazy_names  # noqa: E402 - after the environment default above
+
 _LAZY = {
     "AlohaGymEnv": "env",
     "AlohaSim": "env",
@@ -28,12 +30,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"robotloop.sim.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'robotloop.sim' has no attribute {name!r}")
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [
