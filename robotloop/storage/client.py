@@ -116,6 +116,7 @@ class BucketClient:
         self.token = token
         self.api = HfApi(endpoint=self.endpoint, token=token)
         self.cache = cache
+        self.downloads = CachedDownloads(self)
 
     # -- buckets ---------------------------------------------------------------------------------------
     def create_bucket(self, url: BucketUrl, private: bool = True) -> None:
@@ -314,27 +315,51 @@ class BucketClient:
                 raise FileNotFoundError(str(url)) from None
 
     def download(self, src: BucketUrl | Entry, dest: str | Path) -> Path:
+        """Download one file to `dest` (a file path, or an existing folder) through the read cache
+        (`CachedDownloads.download`). Raises NotFound: no file at `src`."""
+        return self.downloads.download(src, dest)
+
+    def fetch(self, url: BucketUrl, dest: str | Path) -> list[Path]:
+        """Download `url`, a file or a folder, to `dest`. Returns the files written (empty: nothing there)."""
+        return self.downloads.fetch(url, dest)
+
+    def download_tree(self, url: BucketUrl, dest: str | Path, entries: list[Entry] | None = None) -> list[Path]:
+        """Download every file under `url` into folder `dest`, keeping relative paths (`CachedDownloads.download_tree`).
+        Raises NotAFolder: `dest` is a file."""
+        return self.downloads.download_tree(url, dest, entries)
+
+
+class CachedDownloads:
+    """Owns getting a bucket's files onto local disk: one file, a file or folder, or a listed tree, through the read
+    cache (keyed by Xet hash, filled only with bytes that hash to it) so that jobs on one machine fetch a file once."""
+
+    def __init__(self, client: BucketClient) -> None:
+        self.client = client
+
+    def download(self, src: BucketUrl | Entry, dest: str | Path) -> Path:
         """Download one file to `dest` (a file path, or an existing folder), through the read cache. `src` is its
         URL, or its `Entry` from `ls` (which saves asking for its size and hash again).
 
         Raises:
             NotFound: no file at `src`.
         """
-        entry = src if isinstance(src, Entry) else self.stat(src)
+        entry = src if isinstance(src, Entry) else self.client.stat(src)
         url = entry.url
         dest = Path(dest)
         if dest.is_dir():
             dest = dest / url.name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        cached = self.cache.get(entry.xet_hash) if self.cache else None
+        cached = self.client.cache.get(entry.xet_hash) if self.client.cache else None
         if cached is None:
             tmp = Path(tempfile.mkdtemp(dir=dest.parent)) / url.name
             try:
                 with _explained(url, "download"):
-                    self.api.download_bucket_files(url.bucket_id, [(url.path, str(tmp))], raise_on_missing_files=True)
+                    self.client.api.download_bucket_files(
+                        url.bucket_id, [(url.path, str(tmp))], raise_on_missing_files=True
+                    )
                 _check_xet_hash(tmp, entry)  # before the cache, which is keyed by the hash and shared by every job
-                if self.cache:
-                    self.cache.put(entry.xet_hash, tmp)  # a copy: the download itself becomes `dest`
+                if self.client.cache:
+                    self.client.cache.put(entry.xet_hash, tmp)  # a copy: the download itself becomes `dest`
                 os.replace(tmp, dest)
                 return dest
             finally:
@@ -362,7 +387,7 @@ class BucketClient:
         if Path(dest).is_file():
             raise NotAFolder(f"{dest} is a file: give a folder to download {url} into")
         if entries is None:
-            entries = [e for e in self.ls(url, recursive=True) if isinstance(e, Entry)]
+            entries = [e for e in self.client.ls(url, recursive=True) if isinstance(e, Entry)]
         out = []
         for entry in entries:
             rel = entry.url.path[len(url.path) :].lstrip("/") or entry.url.name
