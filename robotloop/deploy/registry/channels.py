@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..manifest import SignedManifest, check_release_name
-from .db import RegistryConflict, RegistryDb, RegistryNotFound, because, check_name, event
+from .db import RegistryConflict, RegistryDb, RegistryNotFound, check_name, decided, event
 
 
 class ReleaseChannels:
@@ -77,13 +77,7 @@ class ReleaseChannels:
             self.db.tx(
                 [
                     (upsert, (channel, release, time.time())),
-                    event(
-                        "promote",
-                        channel=channel,
-                        release=release,
-                        previous=previous,
-                        detail=because(reason, by),
-                    ),
+                    decided("promote", release, previous, by, reason, channel=channel),
                 ]
             )
         return previous
@@ -105,13 +99,7 @@ class ReleaseChannels:
             self.db.tx(
                 [
                     ("UPDATE channels SET release = ?, updated_at = ? WHERE name = ?", (target, time.time(), channel)),
-                    event(
-                        "rollback",
-                        channel=channel,
-                        release=target,
-                        previous=current,
-                        detail=because(reason, by),
-                    ),
+                    decided("rollback", target, current, by, reason, channel=channel),
                 ]
             )
         return target

@@ -69,9 +69,12 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def because(reason: str, by: str) -> str:
-    """An event's detail: the reason given, and who gave it."""
-    return f"{reason} (by {by})" if by else reason
+def decided(
+    kind: str, release: str | None, previous: str | None, by: str, reason: str, **subject: str
+) -> tuple[str, tuple]:
+    """The history row of an operator's decision (promote, rollback, ...) on a `channel=` or `robot=`: the release
+    it moved from and to, and as its detail the reason with who gave it."""
+    return event(kind, release=release, previous=previous, detail=f"{reason} (by {by})" if by else reason, **subject)
 
 
 def event(

@@ -19,8 +19,8 @@ from .db import (
     RegistryDb,
     RegistryError,
     RegistryNotFound,
-    because,
     check_name,
+    decided,
     event,
     hash_token,
     release_name,
@@ -135,13 +135,7 @@ class Fleet:
         self.db.tx(
             [
                 ("UPDATE robots SET pinned = ? WHERE id = ?", (target, robot)),
-                event(
-                    "rollback_command",
-                    robot=robot,
-                    release=target,
-                    previous=current,
-                    detail=because(reason, by),
-                ),
+                decided("rollback_command", target, current, by, reason, robot=robot),
             ]
         )
         return self.assignment(robot)
