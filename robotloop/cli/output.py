@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from typer.core import TyperGroup
 
 from ..errors import RobotloopError
@@ -42,6 +43,15 @@ def show(result: Any, as_json: bool, text: Callable[[Any], str]) -> None:
         console.print(text(result), highlight=False)
 
 
+def progress_bars(out: Console, title: str, eta: bool = False) -> Progress:
+    """The progress display of a long command: `title` (a rich column template, "{task.description}" for the
+    task's own), a bar, done of total, the time elapsed (or with `eta` the time left), and the task's `note` field."""
+    clock = TimeRemainingColumn() if eta else TimeElapsedColumn()
+    return Progress(
+        TextColumn(title), BarColumn(), MofNCompleteColumn(), clock, TextColumn("{task.fields[note]}"), console=out
+    )
+
+
 def print_json(value: Any) -> None:
     print(json.dumps(value, indent=1))  # plain print: no rich wrapping or colour in what scripts parse
 
@@ -54,6 +64,7 @@ __all__ = [
     "exit_code",
     "fail",
     "print_json",
+    "progress_bars",
     "quiet_encoders",
     "quiet_libraries",
     "show",

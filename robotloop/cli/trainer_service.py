@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from services.options import serve_command
 from services.trainer import TrainerOptions
@@ -16,7 +15,7 @@ from ..config import Settings, load_settings
 from ..errors import RobotloopError
 from ..options import typer_command
 from ..train.jobs import JobSpec
-from .output import JsonOutput, fail, show
+from .output import JsonOutput, fail, progress_bars, show
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -93,14 +92,7 @@ def _secret(spec: JobSpec) -> dict:
 
 
 def _watch(client, job_id: str, every_s: float) -> None:
-    with Progress(
-        TextColumn("{task.fields[status]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[note]}"),
-        console=console,
-    ) as bars:
+    with progress_bars(console, "{task.fields[status]}", eta=True) as bars:
         bar = bars.add_task("job", total=None, status="…", note="")
 
         def show(state: dict) -> None:
