@@ -24,10 +24,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from robotloop.auth import Unauthorized
 from robotloop.deploy.keys import BadSignature
 from robotloop.errors import CATEGORY_STATUS, RobotloopError, lookup
 from robotloop.storage.client import StorageError
-from robotloop.storage.server.auth import Unauthorized
 from robotloop.storage.server.cas import DamagedXorb, RangeNotSatisfiable
 
 HTTP_STATUS: dict[type[RobotloopError], int] = {

@@ -161,7 +161,7 @@ def test_client_roundtrip_dedup_and_ranges(server, tmp_path):
 def _first_chunk(store: CasStore, file_hash: str) -> str:
     rec = store.reconstruction(file_hash)
     term = rec["terms"][0]
-    chunk = store._chunks(store._db(), term["hash"])[term["range"]["start"]]
+    chunk = store.index.chunks(store.index.db(), term["hash"])[term["range"]["start"]]
     return xf.hash_to_hex(chunk.hash)
 
 

@@ -202,13 +202,13 @@ def test_long_polls_look_again_for_assignment_changes_not_for_heartbeats(tmp_pat
     registry.register_robot("r1", channel="stable")
     manifest = build_manifest(tmp_path / "m", "v1", "lab/x", "hf://buckets/lab/x/c", {"config.json": "0" * 64})
     registry.add_release(SignedManifest.sign(manifest, load_private_key(tmp_path / "k.key")))
-    looks, assigned = [], registry._assigned
+    looks, assigned = [], registry.fleet._assigned
 
     def counted(robot):  # each look of a long-poll at the robot's assignment
         looks.append(robot)
         return assigned(robot)
 
-    registry._assigned = counted
+    registry.fleet._assigned = counted
     answers: list = []
     poll = threading.Thread(target=lambda: answers.append(asyncio.run(registry.wait_assignment("r1", None, 10.0))))
     poll.start()

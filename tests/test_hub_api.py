@@ -23,14 +23,14 @@ from huggingface_hub import HfApi, HfFileSystem
 from huggingface_hub.errors import BucketBatchError, BucketNotFoundError, HfHubHTTPError
 from huggingface_hub.utils import disable_progress_bars
 
-from robotloop.service_process import free_port
-from robotloop.storage.server.auth import (
+from robotloop.auth import (
     Forbidden,
     TokensFileError,
     TokenStore,
     Unauthorized,
     parse_tokens_text,
 )
+from robotloop.service_process import free_port
 from robotloop.storage.server.buckets import BucketStore, InvalidPath, validate_path
 from services.bucket import BucketOptions
 from services.bucket.app import create_app, serve

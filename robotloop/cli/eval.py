@@ -7,17 +7,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 from ..errors import BadInput
-from .output import JsonOutput, json_result
+from .output import JsonOutput, json_result, progress_bars
 
 console = Console()
 
@@ -71,14 +64,7 @@ def eval_policy(
     except BadInput:
         raise typer.BadParameter(f"{image_size!r}: expected HxW, e.g. 480x640", param_hint="--image-size") from None
     out = output_dir or default_output_dir(sim)
-    with Progress(
-        TextColumn("evaluating"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[note]}"),
-        console=console,
-    ) as bars:
+    with progress_bars(console, "evaluating") as bars:
         bar = bars.add_task("eval", total=episodes, note="locating the policy")
         done: list[bool] = []
 

@@ -20,9 +20,11 @@ from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    MofNCompleteColumn,
     Progress,
     TaskID,
     TextColumn,
+    TimeElapsedColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
@@ -53,6 +55,15 @@ def show(result: Any, as_json: bool, text: Callable[[Any], str]) -> None:
         print_json(result)
     else:
         console.print(text(result), highlight=False)
+
+
+def progress_bars(out: Console, title: str, eta: bool = False) -> Progress:
+    """The progress display of a long command: `title` (a rich column template, "{task.description}" for the
+    task's own), a bar, done of total, the time elapsed (or with `eta` the time left), and the task's `note` field."""
+    clock = TimeRemainingColumn() if eta else TimeElapsedColumn()
+    return Progress(
+        TextColumn(title), BarColumn(), MofNCompleteColumn(), clock, TextColumn("{task.fields[note]}"), console=out
+    )
 
 
 def print_json(value: Any) -> None:
@@ -112,6 +123,7 @@ __all__ = [
     "fail",
     "json_result",
     "print_json",
+    "progress_bars",
     "quiet_encoders",
     "quiet_libraries",
     "show",

@@ -6,14 +6,13 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..capture import DatasetRecorder, DatasetSpec
 from ..capture.sim_record import TASK_TEXT, record_sim
 from ..errors import BadInput
 from ..sim.constants import parse_image_size
 from ..storage import BadBucketUrl, BucketUrl, connect
-from .output import fail, quiet_encoders
+from .output import fail, progress_bars, quiet_encoders
 
 console = Console()
 CAMERAS_HELP = (
@@ -88,14 +87,7 @@ def record(
     size = _image_size(image_size)
     recorder = DatasetRecorder(connect(ctx.obj), url, DatasetSpec.aloha(size, vcodec=codec))
     first = recorder.committed_episodes()
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[note]}"),
-        console=console,
-    ) as bars:
+    with progress_bars(console, "{task.description}") as bars:
         bar = bars.add_task(f"recording {sim}", total=episodes, note="")
 
         def on_event(kind: str, seed_: int, commit) -> None:

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from services.options import serve_command
@@ -17,7 +16,7 @@ from ..config import Settings, load_settings
 from ..errors import RobotloopError
 from ..options import typer_command
 from ..train.jobs import JobSpec
-from .output import JsonOutput, fail, print_json, show
+from .output import JsonOutput, fail, print_json, progress_bars, show
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -141,14 +140,7 @@ def _watch(client, job_id: str, every_s: float, as_json: bool = False) -> None:
         if state["status"] != "succeeded":
             raise typer.Exit(1)
         return
-    with Progress(
-        TextColumn("{task.fields[status]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[note]}"),
-        console=console,
-    ) as bars:
+    with progress_bars(console, "{task.fields[status]}", eta=True) as bars:
         bar = bars.add_task("job", total=None, status="…", note="")
 
         def show(state: dict) -> None:

@@ -149,6 +149,7 @@ class BucketClient:
         self.token = token
         self.api = HfApi(endpoint=self.endpoint, token=token)
         self.cache = cache
+        self.downloads = CachedDownloads(self)
 
     # -- buckets ---------------------------------------------------------------------------------------
     def create_bucket(self, url: BucketUrl, private: bool = True) -> None:
@@ -353,28 +354,59 @@ class BucketClient:
                 raise FileNotFoundError(str(url)) from None
 
     def download(self, src: BucketUrl | Entry, dest: str | Path) -> Path:
+        """Download one file to `dest` (a file path, or an existing folder) through the read cache
+        (`CachedDownloads.download`). Raises NotFound: no file at `src`."""
+        return self.downloads.download(src, dest)
+
+    def fetch(self, url: BucketUrl, dest: str | Path, progress: TransferProgress | None = None) -> list[Path]:
+        """Download `url`, a file or a folder, to `dest` (`CachedDownloads.fetch`). Returns the files written
+        (empty: nothing there)."""
+        return self.downloads.fetch(url, dest, progress)
+
+    def download_tree(
+        self,
+        url: BucketUrl,
+        dest: str | Path,
+        entries: list[Entry] | None = None,
+        progress: TransferProgress | None = None,
+    ) -> list[Path]:
+        """Download every file under `url` into folder `dest`, keeping relative paths (`CachedDownloads.download_tree`).
+        Raises NotAFolder: `dest` is a file."""
+        return self.downloads.download_tree(url, dest, entries, progress)
+
+
+class CachedDownloads:
+    """Owns getting a bucket's files onto local disk: one file, a file or folder, or a listed tree, through the read
+    cache (keyed by Xet hash, filled only with bytes that hash to it) so that jobs on one machine fetch a file once.
+    Downloads go by the hash the listing gave, through hf_xet, whose progress reports reach a `TransferProgress`."""
+
+    def __init__(self, client: BucketClient) -> None:
+        self.client = client
+
+    def download(self, src: BucketUrl | Entry, dest: str | Path) -> Path:
         """Download one file to `dest` (a file path, or an existing folder), through the read cache. `src` is its
         URL, or its `Entry` from `ls` (which saves asking for its size and hash again).
 
         Raises:
             NotFound: no file at `src`.
         """
-        return self._download(src if isinstance(src, Entry) else self.stat(src), Path(dest), _XetReports(None))
+        entry = src if isinstance(src, Entry) else self.client.stat(src)
+        return self._download(entry, Path(dest), _XetReports(None))
 
     def _download(self, entry: Entry, dest: Path, reports: _XetReports) -> Path:
-        url = entry.url
+        url, cache = entry.url, self.client.cache
         if dest.is_dir():
             dest = dest / url.name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        cached = self.cache.get(entry.xet_hash) if self.cache else None
+        cached = cache.get(entry.xet_hash) if cache else None
         if cached is None:
             tmp = Path(tempfile.mkdtemp(dir=dest.parent)) / url.name
             try:
                 with _explained(url, "download"):
                     self._xet_download(entry, tmp, reports)
                 _check_xet_hash(tmp, entry)  # before the cache, which is keyed by the hash and shared by every job
-                if self.cache:
-                    self.cache.put(entry.xet_hash, tmp)  # a copy: the download itself becomes `dest`
+                if cache:
+                    cache.put(entry.xet_hash, tmp)  # a copy: the download itself becomes `dest`
                 os.replace(tmp, dest)
                 return dest
             finally:
@@ -392,8 +424,8 @@ class BucketClient:
         if entry.size == 0:  # nothing to reconstruct (huggingface_hub writes empty files itself too)
             dest.write_bytes(b"")
             return
-        refresh_url = xet_refresh_url(entry.url.bucket_id, self.endpoint, write=False)
-        headers = build_hf_headers(token=self.token, library_name="robotloop")
+        refresh_url = xet_refresh_url(entry.url.bucket_id, self.client.endpoint, write=False)
+        headers = build_hf_headers(token=self.client.token, library_name="robotloop")
         reports.base = reports.done
         with xet_session().new_file_download_group(
             token_refresh_url=refresh_url, token_refresh_headers=headers, progress_callback=reports
@@ -407,7 +439,7 @@ class BucketClient:
         `progress` hears the download's size, then hf_xet's reports of the bytes written."""
         if url.path:
             try:
-                entry = self.stat(url)
+                entry = self.client.stat(url)
             except NotFound:
                 entry = None  # not a file: a folder, or nothing
             if entry is not None:
@@ -432,7 +464,7 @@ class BucketClient:
         if Path(dest).is_file():
             raise NotAFolder(f"{dest} is a file: give a folder to download {url} into")
         if entries is None:
-            entries = [e for e in self.ls(url, recursive=True) if isinstance(e, Entry)]
+            entries = [e for e in self.client.ls(url, recursive=True) if isinstance(e, Entry)]
         if progress is not None:
             progress.start(sum(e.size for e in entries))
         reports = _XetReports(progress)

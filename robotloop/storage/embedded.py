@@ -19,10 +19,10 @@ from pathlib import Path
 
 import httpx
 
+from ..auth import token_proof
 from ..errors import Unavailable
 from ..service_process import ServiceStartError, free_port, start_service_process
 from .private import private_dir
-from .server.auth import token_proof
 
 START_TIMEOUT_S = 60.0
 

@@ -25,9 +25,9 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
+from robotloop.auth import AuthError, CasClaims, TokenStore, bearer_from_header, load_or_create_secret
 from robotloop.errors import BadValue
 from robotloop.storage.private import private_dir
-from robotloop.storage.server.auth import AuthError, CasClaims, TokenStore, bearer_from_header, load_or_create_secret
 from robotloop.storage.server.buckets import BucketStore
 from robotloop.storage.server.cas import CasStore
 from robotloop.storage.server.files import read_file_range, server_stats

@@ -40,8 +40,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from robotloop.auth import AuthError, Principal, TokenStore, Unauthorized, bearer_from_header
 from robotloop.errors import RobotloopError
-from robotloop.storage.server.auth import AuthError, Principal, TokenStore, Unauthorized, bearer_from_header
 from robotloop.storage.server.buckets import (
     PAGE_SIZE,
     AddFile,

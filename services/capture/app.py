@@ -43,12 +43,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
+from robotloop.auth import TokenStore
 from robotloop.capture.sessions import EpisodeSessions, Limits
 from robotloop.config import Settings
 from robotloop.errors import BadValue
 from robotloop.output import quiet_encoders
 from robotloop.storage import BucketClient, BucketUrl, connect
-from robotloop.storage.server.auth import TokenStore
 from services.capture import CaptureOptions
 from services.errors import json_errors
 from services.limits import BodyLimit

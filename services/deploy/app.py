@@ -43,17 +43,17 @@ from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, Query, Request
 
-from robotloop.config import Settings
-from robotloop.deploy.keys import load_public_keys
-from robotloop.deploy.manifest import SignedManifest
-from robotloop.deploy.registry import Registry, check_name
-from robotloop.errors import BadValue
-from robotloop.storage.server.auth import (
+from robotloop.auth import (
     WILDCARD,
     Forbidden,
     TokenStore,
     bearer_from_header,
 )
+from robotloop.config import Settings
+from robotloop.deploy.keys import load_public_keys
+from robotloop.deploy.manifest import SignedManifest
+from robotloop.deploy.registry import Registry, check_name
+from robotloop.errors import BadValue
 from services.deploy import DeployOptions
 from services.errors import json_errors
 from services.limits import BodyLimit

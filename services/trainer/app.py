@@ -42,10 +42,10 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from robotloop.auth import AuthError, TokenStore
 from robotloop.config import Settings
 from robotloop.errors import BadValue
 from robotloop.storage import BucketUrl, ensure_endpoint
-from robotloop.storage.server.auth import AuthError, TokenStore
 from robotloop.train.jobs import JobManager, JobSpec, UnknownJob
 from services.errors import json_errors
 from services.limits import BodyLimit

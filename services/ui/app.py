@@ -49,11 +49,11 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
+from robotloop.auth import WILDCARD, Forbidden, TokenStore, Unauthorized, bearer_from_header
 from robotloop.config import Settings
 from robotloop.errors import BadValue
 from robotloop.service_client import ServiceError
 from robotloop.storage import BucketUrl
-from robotloop.storage.server.auth import WILDCARD, Forbidden, TokenStore, Unauthorized, bearer_from_header
 from robotloop.ui import Dashboard
 from services.errors import error_response, json_errors
 from services.limits import BodyLimit

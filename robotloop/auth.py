@@ -1,4 +1,5 @@
-"""Authentication and authorization for the self-hosted Xet bucket server.
+"""Authentication and authorization for robotloop's services: the bucket server (Hub and Xet CAS routes) and the
+capture, training, deploy and dashboard services, which all take the same tokens file.
 
 Two kinds of credentials exist:
 
@@ -44,7 +45,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import BadInput, Refused
+from .errors import BadInput, Refused
 
 DEFAULT_NAMESPACE = "local"
 """Namespace that ``me`` resolves to in open local mode and for ``*`` tokens (which have no home)."""
