@@ -191,8 +191,9 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # The datasets page reads episodes with the trainer's catalog, which imports torch (seconds): import it
-        # now, beside serving, so that the first dataset shown does not wait for it.
+        # The datasets page reads episodes with the trainer's catalog, which imports torch (seconds), and plots
+        # them with pyarrow.dataset, which imports pandas: import both now, beside serving, so that the first
+        # dataset shown does not wait for them.
         threading.Thread(target=_import_catalog, name="robotloop-ui-warmup", daemon=True).start()
         yield
 
@@ -400,7 +401,11 @@ def render_markdown(text: str, report_id: str) -> str:
 
 
 def _import_catalog() -> None:
-    import robotloop.train.data.catalog  # noqa: F401
+    import pyarrow.dataset  # noqa: F401 - pq.read_table's (an episode's plot), which imports pandas
+
+    from robotloop.ui.dashboard import page_source_class
+
+    page_source_class()
 
 
 def _chunks(board: Dashboard, url: str, size: int, chunk: int = MAX_RANGE_BYTES):
