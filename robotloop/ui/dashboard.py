@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from ..config import Settings
 from ..deploy.client import DeployClient
@@ -100,7 +101,7 @@ class Dashboard:
     def release(self, name: str) -> dict[str, Any]:
         """One release: its files, lineage (the run, datasets and episodes it was trained on, with Xet hashes), the
         channels and robots on it, its history and the evaluations found for it."""
-        found = self.deploy.release(name)
+        found = self.deploy.release(path_name("release", name))
         manifest = found["manifest"]["manifest"]
         state = self.deploy.status()
         events = [e for e in self.deploy.history(limit=500) if name in (e["release"], e["previous"])]
@@ -120,13 +121,13 @@ class Dashboard:
         }
 
     def promote(self, channel: str, release: str, reason: str) -> dict[str, Any]:
-        return self.deploy.promote(channel, release, reason)
+        return self.deploy.promote(path_name("channel", channel), release, reason)
 
     def rollback(self, channel: str | None, robot: str | None, reason: str) -> dict[str, Any]:
         """Roll a channel back to its previous release, or pin a robot to the one it ran before."""
         if channel is not None:
-            return self.deploy.rollback_channel(channel, reason)
-        return self.deploy.rollback_robot(robot or "", reason)
+            return self.deploy.rollback_channel(path_name("channel", channel), reason)
+        return self.deploy.rollback_robot(path_name("robot", robot or ""), reason)
 
     # -- training ----------------------------------------------------------------------------------------------
     def jobs(self) -> list[dict[str, Any]]:
@@ -135,7 +136,7 @@ class Dashboard:
 
     def job(self, job_id: str, after_step: int = -1) -> dict[str, Any]:
         """A job's state and its progress reports past `after_step` (the loss curve grows by them)."""
-        points = self.trainer.progress(job_id, after_step)
+        points = self.trainer.progress(path_name("job", job_id), after_step)
         keep = ("step", "loss", "samples_per_s", "data_wait_share", "elapsed_s")
         return {"job": job_row(self.trainer.job(job_id)), "points": [{k: p[k] for k in keep} for p in points]}
 
@@ -430,6 +431,19 @@ def job_row(state: dict[str, Any]) -> dict[str, Any]:
         "output": spec.get("output"),
         "datasets": spec.get("datasets") or [],
     }
+
+
+def path_name(kind: str, name: str) -> str:
+    """`name`, checked to be one URL path segment as the services name things (letters, digits, `._-~`): the
+    service clients put names into their URLs as they are, so a `/`, `?` or control character would make another
+    request, or none.
+
+    Raises:
+        UnknownItem: no service has anything by that name.
+    """
+    if not name or name in (".", "..") or quote(name, safe="") != name:
+        raise UnknownItem(f"no {kind} {name!r}")
+    return name
 
 
 def run_of(checkpoint: str) -> str:

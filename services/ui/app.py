@@ -50,9 +50,9 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
 from robotloop.config import Settings
-from robotloop.errors import BadValue
+from robotloop.errors import CATEGORY_STATUS, BadValue, lookup
 from robotloop.service_client import ServiceError
-from robotloop.storage import BucketUrl
+from robotloop.storage import BucketUrl, StorageError
 from robotloop.storage.server.auth import WILDCARD, Forbidden, TokenStore, Unauthorized, bearer_from_header
 from robotloop.ui import Dashboard
 from services.errors import error_response, json_errors
@@ -381,7 +381,14 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
         status = err.status if 400 <= err.status < 500 and err.status != 401 else 502
         return error_response(status, str(err))
 
+    async def storage_error(request: Request, err: StorageError) -> JSONResponse:
+        # The bucket server's refusal keeps its category's status (a URL the page asked for that holds no file is
+        # a 404, not the 502 the storing services answer with); its failure or silence is a 502.
+        status = lookup(err, CATEGORY_STATUS)
+        return error_response(status if 400 <= status < 500 and status != 401 else 502, str(err))
+
     app.add_exception_handler(ServiceError, backend_error)
+    app.add_exception_handler(StorageError, storage_error)
     return app
 
 
