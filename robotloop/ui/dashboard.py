@@ -118,6 +118,7 @@ class Dashboard:
             "robots": [r["id"] for r in state["robots"] if name in (r.get("running"), r.get("assigned"))],
             "events": events,
             "evaluations": [e for e in self.evaluations() if _evaluates(e, name, found["checkpoint"])],
+            "reports": self.reports(run_of(found["checkpoint"])),
         }
 
     def promote(self, channel: str, release: str, reason: str) -> dict[str, Any]:
@@ -295,20 +296,25 @@ class Dashboard:
         return out
 
     # -- reports on this machine -------------------------------------------------------------------------------
-    def reports(self) -> list[dict[str, Any]]:
-        """The loop reports (`report.md`, as `robotloop loop` writes them) under the report folders."""
+    def reports(self, run_url: str | None = None) -> list[dict[str, Any]]:
+        """The loop reports (`report.md`, as `robotloop loop` writes them) under the report folders, newest first;
+        with `run_url`, only those of that training run (its output folder, `<bucket>/models/<run>`)."""
         out = []
         for path in self._found("report.md"):
             summary = _read_json(path.parent / "report.json")
+            settings = summary.get("settings") or {}
             out.append(
                 {
                     "id": _id(path.parent),
                     "dir": str(path.parent),
-                    "run": (summary.get("settings") or {}).get("run"),
+                    "run": settings.get("run"),
+                    "run_url": loop_run_url(settings),
                     "release": summary.get("release"),
                     "modified": path.stat().st_mtime,
                 }
             )
+        if run_url is not None:
+            out = [r for r in out if r["run_url"] is not None and r["run_url"] == run_url.rstrip("/")]
         return sorted(out, key=lambda r: -r["modified"])
 
     def report(self, report_id: str) -> dict[str, Any]:
@@ -470,6 +476,15 @@ def lineage_summary(lineage: dict[str, Any]) -> dict[str, Any]:
         "episodes": episodes,
         "code": lineage.get("code"),
     }
+
+
+def loop_run_url(settings: dict[str, Any]) -> str | None:
+    """The training run a loop report's settings name (`LoopSettings.run_url`: `<bucket>/models/<run>`), or None
+    when they name none."""
+    bucket, run = settings.get("bucket"), settings.get("run")
+    if not isinstance(bucket, str) or not isinstance(run, str) or not bucket or not run:
+        return None
+    return f"{bucket.rstrip('/')}/models/{run}"
 
 
 def _evaluates(evaluation: dict[str, Any], release: str, checkpoint: str) -> bool:

@@ -15,7 +15,7 @@ with `textContent` only, and polls them for live updates. What the routes answer
     POST /api/robots/{r}/rollback    {"reason"}              (write sessions, same origin)
     GET  /api/runs, /api/runs/{id}?after=S, /api/checkpoints?output=URL
     GET  /api/buckets, /api/datasets?bucket=URL, /api/dataset?url=URL, /api/episode?url=URL&index=I
-    GET  /api/reports, /api/reports/{id}, /api/evaluations
+    GET  /api/reports[?run=URL] (a training run's loop reports), /api/reports/{id}
     GET  /media/bucket?url=URL  an mp4 from a bucket, by HTTP Range (proxied: only the bytes asked for travel)
     GET  /media/report/{id}/{name}   a figure or rollout video of a report folder
 
@@ -361,7 +361,9 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
 
     # -- reports -------------------------------------------------------------------------------------------
     @app.get("/api/reports")
-    def reports(who: Who) -> dict[str, Any]:
+    def reports(who: Who, run: str | None = None) -> dict[str, Any]:
+        if run is not None:  # a training run's page: its loop reports only
+            return {"reports": board.reports(run), "evaluations": []}
         return {"reports": board.reports(), "evaluations": board.evaluations()}
 
     @app.get("/api/reports/{report_id}")
