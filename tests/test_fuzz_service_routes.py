@@ -1,6 +1,8 @@
-"""Property-based fuzzing (hypothesis) of every route of the deploy and capture services over real sockets: any path
-parameter and any JSON (or raw) body gets an answer below 500, with a write token so the handlers are reached.
-The route list is read from the apps themselves, so a new route is fuzzed without being listed here.
+"""Property-based fuzzing (hypothesis) of every route of the deploy and capture services and of the dashboard's
+/api and /media routes over real sockets: any path parameter, query parameter, Range header and JSON (or raw) body
+gets an answer below 500, with a write token so the handlers are reached; without a session the dashboard refuses
+every route that shows something. The route list (and each route's query parameters) is read from the apps
+themselves, so a new route is fuzzed without being listed here.
 (The training service's routes are not fuzzed: a valid random spec would start real training jobs.)
 """
 
@@ -22,6 +24,10 @@ from robotloop.storage import BucketClient
 
 from .conftest import WRITE_TOKEN
 from .test_capture_service import ROBOT_A, capture  # noqa: F401 - the real capture service, as a fixture
+from .test_train_service import DATASET as TRAIN_DATASET
+from .test_train_service import trainer  # noqa: F401 - the dashboard's training service, as a fixture
+from .test_ui import DATASET as UI_DATASET
+from .test_ui import UI_WRITE, ui  # noqa: F401 - the dashboard over real services, as a fixture
 
 OPS = "rl_ops_fuzz"
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -40,6 +46,10 @@ def _routes(app) -> list[tuple[str, str]]:
 def _url(base: str, template: str, value: str) -> str:
     raw = quote(value.encode("utf-8", "surrogatepass"), safe="") or "x"
     return base + re.sub(r"\{[^}]+\}", raw, template)
+
+
+def _text(value: str) -> str:
+    return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 def _body(value) -> bytes:
@@ -83,3 +93,95 @@ def test_every_capture_route_answers_below_500(capture, tmp_path_factory, data):
     body = (data.draw(st.binary(max_size=200)) if raw else _body(data.draw(json_values))) if method == "POST" else None
     r = httpx.request(method, target, content=body, headers={"authorization": f"Bearer {ROBOT_A}"}, timeout=30)
     assert r.status_code < 500, (method, target, r.text)
+
+
+# -- the dashboard ---------------------------------------------------------------------------------------------
+# Values a dashboard route reads as a bucket URL, a report id or a file name: real ones (so the handlers go deep)
+# beside broken ones.
+bucket_urls = names | st.sampled_from(
+    [
+        UI_DATASET,
+        TRAIN_DATASET,
+        f"{UI_DATASET}/videos/observation.images.top/chunk-000/file-000.mp4",
+        f"{UI_DATASET}/meta/info.json",
+        f"{UI_DATASET}/x.mp4",
+        "hf://buckets/lab/ui",
+        "hf://buckets/lab",
+        "hf://buckets/",
+        "hf://buckets/lab/ui/../../x.mp4",
+        "hf://buckets/nolab/none/datasets/x",
+        "hf://datasets/lab/x",
+        "s3://lab/x.mp4",
+        "-1",
+        "99999999999999999999",
+    ]
+)
+ranges = (
+    st.none()
+    | st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=20)
+    | st.from_regex(r"\Abytes=-?[0-9]{0,12}-?[0-9]{0,12}(,[0-9]*-[0-9]*)?\Z")
+)
+
+
+@pytest.fixture(scope="module")
+def dashboard(ui):  # noqa: F811
+    """The dashboard, its /api and /media routes as (method, path, query parameter names), and a report's id."""
+    from robotloop.ui.dashboard import _id
+    from services.ui.app import create_app
+
+    app = create_app(load_settings(), ui.reports.parent / "ui.tokens")
+    routes = sorted(
+        (m, r.path, sorted(p.alias for p in r.dependant.query_params))
+        for r in app.routes
+        if isinstance(r, APIRoute) and r.path.startswith(("/api/", "/media/"))
+        for m in r.methods
+        if m != "HEAD"
+    )
+    return ui, routes, _id((ui.reports / "loop").resolve())
+
+
+def _dashboard_request(
+    dashboard, data, headers: dict[str, str], slashes: bool = True
+) -> tuple[str, str, httpx.Response]:
+    """A request to one of the dashboard's routes; `slashes=False`: no "/" in path parameters (a "/" or "%2F"
+    there, or a "." or "..", is another path, which may match no route)."""
+    board, routes, report_id = dashboard
+    method, template, params = data.draw(st.sampled_from(routes))
+    one_segment = names.filter(lambda n: "/" not in n and n not in (".", ".."))
+    segments = (names if slashes else one_segment) | st.just(report_id)
+    path = re.sub(r"\{[^}]+\}", lambda _: _url("", "{x}", data.draw(segments)), template)
+    query = {p: _text(data.draw(bucket_urls)) for p in params if data.draw(st.booleans())}
+    if range_header := (data.draw(ranges) or "").strip():  # a header value cannot start or end with a space
+        headers = {**headers, "range": range_header}
+    body = None
+    if method in ("POST", "PUT", "PATCH", "DELETE"):
+        body = data.draw(st.binary(max_size=100)) if data.draw(st.booleans()) else _body(data.draw(json_values))
+    r = httpx.request(method, board.url + path, params=query, content=body, headers=headers, timeout=30)
+    return method, template, r
+
+
+@FUZZ
+@given(data=st.data())
+def test_every_dashboard_route_answers_below_500(dashboard, data):
+    # A write token, the CSRF header and the same origin: promote and roll back reach the deploy service.
+    headers = {"authorization": f"Bearer {UI_WRITE}", "x-robotloop-ui": "1", "origin": dashboard[0].url}
+    method, template, r = _dashboard_request(dashboard, data, headers)
+    assert r.status_code < 500, (method, r.url, r.text)
+
+
+OPEN = {("GET", "/api/health"), ("POST", "/api/session"), ("DELETE", "/api/session")}  # signing in and out
+
+
+@FUZZ
+@given(data=st.data(), cookie=st.none() | st.text(max_size=40))
+def test_every_dashboard_route_refuses_without_a_session(dashboard, data, cookie):
+    headers = {"x-robotloop-ui": "1", "origin": dashboard[0].url}
+    if cookie is not None:  # not a session id this dashboard made
+        headers["cookie"] = f"robotloop_ui={quote(cookie)}"
+    method, template, r = _dashboard_request(dashboard, data, headers, slashes=False)
+    if (method, template) in OPEN:
+        assert r.status_code < 500, (method, r.url, r.text)
+    elif r.request.content and method != "GET":  # a body FastAPI cannot read is refused before anything runs
+        assert r.status_code in (401, 422), (method, r.url, r.text)
+    else:
+        assert r.status_code == 401, (method, r.url, r.status_code, r.text)

@@ -58,7 +58,7 @@ pytestmark = pytest.mark.skipif(
 UI_WRITE, UI_READ, UI_SCOPED = "rl_ui_write", "rl_ui_read", "rl_ui_lab_only"
 OPS = "rl_ui_ops"
 DATASET = "hf://buckets/lab/ui/datasets/colours"
-RUN = "hf://buckets/lab/ui/models/run"
+RUN = "hf://buckets/lab/ui/models/ui-run"  # the loop report of _reports names this run
 XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 1">'
 FPS, FRAMES = 10, 30  # 3 s per episode: long enough to watch it play and stop
 IMAGE = (48, 64)
@@ -105,7 +105,8 @@ def _reports(base: Path, video: Path) -> Path:
     (loop / "report.md").write_text(
         f"# robotloop loop: ui-run\n\n{XSS}\n\n| stage | s |\n|---|---|\n| train | 1.5 |\n\n![loss](loss.png)\n"
     )
-    (loop / "report.json").write_text(json.dumps({"settings": {"run": "ui-run"}, "release": "ui-v1"}))
+    settings = {"run": "ui-run", "bucket": "hf://buckets/lab/ui"}  # LoopSettings.run_url: RUN
+    (loop / "report.json").write_text(json.dumps({"settings": settings, "release": "ui-v1"}))
     (loop / "notes.txt").write_text("not a figure")
     (loop / "loss.png").write_bytes(_png())
     shutil.copy(video, evaluation / "videos" / "episode_0.mp4")
@@ -121,6 +122,26 @@ def _reports(base: Path, video: Path) -> Path:
         )
     )
     return base
+
+
+def _report_id(ui: Ui) -> str:
+    """The dashboard's id of the loop report `_reports` writes (a hash of its folder)."""
+    from robotloop.ui.dashboard import _id
+
+    return _id((ui.reports / "loop").resolve())
+
+
+def test_a_training_run_finds_its_loop_report(ui):
+    from robotloop.config import load_settings
+    from robotloop.ui import Dashboard
+
+    board = Dashboard(load_settings(), reports=[ui.reports])
+    assert [r["id"] for r in board.reports(RUN)] == [r["id"] for r in board.reports(RUN + "/")] == [_report_id(ui)]
+    assert board.reports(RUN + "-2") == [] and board.reports("hf://buckets/lab/ui/models") == []
+    cookies = ui.call("POST", "/api/session", json={"token": UI_READ}, headers={"x-robotloop-ui": "1"}).cookies
+    found = ui.call("GET", "/api/reports", params={"run": RUN}, cookies=cookies).json()
+    assert [r["run_url"] for r in found["reports"]] == [RUN] and found["evaluations"] == []
+    assert ui.call("GET", "/api/reports", params={"run": RUN}).status_code == 401
 
 
 def _png() -> bytes:
@@ -362,6 +383,10 @@ def test_fleet_shows_the_robot_running_its_release_and_a_rollback_with_its_reaso
     expect(page.locator("#evaluations video")).to_have_count(1)
     expect(page.locator("#lineage tbody tr")).to_have_count(3)
     expect(page.locator("#lineage code").first).to_have_attribute("title", source.episodes[0].data.xet_hash)
+    expect(page.locator("#release-facts")).to_contain_text(RUN)  # the training run, and its loop report
+    expect(page.locator("#release-facts").get_by_role("link", name="ui-run", exact=True)).to_have_attribute(
+        "href", f"/reports/{_report_id(ui)}"
+    )
     page.screenshot(path=tmp_path / "release.png", full_page=True)
     page.locator("#lineage tbody tr").nth(1).get_by_role("link", name="episode 1").click()
     expect(page.locator("#player-title")).to_contain_text("Episode 1", timeout=20_000)
@@ -442,6 +467,7 @@ def test_a_training_jobs_loss_curve_grows(ui, browser, tmp_path):
         page.wait_for_function(f"() => window.__robotloop.lossPoints > {before}", timeout=30_000)  # no reload
         expect(page.locator("#job-facts")).to_contain_text("running")
         expect(page.locator("#job-facts")).to_contain_text(TRAIN_DATASET)
+        expect(page.locator("#job-facts dd").last).to_have_text("none found")  # no loop report: no loop trained it
         page.screenshot(path=tmp_path / "run.png", full_page=True)
         page.context.close()
     finally:

@@ -15,7 +15,7 @@ with `textContent` only, and polls them for live updates. What the routes answer
     POST /api/robots/{r}/rollback    {"reason"}              (write sessions, same origin)
     GET  /api/runs, /api/runs/{id}?after=S, /api/checkpoints?output=URL
     GET  /api/buckets, /api/datasets?bucket=URL, /api/dataset?url=URL, /api/episode?url=URL&index=I
-    GET  /api/reports, /api/reports/{id}, /api/evaluations
+    GET  /api/reports[?run=URL] (a training run's loop reports), /api/reports/{id}
     GET  /media/bucket?url=URL  an mp4 from a bucket, by HTTP Range (proxied: only the bytes asked for travel)
     GET  /media/report/{id}/{name}   a figure or rollout video of a report folder
 
@@ -51,9 +51,9 @@ from fastapi.templating import Jinja2Templates
 
 from robotloop.auth import WILDCARD, Forbidden, TokenStore, Unauthorized, bearer_from_header
 from robotloop.config import Settings
-from robotloop.errors import BadValue
+from robotloop.errors import CATEGORY_STATUS, BadValue, lookup
 from robotloop.service_client import ServiceError
-from robotloop.storage import BucketUrl
+from robotloop.storage import BucketUrl, StorageError
 from robotloop.ui import Dashboard
 from services.errors import error_response, json_errors
 from services.limits import BodyLimit
@@ -191,8 +191,9 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # The datasets page reads episodes with the trainer's catalog, which imports torch (seconds): import it
-        # now, beside serving, so that the first dataset shown does not wait for it.
+        # The datasets page reads episodes with the trainer's catalog, which imports torch (seconds), and plots
+        # them with pyarrow.dataset, which imports pandas: import both now, beside serving, so that the first
+        # dataset shown does not wait for them.
         threading.Thread(target=_import_catalog, name="robotloop-ui-warmup", daemon=True).start()
         yield
 
@@ -360,7 +361,9 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
 
     # -- reports -------------------------------------------------------------------------------------------
     @app.get("/api/reports")
-    def reports(who: Who) -> dict[str, Any]:
+    def reports(who: Who, run: str | None = None) -> dict[str, Any]:
+        if run is not None:  # a training run's page: its loop reports only
+            return {"reports": board.reports(run), "evaluations": []}
         return {"reports": board.reports(), "evaluations": board.evaluations()}
 
     @app.get("/api/reports/{report_id}")
@@ -380,7 +383,14 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
         status = err.status if 400 <= err.status < 500 and err.status != 401 else 502
         return error_response(status, str(err))
 
+    async def storage_error(request: Request, err: StorageError) -> JSONResponse:
+        # The bucket server's refusal keeps its category's status (a URL the page asked for that holds no file is
+        # a 404, not the 502 the storing services answer with); its failure or silence is a 502.
+        status = lookup(err, CATEGORY_STATUS)
+        return error_response(status if 400 <= status < 500 and status != 401 else 502, str(err))
+
     app.add_exception_handler(ServiceError, backend_error)
+    app.add_exception_handler(StorageError, storage_error)
     return app
 
 
@@ -400,7 +410,11 @@ def render_markdown(text: str, report_id: str) -> str:
 
 
 def _import_catalog() -> None:
-    import robotloop.train.data.catalog  # noqa: F401
+    import pyarrow.dataset  # noqa: F401 - pq.read_table's (an episode's plot), which imports pandas
+
+    from robotloop.ui.dashboard import page_source_class
+
+    page_source_class()
 
 
 def _chunks(board: Dashboard, url: str, size: int, chunk: int = MAX_RANGE_BYTES):

@@ -219,6 +219,7 @@
     const facts = [
       ["checkpoint", data.checkpoint],
       ["training run", runLink(data.run)],
+      ["loop report", reportLinks(data.reports)],
       ["signed by key", data.key_id],
       ["published", when(data.published_at)],
       ["channels on it", data.channels.length ? data.channels.join(", ") : "none"],
@@ -285,11 +286,13 @@
     );
   }
 
-  const run = { steps: [], losses: [], plot: null, last: -1, checkpointsAt: 0 };
+  const reportLinks = (found) => (found.length ? found.flatMap((r) => [link(`/reports/${enc(r.id)}`, r.run || r.id), " "]) : "none found");
+  const run = { steps: [], losses: [], plot: null, last: -1, checkpointsAt: 0, reports: null };
   async function runPage() {
     const id = document.body.dataset.item;
     const data = await api(`/api/runs/${enc(id)}?after=${run.last}`);
     const j = data.job;
+    if (run.reports === null && j.output) run.reports = (await api(`/api/reports?run=${enc(j.output)}`)).reports; // once: the folders are searched
     const facts = [
       ["status", `${j.status}${j.message ? `: ${j.message}` : ""}`],
       ["step", `${j.step ?? 0} of ${j.steps ?? "?"}`],
@@ -299,6 +302,7 @@
       ["episodes in buffer", j.episodes ?? "—"],
       ["datasets", j.datasets.flatMap((d) => [datasetLink(d), " "])],
       ["output", j.output],
+      ["loop report", reportLinks(run.reports || [])],
     ];
     $("#job-facts").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)]));
     for (const p of data.points) {
