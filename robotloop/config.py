@@ -135,6 +135,11 @@ class TrainerServiceSettings(ServiceSection):
         default_factory=in_cache("train-jobs"), description="Job directories: spec, log, progress, exit code."
     )
     max_running: int = Field(default=1, ge=1, description="Jobs run at once; later ones wait as 'queued'.")
+    weights_dir: Path | None = Field(
+        default=None,
+        description="Backbone weights files (torchvision resnet18 state_dicts) that a job may name "
+        "(JobSpec.backbone_weights).",
+    )
     max_queued: int = Field(default=32, ge=1, description="Jobs that may wait at once; more are refused (429).")
     cancel_grace_s: float = Field(
         default=120.0, gt=0, description="After cancel's SIGTERM, how long a job may take to checkpoint before SIGKILL."

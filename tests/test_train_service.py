@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 from robotloop.capture import DatasetRecorder
 from robotloop.cli import trainer_service
 from robotloop.storage import BucketClient, BucketUrl
+from robotloop.train.jobs import JobSpec
 
 from .conftest import WRITE_TOKEN, free_port
 from .test_capture import SPEC, synthetic_episode
@@ -203,6 +204,14 @@ def test_cancel_checkpoints_first_and_a_queued_job_then_runs_to_the_end(trainer)
         ("GET", "/v1/nope", READER, None, 404, "Not Found"),  # every refusal has the {"error": ...} shape
         ("DELETE", "/v1/jobs", WRITER, None, 405, "Method Not Allowed"),
         ("POST", "/v1/jobs", WRITER, job("hf://buckets/lab/x/models/a", 5, seed=10**30), 422, "seed"),
+        (  # the fixture's service has no weights folder: a caller cannot make it load a file of its machine
+            "POST",
+            "/v1/jobs",
+            WRITER,
+            job("hf://buckets/lab/x/models/a", 5, backbone_weights="/etc/passwd"),
+            400,
+            "no weights folder",
+        ),
         ("GET", f"/v1/jobs/nope/log?offset={2**62}", READER, None, 422, "offset"),
         ("GET", "/v1/jobs/nope", READER, None, 404, "no job 'nope'"),
         ("GET", "/v1/jobs/nope/log", READER, None, 404, "no job 'nope'"),
@@ -341,3 +350,26 @@ def test_every_training_route_answers_below_500(trainer, tmp_path_factory, data)
     assert r.status_code not in (200, 201, 202) or method != "POST" or not path.endswith("/jobs"), (
         "a random body started a job"
     )
+
+
+def test_a_job_names_backbone_weights_from_the_services_weights_folder(tmp_path):
+    """JobSpec.backbone_weights is a file name in the service's weights folder (trainer.weights_dir), resolved by
+    the service; the child trains with `--backbone-weights <that file>`. A path, a hidden or missing file: refused."""
+    from robotloop.errors import BadValue
+
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    (folder / "resnet18.pt").write_bytes(b"weights")
+    spec = JobSpec(datasets=["hf://buckets/lab/x/datasets/cube"], output="hf://buckets/lab/x/models/a")
+    assert spec.with_weights(None) is spec and "--backbone-weights" not in spec.command(tmp_path / "p")
+    named = spec.model_copy(update={"backbone_weights": "resnet18.pt"}).with_weights(folder)
+    argv = named.command(tmp_path / "p")
+    assert argv[argv.index("--backbone-weights") + 1] == str((folder / "resnet18.pt").resolve())
+    for bad, message in [
+        ("../weights/resnet18.pt", "not a path"),
+        ("/etc/passwd", "not a path"),
+        (".hidden", "not a path"),
+        ("other.pt", "no weights file 'other.pt'"),
+    ]:
+        with pytest.raises(BadValue, match=message):
+            spec.model_copy(update={"backbone_weights": bad}).with_weights(folder)

@@ -74,6 +74,12 @@ class JobSpec(TrainOptions):
     gpus: int = Field(default=1, ge=1, le=64, description="1: plain process; more: torchrun, one rank per GPU")
     storage_endpoint: str | None = Field(default=None, pattern=r"^https?://\S+$", description="default: the service's")
     storage_token: SecretStr | None = Field(default=None, description="default: the service's (with its endpoint only)")
+    backbone_weights: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="A torchvision resnet18 weights file in the service's weights folder (trainer.weights_dir), by "
+        "name; default none: random init.",
+    )
 
     @model_validator(mode="after")
     def _gpus_need_cuda(self) -> JobSpec:
@@ -92,6 +98,25 @@ class JobSpec(TrainOptions):
         secret = self.storage_token or (SecretStr(token) if token else None)
         return self.model_copy(update={"storage_endpoint": endpoint, "storage_token": secret})
 
+    def with_weights(self, folder: Path | None) -> JobSpec:
+        """This spec with its backbone weights named by a caller resolved in the service's `folder`: a caller names
+        a file there, never a path of the service's machine.
+
+        Raises:
+            BadValue: weights named but the service has no weights folder, a name that is a path, or no such file.
+        """
+        name = self.backbone_weights
+        if name is None:
+            return self
+        if folder is None:
+            raise BadValue("this training service has no weights folder (trainer.weights_dir): omit backbone_weights")
+        if name != Path(name).name or name.startswith("."):
+            raise BadValue(f"backbone_weights names a file of the service's weights folder, not a path: {name!r}")
+        path = Path(folder) / name
+        if not path.is_file():
+            raise BadValue(f"no weights file {name!r} in the service's weights folder")
+        return self.model_copy(update={"backbone_weights": str(path.resolve())})
+
     def public(self) -> dict[str, Any]:
         """The spec as JSON, without the token (what job.json and the API show)."""
         return {**self.model_dump(exclude={"storage_token"}), "storage_token_set": self.storage_token is not None}
@@ -103,6 +128,8 @@ class JobSpec(TrainOptions):
             launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.gpus)]
         options = to_argv(self, TrainOptions.model_fields)  # every option, derived: none is forgotten here
         args = ["-m", "robotloop.train", *options, "--progress-file", str(progress_file)]
+        if self.backbone_weights:  # resolved by `with_weights`
+            args += ["--backbone-weights", self.backbone_weights]
         return launcher + args
 
     def child_env(self, base: dict[str, str], job_dir: Path) -> dict[str, str]:

@@ -116,7 +116,7 @@ def create_app(settings: Settings, tokens_file: Path | str, root: Path | None = 
         for url in body.datasets:  # the caller's scope, not the service's storage token's
             tokens.authorize(token, BucketUrl.parse(url).namespace, write=False, bucket_public=False)
         tokens.authorize(token, BucketUrl.parse(body.output).namespace, write=True, bucket_public=False)
-        job_id = jobs.submit(body.with_storage(*storage))
+        job_id = jobs.submit(body.with_storage(*storage).with_weights(cfg.weights_dir))
         log.info("job %s submitted: %s -> %s", job_id, body.datasets, body.output)
         return dataclasses.asdict(jobs.state(job_id))
 
