@@ -4,6 +4,9 @@
 #   eval200   `robotloop eval` of its release over 200 other seeds (2000-2199)
 #   alone     the same training alone (benchmarks/loop_train.py), to compare with the loop's own rate
 #   insertion `robotloop loop --preset h200 --task insertion`
+#   insweep   Insertion recipes side by side (benchmarks/recipes.py --task insertion: 100 demos, then one training
+#             per recipe in $SWEEP_RECIPES sharing the GPU, each evaluated on the same 50 seeds): which recipe the
+#             preset should use
 # and issue 14's:
 #   fp8train  `robotloop train --fp8 auto` and `--fp8 off` on tc's dataset, each checkpoint loaded with lerobot's
 #             ACTPolicy.from_pretrained and evaluated on the same 20 seeds
@@ -43,6 +46,11 @@ step_alone() {
     --out "$R/standalone_like_loop.json" > "$R/standalone_like_loop.log" 2>&1
 }
 step_insertion() { python3 -m robotloop.cli loop --preset h200 --task insertion --report-dir "$R/ins" > "$R/ins.log" 2>&1; }
+step_insweep() {
+  # shellcheck disable=SC2086  # SWEEP_RECIPES is a list
+  python3 benchmarks/recipes.py --task insertion --episodes 100 --steps 6000 --recipes ${SWEEP_RECIPES:-base mid-long} \
+    --max-train-s "${SWEEP_TRAIN_S:-540}" --out-dir "$R/insweep" > "$R/insweep.log" 2>&1
+}
 step_fp8speed() {
   # shellcheck disable=SC2086  # FP8_WAVES is a list
   python3 benchmarks/fp8.py --skip parity --speed-side-by-side --speed-waves ${FP8_WAVES:-large-b128 default-b8,default-b64} \

@@ -155,12 +155,14 @@ class DatasetSource:
     def _read_episode_rows(self, entry: Entry) -> list[dict]:
         """Raises StorageError (retried by the caller's next refresh) when the file was rewritten since it was
         listed: the recorder rewrites episodes metadata on every commit, and a read by path gets the new bytes."""
+        # LeRobot v3's per-episode stats are most of the file (100 of a 1,000-episode dataset's 113 columns): not
+        # parsed at all (1.2 s of 2 cores for that dataset). ParquetFile, not read_table: no pandas import.
         try:
-            table = pq.read_table(io.BytesIO(self.client.read_range(entry.url, 0, entry.size)))
+            parquet = pq.ParquetFile(io.BytesIO(self.client.read_range(entry.url, 0, entry.size)))
+            keep = [c for c in parquet.schema_arrow.names if not c.startswith("stats/")]
+            return parquet.read(columns=keep, use_threads=False).to_pylist()
         except (pa.ArrowException, ValueError) as error:
             raise StorageError(f"{entry.url} changed while it was read ({error}); read again next time") from None
-        keep = [c for c in table.column_names if not c.startswith("stats/")]  # stats are most of the bytes
-        return table.select(keep).to_pylist()
 
     def _paths(self, row: dict) -> dict[str, str]:
         """Bucket paths of an episode's data file and video files (key "" for data)."""
