@@ -11,7 +11,7 @@ import pytest
 from robotloop.capture.info import dataset_info
 from robotloop.loop import LoopSettings, run_loop
 from robotloop.loop.report import markdown
-from robotloop.storage import BucketClient
+from robotloop.storage import BucketClient, BucketUrl, Entry
 
 from .conftest import WRITE_TOKEN
 
@@ -58,6 +58,12 @@ def test_the_loop_command_goes_from_nothing_to_a_report(bucket_server, tmp_path)
     assert report["gpu_util"] == dict.fromkeys(report["stage_s"])  # no GPU here: not measured, not 0%
     assert report["wall_s"] >= max(report["stage_s"].values())
     assert report["eval"]["verdict"].startswith(("Not usable", "Not reliable", "Good"))
+    # The report beside the run in the bucket, for the team and the dashboard; nothing else of the report folder.
+    run = BucketUrl.parse(f"hf://buckets/lab/loop-cli/models/{report['settings']['run']}/report")
+    listed = BucketClient(bucket_server.endpoint, WRITE_TOKEN).ls(run, recursive=True)
+    names = {e.url.path.removeprefix(run.path + "/") for e in listed if isinstance(e, Entry)}
+    assert {"report.md", "report.json", "loss.png", "stages.png", "eval/eval_report.json"} <= names
+    assert not any(n.startswith(("keys", "robot-store", "staging", "deploy")) for n in names), names
     for name in ("report.md", "loss.png", "stages.png"):
         assert (tmp_path / "report" / name).stat().st_size > 0
     assert "not expected to succeed" in (tmp_path / "report" / "report.md").read_text()

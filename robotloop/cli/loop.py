@@ -19,7 +19,8 @@ def loop(ctx: typer.Context, options: LoopOptions) -> None:
     """Record demos, train ACT streaming from the bucket, publish a signed release, let a sim robot pull and run
     it, evaluate it, and write a report. With nothing configured, all of it goes through the embedded bucket
     server on localhost."""
-    from ..loop import run_loop, write_report
+    from ..loop.pipeline import run_loop
+    from ..loop.report import upload_report, write_report
 
     quiet_encoders()
     try:
@@ -38,7 +39,8 @@ def loop(ctx: typer.Context, options: LoopOptions) -> None:
             f"data wait {100 * p.data_wait_share:.1f}%"
         )
 
-    report = run_loop(settings, connect(ctx.obj), on_stage, on_train)
+    client = connect(ctx.obj)
+    report = run_loop(settings, client, on_stage, on_train)
     path = write_report(report)
     console.print(path.read_text().split("![loss]")[0])
-    console.print(f"report: {path}")
+    console.print(f"report: {path} (and {upload_report(client, report)})")

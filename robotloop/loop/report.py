@@ -1,10 +1,15 @@
-"""The loop's report: Markdown with PNG plots (loss curve, stage times), plus JSON, under the report directory."""
+"""The loop's report: Markdown with PNG plots (loss curve, stage times), plus JSON, under the report directory;
+`upload_report` puts it beside the run in the bucket, where the dashboard and the team find it."""
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
+from ..deploy.evaluate import REPORT_FILE as EVAL_REPORT
+from ..storage import BucketClient, BucketUrl
 from .pipeline import LoopReport, settings_dict
 
 
@@ -19,6 +24,33 @@ def write_report(report: LoopReport, directory: Path | None = None) -> Path:
     path = directory / "report.md"
     path.write_text(markdown(report))
     return path
+
+
+REPORT_FILES = ("report.md", "report.json", "loss.png", "stages.png")
+
+
+def report_url(report: LoopReport) -> BucketUrl:
+    """Where `upload_report` puts a run's report: `<bucket>/models/<run>/report`."""
+    return report.settings.run_url / "report"
+
+
+def upload_report(client: BucketClient, report: LoopReport, directory: Path | None = None) -> BucketUrl:
+    """Upload what `write_report` wrote (and the evaluation: its eval_report.json and rollout videos) to
+    `report_url(report)`, in one batch. Only these files: the report directory also holds the deploy key, the
+    robot's store and the recording's staging, which stay on this machine. Returns the report's URL."""
+    directory = directory or report.settings.report_dir
+    url = report_url(report)
+    with tempfile.TemporaryDirectory() as tmp:  # one upload of the chosen files: they appear together
+        staged = Path(tmp) / "report"
+        staged.mkdir()
+        for name in REPORT_FILES:
+            if (directory / name).is_file():
+                shutil.copy2(directory / name, staged / name)  # kilobytes; the videos below a few MB
+        evaluation = directory / "eval"
+        if (evaluation / EVAL_REPORT).is_file():
+            shutil.copytree(evaluation, staged / "eval")
+        client.upload(staged, url)
+    return url
 
 
 def summary(report: LoopReport) -> dict:
