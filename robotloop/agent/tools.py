@@ -26,12 +26,11 @@ from typing import Any
 from pydantic import Field, ValidationError
 from strands import tool
 
+from ..clients import ServiceClients
 from ..config import Settings
-from ..deploy.client import DeployClient
 from ..errors import RobotloopError
 from ..options import tool_parameters
-from ..storage import BucketClient, BucketUrl, connect
-from ..train.client import TrainerClient
+from ..storage import BucketUrl
 from ..train.jobs import JobSpec
 from ..train.progress import JOB_FIELDS
 
@@ -40,25 +39,14 @@ STORAGE_FIELDS = ("storage_endpoint", "storage_token")
 
 
 @dataclass
-class AgentContext:
+class AgentContext(ServiceClients):
     """What the tools need beyond their arguments: robotloop's settings (storage, `trainer.url`/`token`,
-    `deploy.url`/`token`/`key_file`) and where evaluation reports go. Clients are made on first use, so a
-    tool that needs no training service works without its token (the others say which token is missing)."""
+    `deploy.url`/`token`/`key_file`), their service clients (`bucket`, `trainer`, `deploy`, made on first use:
+    a tool that needs no training service works without its token, the others say which token is missing) and
+    where evaluation reports go."""
 
     settings: Settings
     eval_dir: Path = Path("outputs/eval")
-
-    @functools.cached_property
-    def bucket(self) -> BucketClient:
-        return connect(self.settings)  # may start the embedded bucket server: once, and only when needed
-
-    @functools.cached_property
-    def trainer(self) -> TrainerClient:
-        return TrainerClient.from_settings(self.settings)
-
-    @functools.cached_property
-    def deploy(self) -> DeployClient:
-        return DeployClient.from_settings(self.settings)
 
 
 def error(message: str) -> dict[str, Any]:

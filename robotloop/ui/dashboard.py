@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from ..clients import ServiceClients
 from ..config import Settings
-from ..deploy.client import DeployClient
 from ..errors import NotFound
-from ..storage import BucketClient, BucketUrl, Entry, StorageError, connect
+from ..storage import BucketUrl, Entry, StorageError
 from ..storage import NotFound as StorageNotFound
-from ..train.client import TrainerClient
 from ..train.progress import JOB_FIELDS
 
 SUCCESS_KEY = "next.success"  # robotloop.capture.recorder's column: true from the frame the task is solved
@@ -47,34 +46,22 @@ class UnknownItem(NotFound, KeyError):
     """No such report, evaluation or file among those the dashboard shows."""
 
 
-class Dashboard:
+class Dashboard(ServiceClients):
     """The dashboard's reads (and its two writes: promote, roll back), over one set of settings.
 
-    Clients are made on first use, as the agent's are, so a dashboard without a training service token still
-    shows the fleet (the training page says which token is missing). Datasets are kept open between calls
-    (`DatasetSource.refresh` re-reads only the metadata that changed), so a page polled every few seconds costs
-    one listing.
+    Its service clients (`ServiceClients`) are made on first use, as the agent's are, so a dashboard without a
+    training service token still shows the fleet (the training page says which token is missing). Datasets are
+    kept open between calls (`DatasetSource.refresh` re-reads only the metadata that changed), so a page polled
+    every few seconds costs one listing.
     """
 
     def __init__(self, settings: Settings, reports: list[Path] | None = None) -> None:
-        self.settings = settings
+        super().__init__(settings)
         self.report_dirs = [Path(p) for p in (settings.ui.reports if reports is None else reports)]
         self._sources: dict[str, tuple[threading.Lock, Any]] = {}  # dataset URL -> (its lock, DatasetSource)
         self._success: dict[str, dict[str, dict[int, bool]]] = {}  # dataset -> data file Xet hash -> successes
         self._sizes: dict[str, tuple[float, Entry]] = {}
         self._lock = threading.Lock()
-
-    @functools.cached_property
-    def deploy(self) -> DeployClient:
-        return DeployClient.from_settings(self.settings)
-
-    @functools.cached_property
-    def trainer(self) -> TrainerClient:
-        return TrainerClient.from_settings(self.settings)
-
-    @functools.cached_property
-    def bucket(self) -> BucketClient:
-        return connect(self.settings)
 
     # -- fleet and releases ------------------------------------------------------------------------------------
     def fleet(self, history: int = 50) -> dict[str, Any]:
