@@ -28,6 +28,7 @@ from strands import tool
 
 from ..clients import ServiceClients
 from ..config import Settings
+from ..deploy.client import robot_row
 from ..errors import RobotloopError
 from ..options import tool_parameters
 from ..storage import BucketUrl
@@ -36,6 +37,8 @@ from ..train.progress import JOB_FIELDS
 
 # The service's storage, never the model's to choose: the tool's jobs read and write where the service does.
 STORAGE_FIELDS = ("storage_endpoint", "storage_token")
+# What robot_status shows of a robot: fewer figures than the dashboard's fleet page (the model reads every one).
+ROBOT_KEYS = ("id", "channel", "pinned", "assigned", "running", "control_hz", "health", "last_seen_s_ago")
 
 
 @dataclass
@@ -320,18 +323,8 @@ def _job(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _robot(r: dict[str, Any]) -> dict[str, Any]:
-    status = r.get("status") or {}
-    seen = r.get("last_seen")
-    return {
-        "id": r["id"],
-        "channel": r["channel"],
-        "pinned": r.get("pinned"),
-        "assigned": r.get("assigned"),
-        "running": r.get("running"),
-        "control_hz": status.get("control_hz"),
-        "health": status.get("health"),
-        "last_seen_s_ago": round(time.time() - seen, 1) if seen else None,
-    }
+    row = robot_row(r, time.time())
+    return {k: row[k] for k in ROBOT_KEYS}
 
 
 def _event(e: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from ..clients import ServiceClients
+from ..deploy.client import robot_row
 from .names import path_name
 from .runs import RunViews
 
@@ -72,26 +73,6 @@ class FleetViews:
         if channel is not None:
             return self.clients.deploy.rollback_channel(path_name("channel", channel), reason)
         return self.clients.deploy.rollback_robot(path_name("robot", robot or ""), reason)
-
-
-def robot_row(robot: dict[str, Any], now: float) -> dict[str, Any]:
-    """One robot as the fleet page lists it (the deploy service's robot, its heartbeat's figures flattened)."""
-    status = robot.get("status") or {}
-    seen = robot.get("last_seen")
-    return {
-        "id": robot["id"],
-        "channel": robot["channel"],
-        "pinned": robot.get("pinned"),
-        "assigned": robot.get("assigned"),
-        "running": robot.get("running"),
-        "control_hz": status.get("control_hz"),
-        "max_gap_ms": status.get("max_gap_ms"),
-        "health": status.get("health"),
-        "probation": status.get("probation"),
-        "episodes": status.get("episodes"),
-        "refused": status.get("refused") or [],
-        "last_seen_s_ago": round(now - seen, 1) if seen else None,
-    }
 
 
 def run_of(checkpoint: str) -> str:
