@@ -126,7 +126,7 @@ ranges = (
 @pytest.fixture(scope="module")
 def dashboard(ui):  # noqa: F811
     """The dashboard, its /api and /media routes as (method, path, query parameter names), and a report's id."""
-    from robotloop.ui.dashboard import _id
+    from robotloop.ui.runs import report_id
     from services.ui.app import create_app
 
     app = create_app(load_settings(), ui.reports.parent / "ui.tokens")
@@ -137,7 +137,7 @@ def dashboard(ui):  # noqa: F811
         for m in r.methods
         if m != "HEAD"
     )
-    return ui, routes, _id((ui.reports / "loop").resolve())
+    return ui, routes, report_id((ui.reports / "loop").resolve())
 
 
 def _dashboard_request(

@@ -88,7 +88,7 @@ def test_python_m_robotloop_train_is_robotloop_train_without_the_cli() -> None:
 
 def test_only_the_cli_imports_the_cli() -> None:
     """Entry points only call downward: nothing in robotloop/ or services/ outside robotloop/cli names it."""
-    pattern = re.compile(r"robotloop\.cli|from \.\.cli|from robotloop import cli")
+    pattern = re.compile(r"robotloop\.cli\b|from \.\.cli\b|from robotloop import cli\b")  # not ..clients
     offenders = [
         f"{path.relative_to(REPO)}:{n}"
         for top in ("robotloop", "services")

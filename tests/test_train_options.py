@@ -123,7 +123,7 @@ def test_progress_has_one_wire_type_from_the_trainer_to_the_agent():
     import dataclasses
 
     from robotloop.agent.tools import _job
-    from robotloop.train.jobs import JobState, _apply
+    from robotloop.train.jobs.record import JobState, _apply
     from robotloop.train.progress import JOB_FIELDS, Progress, progress_line, read_line
 
     sent = Progress(12, float("nan"), 850.5, 0.02, 3, 1.5, last_checkpoint=f"{RUN}/checkpoints/000010")

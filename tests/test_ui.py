@@ -126,18 +126,18 @@ def _reports(base: Path, video: Path) -> Path:
 
 def _report_id(ui: Ui) -> str:
     """The dashboard's id of the loop report `_reports` writes (a hash of its folder)."""
-    from robotloop.ui.dashboard import _id
+    from robotloop.ui.runs import report_id
 
-    return _id((ui.reports / "loop").resolve())
+    return report_id((ui.reports / "loop").resolve())
 
 
 def test_a_training_run_finds_its_loop_report(ui):
     from robotloop.config import load_settings
     from robotloop.ui import Dashboard
 
-    board = Dashboard(load_settings(), reports=[ui.reports])
-    assert [r["id"] for r in board.reports(RUN)] == [r["id"] for r in board.reports(RUN + "/")] == [_report_id(ui)]
-    assert board.reports(RUN + "-2") == [] and board.reports("hf://buckets/lab/ui/models") == []
+    runs = Dashboard(load_settings(), reports=[ui.reports]).runs
+    assert [r["id"] for r in runs.reports(RUN)] == [r["id"] for r in runs.reports(RUN + "/")] == [_report_id(ui)]
+    assert runs.reports(RUN + "-2") == [] and runs.reports("hf://buckets/lab/ui/models") == []
     cookies = ui.call("POST", "/api/session", json={"token": UI_READ}, headers={"x-robotloop-ui": "1"}).cookies
     found = ui.call("GET", "/api/reports", params={"run": RUN}, cookies=cookies).json()
     assert [r["run_url"] for r in found["reports"]] == [RUN] and found["evaluations"] == []

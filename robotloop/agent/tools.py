@@ -26,39 +26,30 @@ from typing import Any
 from pydantic import Field, ValidationError
 from strands import tool
 
+from ..clients import ServiceClients
 from ..config import Settings
-from ..deploy.client import DeployClient
+from ..deploy.client import robot_row
 from ..errors import RobotloopError
 from ..options import tool_parameters
-from ..storage import BucketClient, BucketUrl, connect
-from ..train.client import TrainerClient
+from ..storage import BucketUrl
 from ..train.jobs import JobSpec
 from ..train.progress import JOB_FIELDS
 
 # The service's storage, never the model's to choose: the tool's jobs read and write where the service does.
 STORAGE_FIELDS = ("storage_endpoint", "storage_token")
+# What robot_status shows of a robot: fewer figures than the dashboard's fleet page (the model reads every one).
+ROBOT_KEYS = ("id", "channel", "pinned", "assigned", "running", "control_hz", "health", "last_seen_s_ago")
 
 
 @dataclass
-class AgentContext:
+class AgentContext(ServiceClients):
     """What the tools need beyond their arguments: robotloop's settings (storage, `trainer.url`/`token`,
-    `deploy.url`/`token`/`key_file`) and where evaluation reports go. Clients are made on first use, so a
-    tool that needs no training service works without its token (the others say which token is missing)."""
+    `deploy.url`/`token`/`key_file`), their service clients (`bucket`, `trainer`, `deploy`, made on first use:
+    a tool that needs no training service works without its token, the others say which token is missing) and
+    where evaluation reports go."""
 
     settings: Settings
     eval_dir: Path = Path("outputs/eval")
-
-    @functools.cached_property
-    def bucket(self) -> BucketClient:
-        return connect(self.settings)  # may start the embedded bucket server: once, and only when needed
-
-    @functools.cached_property
-    def trainer(self) -> TrainerClient:
-        return TrainerClient.from_settings(self.settings)
-
-    @functools.cached_property
-    def deploy(self) -> DeployClient:
-        return DeployClient.from_settings(self.settings)
 
 
 def error(message: str) -> dict[str, Any]:
@@ -332,18 +323,8 @@ def _job(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _robot(r: dict[str, Any]) -> dict[str, Any]:
-    status = r.get("status") or {}
-    seen = r.get("last_seen")
-    return {
-        "id": r["id"],
-        "channel": r["channel"],
-        "pinned": r.get("pinned"),
-        "assigned": r.get("assigned"),
-        "running": r.get("running"),
-        "control_hz": status.get("control_hz"),
-        "health": status.get("health"),
-        "last_seen_s_ago": round(time.time() - seen, 1) if seen else None,
-    }
+    row = robot_row(r, time.time())
+    return {k: row[k] for k in ROBOT_KEYS}
 
 
 def _event(e: dict[str, Any]) -> dict[str, Any]:

@@ -85,3 +85,24 @@ class DeployClient(ServiceClient):
             f"/v1/robots/{robot}/events",
             json={"kind": kind, "release": release, "previous": previous, "detail": detail},
         )
+
+
+def robot_row(robot: dict[str, Any], now: float) -> dict[str, Any]:
+    """One robot of `DeployClient.status()` as the dashboard and the agent show it: its heartbeat's figures
+    flattened beside its channel and releases, and how long ago it was last seen (at `now`)."""
+    status = robot.get("status") or {}
+    seen = robot.get("last_seen")
+    return {
+        "id": robot["id"],
+        "channel": robot["channel"],
+        "pinned": robot.get("pinned"),
+        "assigned": robot.get("assigned"),
+        "running": robot.get("running"),
+        "control_hz": status.get("control_hz"),
+        "max_gap_ms": status.get("max_gap_ms"),
+        "health": status.get("health"),
+        "probation": status.get("probation"),
+        "episodes": status.get("episodes"),
+        "refused": status.get("refused") or [],
+        "last_seen_s_ago": round(now - seen, 1) if seen else None,
+    }

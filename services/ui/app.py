@@ -54,7 +54,7 @@ from robotloop.config import Settings
 from robotloop.errors import CATEGORY_STATUS, BadValue, lookup
 from robotloop.service_client import ServiceError
 from robotloop.storage import BucketUrl, StorageError
-from robotloop.ui import Dashboard
+from robotloop.ui import Dashboard, DatasetViews
 from services.errors import error_response, json_errors
 from services.limits import BodyLimit
 from services.serve import serve_app
@@ -271,15 +271,15 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
     # -- fleet and releases --------------------------------------------------------------------------------
     @app.get("/api/fleet")
     def fleet(who: Who) -> dict[str, Any]:
-        return board.fleet()
+        return board.fleet.overview()
 
     @app.get("/api/releases")
     def releases(who: Who) -> dict[str, Any]:
-        return board.releases()
+        return board.fleet.releases()
 
     @app.get("/api/releases/{name}")
     def release(name: str, who: Who) -> dict[str, Any]:
-        return board.release(name)
+        return board.fleet.release(name)
 
     @app.post("/api/channels/{channel}/promote", dependencies=[Guarded])
     def promote(
@@ -290,7 +290,7 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
     ) -> dict[str, Any]:
         who.require_write()
         log.warning("dashboard: promote %s to %s (%s)", release, channel, reason)
-        return board.promote(channel, release, reason)
+        return board.fleet.promote(channel, release, reason)
 
     @app.post("/api/channels/{channel}/rollback", dependencies=[Guarded])
     def rollback_channel(
@@ -298,7 +298,7 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
     ) -> dict[str, Any]:
         who.require_write()
         log.warning("dashboard: roll back channel %s (%s)", channel, reason)
-        return board.rollback(channel, None, reason)
+        return board.fleet.rollback(channel, None, reason)
 
     @app.post("/api/robots/{robot}/rollback", dependencies=[Guarded])
     def rollback_robot(
@@ -306,52 +306,52 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
     ) -> dict[str, Any]:
         who.require_write()
         log.warning("dashboard: roll back robot %s (%s)", robot, reason)
-        return board.rollback(None, robot, reason)
+        return board.fleet.rollback(None, robot, reason)
 
     # -- training ------------------------------------------------------------------------------------------
     @app.get("/api/runs")
     def runs(who: Who) -> dict[str, Any]:
-        return {"jobs": board.jobs()}
+        return {"jobs": board.runs.jobs()}
 
     @app.get("/api/runs/{job_id}")
     def run(job_id: str, who: Who, after: Annotated[int, Query(ge=-1)] = -1) -> dict[str, Any]:
-        return board.job(job_id, after)
+        return board.runs.job(job_id, after)
 
     @app.get("/api/checkpoints")
     def checkpoints(who: Who, output: str) -> dict[str, Any]:
-        return {"checkpoints": board.checkpoints(output)}
+        return {"checkpoints": board.runs.checkpoints(output)}
 
     # -- datasets ------------------------------------------------------------------------------------------
     @app.get("/api/buckets")
     def buckets(who: Who) -> dict[str, Any]:
-        return {"namespaces": namespaces, "buckets": board.buckets(namespaces)}
+        return {"namespaces": namespaces, "buckets": board.data.buckets(namespaces)}
 
     @app.get("/api/datasets")
     def datasets(who: Who, bucket: str) -> dict[str, Any]:
-        return {"bucket": bucket, "datasets": board.datasets(bucket)}
+        return {"bucket": bucket, "datasets": board.data.datasets(bucket)}
 
     @app.get("/api/dataset")
     def dataset(who: Who, url: str) -> dict[str, Any]:
-        return board.dataset(url)
+        return board.data.dataset(url)
 
     @app.get("/api/episode")
     def episode(who: Who, url: str, index: Annotated[int, Query(ge=0)]) -> dict[str, Any]:
-        return board.episode(url, index)
+        return board.data.episode(url, index)
 
     @app.get("/media/bucket")
     def bucket_video(request: Request, who: Who, url: str) -> Response:
         if not BucketUrl.parse(url).path.endswith(".mp4"):
             raise BadValue("only a dataset's mp4 videos are served here")
-        entry = board.file_entry(url)
+        entry = board.data.file_entry(url)
         span = parse_range(request.headers.get("range"), entry.size)
         common = {"accept-ranges": "bytes", "etag": f'"{entry.xet_hash}"', "cache-control": "private, max-age=60"}
         if span is None:
-            chunks = _chunks(board, url, entry.size)
+            chunks = _chunks(board.data, url, entry.size)
             return StreamingResponse(
                 chunks, media_type="video/mp4", headers={**common, "content-length": str(entry.size)}
             )
         start, end = span
-        body = board.read_range(url, start, end)
+        body = board.data.read_range(url, start, end)
         return Response(
             body,
             status_code=206,
@@ -363,17 +363,17 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
     @app.get("/api/reports")
     def reports(who: Who, run: str | None = None) -> dict[str, Any]:
         if run is not None:  # a training run's page: its loop reports only
-            return {"reports": board.reports(run), "evaluations": []}
-        return {"reports": board.reports(), "evaluations": board.evaluations()}
+            return {"reports": board.runs.reports(run), "evaluations": []}
+        return {"reports": board.runs.reports(), "evaluations": board.runs.evaluations()}
 
     @app.get("/api/reports/{report_id}")
     def report(report_id: str, who: Who) -> dict[str, Any]:
-        found = board.report(report_id)
+        found = board.runs.report(report_id)
         return {**found, "html": render_markdown(found["markdown"], report_id)}
 
     @app.get("/media/report/{report_id}/{name:path}")
     def report_file(report_id: str, name: str, who: Who) -> FileResponse:
-        path = board.report_file(report_id, name.rsplit("/", 1)[-1])
+        path = board.runs.report_file(report_id, name.rsplit("/", 1)[-1])
         return FileResponse(path, media_type="video/mp4" if path.suffix == ".mp4" else "image/png")
 
     json_errors(app)
@@ -412,14 +412,14 @@ def render_markdown(text: str, report_id: str) -> str:
 def _import_catalog() -> None:
     import pyarrow.dataset  # noqa: F401 - pq.read_table's (an episode's plot), which imports pandas
 
-    from robotloop.ui.dashboard import page_source_class
+    from robotloop.ui.datasets import page_source_class
 
     page_source_class()
 
 
-def _chunks(board: Dashboard, url: str, size: int, chunk: int = MAX_RANGE_BYTES):
+def _chunks(board: DatasetViews, url: str, size: int, chunk: int = MAX_RANGE_BYTES):
     for start in range(0, size, chunk):
-        yield board.read_range(url, start, min(size, start + chunk))
+        yield board.data.read_range(url, start, min(size, start + chunk))
 
 
 def serve(options: UiOptions, settings: Settings) -> None:

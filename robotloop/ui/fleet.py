@@ -1,0 +1,106 @@
+"""The fleet and releases pages: robots, channels, releases with their lineage, and the two writes (promote, roll
+back), all read from the deploy service as `robotloop deploy status` and `deploy history` do."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..clients import ServiceClients
+from ..deploy.client import robot_row
+from .names import path_name
+from .runs import RunViews
+
+
+class FleetViews:
+    """What the deploy service knows, shaped for the fleet and releases pages; the release page adds the loop
+    reports and evaluations `runs` finds for the release."""
+
+    def __init__(self, clients: ServiceClients, runs: RunViews) -> None:
+        self.clients, self.runs = clients, runs
+
+    def overview(self, history: int = 50) -> dict[str, Any]:
+        """Channels, releases, every robot (channel, assigned and running release, control rate, health, seconds
+        since its last heartbeat) and the latest deploy events, newest first."""
+        deploy = self.clients.deploy
+        state, now = deploy.status(), time.time()
+        return {
+            "channels": state["channels"],
+            "releases": [r["name"] for r in state["releases"]],
+            "robots": [robot_row(r, now) for r in state["robots"]],
+            "events": deploy.history(limit=history),
+        }
+
+    def releases(self, history: int = 200) -> dict[str, Any]:
+        """Per channel its release and its history (promotions, rollbacks, publishes to it), plus every release."""
+        state = self.clients.deploy.status()
+        events = self.clients.deploy.history(limit=history)
+        channels = {
+            name: {"release": release, "events": [e for e in events if e["channel"] == name]}
+            for name, release in state["channels"].items()
+        }
+        return {"channels": channels, "releases": state["releases"]}
+
+    def release(self, name: str) -> dict[str, Any]:
+        """One release: its files, lineage (the run, datasets and episodes it was trained on, with Xet hashes), the
+        channels and robots on it, its history and the evaluations found for it."""
+        deploy = self.clients.deploy
+        found = deploy.release(path_name("release", name))
+        manifest = found["manifest"]["manifest"]
+        state = deploy.status()
+        events = [e for e in deploy.history(limit=500) if name in (e["release"], e["previous"])]
+        return {
+            "name": name,
+            "checkpoint": found["checkpoint"],
+            "run": run_of(found["checkpoint"]),
+            "key_id": found["key_id"],
+            "created_at": found["created_at"],
+            "published_at": found["published_at"],
+            "files": [{k: f[k] for k in ("path", "size", "xet_hash")} for f in manifest["files"]],
+            "lineage": lineage_summary(manifest.get("lineage") or {}),
+            "channels": sorted(c for c, r in state["channels"].items() if r == name),
+            "robots": [r["id"] for r in state["robots"] if name in (r.get("running"), r.get("assigned"))],
+            "events": events,
+            "evaluations": [e for e in self.runs.evaluations() if _evaluates(e, name, found["checkpoint"])],
+            "reports": self.runs.reports(run_of(found["checkpoint"])),
+        }
+
+    def promote(self, channel: str, release: str, reason: str) -> dict[str, Any]:
+        return self.clients.deploy.promote(path_name("channel", channel), release, reason)
+
+    def rollback(self, channel: str | None, robot: str | None, reason: str) -> dict[str, Any]:
+        """Roll a channel back to its previous release, or pin a robot to the one it ran before."""
+        if channel is not None:
+            return self.clients.deploy.rollback_channel(path_name("channel", channel), reason)
+        return self.clients.deploy.rollback_robot(path_name("robot", robot or ""), reason)
+
+
+def run_of(checkpoint: str) -> str:
+    """The run folder of a checkpoint URL (`<run>/checkpoints/<step>` -> `<run>`)."""
+    head, sep, _ = checkpoint.rpartition("/checkpoints/")
+    return head if sep else checkpoint
+
+
+def lineage_summary(lineage: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's lineage (`robotloop.train.trainer`'s lineage.json) as the release page shows it: the step,
+    the datasets, and each episode trained on with its files' Xet hashes."""
+    episodes = [
+        {
+            "dataset": e.get("dataset"),
+            "episode_index": e.get("episode_index"),
+            "length": e.get("length"),
+            "files": [{k: f.get(k) for k in ("url", "xet_hash", "video_key")} for f in e.get("files", [])],
+        }
+        for e in lineage.get("episodes") or []
+    ]
+    return {
+        "step": lineage.get("step"),
+        "datasets": lineage.get("datasets") or [],
+        "episodes": episodes,
+        "code": lineage.get("code"),
+    }
+
+
+def _evaluates(evaluation: dict[str, Any], release: str, checkpoint: str) -> bool:
+    named = {evaluation.get("checkpoint"), evaluation.get("source"), evaluation.get("policy")}
+    return release in named or checkpoint in named
