@@ -1,6 +1,7 @@
 """Memory the capture service holds while it commits an episode: peak traced memory (numpy's buffers are traced
 by tracemalloc) during `EpisodeSessions.close`, the open episode's frames included, for episodes streamed in
-batches as robots send them. The ratio to the episode's image bytes is the figure.
+batches as robots send them (as fast as the service takes them). The ratio to the episode's image bytes is the
+figure; the peak over the whole episode (streaming included: the batch in hand, the encoder's queue) is given too.
 
 Run:  .venv/bin/python benchmarks/capture_memory.py [--frames 300 --image-size 240x320 --batch 50 --repeats 3]
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import tracemalloc
@@ -23,8 +25,9 @@ from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_ser
 
 def close_peak(
     sessions: EpisodeSessions, url: BucketUrl, size: tuple[int, int], frames: int, batch: int, seed: int
-) -> float:
-    """MiB at the peak of `close`, counting everything allocated since the episode opened."""
+) -> tuple[float, float]:
+    """MiB at the peak of `close`, counting everything allocated since the episode opened; and at the peak of the
+    whole episode, from open to the end of the close."""
     h, w = size
     episode = sessions.open("bench", url, {"top": (h, w, 3)}, 14, 14, fps=50)
     tracemalloc.start()
@@ -43,11 +46,12 @@ def close_peak(
                 np.zeros(n, bool),
             ),
         )
+    streaming = tracemalloc.get_traced_memory()[1] / 2**20
     tracemalloc.reset_peak()
     sessions.close("bench", episode, "bench task")
     peak = tracemalloc.get_traced_memory()[1] / 2**20
     tracemalloc.stop()
-    return peak
+    return peak, max(peak, streaming)
 
 
 def main() -> None:
@@ -75,15 +79,19 @@ def main() -> None:
         finally:
             stop_embedded_server(Path(tmp) / "server")
     episode_mib = args.frames * size[0] * size[1] * 3 / 2**20
-    median = statistics.median(peaks[1:])
+    median = statistics.median(p for p, _ in peaks[1:])
+    episode_median = statistics.median(e for _, e in peaks[1:])
     print(
         json.dumps(
             {
                 "episode_image_mib": round(episode_mib, 1),
-                "first_close_peak_mib": round(peaks[0], 1),
-                "close_peaks_mib": [round(p, 1) for p in peaks[1:]],
+                "first_close_peak_mib": round(peaks[0][0], 1),
+                "close_peaks_mib": [round(p, 1) for p, _ in peaks[1:]],
                 "median_mib": round(median, 1),
                 "ratio_to_episode": round(median / episode_mib, 2),
+                "episode_peaks_mib": [round(e, 1) for _, e in peaks[1:]],
+                "episode_median_mib": round(episode_median, 1),
+                "load_average": os.getloadavg(),
             },
             indent=1,
         )

@@ -11,6 +11,8 @@ robotloop reaches into a few private corners of huggingface_hub and lerobot, whe
   normalization on the GPU uses lerobot's own numbers.
 * lerobot's ``DatasetWriter._streaming_encoder._dropped_frames``: the frames its streaming video encoder dropped
   (there is no public counter), so an episode shorter in video than in data is refused.
+* lerobot's ``StreamingVideoEncoder._frame_queues``: its per-camera frame queues, so a batch from the network waits
+  for room instead of having frames dropped (lerobot's `feed_frame` drops after 0.1 s and cannot be told to wait).
 
 huggingface_hub is pinned only to ``>=1.6,<2``: any release may move these. `tests/test_compat.py` checks that
 each one still exists with the signature or fields used here, naming the one that changed; `untested_versions`
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import queue
 import warnings
 from typing import Any
 
@@ -42,6 +45,7 @@ __all__ = [
     "BucketAddFile",
     "BucketFile",
     "dropped_video_frames",
+    "video_encoder_queues",
     "normalizer_tensor_stats",
     "untested_versions",
     "xet_refresh_url",
@@ -106,3 +110,11 @@ def dropped_video_frames(writer: Any) -> int:
     _warn_untested_once()
     encoder = getattr(writer, "_streaming_encoder", None)
     return sum(getattr(encoder, "_dropped_frames", {}).values())
+
+
+def video_encoder_queues(writer: Any) -> list[queue.Queue]:
+    """The per-camera frame queues of lerobot's streaming video encoder of `writer` (a ``DatasetWriter``); none
+    before an episode's first frame or without a streaming encoder. Only for waiting on: `full()`, `qsize()`."""
+    _warn_untested_once()
+    encoder = getattr(writer, "_streaming_encoder", None)
+    return list(getattr(encoder, "_frame_queues", {}).values())

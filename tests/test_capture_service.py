@@ -21,9 +21,11 @@ import numpy as np
 import pytest
 
 from robotloop.capture.client import CaptureClient, CaptureError
+from robotloop.capture.episode import BadEpisode
 from robotloop.capture.recorder import DatasetSpec
 from robotloop.capture.sessions import (
     EpisodeSessions,
+    Frames,
     Limits,
     SpecConflict,
     TooManyEpisodes,
@@ -31,7 +33,8 @@ from robotloop.capture.sessions import (
     decode_frames,
     encode_frames,
 )
-from robotloop.storage import BucketClient, BucketUrl, Entry, NotFound
+from robotloop.errors import Conflict
+from robotloop.storage import BucketClient, BucketUrl, Entry, NotFound, StorageError
 
 from .conftest import WRITE_TOKEN, free_port
 
@@ -375,3 +378,45 @@ def test_a_robot_that_disconnects_mid_body_leaves_no_traceback_and_its_episode_o
         assert report["frames"] == 5
     said = capture.log.read_bytes()[before:].decode(errors="replace")
     assert "Traceback" not in said and "ClientDisconnect" not in said, said
+
+
+def test_frames_are_encoded_while_the_episode_is_open_and_a_failed_upload_keeps_it(capture, tmp_path, monkeypatch):
+    """The library directly: an open episode holds at most its encoder's queue, never the episode. With a queue of
+    2 frames, 60 accepted frames prove the encoder took them before the close; none was dropped for a batch
+    larger than the queue (the batch waited); and a failed upload keeps the encoded episode for another close."""
+    from robotloop.compat import video_encoder_queues
+
+    sessions = EpisodeSessions(
+        capture.bucket, Limits(encoder_queue_s=2 / 50), "h264", staging=tmp_path / "staging"
+    )  # 2 frames at 50 fps
+    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/streamed-open")
+    eid = sessions.open("robot-1", url, CAMERAS, STATE, ACTION)
+    for start in range(0, 60, 20):
+        assert sessions.add_frames("robot-1", eid, _raw(20, start)) == start + 20
+    live = sessions._sessions[eid].live
+    queues = video_encoder_queues(live.dataset.writer)
+    assert [q.maxsize for q in queues] == [2] and sum(q.qsize() for q in queues) <= 2  # 58+ already encoded
+    assert live.frames == 60 and live.dropped_frames() == 0
+    with pytest.raises(BadEpisode, match="frame 1 of the batch: state holds NaN"):  # checked as frames, all first
+        sessions.add_frames("robot-1", eid, _with_nan_state(_raw(2, 60), row=1))
+    assert live.frames == 60
+
+    upload = capture.bucket.upload
+    monkeypatch.setattr(capture.bucket, "upload", lambda *a: (_ for _ in ()).throw(StorageError("connection reset")))
+    with pytest.raises(StorageError, match="connection reset"):
+        sessions.close("robot-1", eid, "stack the blocks")
+    assert bucket_files(capture, str(url)) == [] and sessions.open_count() == 1
+    with pytest.raises(Conflict, match="close it again or abort it"):  # encoded for the close: no more frames
+        sessions.add_frames("robot-1", eid, _raw(2, 60))
+    monkeypatch.setattr(capture.bucket, "upload", upload)
+    report = sessions.close("robot-1", eid, "stack the blocks")
+    assert (report.episode_index, report.frames, sessions.open_count()) == (0, 60, 0)
+    ds = read_dataset(capture, str(url), tmp_path / "ds")
+    assert (len(ds), ds[59]["observation.state"].tolist(), ds[59]["task"]) == (60, [59.0] * STATE, "stack the blocks")
+
+
+def _with_nan_state(body: bytes, row: int) -> Frames:
+    """`body` decoded, with a NaN in one state row: a batch decoded elsewhere, so only the recorder checks it."""
+    batch = decode_frames(body, DatasetSpec(cameras=CAMERAS, state_dim=STATE, action_dim=ACTION))
+    batch.state[row, 0] = np.nan
+    return batch

@@ -111,3 +111,20 @@ def test_lerobot_streaming_encoder_dropped_frames() -> None:
     encoder._dropped_frames["observation.images.top"] = 2
     assert compat.dropped_video_frames(writer) == 2
     assert compat.dropped_video_frames(type("NoEncoder", (), {})()) == 0
+
+
+def test_lerobot_streaming_encoder_frame_queues(tmp_path) -> None:
+    """lerobot's StreamingVideoEncoder._frame_queues: video key -> queue.Queue(queue_maxsize), made per episode."""
+    from lerobot.datasets.video_utils import StreamingVideoEncoder
+
+    encoder = StreamingVideoEncoder(fps=30, queue_maxsize=3)
+    writer = type("Writer", (), {"_streaming_encoder": encoder})()
+    assert compat.video_encoder_queues(writer) == []
+    encoder.start_episode(["observation.images.top"], tmp_path)
+    try:
+        assert [q.maxsize for q in compat.video_encoder_queues(writer)] == [3], (
+            "lerobot's StreamingVideoEncoder no longer keeps its frame queues in _frame_queues"
+        )
+    finally:
+        encoder.cancel_episode()
+    assert compat.video_encoder_queues(type("NoEncoder", (), {})()) == []

@@ -41,23 +41,29 @@ class Episode:
         n = len(self)
         if n == 0:
             raise BadEpisode("the episode has no frames")
-        _check(self.state, (n, state_dim), np.floating, "state")
-        _check(self.action, (n, action_dim), np.floating, "action")
+        check_array(self.state, (n, state_dim), np.floating, "state")
+        check_array(self.action, (n, action_dim), np.floating, "action")
         if self.reward is not None:
-            _check(self.reward, (n,), np.floating, "reward")
+            check_array(self.reward, (n,), np.floating, "reward")
         if self.success is not None:
-            _check(self.success, (n,), np.bool_, "success")
+            check_array(self.success, (n,), np.bool_, "success")
         if set(self.images) != set(image_shapes):
             raise BadEpisode(f"cameras {sorted(self.images)} do not match the dataset's {sorted(image_shapes)}")
         for name, frames in self.images.items():
-            _check(frames, (n, *image_shapes[name]), np.uint8, f"images[{name!r}]")
+            check_array(frames, (n, *image_shapes[name]), np.uint8, f"images[{name!r}]")
 
 
-def _check(array: np.ndarray, shape: tuple[int, ...], kind: type, name: str) -> None:
+def check_array(array: np.ndarray, shape: tuple[int, ...], kind: type, name: str) -> None:
+    """Check one array's shape, dtype (a subtype of `kind`) and, for floats, finiteness: what an episode's and a
+    frame's checks share.
+
+    Raises:
+        BadEpisode: naming `name` and what was expected.
+    """
     if not isinstance(array, np.ndarray) or array.shape != shape:
         got = getattr(array, "shape", type(array).__name__)
         raise BadEpisode(f"{name} has shape {got}, expected {shape}")
     if not np.issubdtype(array.dtype, kind):
         raise BadEpisode(f"{name} has dtype {array.dtype}, expected {kind.__name__}")
-    if kind is np.floating and not np.isfinite(array).all():
+    if np.issubdtype(kind, np.floating) and not np.isfinite(array).all():
         raise BadEpisode(f"{name} holds NaN or infinite values")

@@ -31,22 +31,23 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ..compat import dropped_video_frames
+from ..compat import dropped_video_frames, video_encoder_queues
 from ..config import cache_home
 from ..errors import BadValue
 from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError, private_dir
-from .episode import BadEpisode, Episode
+from .episode import BadEpisode, Episode, check_array
 
 log = logging.getLogger(__name__)
 STATE_KEY, ACTION_KEY, REWARD_KEY, SUCCESS_KEY = "observation.state", "action", "next.reward", "next.success"
 COMMIT_ATTEMPTS = 5  # syncs and appends again when another recorder committed meanwhile
+_DTYPES = {"video": np.uint8, "float32": np.float32, "bool": np.bool_}  # lerobot's dtype names -> numpy's
 
 
 @dataclass(frozen=True)
@@ -134,14 +135,14 @@ class DatasetRecorder:
         report = self._push_episode(root, written.frames)
         return dataclasses.replace(report, encode_s=written.encode_s)
 
-    def begin(self, task: str, encoder_queue_frames: int | None = None) -> LiveEpisode:
+    def begin(self, task: str | None = None, encoder_queue_frames: int | None = None) -> LiveEpisode:
         """Start an episode that is written while it happens (robots, the capture service).
 
         Frames go to lerobot's streaming video encoder as they arrive, into a one-episode dataset of its own,
         so when the episode ends only the encoder's tail is left before the commit appends it.
         `encoder_queue_frames` bounds the frames waiting for the encoder (default: 5 s of frames). lerobot drops
         a frame that finds the queue full; such an episode is refused at commit (its video would be shorter
-        than its data).
+        than its data). `task` may be left out when it is known only at the end: then `commit(task)` gives it.
         """
         dataset = _episode_dataset(self.spec, self.url.bucket_id, self.staging, encoder_queue_frames)
         return LiveEpisode(self, dataset, task)
@@ -211,19 +212,10 @@ class DatasetRecorder:
         path = self.root / "meta" / "info.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
-    def _finish(self, dataset, frames: int) -> CommitReport:
-        """Flush the encoder, then append the episode to the bucket's dataset and upload what changed."""
-        t0 = time.perf_counter()
-        try:
-            _flush(dataset)
-        except BaseException:
-            shutil.rmtree(Path(dataset.root).parent, ignore_errors=True)
-            raise
-        encode_s = time.perf_counter() - t0
-        return dataclasses.replace(self._push_episode(Path(dataset.root), frames), encode_s=encode_s)
-
-    def _push_episode(self, episode_root: Path, frames: int) -> CommitReport:
-        """Append the encoded one-episode dataset at `episode_root` to the bucket's dataset; upload what changed."""
+    def _push_episode(self, episode_root: Path, frames: int, keep_on_failure: bool = False) -> CommitReport:
+        """Append the encoded one-episode dataset at `episode_root` to the bucket's dataset; upload what changed.
+        Its files go once committed; after a failure too, unless `keep_on_failure` (a live episode, whose frames
+        exist nowhere else, keeps them for another try)."""
         episode_bytes = sum(
             p.stat().st_size for sub in ("data", "videos") for p in (episode_root / sub).rglob("*") if p.is_file()
         )
@@ -245,8 +237,11 @@ class DatasetRecorder:
                         self._forget_local_copy()  # half-appended files must not be trusted by the next commit
                         raise
             t2 = time.perf_counter()
-        finally:
-            shutil.rmtree(episode_root.parent, ignore_errors=True)
+        except BaseException:
+            if not keep_on_failure:
+                shutil.rmtree(episode_root.parent, ignore_errors=True)
+            raise
+        shutil.rmtree(episode_root.parent, ignore_errors=True)
         return CommitReport(index, frames, episode_bytes, sent, 0.0, t2 - t1, paths)
 
     def _append_and_push(self, episode_root: Path) -> tuple[int, int, list[str]]:
@@ -326,50 +321,84 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
 
 
 class LiveEpisode:
-    """An episode being recorded: `add_frame` per frame, then `commit()` (or `abort()` to drop it)."""
+    """An episode being recorded: `add_frame` per frame (or `add_frames` per batch), then `commit()` (or `abort()`
+    to drop it). Each frame is checked once, as a frame (`check_frame`), and goes straight to the encoder."""
 
-    def __init__(self, recorder: DatasetRecorder, dataset, task: str) -> None:
+    def __init__(self, recorder: DatasetRecorder, dataset, task: str | None) -> None:
         self.recorder, self.dataset, self.task = recorder, dataset, task
         self.frames = 0
+        self._encode_s: float | None = None  # set once the encoder is flushed (a failed upload may be retried)
+        self._aborted = False
 
     def add_frame(self, frame: dict) -> None:
-        """Add one frame in lerobot's frame format (feature name -> array, plus "task").
+        """Add one frame in lerobot's frame format (feature name -> array; a "task" in it is ignored). A frame
+        that finds the encoder's queue full is dropped, as lerobot does, and the episode refused at commit: a
+        robot's control loop must not wait for the encoder.
 
         Raises:
             BadEpisode: a value does not fit the dataset's features (the episode so far is kept).
         """
-        spec = self.recorder.spec
-        one = Episode(
-            {
-                k.removeprefix("observation.images."): frame[k][None]
-                for k in frame
-                if k.startswith("observation.images.")
-            },
-            np.asarray(frame[STATE_KEY])[None],
-            np.asarray(frame[ACTION_KEY])[None],
-            self.task,
-        )
-        one.validate(spec.cameras, spec.state_dim, spec.action_dim)
-        self.dataset.add_frame({**frame, "task": self.task})
-        self.frames += 1
+        check_frame(self.recorder.spec, frame)
+        self._add(frame)
 
-    def commit(self) -> CommitReport:
-        """Finish the episode and commit it; the bucket's dataset then includes it.
+    def add_frames(self, frames: Sequence[dict], wait_s: float = 60.0) -> None:
+        """Add frames that arrived together (a batch from the network). All are checked before any is added, so
+        a bad one adds none; each then waits (up to `wait_s`) for room in the encoder's queue instead of being
+        dropped, so a sender faster than the encoder is slowed down rather than losing its episode.
 
         Raises:
-            BadEpisode: no frames were added. robotloop.storage.StorageError: the upload failed.
+            BadEpisode: a frame does not fit the dataset's features (none of the batch is added).
         """
-        if self.frames == 0:
-            self.abort()
-            raise BadEpisode("the episode has no frames")
-        if dropped := self.dropped_frames():
-            self.abort()
-            raise BadEpisode(
-                f"the video encoder fell behind and dropped {dropped} frame(s): the episode is not "
-                "committed, since its video would be shorter than its data (record at a lower rate or "
-                "image size, or with a faster codec)"
-            )
-        return self.recorder._finish(self.dataset, self.frames)
+        for i, frame in enumerate(frames):
+            try:
+                check_frame(self.recorder.spec, frame)
+            except BadEpisode as error:
+                raise BadEpisode(f"frame {i} of the batch: {error}") from None
+        for frame in frames:
+            deadline = time.monotonic() + wait_s
+            while any(q.full() for q in video_encoder_queues(self.dataset.writer)) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            self._add(frame)
+
+    def _add(self, frame: dict) -> None:
+        if self._encode_s is not None:
+            raise BadEpisode("the episode is already encoded for its commit: commit it again or abort it")
+        self.dataset.add_frame({**frame, "task": self.task or "-"})  # the task is set at commit when not known yet
+        self.frames += 1
+
+    def commit(self, task: str | None = None) -> CommitReport:
+        """Finish the episode and commit it; the bucket's dataset then includes it. `task`: the instruction for
+        every frame, when it was not known at `begin` (the capture service learns it at close).
+
+        A failed upload keeps the encoded episode: `commit()` may be called again, or `abort()`.
+
+        Raises:
+            BadEpisode: no frames were added, no task, or the encoder dropped frames (the episode is dropped).
+            robotloop.storage.StorageError: the upload failed (the episode is kept).
+        """
+        if self._encode_s is None:
+            task = task or self.task
+            problem = None if task else "the episode has no task"
+            if self.frames == 0:
+                problem = "the episode has no frames"
+            elif dropped := self.dropped_frames():
+                problem = (
+                    f"the video encoder fell behind and dropped {dropped} frame(s): the episode is not "
+                    "committed, since its video would be shorter than its data (record at a lower rate or "
+                    "image size, or with a faster codec)"
+                )
+            if problem:
+                self.abort()
+                raise BadEpisode(problem)
+            t0 = time.perf_counter()
+            try:
+                _flush(self.dataset, task)
+            except BaseException:
+                self.abort()
+                raise
+            self._encode_s = time.perf_counter() - t0
+        report = self.recorder._push_episode(Path(self.dataset.root), self.frames, keep_on_failure=True)
+        return dataclasses.replace(report, encode_s=self._encode_s)
 
     def dropped_frames(self) -> int:
         """Frames lerobot's streaming encoder dropped so far (it drops rather than block when its queue is full).
@@ -377,12 +406,34 @@ class LiveEpisode:
         return dropped_video_frames(self.dataset.writer)
 
     def abort(self) -> None:
-        """Drop the episode: nothing of it reaches the bucket."""
+        """Drop the episode: nothing of it reaches the bucket (idempotent)."""
+        if self._aborted:
+            return
+        self._aborted = True
         try:
-            self.dataset.clear_episode_buffer()
-            self.dataset.finalize()
+            if self._encode_s is None:
+                self.dataset.clear_episode_buffer()
+                self.dataset.finalize()
         finally:
             shutil.rmtree(Path(self.dataset.root).parent, ignore_errors=True)
+
+
+def check_frame(spec: DatasetSpec, frame: dict) -> None:
+    """Check one frame in lerobot's frame format against `spec`'s features: exactly its features (plus an optional
+    "task"), each with the feature's shape and dtype, floats finite. Done here rather than left to lerobot, whose
+    `add_frame` says ValueError for a bad frame and does not look for NaN.
+
+    Raises:
+        BadEpisode: naming the first feature that is missing, unknown or does not fit.
+    """
+    features = spec.features()
+    have = set(frame) - {"task"}
+    if have != set(features):
+        missing, unknown = sorted(set(features) - have), sorted(have - set(features))
+        raise BadEpisode(f"frame features do not match the dataset's: missing {missing}, unknown {unknown}")
+    for key, feature in features.items():
+        name = key.removeprefix("observation.")
+        check_array(frame[key], tuple(feature["shape"]), _DTYPES[feature["dtype"]], name)
 
 
 @dataclass(frozen=True)
@@ -437,14 +488,20 @@ def _episode_dataset(spec: DatasetSpec, repo_id: str, staging: Path, encoder_que
     )
 
 
-def _flush(dataset) -> None:
-    """Finish the episode's files: the encoder's tail, the parquet footer, the metadata."""
+def _flush(dataset, task: str | None = None) -> None:
+    """Finish the episode's files: the encoder's tail, the parquet footer, the metadata. `task`, when given,
+    becomes every frame's task (lerobot takes a task with each frame; a live episode may learn it only at the end)."""
+    if task is not None:
+        buffer = dataset.writer.episode_buffer
+        buffer["task"] = [task] * buffer["size"]
     dataset.save_episode()
     dataset.finalize()
 
 
 def episode_frame(spec: DatasetSpec, episode: Episode, t: int) -> dict:
-    """Frame `t` of `episode` in lerobot's frame format (what `LiveEpisode.add_frame` takes)."""
+    """Frame `t` of `episode` in lerobot's frame format (what `LiveEpisode.add_frame` takes). `episode` may be any
+    frames with an Episode's arrays (images, state, action, reward, success), such as a capture batch; the frame
+    then has no task."""
     frame = {f"observation.images.{name}": frames[t] for name, frames in episode.images.items()}
     frame[STATE_KEY] = np.asarray(episode.state[t], np.float32)
     frame[ACTION_KEY] = np.asarray(episode.action[t], np.float32)
@@ -452,7 +509,8 @@ def episode_frame(spec: DatasetSpec, episode: Episode, t: int) -> dict:
         reward = 0.0 if episode.reward is None else float(episode.reward[t])
         frame[REWARD_KEY] = np.array([reward], np.float32)
         frame[SUCCESS_KEY] = np.array([episode.success is not None and bool(episode.success[t])])
-    frame["task"] = episode.task
+    if (task := getattr(episode, "task", None)) is not None:
+        frame["task"] = task
     return frame
 
 

@@ -1,9 +1,11 @@
-"""Open episodes of the capture service: held in memory, validated frame batch by frame batch, committed on close.
+"""Open episodes of the capture service: streamed into the recorder's live episodes batch by batch, committed on close.
 
-A robot that does not run `DatasetRecorder` itself opens an episode, streams frame batches, and closes it; the
-close builds an `Episode` and commits it with the dataset's one `DatasetRecorder`, exactly as a local recorder
-would. Until the close succeeds nothing of the episode is in the bucket, so a rejected batch, an abort, an idle
-timeout or a failed commit never leaves half an episode behind.
+A robot that does not run `DatasetRecorder` itself opens an episode, streams frame batches, and closes it. Each
+open episode is a `LiveEpisode` of the dataset's one `DatasetRecorder`, as a local robot records: every checked
+batch goes straight to lerobot's streaming video encoder, so the service holds only the frames waiting for the
+encoder (`Limits.encoder_queue_s`), and a close finishes only the encode's tail before the commit. Until the close
+succeeds nothing of the episode is in the bucket, so a rejected batch, an abort, an idle timeout or a failed
+commit never leaves half an episode behind.
 
 Wire format of one frame batch (what `encode_frames` writes and `decode_frames` reads; no pickle, no numpy
 headers, so a robot in any language can write it):
@@ -31,13 +33,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import secrets
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,8 +50,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .. import errors
 from ..errors import Busy, Conflict
 from ..storage import BucketClient, BucketUrl, NotFound, StorageError
-from .episode import BadEpisode, Episode
-from .recorder import CommitReport, DatasetRecorder, DatasetSpec, spec_mismatch
+from .episode import BadEpisode
+from .recorder import CommitReport, DatasetRecorder, DatasetSpec, LiveEpisode, episode_frame, spec_mismatch
 
 MAX_TASK_CHARS = 1000
 
@@ -71,12 +74,15 @@ class SpecConflict(Conflict, ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds on what robots may hold in the service's memory."""
+    """Bounds on what robots may hold in the service (memory, encoder threads, staging disk)."""
 
     max_frames: int = 30_000
-    max_bytes: int = 2 * 2**30  # image bytes of one open episode
+    max_bytes: int = 2 * 2**30  # image bytes of one episode (as sent: raw; encoded to video as they arrive)
     max_open_per_robot: int = 4
     idle_timeout_s: float = 600.0
+    # Frames an open episode holds in memory, waiting for its video encoder: a batch sent faster than the encoder
+    # encodes waits for room (its request takes longer), so no frame is dropped whatever this is.
+    encoder_queue_s: float = 1.0
 
 
 @dataclass
@@ -215,10 +221,14 @@ class _Session:
     url: BucketUrl
     spec: DatasetSpec
     touched: float
-    batches: list[Frames] = field(default_factory=list)
+    live: LiveEpisode
+    # One request at a time feeds, closes or drops an episode (its encoder takes frames in order); held while a
+    # batch waits for the encoder, so the service-wide lock never is.
+    lock: threading.Lock = field(default_factory=threading.Lock)
     frames: int = 0
     image_bytes: int = 0
     last_timestamp: float = -1.0
+    committing: bool = False  # encoded for a close whose upload failed: only another close or an abort now
 
 
 @dataclass
@@ -247,7 +257,7 @@ class EpisodeSessions:
         self.client, self.limits, self.vcodec, self.clock, self.staging = client, limits, vcodec, clock, staging
         self._sessions: dict[str, _Session] = {}
         self._datasets: dict[str, _Dataset] = {}
-        self._lock = threading.Lock()  # guards both dicts and every session's fields
+        self._lock = threading.Lock()  # guards both dicts and every session's `touched`; sessions have their own
 
     def open(
         self,
@@ -273,40 +283,43 @@ class EpisodeSessions:
             {k: tuple(v) for k, v in cameras.items()}, state_dim, action_dim, fps, robot_type, self.vcodec
         )
         self.expire()
-        self._dataset(url, spec)  # outside the lock: it may talk to the bucket
+        recorder = self._dataset(url, spec).recorder  # outside the lock: it may talk to the bucket
         episode_id = secrets.token_hex(16)  # unguessable: ids are never a capability, but need not leak either
+        live = recorder.begin(encoder_queue_frames=max(1, round(self.limits.encoder_queue_s * fps)))  # task: at close
         with self._lock:  # count and insert in one step, so concurrent opens cannot pass the cap
             mine = sum(s.robot == robot for s in self._sessions.values())
-            if mine >= self.limits.max_open_per_robot:
-                raise TooManyEpisodes(
-                    f"robot {robot} already has {mine} open episodes (the limit); close or abort one first"
-                )
-            self._sessions[episode_id] = _Session(robot, url, spec, self.clock())
-        return episode_id
+            if mine < self.limits.max_open_per_robot:
+                self._sessions[episode_id] = _Session(robot, url, spec, self.clock(), live)
+                return episode_id
+        live.abort()
+        raise TooManyEpisodes(f"robot {robot} already has {mine} open episodes (the limit); close or abort one first")
 
     def add_frames(self, robot: str, episode_id: str, frames: bytes | Frames) -> int:
-        """Append a batch (wire bytes or decoded `Frames`) after checking it; returns the episode's frame count.
+        """Check a batch (wire bytes or decoded `Frames`) and feed it to the episode's video encoder; returns the
+        episode's frame count. Waits while the encoder's queue is full (a robot sending faster than real time).
 
         A rejected batch changes nothing: the episode keeps its earlier frames and stays open.
 
         Raises:
             UnknownEpisode: no such open episode for `robot`.
-            BadEpisode: see `decode_frames`; or timestamps not after the episode's last one.
+            BadEpisode: see `decode_frames` and `check_frame`; or timestamps not after the episode's last one.
             TooLarge: the episode would pass `limits.max_frames` frames or `limits.max_bytes` image bytes.
+            Conflict: the episode's close failed to upload: close it again or abort it.
         """
-        spec = self._get(robot, episode_id).spec
-        batch = decode_frames(frames, spec) if isinstance(frames, bytes | bytearray) else frames
-        if isinstance(frames, Frames):  # decoded elsewhere: check it like the wire path does
-            probe = Episode(batch.images, batch.state, batch.action, "-")
-            probe.validate(spec.cameras, spec.state_dim, spec.action_dim)
-        with self._lock:  # continuity and caps are checked and updated in one step
-            session = self._get_locked(robot, episode_id)
+        session = self._get(robot, episode_id)
+        batch = decode_frames(frames, session.spec) if isinstance(frames, bytes | bytearray) else frames
+        with self._held(session, robot, episode_id):  # continuity, caps and feeding in one step per episode
+            if session.committing:
+                raise Conflict(
+                    "this episode was encoded for a close whose upload failed: close it again or abort it; it "
+                    "takes no more frames"
+                )
             if batch.timestamp[0] <= session.last_timestamp:
                 raise BadEpisode(
                     f"timestamp {batch.timestamp[0]} is not after the episode's last frame "
                     f"({session.last_timestamp}); frames must arrive in time order"
                 )
-            _check_frame_rate(batch.timestamp, session.last_timestamp if session.frames else None, spec.fps)
+            _check_frame_rate(batch.timestamp, session.last_timestamp if session.frames else None, session.spec.fps)
             if session.frames + len(batch) > self.limits.max_frames:
                 raise TooLarge(
                     f"episode would hold {session.frames + len(batch)} frames; the limit is "
@@ -317,68 +330,79 @@ class EpisodeSessions:
                     f"episode would hold {session.image_bytes + batch.image_bytes} image bytes; the limit "
                     f"is {self.limits.max_bytes}. Close it and open another"
                 )
-            session.batches.append(batch)
+            session.live.add_frames([episode_frame(session.spec, batch, t) for t in range(len(batch))])
             session.frames += len(batch)
             session.image_bytes += batch.image_bytes
             session.last_timestamp = float(batch.timestamp[-1])
-            session.touched = self.clock()
+            self._touch(session)
             return session.frames
 
     def close(self, robot: str, episode_id: str, task: str) -> CommitReport:
-        """Commit the episode to its dataset. Bad input (an empty or too long task, no frames) leaves the episode
-        open, to be closed again; so does a failed upload. Once committed, or refused by the recorder, it is gone.
+        """Commit the episode to its dataset: the encoder's tail, then the append and upload. Bad input (an empty
+        or too long task, no frames) leaves the episode open, to be closed again; so does a failed upload (its
+        encoded files are kept). Once committed, or refused by the recorder, it is gone.
 
         Raises:
             UnknownEpisode: no such open episode for `robot`.
-            BadEpisode: no frames or a bad task (the episode stays open), or, from the recorder, features that do
-                not fit (dropped).
+            BadEpisode: no frames or a bad task (the episode stays open), or, from the recorder, an episode it
+                refuses (dropped).
             robotloop.storage.StorageError: the upload failed; the bucket still holds its previous commit and the
                 episode stays open: close it again.
         """
         task = task.strip()
-        with self._lock:
-            session = self._get_locked(robot, episode_id)
+        session = self._get(robot, episode_id)
+        with self._held(session, robot, episode_id):
             if not task or len(task) > MAX_TASK_CHARS or not task.isprintable():
                 raise BadEpisode(
                     f"task must be 1 to {MAX_TASK_CHARS} printable characters of instruction text (one "
                     "line, no control characters); the episode "
                     "is still open"
                 )
-            if not session.batches:
+            if not session.frames:
                 raise BadEpisode("the episode has no frames; nothing was committed and it is still open")
-            del self._sessions[episode_id]  # from here on, a concurrent add_frames sees an unknown episode
-        # One merged batch replaces the pieces, so the commit (encode, upload) holds the frames once, not twice;
-        # a failed commit keeps the merged batch for the next close.
-        merged = session.batches[0] if len(session.batches) == 1 else _merge(session.batches)
-        session.batches = [merged]
-        episode = Episode(merged.images, merged.state, merged.action, task, merged.reward, merged.success)
-        dataset = self._datasets[str(session.url)]
-        try:
-            with dataset.lock:  # the recorder's own file lock covers processes; this keeps threads in order too
-                return dataset.recorder.commit(episode)
-        except (StorageError, OSError):
-            with self._lock:  # transient: the frames are kept for another close
-                session.touched = self.clock()
-                self._sessions[episode_id] = session
-            raise
+            session.committing = True
+            try:
+                with self._datasets[str(session.url)].lock:  # the recorder's file lock covers processes; threads too
+                    report = session.live.commit(task)
+            except (StorageError, OSError):
+                self._touch(session)  # transient: the encoded episode is kept for another close
+                raise
+            except BaseException:
+                self._drop(episode_id, session)
+                session.live.abort()  # refused (or a bug): nothing of it may stay in staging
+                raise
+            self._drop(episode_id, session)
+            return report
 
     def abort(self, robot: str, episode_id: str) -> None:
-        """Drop an open episode and its frames.
+        """Drop an open episode and what was encoded of it.
 
         Raises:
             UnknownEpisode: no such open episode for `robot`.
         """
-        with self._lock:
-            self._get_locked(robot, episode_id)
-            del self._sessions[episode_id]
+        session = self._get(robot, episode_id)
+        with self._held(session, robot, episode_id):
+            self._drop(episode_id, session)
+            session.live.abort()
 
     def expire(self) -> list[str]:
         """Drop episodes idle for longer than `limits.idle_timeout_s` (their robot vanished); returns their ids."""
         deadline = self.clock() - self.limits.idle_timeout_s
         with self._lock:
-            gone = [eid for eid, s in self._sessions.items() if s.touched < deadline]
-            for eid in gone:
-                del self._sessions[eid]
+            idle = [(eid, s) for eid, s in self._sessions.items() if s.touched < deadline]
+        gone = []
+        for eid, session in idle:
+            if not session.lock.acquire(blocking=False):
+                continue  # a request is feeding or closing it right now: not idle
+            try:
+                with self._lock:
+                    if self._sessions.get(eid) is not session or session.touched >= deadline:
+                        continue
+                    del self._sessions[eid]
+                session.live.abort()
+                gone.append(eid)
+            finally:
+                session.lock.release()
         return gone
 
     def open_count(self) -> int:
@@ -389,6 +413,24 @@ class EpisodeSessions:
     def _get(self, robot: str, episode_id: str) -> _Session:
         with self._lock:
             return self._get_locked(robot, episode_id)
+
+    @contextlib.contextmanager
+    def _held(self, session: _Session, robot: str, episode_id: str) -> Iterator[None]:
+        """Hold `session`'s lock, once sure it is still open (it may have been closed or dropped while waiting)."""
+        with session.lock:
+            self._touch(session)  # a request is working on it: it is not idle, even while it waits for the encoder
+            if self._get(robot, episode_id) is not session:
+                raise UnknownEpisode(f"no open episode {episode_id!r} for this robot: it was closed or aborted")
+            yield
+
+    def _touch(self, session: _Session) -> None:
+        with self._lock:
+            session.touched = self.clock()
+
+    def _drop(self, episode_id: str, session: _Session) -> None:
+        with self._lock:
+            if self._sessions.get(episode_id) is session:
+                del self._sessions[episode_id]
 
     def _get_locked(self, robot: str, episode_id: str) -> _Session:
         session = self._sessions.get(episode_id)
@@ -438,12 +480,6 @@ def _check_frame_rate(timestamps: np.ndarray, previous: float | None, fps: int) 
             f"the dataset records at {fps} fps and stores frame k at k/{fps} s: send every frame at "
             "that rate (a dropped frame would shift all later ones against their actions)"
         )
-
-
-def _merge(batches: list[Frames]) -> Frames:
-    images = {name: np.concatenate([b.images[name] for b in batches]) for name in batches[0].images}
-    cat = lambda attr: np.concatenate([getattr(b, attr) for b in batches])  # noqa: E731
-    return Frames(cat("timestamp"), cat("state"), cat("action"), images, cat("reward"), cat("success"))
 
 
 def _describe(spec: DatasetSpec) -> str:

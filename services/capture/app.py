@@ -117,7 +117,7 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async def sweep() -> None:  # idle episodes of vanished robots would hold their frames' memory forever
+        async def sweep() -> None:  # idle episodes of vanished robots would hold their encoders forever
             while True:
                 await asyncio.sleep(min(cfg.idle_timeout_s / 4, 60))
                 for eid in await run_in_threadpool(sessions.expire):
@@ -160,12 +160,12 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
         except ClientDisconnect:  # the robot went away mid-upload: nobody to answer, nothing of it kept
             log.info("%s disconnected while sending frames to episode %s", who.id, episode_id)
             return Response(status_code=400)
-        frames = await run_in_threadpool(sessions.add_frames, who.id, episode_id, body)
+        frames = await run_in_threadpool(sessions.add_frames, who.id, episode_id, body)  # may wait for the encoder
         return {"episode_id": episode_id, "frames": frames}
 
     @app.post("/v1/episodes/{episode_id}/close")
     def close_episode(episode_id: str, body: CloseRequest, who: Caller) -> dict[str, Any]:
-        report = sessions.close(who.id, episode_id, body.task)  # sync route: encoding and upload run in a thread
+        report = sessions.close(who.id, episode_id, body.task)  # sync route: the encode's tail and upload, in a thread
         log.info("%s committed episode %s as index %d", who.id, episode_id, report.episode_index)
         return {"episode_id": episode_id, **dataclasses.asdict(report)}
 
