@@ -55,8 +55,9 @@ def test_every_option_is_a_cli_flag_a_job_spec_field_and_a_tool_parameter():
         assert info.description and info.description in (cli[flag(name, info)].help or ""), name
         assert name in JobSpec.model_fields, name
         assert name in tool and tool[name]["description"] == JobSpec.model_fields[name].description, name
-    # What a job adds runs the job (gpus) or is the service's business (storage: never the model's to choose).
-    assert set(JobSpec.model_fields) - set(TrainOptions.model_fields) == {"gpus", *STORAGE_FIELDS}
+    # What a job adds runs the job (gpus, weights from the service's own folder) or is the service's business
+    # (storage: never the model's to choose).
+    assert set(JobSpec.model_fields) - set(TrainOptions.model_fields) == {"gpus", "backbone_weights", *STORAGE_FIELDS}
     assert set(tool) == set(JobSpec.model_fields) - set(STORAGE_FIELDS)
 
 

@@ -5,7 +5,6 @@ from the bucket server as `robotloop bucket ls` and the trainer's catalog read t
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import threading
 import time
@@ -13,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..clients import ServiceClients
-from ..storage import BucketUrl, Entry, StorageError
+from ..storage import BucketUrl, Entry
 from ..storage import NotFound as StorageNotFound
 from .names import UnknownItem
 
@@ -152,7 +151,7 @@ class DatasetViews:
         with lock:
             source = self._sources[url][1]  # read under the lock: another request may have opened it meanwhile
             if source is None:
-                source = page_source_class()(self.clients.bucket, BucketUrl.parse(url))
+                source = dataset_source_class()(self.clients.bucket, BucketUrl.parse(url))
                 with self._lock:
                     self._sources[url] = (lock, source)
             else:
@@ -182,29 +181,9 @@ class DatasetViews:
         return out
 
 
-@functools.cache
-def page_source_class() -> type:
-    """The trainer's `DatasetSource`, reading only the episodes metadata columns a page shows.
-
-    LeRobot v3 keeps every episode's statistics in the episodes parquet files (min, max, mean, std, count and
-    quantiles of every feature): 100 of a 1,000-episode dataset's 113 columns and most of its bytes. Parsing them
-    took 1.2 s of the dataset page's first load on 2 cores, and `pq.read_table` imports pandas (0.7 s) for its
-    dataset machinery; `ParquetFile.read` of the other columns takes 0.05 s. Made on first use: the catalog imports
-    torch.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+def dataset_source_class() -> type:
+    """The trainer's `DatasetSource` (its catalog skips LeRobot's per-episode stats columns, most of an episodes
+    file). Imported on first use: the catalog imports torch."""
     from ..train.data.catalog import DatasetSource
 
-    class PageSource(DatasetSource):
-        def _read_episode_rows(self, entry: Entry) -> list[dict]:
-            raw = self.client.read_range(entry.url, 0, entry.size)
-            try:
-                parquet = pq.ParquetFile(io.BytesIO(raw))
-                keep = [c for c in parquet.schema_arrow.names if not c.startswith("stats/")]
-                return parquet.read(columns=keep, use_threads=False).to_pylist()
-            except (pa.ArrowException, ValueError) as error:  # rewritten since it was listed, as in the catalog
-                raise StorageError(f"{entry.url} changed while it was read ({error}); read again next time") from None
-
-    return PageSource
+    return DatasetSource

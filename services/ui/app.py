@@ -412,9 +412,9 @@ def render_markdown(text: str, report_id: str) -> str:
 def _import_catalog() -> None:
     import pyarrow.dataset  # noqa: F401 - pq.read_table's (an episode's plot), which imports pandas
 
-    from robotloop.ui.datasets import page_source_class
+    from robotloop.ui.datasets import dataset_source_class
 
-    page_source_class()
+    dataset_source_class()
 
 
 def _chunks(board: DatasetViews, url: str, size: int, chunk: int = MAX_RANGE_BYTES):
