@@ -159,6 +159,8 @@ def ui(bucket_server, trainer, tmp_path_factory: pytest.TempPathFactory) -> Iter
     base = tmp_path_factory.mktemp("ui")
     bucket = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     bucket.create_bucket(BucketUrl.parse(DATASET))
+    if bucket.ls(BucketUrl.parse(DATASET)):  # another module's instance (the fuzz tests') recorded it before
+        bucket.delete(BucketUrl.parse(DATASET), recursive=True)
     _record_colours(bucket, base / "stage")
     deploy = start_local_deploy_service(base / "deploy", OPS)
     reports = _reports(base / "reports", next((base / "stage").rglob("*.mp4")))
