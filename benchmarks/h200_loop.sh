@@ -6,10 +6,13 @@
 #   insertion `robotloop loop --preset h200 --task insertion`
 #   insweep   Insertion recipes side by side (benchmarks/recipes.py --task insertion: 100 demos, then one training
 #             per recipe in $SWEEP_RECIPES sharing the GPU, each evaluated on the same 50 seeds): which recipe the
-#             preset should use
+#             preset should use ($SWEEP_RECIPES, $SWEEP_STEPS, $SWEEP_TRAIN_S, $SWEEP_EVAL_PLAN;
+#             $SWEEP_BUFFER_GB per trainer: 100 Insertion demos are 35 GiB of 480x640 frames)
 # and issue 14's:
 #   fp8train  `robotloop train --fp8 auto` and `--fp8 off` on tc's dataset, each checkpoint loaded with lerobot's
 #             ACTPolicy.from_pretrained and evaluated on the same 20 seeds
+#   fp8prof   benchmarks/fp8_profile.py on the large ACT at batch 128, bf16 against tensorwise: eager, then compiled
+#             with TORCH_LOGS naming graph breaks and skipped CUDA graphs (one process at a time: ~20 GiB each)
 #   fp8speed  benchmarks/fp8.py's speed table, side by side in waves ($FP8_WAVES, default the large ACT's five
 #             processes, then the default ACT's ten: all fifteen at once would not fit the GPU's memory)
 # $STEPS names them in order (default "tc alone insertion+eval200"); steps joined by "+" run at the same time
@@ -48,8 +51,16 @@ step_alone() {
 step_insertion() { python3 -m robotloop.cli loop --preset h200 --task insertion --report-dir "$R/ins" > "$R/ins.log" 2>&1; }
 step_insweep() {
   # shellcheck disable=SC2086  # SWEEP_RECIPES is a list
-  python3 benchmarks/recipes.py --task insertion --episodes 100 --steps 6000 --recipes ${SWEEP_RECIPES:-base mid-long} \
-    --max-train-s "${SWEEP_TRAIN_S:-540}" --out-dir "$R/insweep" > "$R/insweep.log" 2>&1
+  python3 benchmarks/recipes.py --task insertion --episodes 100 --steps "${SWEEP_STEPS:-6000}" \
+    --recipes ${SWEEP_RECIPES:-base mid-long} --max-train-s "${SWEEP_TRAIN_S:-540}" \
+    --buffer-gb "${SWEEP_BUFFER_GB:-36}" \
+    --eval-plan "${SWEEP_EVAL_PLAN:-standard}" --out-dir "$R/insweep" > "$R/insweep.log" 2>&1
+}
+step_fp8prof() {
+  python3 benchmarks/fp8_profile.py --case large-b128 --modes off tensorwise --out-dir "$R/fp8prof/eager" \
+    > "$R/fp8prof-eager.log" 2>&1
+  TORCH_LOGS=graph_breaks,recompiles,perf_hints python3 benchmarks/fp8_profile.py --case large-b128 \
+    --modes off tensorwise --compiled --out-dir "$R/fp8prof/compiled" > "$R/fp8prof-compiled.log" 2>&1
 }
 step_fp8speed() {
   # shellcheck disable=SC2086  # FP8_WAVES is a list

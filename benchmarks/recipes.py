@@ -44,6 +44,10 @@ RECIPES: dict[str, dict] = {
     "mid-long": {"image_size": (240, 320), "steps_x": 2},  # steps_x: this recipe trains --steps x 2 steps
     "lr3e-4": {"lr": 3e-4, "lr_backbone": 3e-4},
     "full": {"image_size": None},  # the camera's 480x640
+    # Compiled with CUDA graphs: minutes of cold compile, then ~2x the eager step (BENCHMARKS.md, issue 5), which pays
+    # back when training is long (Insertion), not inside TransferCube's 10-minute loop.
+    "mid-c": {"image_size": (240, 320), "compile": True, "cuda_graphs": True},
+    "small-c": {"image_size": (120, 160), "compile": True, "cuda_graphs": True},
     "lerobot": {
         "image_size": None,
         "lr": 1e-5,
@@ -83,12 +87,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-workers", type=int, default=3)
     ap.add_argument("--eval-episodes", type=int, default=50)
     ap.add_argument("--eval-workers", type=int, default=3, help="per evaluation process")
+    ap.add_argument(
+        "--eval-plan",
+        choices=["standard", "checkpoints"],
+        default="standard",
+        help="standard: every final checkpoint, and the first recipe's earlier ones, own seeds and chunked acting; "
+        "checkpoints: every checkpoint of every recipe on new seeds (the earlier ones on --eval-episodes-early), "
+        "one worker per 10 episodes: success against steps",
+    )
+    ap.add_argument("--eval-episodes-early", type=int, default=20, help="episodes for earlier checkpoints")
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny images, tiny ACT, a few steps")
     ap.add_argument("--eval-only", action="store_true", help="evaluate the runs of <out-dir>/sweep.json again")
     args = ap.parse_args(argv)
     if args.quick:
         args.episodes, args.image_size, args.steps, args.batch, args.max_train_s = 2, "48x64", 6, 4, 120.0
         args.eval_episodes, args.eval_workers, args.record_workers, args.decode_workers = 2, 1, 2, 1
+        args.eval_episodes_early = 1
         args.recipes, args.buffer_gb = args.recipes[:2], 1.0
     args.out_dir.mkdir(parents=True, exist_ok=True)
     from robotloop.storage import BucketClient
@@ -265,6 +279,24 @@ def train_worker(spec: dict) -> None:
 def eval_all(args, env: dict, trained: dict) -> list[dict]:
     """Evaluate every final checkpoint on new seeds (the first recipe also at its earlier checkpoints, on its own
     training seeds, and acting in chunks without ensembling), all in parallel; one row per evaluation."""
+    plan = checkpoint_jobs if args.eval_plan == "checkpoints" else standard_jobs
+    return run_evals(args, env, plan(args, trained))
+
+
+def checkpoint_jobs(args, trained: dict) -> list[dict]:
+    """Every checkpoint of every recipe on new seeds: success against steps."""
+    jobs = []
+    for name, run in trained.items():
+        for i, ckpt in enumerate(run.get("checkpoints") or []):
+            last = i == len(run["checkpoints"]) - 1
+            episodes = args.eval_episodes if last else args.eval_episodes_early
+            jobs.append(
+                {"recipe": name, "checkpoint": ckpt, "seed": 1000, "episodes": episodes, "workers": -(-episodes // 10)}
+            )
+    return jobs
+
+
+def standard_jobs(args, trained: dict) -> list[dict]:
     jobs = []
     first = args.recipes[0]
     for name, run in trained.items():
@@ -282,6 +314,11 @@ def eval_all(args, env: dict, trained: dict) -> list[dict]:
                     "inference": {"temporal_ensemble_coeff": None, "n_action_steps": 25},
                 }
             )
+    return jobs
+
+
+def run_evals(args, env: dict, jobs: list[dict]) -> list[dict]:
+    """All evaluation `jobs` at once, one process each; one row per evaluation."""
     procs = []
     for i, job in enumerate(jobs):
         job = {
