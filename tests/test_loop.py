@@ -149,7 +149,9 @@ def test_the_h200_preset_is_checked_up_front_and_says_plainly_how_good_the_polic
     assert act.image_size == (120, 160) and act.backbone_norm == "batch" and act.temporal_ensemble_coeff == 0.01
     assert act.dim_model == 512 and act.lr == 1e-4 and act.lr_schedule == "cosine"
     insertion = LoopSettings.preset("h200", device="cpu", task="insertion")  # the preset's per-task values
-    assert (insertion.episodes, insertion.steps, insertion.act().image_size) == (100, 6000, (240, 320))
+    assert (insertion.episodes, insertion.steps, insertion.act().image_size) == (100, 15000, (240, 320))
+    assert (insertion.act().compile, insertion.act().cuda_graphs) == (True, True)  # a long run: compiled
+    assert not LoopSettings.preset("h200", device="cpu").act().compile  # TransferCube's 10-minute loop: eager
     assert LoopSettings.preset("h200", device="cpu", task="insertion", steps=10).steps == 10  # the user's value wins
 
     def report(successes: int, n: int) -> EvalReport:
@@ -175,7 +177,7 @@ def test_loop_flags_come_from_loop_options_and_bad_values_name_their_flag(tmp_pa
     flags = {o for p in command.params for o in p.opts}
     assert {flag(n, f) for n, f in LoopOptions.model_fields.items()} <= flags and "--task" in flags  # LeRobot's
     insertion = LoopOptions(preset="h200", task="insertion", device="cpu", workers=3).settings()
-    assert (insertion.episodes, insertion.steps, insertion.record_workers, insertion.eval_workers) == (100, 6000, 3, 3)
+    assert (insertion.episodes, insertion.steps, insertion.record_workers, insertion.eval_workers) == (100, 15000, 3, 3)
     assert LoopOptions(preset="h200", device="cpu", steps=10, image_size="96x128").settings().image_size == (96, 128)
     assert LoopOptions().settings().steps == LoopSettings().steps  # cpu: the dataclass's own defaults
 
