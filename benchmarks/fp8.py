@@ -332,7 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         args.image, args.parity_steps, args.parity_batch, args.pool, args.steps, args.warmup = "48x64", 4, 2, 8, 2, 1
         cases = [Case("tiny", 2, TINY_ACT)]
     if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
+        # Side by side, every process picks its convolution algorithms during its first steps, while the others
+        # run theirs on the same GPU: cuDNN's benchmark would then time them under a passing load and pick at
+        # random. Its heuristics pick the same ones in every process.
+        torch.backends.cudnn.benchmark = args.gate_spec is None
         torch.backends.cuda.matmul.allow_tf32 = True
     args.hw = tuple(int(x) for x in args.image.split("x"))
     fast = device.type == "cuda"  # compile + CUDA graphs need a GPU

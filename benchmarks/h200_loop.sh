@@ -31,7 +31,7 @@ stamp() { echo "$(date +%T) $*" | tee -a "$R/plan.log"; }
 pack() {  # the small files only: no weights, videos or bucket data
   local part="results.tar.gz.$BASHPID"  # steps side by side pack at once
   (cd "$R" && find . -name robot-store -prune -o -name deploy -prune -o -name staging -prune -o -name keys -prune \
-    -o -name videos -prune -o -type f \( -name '*.log' -o -name '*.json' -o -name '*.md' -o -name '*.png' \) \
+    -o -name videos -prune -o -type f \( -name '*.log' -o -name '*.json' -o -name '*.md' -o -name '*.png' -o -name '*.txt' \) \
     -size -8M -print | tar czf "$part" -T - && mv "$part" results.tar.gz)
 }
 run_id() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['settings']['run'])" "$R/tc/report.json"; }
