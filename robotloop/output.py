@@ -1,8 +1,8 @@
 """How every entry point (the `robotloop` commands, `python -m robotloop.train`) reports a failure: one red line,
 escaped (messages hold URLs like `hf://[<TYPE>/]...` that rich would read as markup), and the exit code of the
 error's category (`EXIT_CODES`, the one place they are mapped; the CLI's output module re-exports it beside the
-root group that reports them). Exit code 2 stays typer's, for usage errors. And quieter libraries, for the entry
-points that draw their own progress."""
+root group that reports them). Exit code 2 stays typer's, for usage errors. And the progress display every long
+command draws (`progress_bars`), with quieter libraries beside it."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import warnings
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from .errors import (
     BadInput,
@@ -78,3 +79,12 @@ def quiet_encoders() -> None:
 
     quiet_libraries()
     av.logging.set_libav_level(av.logging.ERROR)  # ffmpeg's own level: lerobot hands logging back to ffmpeg
+
+
+def progress_bars(out: Console, title: str, eta: bool = False) -> Progress:
+    """The progress display of a long command: `title` (a rich column template, "{task.description}" for the
+    task's own), a bar, done of total, the time elapsed (or with `eta` the time left), and the task's `note` field."""
+    clock = TimeRemainingColumn() if eta else TimeElapsedColumn()
+    return Progress(
+        TextColumn(title), BarColumn(), MofNCompleteColumn(), clock, TextColumn("{task.fields[note]}"), console=out
+    )

@@ -20,18 +20,16 @@ from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
-    MofNCompleteColumn,
     Progress,
     TaskID,
     TextColumn,
-    TimeElapsedColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
 from typer.core import TyperGroup
 
 from ..errors import RobotloopError
-from ..output import EXIT_CODES, error_console, exit_code, fail, quiet_encoders, quiet_libraries
+from ..output import EXIT_CODES, error_console, exit_code, fail, progress_bars, quiet_encoders, quiet_libraries
 
 console = Console()
 
@@ -55,15 +53,6 @@ def show(result: Any, as_json: bool, text: Callable[[Any], str]) -> None:
         print_json(result)
     else:
         console.print(text(result), highlight=False)
-
-
-def progress_bars(out: Console, title: str, eta: bool = False) -> Progress:
-    """The progress display of a long command: `title` (a rich column template, "{task.description}" for the
-    task's own), a bar, done of total, the time elapsed (or with `eta` the time left), and the task's `note` field."""
-    clock = TimeRemainingColumn() if eta else TimeElapsedColumn()
-    return Progress(
-        TextColumn(title), BarColumn(), MofNCompleteColumn(), clock, TextColumn("{task.fields[note]}"), console=out
-    )
 
 
 def print_json(value: Any) -> None:

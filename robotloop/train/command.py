@@ -12,11 +12,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..errors import BadInput, RobotloopError
 from ..options import typer_command
-from ..output import fail
+from ..output import fail, progress_bars
 from ..storage import BucketUrl, connect
 from .options import TrainOptions, read_train_config
 from .progress import Progress as TrainProgress
@@ -97,14 +96,7 @@ def train(
     write_progress = _progress_writer(progress_file)
     last: list[TrainProgress] = []  # the latest report: the done line's episode count
     failure: Exception | None = None
-    with Progress(
-        TextColumn("training"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[note]}"),
-        console=console,
-    ) as bars:
+    with progress_bars(console, "training", eta=True) as bars:
         bar = bars.add_task("train", total=o.steps, note="streaming first episodes")
 
         def on_progress(p) -> None:
