@@ -34,7 +34,8 @@ from robotloop.train.policy import TINY_ACT
 
 DATASETS = "hf://buckets/bench/recipes/datasets"  # one dataset per task under it
 RUNS = "hf://buckets/bench/recipes/models"
-# Each recipe is a change to the h200 preset's recipe (eager bf16, lerobot's default-size ACT, temporal ensembling).
+# Each recipe is a change to the h200 preset's recipe (bf16 compiled with CUDA graphs, lerobot's default-size ACT,
+# temporal ensembling); the sweeps before 2026-12-01 18:00 ran it eager.
 RECIPES: dict[str, dict] = {
     "base": {},
     "shift": {"random_shift": 8},
@@ -44,10 +45,10 @@ RECIPES: dict[str, dict] = {
     "mid-long": {"image_size": (240, 320), "steps_x": 2},  # steps_x: this recipe trains --steps x 2 steps
     "lr3e-4": {"lr": 3e-4, "lr_backbone": 3e-4},
     "full": {"image_size": None},  # the camera's 480x640
-    # Compiled with CUDA graphs: minutes of cold compile, then ~2x the eager step (BENCHMARKS.md, issue 5), which pays
-    # back when training is long (Insertion), not inside TransferCube's 10-minute loop.
+    # Compiled with CUDA graphs, as the preset's recipe is now (the names of the first compiled Insertion sweep).
     "mid-c": {"image_size": (240, 320), "compile": True, "cuda_graphs": True},
     "small-c": {"image_size": (120, 160), "compile": True, "cuda_graphs": True},
+    "eager": {"compile": False, "cuda_graphs": False},
     "lerobot": {
         "image_size": None,
         "lr": 1e-5,
@@ -63,7 +64,8 @@ RECIPES: dict[str, dict] = {
 
 def recipe(name: str, quick: bool = False) -> dict:
     """ACTSettings fields of recipe `name`: the preset's recipe with its change (on a tiny ACT for --quick)."""
-    base = {**TINY_ACT, **H200_RECIPE, "image_size": None, "warmup_steps": 2} if quick else H200_RECIPE
+    quick_base = {"image_size": None, "warmup_steps": 2, "compile": False, "cuda_graphs": False}
+    base = {**TINY_ACT, **H200_RECIPE, **quick_base} if quick else H200_RECIPE
     return {**base, **RECIPES[name]}
 
 

@@ -48,8 +48,9 @@ from .gpu import GpuMonitor
 # The recipe measured on one H200 from random init (benchmarks/recipes.py; BENCHMARKS.md lists what was tried and
 # what each scored): the policy sees the 480x640 camera at 120x160 (98% of 50 episodes in the sweep, against 88-96%
 # at 240x320, which scored 89% over 200 seeds), learns its BatchNorm statistics, and trains at 10x lerobot's
-# learning rate with warm-up and cosine decay; it acts with ACT's temporal ensembling (the paper's 0.01). Eager
-# bf16, no compile: a cold torch.compile costs minutes of a 10-minute loop.
+# learning rate with warm-up and cosine decay; it acts with ACT's temporal ensembling (the paper's 0.01). bf16,
+# compiled with CUDA graphs: a cold compile took ~90 s in the Insertion sweep, and the eager step, launch-bound at
+# these image sizes, trained at 963 samples/s in the loop against 2,500-3,100 compiled with two runs sharing a GPU.
 H200_RECIPE = dict(
     image_size=(120, 160),
     lr=1e-4,
@@ -59,20 +60,15 @@ H200_RECIPE = dict(
     backbone_norm="batch",
     n_action_steps=1,
     temporal_ensemble_coeff=0.01,
-    compile=False,
-    cuda_graphs=False,
+    compile=True,
+    cuda_graphs=True,
 )
 # Per-task values on top of the h200 preset. Insertion (two objects, a tighter goal) gets twice the demos, sees the
 # camera at 240x320 (the peg and the socket's hole are a few pixels wide at 120x160) and trains 15,000 steps, ~25
 # passes over its 100 demos: 6,000 steps scored 18%, and the sweep's 240x320 run scored 10%, 55% and 80% of its
-# evaluations at 5,000, 10,000 and 15,000 steps (benchmarks/results/recipes_h200_insertion.json). That long a run
-# is compiled with CUDA graphs: a cold compile took ~90 s there and then the step ran ~2x the eager one.
+# evaluations at 5,000, 10,000 and 15,000 steps (benchmarks/results/recipes_h200_insertion.json).
 H200_TASKS: dict[str, dict[str, Any]] = {
-    "insertion": dict(
-        episodes=100,
-        steps=15000,
-        policy=dict(H200_RECIPE, image_size=(240, 320), compile=True, cuda_graphs=True),
-    ),
+    "insertion": dict(episodes=100, steps=15000, policy=dict(H200_RECIPE, image_size=(240, 320))),
 }
 
 
@@ -166,10 +162,12 @@ class LoopSettings:
         unknown = set(self.policy) - {f.name for f in fields(ACTSettings)}
         if unknown:
             raise BadValue(f"unknown policy setting(s) {sorted(unknown)}; see robotloop.train.policy.ACTSettings")
-        make = ACTSettings.fast if self.device.startswith("cuda") else ACTSettings
-        return make(
-            **{**(TINY_ACT if self.tiny_policy else {}), "backbone_weights": self.backbone_weights, **self.policy}
-        )
+        recipe = dict(self.policy)
+        cuda = self.device.startswith("cuda")
+        if not cuda:  # compile and CUDA graphs are GPU speed options: on a CPU a compile costs more than it saves
+            recipe.update(compile=False, cuda_graphs=False)
+        make = ACTSettings.fast if cuda else ACTSettings
+        return make(**{**(TINY_ACT if self.tiny_policy else {}), "backbone_weights": self.backbone_weights, **recipe})
 
 
 @dataclass
