@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from lerobot.robots import RobotConfig
 
-from .test_capture_robot import FakeArm
+from .fakearm import FakeArm
 
 IMAGE = (48, 64)
 JOINTS = [f"joint_{i}.pos" for i in range(14)]

@@ -2,101 +2,15 @@
 implement LeRobot's own `Robot` and `Teleoperator` interfaces; everything else (recorder, bucket server,
 lerobot's dataset reader) is real."""
 
-from dataclasses import dataclass
-
-import numpy as np
 import pytest
-from lerobot.robots import Robot, RobotConfig
-from lerobot.teleoperators import Teleoperator, TeleoperatorConfig
 
 from robotloop.capture.recorder import DatasetRecorder
 from robotloop.capture.robot_record import record_robot, robot_spec
 from robotloop.storage import BucketClient, BucketUrl
 
 from .conftest import WRITE_TOKEN
-
-JOINTS = ["shoulder.pos", "elbow.pos", "gripper.pos"]
-
-
-@RobotConfig.register_subclass("robotloop_fake_arm")
-@dataclass
-class FakeArmConfig(RobotConfig):
-    pass
-
-
-@TeleoperatorConfig.register_subclass("robotloop_fake_leader")
-@dataclass
-class FakeLeaderConfig(TeleoperatorConfig):
-    pass
-
-
-class FakeArm(Robot):
-    """Test double: a 3-joint arm that moves to the commanded positions, clipped at 50, with one camera."""
-
-    config_class, name = FakeArmConfig, "fake_arm"
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.q, self.connected = np.zeros(3), False
-
-    observation_features = property(lambda self: {**dict.fromkeys(JOINTS, float), "wrist": (24, 32, 3)})
-    action_features = property(lambda self: dict.fromkeys(JOINTS, float))
-    is_connected = property(lambda self: self.connected)
-    is_calibrated = property(lambda self: True)
-
-    def connect(self, calibrate=True):
-        self.connected = True
-
-    def calibrate(self):
-        pass
-
-    def configure(self):
-        pass
-
-    def get_observation(self):
-        image = np.full((24, 32, 3), int(self.q[0]) % 255, np.uint8)
-        return {**dict(zip(JOINTS, self.q.tolist(), strict=True)), "wrist": image}
-
-    def send_action(self, action):
-        self.q = np.clip([action[j] for j in JOINTS], -50, 50)  # the robot's safety limit
-        return dict(zip(JOINTS, self.q.tolist(), strict=True))
-
-    def disconnect(self):
-        self.connected = False
-
-
-class FakeLeader(Teleoperator):
-    """Test double: a leader arm whose joints ramp up by 10 per read."""
-
-    config_class, name = FakeLeaderConfig, "fake_leader"
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.t = 0
-
-    action_features = property(lambda self: dict.fromkeys(JOINTS, float))
-    feedback_features = property(lambda self: {})
-    is_connected = property(lambda self: True)
-    is_calibrated = property(lambda self: True)
-
-    def connect(self, calibrate=True):
-        pass
-
-    def calibrate(self):
-        pass
-
-    def configure(self):
-        pass
-
-    def get_action(self):
-        self.t += 1
-        return dict.fromkeys(JOINTS, 10.0 * self.t)
-
-    def send_feedback(self, feedback):
-        pass
-
-    def disconnect(self):
-        pass
+from .fakearm import FakeArm, FakeArmConfig
+from .fakeleader import FakeLeader, FakeLeaderConfig
 
 
 def test_teleoperated_episodes_are_committed_as_lerobot_records_them(bucket_server, tmp_path):
@@ -141,3 +55,29 @@ def test_hardware_cameras_take_lerobots_own_spelling_and_bad_ones_say_how():
         with pytest.raises(ValueError, match=why) as error:
             hardware_config("robot", "so101_follower", "/dev/ttyACM0", "arm", cameras=bad)
         assert "--robot.cameras" in str(error.value) and "index_or_path" in str(error.value)
+
+
+def test_record_command_drives_lerobot_hardware(bucket_server, tmp_path):
+    """`robotloop record --robot.type/--teleop.type` (the command, not the library call) commits teleoperated
+    episodes; without a task it refuses before touching the hardware."""
+    from typer.testing import CliRunner
+
+    from robotloop.cli import app
+
+    url = "hf://buckets/lab/hardware/datasets/fake-arm-cli"
+    storage = ["--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN]
+    hardware = ["--robot.type", "robotloop_fake_arm", "--teleop.type", "robotloop_fake_leader", "--codec", "h264"]
+    timing = ["--episode-time-s", "0.2", "--reset-time-s", "0", "--fps", "50"]
+    cli = CliRunner()
+    refused = cli.invoke(app, [*storage, "record", "--to", url, *hardware, "--episodes", "1"])
+    assert refused.exit_code == 2 and "--task" in refused.output
+    # A registered type whose device class LeRobot cannot find: its reason, as a usage error, not a traceback.
+    broken = ["--robot.type", "robotloop_fake_aloha_no_class", "--teleop.type", "robotloop_fake_leader"]
+    refused = cli.invoke(app, [*storage, "record", "--to", url, *broken, "--task", "wave"])
+    assert refused.exit_code == 2 and "LeRobot could not make the robot" in refused.output, refused.output
+    result = cli.invoke(app, [*storage, "record", "--to", url, *hardware, *timing, "--episodes", "2", "--task", "wave"])
+    assert result.exit_code == 0, result.output
+    assert "committed 2 episodes" in result.output
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    recorder = DatasetRecorder(client, BucketUrl.parse(url), robot_spec(FakeArm(FakeArmConfig()), 50, "h264"))
+    assert recorder.committed_episodes() == 2

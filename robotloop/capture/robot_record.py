@@ -91,13 +91,18 @@ def make_hardware(kind: str, type_name: str, port: str | None, id_: str | None, 
     """A LeRobot robot or teleoperator made from `hardware_config(...)` (not yet connected).
 
     Raises:
-        ValueError: see `hardware_config`. ImportError: the robot's SDK is not installed (LeRobot says which).
+        BadValue: see `hardware_config`, or LeRobot could not make the device (its SDK is not installed, or no
+            class implements the type; LeRobot's message says which).
     """
     if kind == "robot":
         from lerobot.robots.utils import make_robot_from_config as make
     else:
         from lerobot.teleoperators.utils import make_teleoperator_from_config as make
-    return make(hardware_config(kind, type_name, port, id_, cameras))
+    config = hardware_config(kind, type_name, port, id_, cameras)
+    try:
+        return make(config)
+    except (ImportError, ValueError) as error:  # LeRobot's own errors for a device it cannot make
+        raise BadValue(f"LeRobot could not make the {kind} {type_name!r}: {error}") from error
 
 
 def hardware_config(kind: str, type_name: str, port: str | None, id_: str | None, cameras: str | None = None):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Annotated
 
 import typer
@@ -18,6 +19,28 @@ console = Console()
 CAMERAS_HELP = (
     "LeRobot's --robot.cameras, e.g. '{front: {type: opencv, index_or_path: 0, width: 640, height: 480, fps: 30}}'."
 )
+
+
+@dataclass(frozen=True)
+class HardwareSession:
+    """What `record --robot.type` needs beyond the dataset: LeRobot's robot and teleoperator, and the timing."""
+
+    robot_type: str
+    robot_port: str | None
+    robot_id: str | None
+    robot_cameras: str | None
+    teleop_type: str | None
+    teleop_port: str | None
+    teleop_id: str | None
+    episode_time_s: float
+    reset_time_s: float
+    fps: int
+    task: str
+
+    @classmethod
+    def from_params(cls, params: dict) -> HardwareSession:
+        """From the command's parsed options (`ctx.params`, keyed by parameter name)."""
+        return cls(**{f.name: params[f.name] for f in fields(cls)})
 
 
 def _image_size(text: str) -> tuple[int, int]:
@@ -61,23 +84,7 @@ def record(
     """
     quiet_encoders()
     if robot_type:
-        return _record_hardware(
-            ctx,
-            to,
-            episodes,
-            codec,
-            robot_type,
-            robot_port,
-            robot_id,
-            robot_cameras,
-            teleop_type,
-            teleop_port,
-            teleop_id,
-            episode_time_s,
-            reset_time_s,
-            fps,
-            task,
-        )
+        return _record_hardware(ctx, to, episodes, codec, HardwareSession.from_params(ctx.params))
     if sim not in TASK_TEXT:
         raise typer.BadParameter(f"unknown sim task {sim!r}; choose one of {', '.join(TASK_TEXT)}", param_hint="--sim")
     try:
@@ -127,34 +134,18 @@ def record(
         )
 
 
-def _record_hardware(
-    ctx,
-    to,
-    episodes,
-    codec,
-    robot_type,
-    robot_port,
-    robot_id,
-    robot_cameras,
-    teleop_type,
-    teleop_port,
-    teleop_id,
-    episode_time_s,
-    reset_time_s,
-    fps,
-    task,
-) -> None:
+def _record_hardware(ctx, to: str, episodes: int, codec: str, hw: HardwareSession) -> None:
     from ..capture.robot_record import make_hardware, record_robot, robot_spec
 
-    if not teleop_type or not task:
+    if not hw.teleop_type or not hw.task:
         raise typer.BadParameter("hardware recording needs --teleop.type and --task")
     try:
         url = BucketUrl.parse(to)
-        robot = make_hardware("robot", robot_type, robot_port, robot_id, robot_cameras)
-        teleop = make_hardware("teleop", teleop_type, teleop_port, teleop_id)
-    except (BadInput, ImportError) as error:  # ImportError: lerobot's hardware extras are not installed
+        robot = make_hardware("robot", hw.robot_type, hw.robot_port, hw.robot_id, hw.robot_cameras)
+        teleop = make_hardware("teleop", hw.teleop_type, hw.teleop_port, hw.teleop_id)
+    except BadInput as error:
         raise typer.BadParameter(str(error)) from None
-    if not robot_spec(robot, fps, codec).cameras:
+    if not robot_spec(robot, hw.fps, codec).cameras:
         console.print(
             "[yellow]note:[/yellow] no cameras: the dataset will hold joint states only, which ACT cannot train on "
             "(add --robot.cameras)"
@@ -162,15 +153,15 @@ def _record_hardware(
     robot.connect()
     teleop.connect()
     try:
-        recorder = DatasetRecorder(connect(ctx.obj), url, robot_spec(robot, fps, codec))
+        recorder = DatasetRecorder(connect(ctx.obj), url, robot_spec(robot, hw.fps, codec))
         reports = record_robot(
             recorder,
             robot,
             teleop,
             episodes,
-            episode_time_s,
-            task,
-            reset_time_s,
+            hw.episode_time_s,
+            hw.task,
+            hw.reset_time_s,
             on_commit=lambda r: console.print(f"episode {r.episode_index} committed"),
         )
     finally:
