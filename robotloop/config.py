@@ -182,7 +182,8 @@ class UiSettings(ServiceSection):
     )
     reports: list[Path] = Field(
         default_factory=list,
-        description="Folders searched for loop reports (report.md) and evaluations (eval_report.json) to show.",
+        description="Folders searched for loop reports (report.md) and evaluations (eval_report.json) to show, "
+        "beside those uploaded next to the runs in their buckets.",
     )
     namespaces: list[str] = Field(
         default_factory=list, description="Bucket namespaces whose buckets the datasets page lists."

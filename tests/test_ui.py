@@ -6,7 +6,9 @@ Checked: a page without a session asks for a token and shows nothing; the fleet 
 release it pulled and a rollback with its reason; promote and roll back need a write session, the CSRF header and
 the same origin; markup from robots, datasets and reports stays text; an episode's video plays its own time
 segment of a shared mp4 (its first frame is the episode's, its `currentTime` advances, it stops at its end); a
-training job's loss curve grows while the page is open. Each test writes screenshots under its tmp folder.
+loop report uploaded beside its run (`upload_report`) shows on its release's page, with its figures and rollout
+video served by name only, and a broken or missing one is an unknown item; a training job's loss curve grows while
+the page is open. Each test writes screenshots under its tmp folder.
 
 Skipped, saying why, when Chromium (`apt-get install chromium`) or Playwright (the `dev` extra) is missing.
 """
@@ -131,11 +133,21 @@ def _report_id(ui: Ui) -> str:
     return report_id((ui.reports / "loop").resolve())
 
 
-def test_a_training_run_finds_its_loop_report(ui):
+def _board(ui: Ui, reports: list[Path]):
+    """A dashboard in this process over the same services as `ui`'s."""
     from robotloop.config import load_settings
     from robotloop.ui import Dashboard
 
-    runs = Dashboard(load_settings(), reports=[ui.reports]).runs
+    services = {
+        "storage": {"endpoint": ui.bucket.endpoint, "token": WRITE_TOKEN},
+        "deploy": {"url": ui.deploy.url, "token": OPS},
+        "trainer": {"url": ui.trainer_url, "token": TRAINER_READER},
+    }
+    return Dashboard(load_settings(services), reports=reports)
+
+
+def test_a_training_run_finds_its_loop_report(ui):
+    runs = _board(ui, [ui.reports]).runs
     assert [r["id"] for r in runs.reports(RUN)] == [r["id"] for r in runs.reports(RUN + "/")] == [_report_id(ui)]
     assert runs.reports(RUN + "-2") == [] and runs.reports("hf://buckets/lab/ui/models") == []
     cookies = ui.call("POST", "/api/session", json={"token": UI_READ}, headers={"x-robotloop-ui": "1"}).cookies
@@ -327,10 +339,12 @@ def robot(ui, tmp_path_factory: pytest.TempPathFactory):
     thread.join(10)
 
 
-def _publish(ui: Ui, name: str, ckpt: Path, step: int, lineage: dict | None = None, channel: str | None = "ui"):
+def _publish(
+    ui: Ui, name: str, ckpt: Path, step: int, lineage: dict | None = None, channel: str | None = "ui", run: str = RUN
+):
     from robotloop.deploy.publish import publish
 
-    url = BucketUrl.parse(f"{RUN}/checkpoints/{step:06d}")
+    url = BucketUrl.parse(f"{run}/checkpoints/{step:06d}")
     ui.bucket.upload(ckpt, url / "pretrained_model")
     if lineage is not None:
         path = ui.reports.parent / f"lineage-{step}.json"
@@ -453,6 +467,115 @@ def test_a_report_renders_with_its_markup_escaped(ui, browser, tmp_path):
     assert ui.call("GET", f"/media/report/{report_id}/..%2Freport.json", cookies=cookies).status_code == 404
     page.screenshot(path=tmp_path / "report.png", full_page=True)
     page.context.close()
+
+
+BUCKET_RUN = "hf://buckets/lab/ui/models/ui-bucket-run"  # its loop report is only in the bucket
+
+
+def _upload_loop_report(ui: Ui, folder: Path, release: str) -> Path:
+    """A loop report of BUCKET_RUN as `robotloop loop` writes and uploads it (`write_report`, the evaluation of
+    `release` with one rollout video, `upload_report`), with markup in it. Returns the local folder."""
+    from robotloop.deploy.evaluate import EpisodeResult, EvalReport
+    from robotloop.loop.pipeline import LoopReport, LoopSettings
+    from robotloop.loop.report import upload_report, write_report
+    from robotloop.train.trainer import TrainReport
+
+    settings = LoopSettings(bucket="hf://buckets/lab/ui", run="ui-bucket-run", report_dir=folder)
+    video = folder / "eval" / "videos" / "episode_000_seed0.mp4"
+    video.parent.mkdir(parents=True)
+    shutil.copy(next((ui.reports.parent / "stage").rglob("*.mp4")), video)
+    episodes = [EpisodeResult(i, i, i == 0, 4.0, 1.0, 10, 1.0, str(video) if i == 0 else None) for i in range(2)]
+    evaluation = EvalReport("/models/x", "transfer_cube", 0, 10, IMAGE, 1, episodes, checkpoint=release)
+    evaluation.save(folder / "eval" / "eval_report.json")
+    report = LoopReport(settings, {"record": 1.0, "train": 2.0}, episodes=2, bytes_recorded=10, bytes_uploaded=5)
+    report.train = TrainReport(4, 2.0, 10.0, 0.1, 0.5, losses=[(1, 1.0), (4, 0.5)])
+    report.release, report.robot_running_after_s, report.eval = release, 1.5, evaluation
+    promoted = {"step": 4, "episodes_trained_on": 2, "episodes_recorded": 2, "success_rate": 0.5, "promoted": False}
+    report.promotions = [{**promoted, "release": XSS}]
+    write_report(report)
+    assert str(upload_report(ui.bucket, report)) == f"{BUCKET_RUN}/report"
+    return folder
+
+
+def test_a_loop_report_in_the_bucket_shows_on_its_release_and_its_run(ui, browser, tmp_path):
+    from robotloop.deploy.runner import make_tiny_checkpoint
+    from robotloop.ui.bucket_reports import report_id
+
+    folder = _upload_loop_report(ui, tmp_path / "loop", "ui-b1")
+    _publish(ui, "ui-b1", make_tiny_checkpoint(tmp_path / "b1", image_size=IMAGE), 4, channel=None, run=BUCKET_RUN)
+    rid = report_id(BucketUrl.parse(f"{BUCKET_RUN}/report"))
+    guard = {"x-robotloop-ui": "1"}
+    cookies = ui.call("POST", "/api/session", json={"token": UI_READ}, headers=guard).cookies
+
+    # Asked for by id first: the dashboard finds it beside the run of a release it knows.
+    found = ui.call("GET", f"/api/reports/{rid}", cookies=cookies)
+    assert found.status_code == 200, found.text
+    report = found.json()
+    assert report["dir"] == f"{BUCKET_RUN}/report" and report["summary"]["release"] == "ui-b1"
+    assert report["markdown"] == (folder / "report.md").read_text()
+    assert f"/media/report/{rid}/loss.png" in report["html"] and "<script>" not in report["html"]
+    figure = ui.call("GET", f"/media/report/{rid}/loss.png", cookies=cookies)
+    assert figure.status_code == 200 and figure.headers["content-type"] == "image/png"
+    assert figure.content == (folder / "loss.png").read_bytes()
+    video = ui.call("GET", f"/media/report/{rid}/episode_000_seed0.mp4", cookies=cookies)
+    assert video.headers["content-type"] == "video/mp4"
+    assert video.content == (folder / "eval" / "videos" / "episode_000_seed0.mp4").read_bytes()
+    for name in ("report.json", "..%2Freport.md", "eval%2Feval_report.json", "nothing.png"):  # listed media only
+        assert ui.call("GET", f"/media/report/{rid}/{name}", cookies=cookies).status_code == 404, name
+    missing = ui.call("GET", "/api/reports/0123456789ab", cookies=cookies)
+    assert missing.status_code == 404 and "no report '0123456789ab'" in missing.json()["error"]
+
+    # Listed for its run (a training job's page asks so), on the reports page, and on its release's page.
+    run = ui.call("GET", "/api/reports", params={"run": BUCKET_RUN}, cookies=cookies).json()["reports"]
+    assert [(r["id"], r["source"], r["run"], r["release"]) for r in run] == [(rid, "bucket", "ui-bucket-run", "ui-b1")]
+    assert abs(run[0]["modified"] - time.time()) < 600  # when it was uploaded, as the bucket's listing says
+    listed = ui.call("GET", "/api/reports", cookies=cookies).json()
+    assert rid in {r["id"] for r in listed["reports"]} and _report_id(ui) in {r["id"] for r in listed["reports"]}
+    release = ui.call("GET", "/api/releases/ui-b1", cookies=cookies).json()
+    assert [r["id"] for r in release["reports"]] == [rid]
+    assert [(e["id"], e["success_rate"], e["videos"]) for e in release["evaluations"]] == [
+        (rid, 0.5, ["episode_000_seed0.mp4"])
+    ]
+
+    page = signed_in(browser, ui, UI_READ)
+    page.goto(f"{ui.url}/releases/ui-b1")
+    page.locator("#release-facts").get_by_role("link", name="ui-bucket-run", exact=True).click()
+    expect(page.locator("#report h1")).to_have_text("robotloop loop: ui-bucket-run")
+    expect(page.locator("#report")).to_contain_text(XSS)  # the markup in it, as text
+    page.wait_for_function("() => [...document.querySelectorAll('#report img')].every((i) => i.naturalWidth > 0)")
+    assert page.evaluate("() => window.__pwned") is None
+    page.screenshot(path=tmp_path / "bucket-report.png", full_page=True)
+    page.context.close()
+
+
+def test_a_broken_or_missing_bucket_report_is_an_unknown_item(ui, tmp_path):
+    from robotloop.ui import UnknownItem
+    from robotloop.ui.bucket_reports import report_id
+
+    run = "hf://buckets/lab/ui/models/ui-broken-run"
+    url = BucketUrl.parse(f"{run}/report")
+    runs = _board(ui, []).runs
+    runs.bucket.ttl_s = 0  # each call lists the bucket again
+    rid = report_id(url)
+    (tmp_path / "report.json").write_text("not JSON {")
+    (tmp_path / "loss.png").write_bytes(_png())
+    ui.bucket.upload(tmp_path / "report.json", url / "report.json")
+    ui.bucket.upload(tmp_path / "loss.png", url / "loss.png")
+    assert runs.reports(run) == []  # no report.md, no evaluation: not a report
+    with pytest.raises(UnknownItem, match=f"no report '{rid}'"):
+        runs.report(rid)
+    (tmp_path / "report.md").write_text("# broken\n\n![loss](loss.png)\n")
+    ui.bucket.upload(tmp_path / "report.md", url / "report.md")
+    assert [r["id"] for r in runs.reports(run)] == [rid]
+    assert runs.report(rid)["summary"] == {} and runs.report_file(rid, "loss.png").read_bytes() == _png()
+    with pytest.raises(UnknownItem, match="has no file 'report.json'"):
+        runs.report_file(rid, "report.json")
+    ui.bucket.delete(url / "report.md")
+    with pytest.raises(UnknownItem):  # gone from the bucket since it was listed
+        runs.report(rid)
+    ui.bucket.delete(url, recursive=True)
+    with pytest.raises(UnknownItem, match=f"no report '{rid}'"):
+        runs.report_file(rid, "loss.png")
 
 
 # -- training --------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..deploy.evaluate import REPORT_FILE as EVAL_REPORT
 from ..storage import BucketClient, BucketUrl
+from .layout import EVAL_FOLDER, run_report_url
 from .pipeline import LoopReport, settings_dict
 
 
@@ -31,7 +32,7 @@ REPORT_FILES = ("report.md", "report.json", "loss.png", "stages.png")
 
 def report_url(report: LoopReport) -> BucketUrl:
     """Where `upload_report` puts a run's report: `<bucket>/models/<run>/report`."""
-    return report.settings.run_url / "report"
+    return run_report_url(report.settings.run_url)
 
 
 def upload_report(client: BucketClient, report: LoopReport, directory: Path | None = None) -> BucketUrl:
@@ -48,7 +49,7 @@ def upload_report(client: BucketClient, report: LoopReport, directory: Path | No
                 shutil.copy2(directory / name, staged / name)  # kilobytes; the videos below a few MB
         evaluation = directory / "eval"
         if (evaluation / EVAL_REPORT).is_file():
-            shutil.copytree(evaluation, staged / "eval")
+            shutil.copytree(evaluation, staged / EVAL_FOLDER)
         client.upload(staged, url)
     return url
 

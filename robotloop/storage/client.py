@@ -120,11 +120,12 @@ class _XetReports:
 
 @dataclass(frozen=True)
 class Entry:
-    """A file in a bucket."""
+    """A file in a bucket; `uploaded_at` (unix seconds) where the listing says (not part of its identity)."""
 
     url: BucketUrl
     size: int
     xet_hash: str
+    uploaded_at: float | None = field(default=None, compare=False)
 
 
 class BucketClient:
@@ -476,7 +477,8 @@ class CachedDownloads:
 
 
 def _entry(bucket_id: str, item: BucketFile) -> Entry:
-    return Entry(BucketUrl(bucket_id, item.path), item.size, item.xet_hash)
+    uploaded = getattr(item, "uploaded_at", None)
+    return Entry(BucketUrl(bucket_id, item.path), item.size, item.xet_hash, uploaded.timestamp() if uploaded else None)
 
 
 def _files_to_upload(local: Path, url: BucketUrl) -> list[tuple[Path, BucketUrl]]:

@@ -1,6 +1,7 @@
 """What the dashboard shows, composed from the services' own clients: the deploy service (fleet, releases,
 history), the training service (jobs and their progress), the bucket server (datasets, episodes, videos,
-checkpoints) and the report folders on this machine (loop reports, evaluations).
+checkpoints, and the loop reports and evaluations `robotloop loop` uploads beside its runs) and the report folders
+on this machine (loop reports, evaluations).
 
 Nothing here reaches into a service: each figure is what `robotloop deploy status`, `trainer watch`, `bucket ls`
 or the agent's tools read, reshaped for a page. Every answer is plain JSON types; the web app
@@ -31,8 +32,9 @@ from .runs import RunViews
 
 class Dashboard:
     """The dashboard's views over one set of settings, sharing one set of service clients (made on first use,
-    so a dashboard without a training service token still shows the fleet; the training page says which token
-    is missing). `reports` are the folders searched for loop reports and evaluations (default: `ui.reports`)."""
+        so a dashboard without a training service token still shows the fleet; the training page says which token
+        is missing). Loop reports and evaluations come from the runs' buckets (`<run>/report/`) and from the folders
+    `reports` (default: `ui.reports`)."""
 
     def __init__(self, settings: Settings, reports: list[Path] | None = None) -> None:
         self.settings = settings

@@ -9,12 +9,13 @@ from typing import Any
 from ..clients import ServiceClients
 from ..deploy.client import robot_row
 from .names import path_name
-from .runs import RunViews
+from .runs import RunViews, run_of
 
 
 class FleetViews:
     """What the deploy service knows, shaped for the fleet and releases pages; the release page adds the loop
-    reports and evaluations `runs` finds for the release."""
+    reports and evaluations `runs` finds for the release (beside its run in the bucket, or in the report
+    folders)."""
 
     def __init__(self, clients: ServiceClients, runs: RunViews) -> None:
         self.clients, self.runs = clients, runs
@@ -47,12 +48,12 @@ class FleetViews:
         deploy = self.clients.deploy
         found = deploy.release(path_name("release", name))
         manifest = found["manifest"]["manifest"]
-        state = deploy.status()
+        state, run = deploy.status(), run_of(found["checkpoint"])
         events = [e for e in deploy.history(limit=500) if name in (e["release"], e["previous"])]
         return {
             "name": name,
             "checkpoint": found["checkpoint"],
-            "run": run_of(found["checkpoint"]),
+            "run": run,
             "key_id": found["key_id"],
             "created_at": found["created_at"],
             "published_at": found["published_at"],
@@ -61,8 +62,8 @@ class FleetViews:
             "channels": sorted(c for c, r in state["channels"].items() if r == name),
             "robots": [r["id"] for r in state["robots"] if name in (r.get("running"), r.get("assigned"))],
             "events": events,
-            "evaluations": [e for e in self.runs.evaluations() if _evaluates(e, name, found["checkpoint"])],
-            "reports": self.runs.reports(run_of(found["checkpoint"])),
+            "evaluations": [e for e in self.runs.evaluations(run) if _evaluates(e, name, found["checkpoint"])],
+            "reports": self.runs.reports(run),
         }
 
     def promote(self, channel: str, release: str, reason: str) -> dict[str, Any]:
@@ -73,12 +74,6 @@ class FleetViews:
         if channel is not None:
             return self.clients.deploy.rollback_channel(path_name("channel", channel), reason)
         return self.clients.deploy.rollback_robot(path_name("robot", robot or ""), reason)
-
-
-def run_of(checkpoint: str) -> str:
-    """The run folder of a checkpoint URL (`<run>/checkpoints/<step>` -> `<run>`)."""
-    head, sep, _ = checkpoint.rpartition("/checkpoints/")
-    return head if sep else checkpoint
 
 
 def lineage_summary(lineage: dict[str, Any]) -> dict[str, Any]:
@@ -102,5 +97,5 @@ def lineage_summary(lineage: dict[str, Any]) -> dict[str, Any]:
 
 
 def _evaluates(evaluation: dict[str, Any], release: str, checkpoint: str) -> bool:
-    named = {evaluation.get("checkpoint"), evaluation.get("source"), evaluation.get("policy")}
+    named = {evaluation.get(k) for k in ("checkpoint", "source", "policy", "release")}
     return release in named or checkpoint in named

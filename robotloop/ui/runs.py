@@ -1,28 +1,35 @@
 """The runs and reports pages: training jobs and their progress (from the training service, as `robotloop trainer
-watch` reads them), a run's checkpoints in its bucket, and the loop reports and evaluations in the report folders
-on this machine."""
+watch` reads them), a run's checkpoints in its bucket, and the loop reports and evaluations: those `robotloop loop`
+uploaded beside the runs the dashboard knows (`<run>/report/` in the bucket; `bucket_reports.py`) and those in the
+report folders on this machine."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-from pathlib import Path
+import logging
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..clients import ServiceClients
+from ..errors import RobotloopError
 from ..storage import BucketUrl
 from ..storage import NotFound as StorageNotFound
 from ..train.progress import JOB_FIELDS
+from .bucket_reports import EVALUATION, MARKDOWN, SUMMARY, BucketReport, BucketReports, report_id
 from .names import UnknownItem, path_name
+
+log = logging.getLogger("robotloop.ui")
 
 
 class RunViews:
     """Training runs and what came of them: jobs, their loss curves and checkpoints, and the loop reports
-    (`report.md`) and evaluations (`eval_report.json`) found under `report_dirs`. A report is named by a hash of
-    its folder, and only the figures and videos listed in its folder are served, never a path."""
+    (`report.md`) and evaluations (`eval_report.json`) uploaded beside the runs (training jobs' outputs, releases'
+    runs) or found under `report_dirs`. A report is named by a hash of its folder or URL, and only the figures and
+    videos listed in it are served, never a path; a run's bucket listing is kept `listing_ttl_s` seconds."""
 
-    def __init__(self, clients: ServiceClients, report_dirs: list[Path]) -> None:
+    def __init__(self, clients: ServiceClients, report_dirs: list[Path], listing_ttl_s: float = 10.0) -> None:
         self.clients, self.report_dirs = clients, report_dirs
+        self.bucket = BucketReports(clients, listing_ttl_s)
 
     # -- training ----------------------------------------------------------------------------------------------
     def jobs(self) -> list[dict[str, Any]]:
@@ -46,11 +53,27 @@ class RunViews:
         steps = sorted((u.name for u in found if isinstance(u, BucketUrl) and u.name.isdigit()), reverse=True)
         return [{"step": int(s), "url": str(url / s)} for s in steps]
 
-    # -- reports on this machine -------------------------------------------------------------------------------
+    # -- reports, in the bucket and on this machine -------------------------------------------------------
+    def known_runs(self) -> list[str]:
+        """The training runs the dashboard knows: its training jobs' outputs and its releases' runs (the folders
+        of their checkpoints). A service this dashboard cannot read (no trainer token) adds none."""
+        found: list[str] = []
+        try:
+            found += [j["output"] for j in self.jobs() if isinstance(j.get("output"), str)]
+        except RobotloopError as err:
+            log.info("dashboard: no training runs from the training service: %s", err)
+        try:
+            found += [run_of(r["checkpoint"]) for r in self.clients.deploy.status()["releases"]]
+        except RobotloopError as err:
+            log.info("dashboard: no release runs from the deploy service: %s", err)
+        return list(dict.fromkeys(r.rstrip("/") for r in found))
+
     def reports(self, run_url: str | None = None) -> list[dict[str, Any]]:
-        """The loop reports (`report.md`, as `robotloop loop` writes them) under the report folders, newest first;
-        with `run_url`, only those of that training run (its output folder, `<bucket>/models/<run>`)."""
-        out = []
+        """The loop reports (`report.md`, as `robotloop loop` writes them), newest first: those uploaded beside the
+        runs the dashboard knows (`<run>/report` in their buckets) and those under the report folders; with
+        `run_url`, only those of that training run (its output folder, `<bucket>/models/<run>`)."""
+        out = [self._bucket_row(r) for r in self.bucket.find_all(self.known_runs() if run_url is None else [run_url])]
+        out = [r for r in out if r is not None]
         for path in self._found("report.md"):
             summary = _read_json(path.parent / "report.json")
             settings = summary.get("settings") or {}
@@ -58,6 +81,7 @@ class RunViews:
                 {
                     "id": report_id(path.parent),
                     "dir": str(path.parent),
+                    "source": "folder",
                     "run": settings.get("run"),
                     "run_url": loop_run_url(settings),
                     "release": summary.get("release"),
@@ -66,21 +90,24 @@ class RunViews:
             )
         if run_url is not None:
             out = [r for r in out if r["run_url"] is not None and r["run_url"] == run_url.rstrip("/")]
-        return sorted(out, key=lambda r: -r["modified"])
+        return sorted(out, key=lambda r: -(r["modified"] or 0))
 
     def report(self, report_id: str) -> dict[str, Any]:
         """A loop report's Markdown, its figures' names and its summary.
 
         Raises:
-            UnknownItem: no report with that id.
+            UnknownItem: no report with that id, or it holds no `report.md` (an evaluation alone).
         """
         folder = self._report_dir(report_id)
-        return {
-            "id": report_id,
-            "dir": str(folder),
-            "markdown": (folder / "report.md").read_text(errors="replace"),
-            "summary": _read_json(folder / "report.json"),
-        }
+        if isinstance(folder, BucketReport):
+            markdown = self.bucket.text(folder, MARKDOWN)
+            where, summary = str(folder.url), self.bucket.json(folder, SUMMARY)
+        else:
+            markdown = _read_text(folder / "report.md")
+            where, summary = str(folder), _read_json(folder / "report.json")
+        if markdown is None:
+            raise UnknownItem(f"report {report_id} has no report.md (an evaluation alone: see the reports page)")
+        return {"id": report_id, "dir": where, "markdown": markdown, "summary": summary}
 
     def report_file(self, report_id: str, name: str) -> Path:
         """A PNG or MP4 a report or evaluation shows: only names listed in its folder, never a path.
@@ -89,44 +116,54 @@ class RunViews:
             UnknownItem: no such report, or no such figure or video in it.
         """
         folder = self._report_dir(report_id)
+        if isinstance(folder, BucketReport):
+            return self.bucket.media(folder, name)
         allowed = {p.name: p for p in _media(folder)}
         if name not in allowed:
             raise UnknownItem(f"report {report_id} has no file {name!r}")
         return allowed[name]
 
-    def evaluations(self) -> list[dict[str, Any]]:
-        """The evaluations (`eval_report.json`) under the report folders: policy, success with its 95% interval,
-        and the rollout videos recorded."""
+    def evaluations(self, run_url: str | None = None) -> list[dict[str, Any]]:
+        """The evaluations (`eval_report.json`) of the uploaded reports (of run `run_url`, else of every run the
+        dashboard knows) and under the report folders: policy, success with its 95% interval, and the rollout
+        videos recorded."""
         out = []
+        for found in self.bucket.find_all(self.known_runs() if run_url is None else [run_url]):
+            if EVALUATION in found.files:
+                release = self.bucket.json(found, SUMMARY).get("release")
+                out.append(evaluation_row(found.id, self.bucket.json(found, EVALUATION), set(found.media), release))
         for path in self._found("eval_report.json"):
-            data = _read_json(path)
-            summary = data.get("summary") or {}
-            videos = [Path(e["video"]).name for e in data.get("episodes", []) if e.get("video")]
-            out.append(
-                {
-                    "id": report_id(path.parent),
-                    "policy": data.get("policy"),
-                    "source": data.get("source"),
-                    "checkpoint": data.get("checkpoint"),
-                    "task": data.get("task"),
-                    "episodes": summary.get("n_episodes"),
-                    "success_rate": summary.get("success_rate"),
-                    "success_ci95": summary.get("success_ci95"),
-                    "mean_max_reward": summary.get("mean_max_reward"),
-                    "videos": [v for v in videos if v in {p.name for p in _media(path.parent)}],
-                }
-            )
+            names = {p.name for p in _media(path.parent)}
+            out.append(evaluation_row(report_id(path.parent), _read_json(path), names))
         return out
+
+    def _bucket_row(self, found: BucketReport) -> dict[str, Any] | None:
+        if MARKDOWN not in found.files:
+            return None  # an evaluation alone: the evaluations list shows it
+        summary = self.bucket.json(found, SUMMARY)
+        return {
+            "id": found.id,
+            "dir": str(found.url),
+            "source": "bucket",
+            "run": (summary.get("settings") or {}).get("run") or BucketUrl.parse(found.run_url).name,
+            "run_url": found.run_url,
+            "release": summary.get("release"),
+            "modified": found.modified,
+        }
 
     def _found(self, name: str) -> list[Path]:
         return sorted({p.resolve() for d in self.report_dirs if d.is_dir() for p in d.rglob(name)})
 
-    def _report_dir(self, wanted: str) -> Path:
+    def _report_dir(self, wanted: str) -> Path | BucketReport:
         for marker in ("report.md", "eval_report.json"):
             for path in self._found(marker):
                 if report_id(path.parent) == wanted:
                     return path.parent
-        raise UnknownItem(f"no report {wanted!r} under {', '.join(map(str, self.report_dirs)) or 'no folder'}")
+        try:
+            return self.bucket.get(wanted, self.known_runs)
+        except UnknownItem:
+            folders = ", ".join(map(str, self.report_dirs)) or "no folder"
+            raise UnknownItem(f"no report {wanted!r} beside the runs this dashboard knows, nor in {folders}") from None
 
 
 def job_row(state: dict[str, Any]) -> dict[str, Any]:
@@ -150,13 +187,42 @@ def loop_run_url(settings: dict[str, Any]) -> str | None:
     return f"{bucket.rstrip('/')}/models/{run}"
 
 
-def report_id(folder: Path) -> str:
-    """The id pages name a report or evaluation folder by: a hash, so no path of this machine is in a URL."""
-    return hashlib.sha256(str(folder).encode()).hexdigest()[:12]
+def evaluation_row(rid: str, data: dict[str, Any], media: set[str], release: str | None = None) -> dict[str, Any]:
+    """An evaluation (`eval_report.json`) as the pages list it; `media`: the video names its report may serve,
+    `release`: the release its loop report says it evaluated."""
+    summary = data.get("summary") or {}
+    episodes = [e for e in data.get("episodes") or [] if isinstance(e, dict)]
+    videos = [PurePosixPath(str(e["video"])).name for e in episodes if e.get("video")]
+    return {
+        "id": rid,
+        "policy": data.get("policy"),
+        "source": data.get("source"),
+        "checkpoint": data.get("checkpoint"),
+        "release": release,
+        "task": data.get("task"),
+        "episodes": summary.get("n_episodes"),
+        "success_rate": summary.get("success_rate"),
+        "success_ci95": summary.get("success_ci95"),
+        "mean_max_reward": summary.get("mean_max_reward"),
+        "videos": [v for v in videos if v in media],
+    }
+
+
+def run_of(checkpoint: str) -> str:
+    """The run folder of a checkpoint URL (`<run>/checkpoints/<step>` -> `<run>`)."""
+    head, sep, _ = checkpoint.rpartition("/checkpoints/")
+    return head if sep else checkpoint
 
 
 def _media(folder: Path) -> list[Path]:
     return [p for p in (*folder.glob("*.png"), *folder.glob("videos/*.mp4")) if p.is_file()]
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -24,7 +24,10 @@ class UiOptions:
         None, "Viewer tokens: '<token> <read|write> *' per line; write tokens may promote and roll back."
     )
     reports: list[Path] | None = option(
-        None, "Folder searched for loop reports and evaluations (repeat it). Default: ui.reports.", "--reports"
+        None,
+        "Folder searched for loop reports and evaluations (repeat it), beside those in the runs' buckets. "
+        "Default: ui.reports.",
+        "--reports",
     )
     namespaces: list[str] | None = option(
         None,

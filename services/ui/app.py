@@ -15,9 +15,10 @@ with `textContent` only, and polls them for live updates. What the routes answer
     POST /api/robots/{r}/rollback    {"reason"}              (write sessions, same origin)
     GET  /api/runs, /api/runs/{id}?after=S, /api/checkpoints?output=URL
     GET  /api/buckets, /api/datasets?bucket=URL, /api/dataset?url=URL, /api/episode?url=URL&index=I
-    GET  /api/reports[?run=URL] (a training run's loop reports), /api/reports/{id}
+    GET  /api/reports[?run=URL] (a training run's loop reports: beside it in its bucket, or in the report
+                                 folders), /api/reports/{id}
     GET  /media/bucket?url=URL  an mp4 from a bucket, by HTTP Range (proxied: only the bytes asked for travel)
-    GET  /media/report/{id}/{name}   a figure or rollout video of a report folder
+    GET  /media/report/{id}/{name}   a figure or rollout video of a loop report (in a bucket or a folder)
 
 Security: every route but the pages and /static needs a session (an HttpOnly, SameSite=Strict cookie holding a
 random id, made by POST /api/session from a token of the tokens file) or ``Authorization: Bearer <token>``. The
@@ -373,8 +374,9 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
 
     @app.get("/media/report/{report_id}/{name:path}")
     def report_file(report_id: str, name: str, who: Who) -> FileResponse:
-        path = board.runs.report_file(report_id, name.rsplit("/", 1)[-1])
-        return FileResponse(path, media_type="video/mp4" if path.suffix == ".mp4" else "image/png")
+        name = name.rsplit("/", 1)[-1]
+        path = board.runs.report_file(report_id, name)  # a bucket report's file is its read-cache entry: no suffix
+        return FileResponse(path, media_type="video/mp4" if name.endswith(".mp4") else "image/png")
 
     json_errors(app)
 

@@ -240,7 +240,7 @@
               ...e.videos.map((v) => el("video", { controls: true, muted: true, preload: "metadata", src: `/media/report/${enc(e.id)}/${enc(v)}` })),
             ),
           )
-        : [el("p", { class: "muted" }, "No evaluation of this release in the report folders.")]),
+        : [el("p", { class: "muted" }, "No evaluation of this release beside its run in the bucket or in the report folders.")]),
     );
     const lineage = data.lineage;
     $("#lineage-summary").replaceChildren(
