@@ -448,6 +448,13 @@ def test_an_episode_plays_its_own_segment_of_the_shared_video(ui, browser, tmp_p
     assert (
         part.status_code == 206 and len(part.content) == 100 and part.headers["content-range"].startswith("bytes 0-99/")
     )
+    whole = ui.call("GET", video.removeprefix(ui.url), cookies=cookies)  # no Range: the whole file, streamed
+    assert whole.status_code == 200 and whole.content[:100] == part.content
+    assert len(whole.content) == int(part.headers["content-range"].rsplit("/", 1)[1])
+    past = ui.call(
+        "GET", video.removeprefix(ui.url), headers={"range": f"bytes={len(whole.content)}-"}, cookies=cookies
+    )
+    assert past.status_code == 416
     assert ui.call("GET", f"/media/bucket?url={DATASET}/meta/info.json", cookies=cookies).status_code == 400
     page.context.close()
 

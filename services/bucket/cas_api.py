@@ -15,7 +15,6 @@ This module only maps HTTP to CasStore calls; CasError types become statuses by 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -25,10 +24,10 @@ from starlette.concurrency import run_in_threadpool
 
 from robotloop.storage.server import cas
 from services.errors import http_status
+from services.ranges import parse_range
 
 Authorize = Callable[[Request, bool], Any]  # returns the token's claims (whatever `MayRead` understands)
 MayRead = Callable[[Any, str], bool]
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 XORB_PREFIXES = ("default",)
 DEDUP_PREFIXES = ("default", "default-merkledb")  # hf_xet 1.8 sends "default"; the spec names the other
 
@@ -63,19 +62,6 @@ async def _body(request: Request, limit: int) -> bytes:
 def _check_prefix(prefix: str, allowed: tuple[str, ...]) -> None:
     if prefix not in allowed:
         raise HTTPException(400, f"unknown prefix {prefix!r}; expected one of {', '.join(allowed)}")
-
-
-def _parse_range(header: str | None) -> tuple[int | None, int | None] | None:
-    """'bytes=a-b' -> (a, b) inclusive; open ends become None. Multi-range is refused (416)."""
-    if header is None:
-        return None
-    m = _RANGE.match(header.strip())
-    if not m or m.groups() == ("", ""):
-        raise HTTPException(416, f"unsupported Range header {header!r}; use a single bytes=a-b")
-    a, b = (int(g) if g else None for g in m.groups())
-    if a is not None and b is not None and a > b:
-        raise HTTPException(416, f"Range start {a} > end {b}")
-    return a, b
 
 
 def cas_router(
@@ -113,7 +99,7 @@ def cas_router(
         claims = authorize(request, False)
         if not await _run(request, may_read, claims, file_hash):  # the same answer as for an unknown file
             raise HTTPException(404, f"file {file_hash} is not registered")
-        rng = _parse_range(request.headers.get("range"))
+        rng = parse_range(request.headers.get("range"))
         byte_range = None
         if rng is not None:
             a, b = rng
@@ -147,7 +133,7 @@ def cas_router(
                 f"fetch URL for xorb {xorb_hash} is missing, expired or not validly signed; "
                 "use the URLs of a reconstruction",
             )
-        rng = _parse_range(request.headers.get("range"))
+        rng = parse_range(request.headers.get("range"))
         a, b = rng if rng else (None, None)
         if a is None and b is not None:  # suffix range "bytes=-n"
             total = await _run(request, store.xorb_size, xorb_hash)

@@ -56,8 +56,10 @@ from robotloop.errors import CATEGORY_STATUS, BadValue, lookup
 from robotloop.service_client import ServiceError
 from robotloop.storage import BucketUrl, StorageError
 from robotloop.ui import Dashboard, DatasetViews
+from services import ranges
 from services.errors import error_response, json_errors
 from services.limits import BodyLimit
+from services.ranges import RangeNotSatisfiable
 from services.serve import serve_app
 from services.ui import UiOptions
 
@@ -155,29 +157,17 @@ Guarded = Depends(same_origin)
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
-    """`[start, end)` of a ``Range: bytes=a-b`` header (one range; ``a-`` and ``-n`` forms), clipped to
-    `size` and to MAX_RANGE_BYTES for an open end; None for no header or one this does not serve (then the
-    whole file goes).
+    """`[start, end)` of a video request's `Range` (`services.ranges`), an open end clipped to MAX_RANGE_BYTES;
+    None for no header or one this does not serve: then the whole file goes, as RFC 9110 lets a server answer.
 
     Raises:
         RangeNotSatisfiable: a range past the end of the file.
     """
-    from robotloop.storage.server.cas import RangeNotSatisfiable
-
-    if not header or not header.startswith("bytes=") or "," in header:
-        return None
-    first, _, last = header[6:].strip().partition("-")
     try:
-        if first == "":
-            start, end = max(0, size - int(last)), size
-        else:
-            start = int(first)
-            end = min(size, int(last) + 1) if last else min(size, start + MAX_RANGE_BYTES)
-    except ValueError:
+        byte_range = ranges.parse_range(header)
+    except RangeNotSatisfiable:
         return None
-    if start >= size or end <= start:
-        raise RangeNotSatisfiable(f"range {header!r} is outside the file's {size} bytes")
-    return start, end
+    return None if byte_range is None else ranges.span(byte_range, size, MAX_RANGE_BYTES)
 
 
 def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard | None = None) -> FastAPI:
@@ -419,9 +409,9 @@ def _import_catalog() -> None:
     dataset_source_class()
 
 
-def _chunks(board: DatasetViews, url: str, size: int, chunk: int = MAX_RANGE_BYTES):
+def _chunks(data: DatasetViews, url: str, size: int, chunk: int = MAX_RANGE_BYTES):
     for start in range(0, size, chunk):
-        yield board.data.read_range(url, start, min(size, start + chunk))
+        yield data.read_range(url, start, min(size, start + chunk))
 
 
 def serve(options: UiOptions, settings: Settings) -> None:
