@@ -289,6 +289,23 @@ def verdicts(parity: list[dict], speed: list[dict]) -> dict:
     return out
 
 
+def merge(paths: list[str]) -> dict:
+    """One table from several runs of this script (each compiles for minutes, so the cases run apart): every run
+    kept whole with its own verdicts (a speed-up is only ever against the bf16 row of the same run), and the
+    summary verdicts taken from the latest run that measured each (case, mode)."""
+    runs = []
+    for path in paths:
+        found = json.loads(Path(path).read_text())
+        run = {k: found.get(k) for k in ("date", "device", "torch", "torchao", "image", "parity_compiled")}
+        run |= {"source": Path(path).name, "parity": found["parity"], "speed": found["speed"]}
+        runs.append(run | {"verdicts": verdicts(found["parity"], found["speed"])})
+    latest: dict = {"parity": {}, "speedup": {}}
+    for run in runs:  # in the order given: later runs win
+        for kind, table in latest.items():
+            table.update({k: {**v, "source": run["source"]} for k, v in run["verdicts"][kind].items()})
+    return {"merged_from": [r["source"] for r in runs], "runs": runs, "verdicts": latest}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
@@ -324,7 +341,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image", default="480x640", help="HxW of the one camera")
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny ACT, 48x64, few steps, no compile")
     ap.add_argument("--out", default=None, help="also write the JSON result here")
+    ap.add_argument(
+        "--merge", nargs="+", metavar="RESULT", help="merge earlier results (in order, later win) into --out"
+    )
     args = ap.parse_args(argv)
+    if args.merge:
+        text = json.dumps(merge(args.merge), indent=2)
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        return 0
 
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
     cases = [CASES[c] for c in args.cases]
@@ -371,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({"speed": row}), file=sys.stderr, flush=True)
 
     result = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "torchao": __import__("torchao").__version__,
