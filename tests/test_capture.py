@@ -375,3 +375,26 @@ def test_an_episode_encoded_elsewhere_is_committed_only_from_the_recorders_own_s
     assert report.episode_index == 0 and report.encode_s == written.encode_s > 0
     assert not Path(written.root).exists()  # staged files go once committed
     assert load_with_lerobot(client, url, tmp_path / "read").meta.total_episodes == 1
+
+
+def test_sim_demos_stream_into_the_encoder_and_failed_ones_leave_nothing(bucket_server, tmp_path):
+    """A sim worker's frames go to the encoder as the replay renders them: a commit is left with the encoder's
+    tail only; a demo that fails (cut short at 30 steps, it never finishes) is dropped, files and all, unless
+    asked to keep it."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    from robotloop.capture.sim_record import record_sim
+
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/demos/datasets/streamed")
+    recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / "stage")
+    cut = record_sim(recorder, "transfer_cube", 1, image_size=(24, 32), max_steps=30, max_attempts=2)
+    assert cut.committed == [] and len(cut.failed_seeds) == 2
+    assert not list((tmp_path / "stage").glob("episode-*"))  # the failed demos' streamed files are gone
+    kept = record_sim(recorder, "transfer_cube", 1, image_size=(24, 32), max_steps=30, keep_failed=True)
+    (commit,) = kept.committed
+    assert commit.frames == 30 and commit.encode_s < 5.0
+    client.fetch(url, tmp_path / "ds")
+    dataset = LeRobotDataset(url.bucket_id, root=tmp_path / "ds")
+    assert dataset.meta.total_frames == 30 and not bool(dataset[29]["next.success"])
+    assert dataset[0]["observation.images.top"].shape == (3, 24, 32)

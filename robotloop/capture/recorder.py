@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -455,17 +456,57 @@ def write_episode(spec: DatasetSpec, repo_id: str, staging: Path, episode: Episo
     """
     episode.validate(spec.cameras, spec.state_dim, spec.action_dim)
     t0 = time.perf_counter()
-    # The whole episode is in memory already: let the encoder queue hold all of it, so feeding never waits
-    # on (or, as lerobot does when its queue stays full, drops frames for) a slow encoder.
-    dataset = _episode_dataset(spec, repo_id, staging, encoder_queue_frames=len(episode))
-    try:
-        for t in range(len(episode)):
-            dataset.add_frame(episode_frame(spec, episode, t))
-        _flush(dataset)
-    except BaseException:
-        shutil.rmtree(Path(dataset.root).parent, ignore_errors=True)
-        raise
-    return WrittenEpisode(str(dataset.root), len(episode), time.perf_counter() - t0)
+    writer = EpisodeWriter(spec, repo_id, staging, max_frames=len(episode))
+    for t in range(len(episode)):
+        writer.add(episode_frame(spec, episode, t), check=False)  # validated whole above
+    written = writer.finish()
+    return dataclasses.replace(written, encode_s=time.perf_counter() - t0)  # a whole episode: all of its encode
+
+
+class EpisodeWriter:
+    """One episode written as it happens, into a one-episode dataset under `staging` (what `write_episode` does for
+    a whole one): frames go to lerobot's streaming encoder as they come, so `finish` is left with the encoder's
+    tail only. A sim worker streams its demo's frames while it renders them. `max_frames` bounds the encoder's
+    queue: up to that many frames never wait for (nor are dropped by) the encoder."""
+
+    def __init__(self, spec: DatasetSpec, repo_id: str, staging: Path, max_frames: int) -> None:
+        self.spec, self.frames = spec, 0
+        self.dataset = _episode_dataset(spec, repo_id, staging, encoder_queue_frames=max_frames)
+
+    def add(self, frame: dict, check: bool = True) -> None:
+        """Add one frame in lerobot's frame format (see `episode_frame`); `check=False` for frames of an `Episode`
+        already validated whole.
+
+        Raises:
+            BadEpisode: the frame does not fit the spec (the episode is discarded).
+        """
+        try:
+            if check:
+                check_frame(self.spec, frame)
+            self.dataset.add_frame(frame)
+        except BaseException:
+            self.discard()
+            raise
+        self.frames += 1
+
+    def finish(self) -> WrittenEpisode:
+        """Flush the encoder's tail and the episode's files; `encode_s` is that tail's time."""
+        t0 = time.perf_counter()
+        try:
+            _flush(self.dataset)
+        except BaseException:
+            self.discard()
+            raise
+        return WrittenEpisode(str(self.dataset.root), self.frames, time.perf_counter() - t0)
+
+    def discard(self) -> None:
+        """Drop what was written (a failed demo, or an error), as `LiveEpisode.abort` does."""
+        try:
+            with contextlib.suppress(Exception):  # an error may have left lerobot's writer half-closed already
+                self.dataset.clear_episode_buffer()
+                self.dataset.finalize()
+        finally:
+            shutil.rmtree(Path(self.dataset.root).parent, ignore_errors=True)
 
 
 def _episode_dataset(spec: DatasetSpec, repo_id: str, staging: Path, encoder_queue_frames: int | None):
@@ -502,14 +543,28 @@ def episode_frame(spec: DatasetSpec, episode: Episode, t: int) -> dict:
     """Frame `t` of `episode` in lerobot's frame format (what `LiveEpisode.add_frame` takes). `episode` may be any
     frames with an Episode's arrays (images, state, action, reward, success), such as a capture batch; the frame
     then has no task."""
-    frame = {f"observation.images.{name}": frames[t] for name, frames in episode.images.items()}
-    frame[STATE_KEY] = np.asarray(episode.state[t], np.float32)
-    frame[ACTION_KEY] = np.asarray(episode.action[t], np.float32)
+    return lerobot_frame(
+        spec,
+        {name: frames[t] for name, frames in episode.images.items()},
+        episode.state[t],
+        episode.action[t],
+        0.0 if episode.reward is None else float(episode.reward[t]),
+        episode.success is not None and bool(episode.success[t]),
+        getattr(episode, "task", None),
+    )
+
+
+def lerobot_frame(
+    spec: DatasetSpec, images: dict, state, action, reward: float, success: bool, task: str | None = None
+) -> dict:
+    """One frame in lerobot's frame format from its parts (reward and success only if `spec` records them)."""
+    frame = {f"observation.images.{name}": image for name, image in images.items()}
+    frame[STATE_KEY] = np.asarray(state, np.float32)
+    frame[ACTION_KEY] = np.asarray(action, np.float32)
     if spec.with_reward:
-        reward = 0.0 if episode.reward is None else float(episode.reward[t])
         frame[REWARD_KEY] = np.array([reward], np.float32)
-        frame[SUCCESS_KEY] = np.array([episode.success is not None and bool(episode.success[t])])
-    if (task := getattr(episode, "task", None)) is not None:
+        frame[SUCCESS_KEY] = np.array([success])
+    if task is not None:
         frame["task"] = task
     return frame
 

@@ -18,8 +18,7 @@ from pathlib import Path
 from ..errors import BadValue
 from ..sim.tasks import TASKS
 from ..workers import die_with_parent
-from .episode import Episode
-from .recorder import CommitReport, DatasetRecorder, DatasetSpec, WrittenEpisode, write_episode
+from .recorder import CommitReport, DatasetRecorder, DatasetSpec, EpisodeWriter, WrittenEpisode, lerobot_frame
 
 TASK_TEXT = {name: spec.text for name, spec in TASKS.items()}  # the sim tasks recordable, by name
 
@@ -58,12 +57,24 @@ def _demo(
 ) -> tuple[int, bool, WrittenEpisode | None]:
     from ..sim import get_task, record_demo  # imported in the worker: each process owns its own MuJoCo and renderer
 
-    demo = record_demo(task, seed, image_size=image_size, max_steps=max_steps)
+    spec = get_task(task)
+    # The frames stream into the encoder while the replay renders the next ones, so the demo's end leaves only
+    # the encoder's tail (a failed demo's files are dropped).
+    writer = EpisodeWriter(target.spec, target.repo_id, target.staging, max_frames=max_steps or spec.episode_length)
+
+    def stream(frame, state, action, reward) -> None:
+        solved = reward >= spec.max_reward
+        writer.add(lerobot_frame(target.spec, {"top": frame}, state, action, reward, solved, TASK_TEXT[task]))
+
+    try:
+        demo = record_demo(task, seed, image_size=image_size, max_steps=max_steps, on_step=stream)
+    except BaseException:
+        writer.discard()
+        raise
     if not (demo.success or keep_failed):
+        writer.discard()
         return seed, False, None
-    solved = demo.rewards >= get_task(task).max_reward
-    episode = Episode({"top": demo.frames}, demo.states, demo.actions, TASK_TEXT[task], demo.rewards, solved)
-    return seed, demo.success, write_episode(target.spec, target.repo_id, target.staging, episode)
+    return seed, demo.success, writer.finish()
 
 
 def _init_worker(parent_pid: int) -> None:

@@ -14,6 +14,7 @@ observation before `actions[t]` is applied; `rewards[t]` is the reward after it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -268,12 +269,15 @@ def record_demo(
     image_size: ImageSize | str | None = (480, 640),
     max_steps: int | None = None,
     shadows: bool = True,
+    on_step: Callable[[np.ndarray | None, np.ndarray, np.ndarray, float], None] | None = None,
 ) -> Demo:
     """Scripted demo for `seed`: objects placed as `gym_aloha` `reset(seed=seed)` places them.
 
     `max_steps` defaults to the task's episode length (400, as ACT's scripted datasets). Simulators are
     cached per process (one mocap scene per task, one renderer per task and image size).
     `shadows=False` renders without shadows (faster on CPU; images then differ from gym-aloha's).
+    `on_step(frame, state, action, reward)` is called after each step, as it happens (a recorder streams the
+    frames into its encoder while the replay renders the next ones).
     """
     spec = get_task(task)
     size = parse_image_size(image_size)
@@ -290,6 +294,8 @@ def record_demo(
             frames.append(obs["pixels"]["top"])
         obs, reward, *_ = sim.step(action)
         rewards.append(reward)
+        if on_step is not None:
+            on_step(frames[-1] if size is not None else None, states[-1], action, reward)
     rewards_arr = np.array(rewards, dtype=np.float32)
     return Demo(
         task=spec.name,
