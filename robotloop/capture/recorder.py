@@ -411,12 +411,7 @@ class LiveEpisode:
         if self._aborted:
             return
         self._aborted = True
-        try:
-            if self._encode_s is None:
-                self.dataset.clear_episode_buffer()
-                self.dataset.finalize()
-        finally:
-            shutil.rmtree(Path(self.dataset.root).parent, ignore_errors=True)
+        _drop_episode(self.dataset, writing=self._encode_s is None)
 
 
 def check_frame(spec: DatasetSpec, frame: dict) -> None:
@@ -501,12 +496,18 @@ class EpisodeWriter:
 
     def discard(self) -> None:
         """Drop what was written (a failed demo, or an error), as `LiveEpisode.abort` does."""
-        try:
-            with contextlib.suppress(Exception):  # an error may have left lerobot's writer half-closed already
-                self.dataset.clear_episode_buffer()
-                self.dataset.finalize()
-        finally:
-            shutil.rmtree(Path(self.dataset.root).parent, ignore_errors=True)
+        with contextlib.suppress(Exception):  # an error may have left lerobot's writer half-closed already
+            _drop_episode(self.dataset, writing=True)
+
+
+def _drop_episode(dataset, writing: bool) -> None:
+    """Remove a one-episode dataset's files, stopping its encoder first while it is still `writing`."""
+    try:
+        if writing:
+            dataset.clear_episode_buffer()
+            dataset.finalize()
+    finally:
+        shutil.rmtree(Path(dataset.root).parent, ignore_errors=True)
 
 
 def _episode_dataset(spec: DatasetSpec, repo_id: str, staging: Path, encoder_queue_frames: int | None):

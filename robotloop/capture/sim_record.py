@@ -68,7 +68,7 @@ def _demo(
 
     try:
         demo = record_demo(task, seed, image_size=image_size, max_steps=max_steps, on_step=stream)
-    except BaseException:
+    except BaseException:  # a frame the writer refused has been discarded already; the sim's own errors not
         writer.discard()
         raise
     if not (demo.success or keep_failed):
