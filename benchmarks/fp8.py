@@ -166,6 +166,8 @@ def speed_run(mode: str, case: Case, args, device: torch.device, fast: bool) -> 
         row["auto_step_ms"] = asdict(tp.fp8_step_timing)
     if device.type == "cuda":
         row["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        # A step that falls out of its CUDA graphs pays every kernel launch again: at batch 8 that is most of it.
+        row["cudagraph_skips"] = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
     return row
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from pathlib import Path
 from typing import get_args
 
@@ -267,6 +268,53 @@ def test_auto_measuring_forward_leaves_the_run_random_stream_alone(tmp_path, mon
     l_off = off.loss(batch)
     assert auto.fp8_layers == []
     torch.testing.assert_close(l_auto, l_off, rtol=0, atol=0)
+
+
+def ffn_faster_in_fp8(shape: LinearShape) -> ShapeTiming:
+    """Stands in for GPU timings in a child process (module level: it is pickled there), and says which process
+    timed: the pid goes to the file $FP8_CHILD_PID_FILE names."""
+    Path(os.environ["FP8_CHILD_PID_FILE"]).write_text(str(os.getpid()))
+    return ShapeTiming(bf16_ms=1.3, fp8_ms=1.0 if (shape.in_features, shape.out_features) in FFN else 1.5)
+
+
+def whole_step_faster_in_fp8(model: nn.Module) -> float:  # stands in for the whole step's GPU timing
+    return 1.0 if any(isinstance(m, Float8Linear) for m in model.modules()) else 1.2
+
+
+def no_gpu_here(shape: LinearShape) -> ShapeTiming:  # a child whose GPU measurement fails
+    raise RuntimeError("CUDA error: out of memory")
+
+
+def test_auto_decides_in_a_child_process_and_the_run_converts_its_choice(tmp_path, monkeypatch, caplog) -> None:
+    """What training does on a GPU: the measurements run in a spawned process, the run only converts the names."""
+    monkeypatch.setattr("robotloop.config.cache_home", lambda: tmp_path)  # the child gets the parent's path
+    monkeypatch.setenv("FP8_CHILD_PID_FILE", str(tmp_path / "pid"))
+    settings = _fp8_settings("auto")
+    torch.manual_seed(0)
+    tp = build_policy(
+        FEATURES,
+        _stats(),
+        settings,
+        accelerator=H100,
+        fp8_measure=ffn_faster_in_fp8,
+        fp8_time_step=whole_step_faster_in_fp8,
+        fp8_in_child=True,
+    )
+    assert torch.isfinite(tp.train_step(_batch()))
+    assert int((tmp_path / "pid").read_text()) != os.getpid()  # timed in another process
+    converted = {n for n, m in tp.policy.named_modules() if isinstance(m, Float8Linear)}
+    assert converted == set(tp.fp8_layers) and converted
+    assert all(n.endswith(("linear1", "linear2")) for n in converted)
+    assert tp.fp8_step_timing == ShapeTiming(bf16_ms=1.2, fp8_ms=1.0)
+    assert (tmp_path / "fp8" / "linear_timings.json").exists()
+
+    monkeypatch.setattr("robotloop.config.cache_home", lambda: tmp_path / "empty")  # or the cache would answer
+    broken = build_policy(FEATURES, _stats(), settings, accelerator=H100, fp8_measure=no_gpu_here, fp8_in_child=True)
+    with caplog.at_level(logging.WARNING, logger="robotloop.train.fp8_auto"):
+        assert torch.isfinite(broken.train_step(_batch()))
+    assert broken.fp8_layers == [] and not any(isinstance(m, Float8Linear) for m in broken.policy.modules())
+    assert "deciding in a child process failed (RuntimeError: CUDA error: out of memory" in caplog.text
+    assert "training in bf16" in caplog.text
 
 
 def test_fp8_checkpoint_is_a_plain_lerobot_checkpoint(tmp_path: Path) -> None:

@@ -11,6 +11,9 @@ Modes (`ACTSettings.fp8`, `robotloop train --fp8`):
   step decides: one forward+backward of the model as it is against a copy with those layers in FP8; unless the
   copy is `MIN_SPEEDUP` faster too, nothing is converted. Layers faster alone do not make a faster step: on one
   H200 the large ACT's compiled step ran at 0.71x of bf16 with the 8 layers the shapes picked (BENCHMARKS.md).
+  Training measures in a child process, so that what the measurements compile, capture and allocate never
+  shares a process with the run: measured in-process, "auto" that converted nothing still ran the default
+  ACT's batch-8 step at 0.76x and 0.81x of "off" on one H200, even after resetting dynamo and CUDA graph trees.
   On a device without FP8, "auto" logs that it trains in bf16 and converts nothing.
 
 Which layers (the rule): a plain `nn.Linear` that is *called as a module*, with `in_features` and
@@ -38,7 +41,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import gc
 import json
 import logging
 import os
@@ -365,6 +367,7 @@ class AutoFp8:
     """The "auto" mode's plan, run on the first batch (when token counts are known), before compile.
 
     `measure` times one shape on the training GPU (`gpu_measure`); tests pass a fake timing table instead.
+    Picklable (the measure and step timer given must be too): training runs it in a child process.
     """
 
     accelerator: Accelerator
@@ -375,9 +378,11 @@ class AutoFp8:
     time_step: StepTimer | None = None  # tests pass one; else `apply`'s, which times the real loss
     step_timing: ShapeTiming | None = None  # the whole step's bf16 and FP8 milliseconds, once measured
 
-    def apply(self, model: nn.Module, run_forward: Callable[[], object], time_step: StepTimer) -> list[str]:
-        """Record the candidates' shapes with one forward, time them (cache first), pick the faster ones, and
-        convert them if the whole step with them in FP8 is faster too (`time_step` times one, eager).
+    def decide(self, model: nn.Module, run_forward: Callable[[], object], time_step: StepTimer) -> list[str]:
+        """Record the candidates' shapes with one forward, time them (cache first), pick the faster ones, and keep
+        them only if the whole step with them in FP8 is faster too (`time_step` times one, eager). Converts
+        nothing: the caller converts the names returned (training decides in a child process, see
+        `robotloop.train.policy.decide_fp8_auto_in_child`).
 
         Raises:
             Fp8FormatMismatch: see `check_formats`.
@@ -398,8 +403,7 @@ class AutoFp8:
         chosen = select_layers(shapes, timings, self.min_speedup)
         if chosen and not self._whole_step_faster(model, chosen, self.time_step or time_step):
             chosen = []
-        forget_compiled_state()
-        return convert_linears(model, self.recipe, self.accelerator, only=chosen)
+        return chosen
 
     def _whole_step_faster(self, model: nn.Module, chosen: list[str], time_step: StepTimer) -> bool:
         trial = copy.deepcopy(model)
@@ -423,16 +427,6 @@ class AutoFp8:
             "converting them" if faster else "training in bf16",
         )
         return faster
-
-
-def forget_compiled_state() -> None:
-    """Drop what the per-shape timings compiled (dynamo's caches, their CUDA graphs and memory pools), so the
-    policy compiles from the state an `fp8="off"` run starts in. On one H200, "auto" with no layer converted ran
-    the default ACT's batch-8 step at 0.76x of "off"; leftover graph state is the suspect, not yet confirmed."""
-    if torch.cuda.is_available():
-        torch._dynamo.reset()  # resets the CUDA graph trees too
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 def check_mode(mode: str) -> None:

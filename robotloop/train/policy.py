@@ -46,8 +46,9 @@ from torch import Tensor, nn
 
 from ..compat import normalizer_tensor_stats
 from ..errors import BadValue
-from .fp8 import Accelerator, AutoFp8, Measure, ShapeTiming, StepTimer, gpu_measure, setup_fp8
+from .fp8 import Accelerator, AutoFp8, Measure, ShapeTiming, StepTimer, convert_linears, gpu_measure, setup_fp8
 from .fp8 import check_mode as check_fp8_mode
+from .fp8_auto import Fp8AutoJob, decide_fp8_auto_in_child
 
 log = logging.getLogger(__name__)
 
@@ -413,6 +414,7 @@ class TrainablePolicy:
         fp8_layers: list[str] | None = None,
         fp8_auto: AutoFp8 | None = None,
         camera_sizes: dict[str, tuple[int, int]] | None = None,
+        fp8_job: Fp8AutoJob | None = None,
     ) -> None:
         self.policy = policy
         self.preprocessor = preprocessor
@@ -436,6 +438,7 @@ class TrainablePolicy:
         self._params: list[nn.Parameter] = []  # the optimizer's, for grad clipping
         self.fp8_layers: list[str] = list(fp8_layers or [])
         self._fp8_auto = fp8_auto
+        self._fp8_job = fp8_job  # "auto" decides in a child process built from it
         self.fp8_step_timing: ShapeTiming | None = None  # "auto": the whole step's bf16 / FP8 ms, if it timed it
         self._loss_fn = self._loss_eager
         if settings.compile:
@@ -516,19 +519,29 @@ class TrainablePolicy:
         return self._loss_fn(batch)
 
     def _apply_fp8_auto(self, batch: dict[str, Tensor]) -> None:
-        """fp8="auto", first batch: one eager forward records each linear layer's token count, then the
-        faster-in-FP8 layers are converted if the whole step is faster with them. Before the first compiled
-        call, so compile sees the final modules; the RNG is forked and the buffers (BatchNorm's running
-        statistics) restored, so these passes leave the run as it would be without them."""
+        """fp8="auto", first batch: decide which linear layers train in FP8 (in a child process when this policy
+        has an `Fp8AutoJob`, else here), then convert them, before the first compiled call, so compile sees the
+        final modules. Deciding here leaves the run as it would be without it too (the RNG is forked and the
+        buffers restored), but not the process's compiled and CUDA state: see `decide_fp8_auto_in_child`."""
         auto, self._fp8_auto = self._fp8_auto, None
+        if self._fp8_job is not None:
+            chosen, self.fp8_step_timing = decide_fp8_auto_in_child(self._fp8_job, batch)
+        else:
+            chosen = self.decide_fp8_auto(auto, batch)
+        self.fp8_layers = convert_linears(self.policy, auto.recipe, auto.accelerator, only=chosen) if chosen else []
+
+    def decide_fp8_auto(self, auto: AutoFp8, batch: dict[str, Tensor]) -> list[str]:
+        """`auto`'s choice of layers for this policy on `batch`: one eager forward records each linear layer's
+        token count, `step_ms` times the whole step. Converts nothing."""
         cuda = [self.device] if self.device.type == "cuda" else []
 
         def forward() -> None:
             with torch.no_grad(), torch.random.fork_rng(devices=cuda, device_type=self.device.type):
                 self._loss_eager(batch)
 
-        self.fp8_layers = auto.apply(self.policy, forward, lambda policy: self.step_ms(batch, policy))
+        chosen = auto.decide(self.policy, forward, lambda policy: self.step_ms(batch, policy))
         self.fp8_step_timing = auto.step_timing
+        return chosen
 
     def step_ms(
         self, batch: dict[str, Tensor], policy: ACTPolicy | None = None, warmup: int = 2, steps: int = 5
@@ -650,6 +663,7 @@ def build_policy(
     accelerator: Accelerator | None = None,
     fp8_measure: Measure | None = None,
     fp8_time_step: StepTimer | None = None,
+    fp8_in_child: bool | None = None,
 ) -> TrainablePolicy:
     """Build lerobot's ACTPolicy and its processors for these features and dataset stats.
 
@@ -663,6 +677,8 @@ def build_policy(
             tests pass a simulated GPU).
         fp8_measure: fp8="auto"'s shape timer (default: timing on `device`; tests pass a fake timing table).
         fp8_time_step: fp8="auto"'s whole-step timer (default: the real loss, eager, on `device`).
+        fp8_in_child: fp8="auto" decides in a child process (`robotloop.train.fp8_auto`; default: when both timers
+            are the real ones; tests that ask for it pass picklable timers).
 
     Raises:
         ValueError: bad features or settings. FileNotFoundError / RuntimeError: bad backbone weights file.
@@ -694,7 +710,12 @@ def build_policy(
         steps = list(preprocessor.steps)
         at = next(i for i, s in enumerate(steps) if isinstance(s, NormalizerProcessorStep))
         preprocessor.steps = [*steps[:at], ImageCropResizeProcessorStep(resize_size=settings.image_size), *steps[at:]]
-    return TrainablePolicy(policy, preprocessor, postprocessor, settings, device, fp8_layers, fp8_auto, cameras)
+    job = None
+    if fp8_auto is not None and (fp8_in_child or (fp8_in_child is None and not (fp8_measure or fp8_time_step))):
+        job = Fp8AutoJob(
+            features, stats, settings, str(device), mode, accelerator, fp8_auto.cache_path, fp8_measure, fp8_time_step
+        )
+    return TrainablePolicy(policy, preprocessor, postprocessor, settings, device, fp8_layers, fp8_auto, cameras, job)
 
 
 __all__ = [
