@@ -66,7 +66,8 @@ H200_RECIPE = dict(
 # Per-task values on top of the h200 preset. Insertion (two objects, a tighter goal) gets twice the demos, sees the
 # camera at 240x320 (the peg and the socket's hole are a few pixels wide at 120x160) and trains 15,000 steps, ~25
 # passes over its 100 demos: 6,000 steps scored 18%, and the sweep's 240x320 run scored 10%, 55% and 80% of its
-# evaluations at 5,000, 10,000 and 15,000 steps (benchmarks/results/recipes_h200_insertion.json).
+# evaluations at 5,000, 10,000 and 15,000 steps (benchmarks/results/recipes_h200_insertion.json); the loop with
+# these values scored 80% too (benchmarks/results/loop_h200_insertion.json).
 H200_TASKS: dict[str, dict[str, Any]] = {
     "insertion": dict(episodes=100, steps=15000, policy=dict(H200_RECIPE, image_size=(240, 320))),
 }
@@ -118,7 +119,7 @@ class LoopSettings:
     def preset(cls, name: str, **overrides: Any) -> LoopSettings:
         """`cpu` (the default: small images, a tiny ACT, minutes on 2 cores; the policy is not expected to succeed)
         or `h200` (50 demos at 480x640, lerobot's default-size ACT trained with `H200_RECIPE` for 3,000 steps at
-        batch 64, 50 evaluation episodes, about 5 minutes on one H200; BENCHMARKS.md has its success rates.
+        batch 64, 50 evaluation episodes, under 5 minutes on one H200; BENCHMARKS.md has its success rates.
         `H200_TASKS` holds the per-task values, e.g. Insertion's 100 demos and 15,000 compiled steps). `overrides` win.
 
         Raises:
