@@ -105,6 +105,8 @@ def test_training_starts_once_the_first_demos_land_and_folds_in_the_rest(bucket_
     assert at_train_start and 1 <= at_train_start[0] < 3  # training began before recording ended
     assert report.episodes == 3 and dataset_info(client, settings.dataset_url).episodes == 3
     assert report.train.steps == 2 and report.episodes_trained_on >= 1
+    # The recording's own time runs on beside training: longer than its stage, within the loop's wall time.
+    assert report.stage_s["record"] < report.recording_s <= report.wall_s
     assert report.eval is not None and report.release.endswith("-2")
     with pytest.raises(ValueError, match="train_after"):
         LoopSettings(episodes=2, train_after=0)

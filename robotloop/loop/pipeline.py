@@ -178,6 +178,7 @@ class LoopReport:
     episodes: int = 0
     episodes_trained_on: int = 0  # in the trainer's buffer at its last progress report
     bytes_recorded: int = 0  # the episodes' own files as written
+    recording_s: float = 0.0  # the recording's own time: its start to the last demo committed (beside training too)
     bytes_uploaded: int = 0  # what went over the wire (after Xet dedup), metadata included
     train: TrainReport | None = None
     release: str | None = None
@@ -293,8 +294,11 @@ def _record(
     on_event: Callable[[str, int, Any], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> None:
+    started = time.monotonic() - report.recording_s  # a later recording in this run adds its own time
+
     def count(kind: str, seed: int, commit: Any) -> None:  # as each demo lands: live mode reads them meanwhile
         if kind == "committed":
+            report.recording_s = time.monotonic() - started
             report.episodes += 1
             report.bytes_recorded += commit.episode_bytes
             report.bytes_uploaded += commit.bytes_sent
