@@ -54,10 +54,6 @@ def upload_report(client: BucketClient, report: LoopReport, directory: Path | No
     return url
 
 
-def _rate(report: LoopReport) -> str:
-    return f" ({60 * report.episodes / report.recording_s:.1f} episodes/min)" if report.recording_s else ""
-
-
 def summary(report: LoopReport) -> dict:
     """The figures as plain JSON types."""
     t, e = report.train, report.eval
@@ -119,7 +115,8 @@ def markdown(report: LoopReport) -> str:
     lines += [f"| **total** | **{report.total_s:.1f}** | |", ""]
     ratio = report.bytes_uploaded / report.bytes_recorded if report.bytes_recorded else float("nan")
     lines.append(
-        f"- Episodes recorded: {report.episodes} in {report.recording_s:.1f} s of recording{_rate(report)}; "
+        f"- Episodes recorded: {report.episodes} in {report.recording_s:.1f} s of recording"
+        f"{f' ({rate} episodes/min)' if (rate := d['episodes_per_min']) else ''}; "
         f"bytes recorded {report.bytes_recorded / 1e6:.2f} MB, "
         f"uploaded {report.bytes_uploaded / 1e6:.2f} MB ({ratio:.2f}x, Xet dedup and metadata included)."
     )

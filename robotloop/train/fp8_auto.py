@@ -13,7 +13,7 @@ processes of this run on this machine, never a network path).
 
 Example:
     ```python
-    >>> job = Fp8AutoJob(features, stats, settings, "cuda:0", "reduce-overhead", Accelerator.detect("cuda"), path)
+    >>> job = Fp8AutoJob(features, stats, settings, "cuda:0", Accelerator.detect("cuda"), path)
     >>> chosen, timing = decide_fp8_auto_in_child(job, batch)  # ([] and None when the child fails: bf16)
     ```
 """
@@ -51,7 +51,6 @@ class Fp8AutoJob:
     stats: dict[str, dict[str, Any]]
     settings: ACTSettings
     device: str
-    compile_mode: str  # the shapes are timed compiled as training will run them
     accelerator: Accelerator
     cache_path: Path
     measure: Measure | None = None
@@ -102,7 +101,7 @@ def _child_main(job: Fp8AutoJob, batch: dict[str, Tensor], answers) -> None:
         tp = build_policy(job.features, job.stats, plain, job.device, accelerator=job.accelerator)
         auto = AutoFp8(
             job.accelerator,
-            job.measure or gpu_measure(job.device, job.compile_mode),
+            job.measure or gpu_measure(job.device, job.settings.compile_mode),  # compiled as training will run
             cache_path=job.cache_path,
             time_step=job.time_step,
         )

@@ -697,9 +697,12 @@ def build_policy(
         use_fused_attention(policy)
     policy.to(device)
     accelerator = accelerator or Accelerator.detect(device)
-    mode = settings.compile_mode if settings.compile else "default"
-    fp8_layers, fp8_auto = setup_fp8(
-        policy, settings.fp8, accelerator, lambda: fp8_measure or gpu_measure(device, mode), fp8_time_step
+    fp8_layers, fp8_auto = setup_fp8(  # compile_mode is "default" without compile: cuda_graphs and autotune need it
+        policy,
+        settings.fp8,
+        accelerator,
+        lambda: fp8_measure or gpu_measure(device, settings.compile_mode),
+        fp8_time_step,
     )
     if settings.channels_last:
         policy.model.backbone.to(memory_format=torch.channels_last)
@@ -710,10 +713,11 @@ def build_policy(
         steps = list(preprocessor.steps)
         at = next(i for i, s in enumerate(steps) if isinstance(s, NormalizerProcessorStep))
         preprocessor.steps = [*steps[:at], ImageCropResizeProcessorStep(resize_size=settings.image_size), *steps[at:]]
+    real_timers = not (fp8_measure or fp8_time_step)
     job = None
-    if fp8_auto is not None and (fp8_in_child or (fp8_in_child is None and not (fp8_measure or fp8_time_step))):
+    if fp8_auto is not None and (real_timers if fp8_in_child is None else fp8_in_child):
         job = Fp8AutoJob(
-            features, stats, settings, str(device), mode, accelerator, fp8_auto.cache_path, fp8_measure, fp8_time_step
+            features, stats, settings, str(device), accelerator, fp8_auto.cache_path, fp8_measure, fp8_time_step
         )
     return TrainablePolicy(policy, preprocessor, postprocessor, settings, device, fp8_layers, fp8_auto, cameras, job)
 
