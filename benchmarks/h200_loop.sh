@@ -14,7 +14,8 @@
 #   fp8prof   benchmarks/fp8_profile.py on the large ACT at batch 128, bf16 against tensorwise: eager, then compiled
 #             with TORCH_LOGS naming graph breaks and skipped CUDA graphs (one process at a time: ~20 GiB each)
 #   fp8speed  benchmarks/fp8.py's speed table, side by side in waves ($FP8_WAVES, default the large ACT's five
-#             processes, then the default ACT's ten: all fifteen at once would not fit the GPU's memory; $FP8_MODES)
+#             processes, then the default ACT's ten: all fifteen at once would not fit the GPU's memory; $FP8_MODES,
+#             where a mode named twice runs twice: FP8_MODES="off auto off auto" measures the run's own noise)
 # $STEPS names them in order (default "tc alone insertion+eval200"); steps joined by "+" run at the same time
 # (timings of a step that shared the machine say so in BENCHMARKS.md). Results go to $1 (default /tmp/h200-loop):
 # logs, report.json/report.md, eval_report.json, and results.tar.gz holding all of them, rebuilt as each step ends
