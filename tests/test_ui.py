@@ -472,6 +472,8 @@ def test_a_report_renders_with_its_markup_escaped(ui, browser, tmp_path):
     report_id = page.url.rsplit("/", 1)[-1]
     assert ui.call("GET", f"/media/report/{report_id}/notes.txt", cookies=cookies).status_code == 404  # figures only
     assert ui.call("GET", f"/media/report/{report_id}/..%2Freport.json", cookies=cookies).status_code == 404
+    for name in ("loss.png", "%0Aloss.png"):  # no session: refused, whatever the name (a newline included)
+        assert ui.call("GET", f"/media/report/{report_id}/{name}").status_code == 401, name
     page.screenshot(path=tmp_path / "report.png", full_page=True)
     page.context.close()
 

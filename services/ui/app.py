@@ -362,9 +362,10 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
         found = board.runs.report(report_id)
         return {**found, "html": render_markdown(found["markdown"], report_id)}
 
-    @app.get("/media/report/{report_id}/{name:path}")
+    # One path segment: a report's files are addressed by name alone. (Starlette's `path` convertor is `.*`,
+    # which stops at a newline: such a path then matched no route and got 404 before the session check.)
+    @app.get("/media/report/{report_id}/{name}")
     def report_file(report_id: str, name: str, who: Who) -> FileResponse:
-        name = name.rsplit("/", 1)[-1]
         path = board.runs.report_file(report_id, name)  # a bucket report's file is its read-cache entry: no suffix
         return FileResponse(path, media_type="video/mp4" if name.endswith(".mp4") else "image/png")
 
