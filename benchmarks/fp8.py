@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -318,12 +319,13 @@ def verdicts(parity: list[dict], speed: list[dict]) -> dict:
             rel = abs(r["final_loss"] - base) / base
             out["parity"][r["mode"]] = {"relative_diff": round(rel, 4), "ok": rel <= PARITY_TOLERANCE}
     bf16: dict = {}  # (case, batch) -> the first "off" row's samples/s: the baseline
-    seen: dict = {}  # (case, batch, mode) -> how many rows so far: a mode given twice (`--modes off off auto`)
+    seen: Counter = Counter()  # rows so far per (case, batch, mode): a mode given twice (`--modes off off auto`)
     for r in speed:
         if "samples_per_s" not in r:
             continue
-        key, n = (r["case"], r["batch"]), seen.get((r["case"], r["batch"], r["mode"]), 0) + 1
-        seen[(*key, r["mode"])] = n
+        key = (r["case"], r["batch"])
+        seen[(*key, r["mode"])] += 1
+        n = seen[(*key, r["mode"])]
         if r["mode"] == "off" and n == 1:
             bf16[key] = r["samples_per_s"]
             continue
@@ -384,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--gate", dest="gate_spec", default=None, help=argparse.SUPPRESS
-    )  # FOLDER:TOTAL:NAME, set by --speed-side-by-side
+    )  # FOLDER:TOTAL:INDEX, set by --speed-side-by-side
     ap.add_argument("--pool", type=int, default=512, help="samples in the parity data pool")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument(
