@@ -225,6 +225,7 @@ def parity_side_by_side(args) -> list[dict]:
         "--image",
         args.image,
         *(["--parity-eager"] if args.parity_eager else []),
+        *(["--inductor", *args.inductor] if args.inductor else []),
         *(["--quick"] if args.quick else []),
     ]
     with tempfile.TemporaryDirectory() as tmp:
@@ -274,6 +275,7 @@ def speed_side_by_side(args, cases: list[Case]) -> list[dict]:
                 f"{gate}:{len(jobs)}:{i}",
                 "--rounds",
                 str(args.rounds),
+                *(["--inductor", *args.inductor] if args.inductor else []),
                 *(["--quick"] if args.quick else []),
             ]
             procs.append((case, mode, out, subprocess.Popen(cmd, stdout=subprocess.DEVNULL)))
@@ -292,6 +294,29 @@ def speed_side_by_side(args, cases: list[Case]) -> list[dict]:
                 else {"case": case.name, "batch": case.batch, "mode": mode, "error": f"exit {p.returncode}, no output"}
             )
         return rows
+
+
+def set_inductor(settings: list[str]) -> None:
+    """Apply `--inductor` entries ("triton.prefer_nd_tiling=True") to torch._inductor.config.
+
+    Raises:
+        SystemExit: an entry without "=", or naming no such setting (a typo would otherwise be a silent no-op).
+    """
+    import ast
+
+    import torch._inductor.config as inductor_config
+
+    for entry in settings:
+        key, sep, text = entry.partition("=")
+        if not sep:
+            raise SystemExit(f"--inductor {entry!r}: expected KEY=VALUE")
+        *parents, name = key.split(".")
+        target = inductor_config
+        for part in parents:
+            target = getattr(target, part, None)
+        if target is None or not hasattr(target, name):
+            raise SystemExit(f"--inductor {entry!r}: torch._inductor.config has no {key!r}")
+        setattr(target, name, ast.literal_eval(text))
 
 
 def guarded(fn, mode: str, *rest) -> dict:
@@ -397,6 +422,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--image", default="480x640", help="HxW of the one camera")
+    ap.add_argument(
+        "--inductor",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set torch._inductor.config entries in every process, e.g. triton.prefer_nd_tiling=True: a compiler"
+        " setting tried on bf16 and FP8 alike, so the ratios stay side by side",
+    )
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny ACT, 48x64, few steps, no compile")
     ap.add_argument("--out", default=None, help="also write the JSON result here")
     ap.add_argument(
@@ -410,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.out).write_text(text + "\n")
         return 0
 
+    set_inductor(args.inductor)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.quick else "cpu")
     cases = [CASES[c] for c in args.cases]
     if args.quick:
@@ -461,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         "torchao": __import__("torchao").__version__,
         "image": list(args.hw),
         "parity_compiled": fast and not args.parity_eager,
+        "inductor": args.inductor,
         "cases": [asdict(c) for c in cases],
         "parity": parity,
         "speed": speed,

@@ -15,7 +15,8 @@
 #             with TORCH_LOGS naming graph breaks and skipped CUDA graphs (one process at a time: ~20 GiB each)
 #   fp8speed  benchmarks/fp8.py's speed table, side by side in waves ($FP8_WAVES, default the large ACT's five
 #             processes, then the default ACT's ten: all fifteen at once would not fit the GPU's memory; $FP8_MODES,
-#             where a mode named twice runs twice: FP8_MODES="off auto off auto" measures the run's own noise)
+#             where a mode named twice runs twice: FP8_MODES="off auto off auto" measures the run's own noise;
+#             $FP8_INDUCTOR, torch._inductor.config entries for every process, e.g. triton.prefer_nd_tiling=True)
 # $STEPS names them in order (default "tc alone insertion+eval200"); steps joined by "+" run at the same time
 # (timings of a step that shared the machine say so in BENCHMARKS.md). Results go to $1 (default /tmp/h200-loop):
 # logs, report.json/report.md, eval_report.json, and results.tar.gz holding all of them, rebuilt as each step ends
@@ -66,7 +67,8 @@ step_fp8prof() {
 step_fp8speed() {
   # shellcheck disable=SC2086  # FP8_WAVES is a list
   python3 benchmarks/fp8.py --skip parity --speed-side-by-side --speed-waves ${FP8_WAVES:-large-b128 default-b8,default-b64} \
-    --modes ${FP8_MODES:-off tensorwise rowwise rowwise_with_gw_hp auto} --out "$R/fp8_speed.json" > "$R/fp8_speed.log" 2>&1
+    --modes ${FP8_MODES:-off tensorwise rowwise rowwise_with_gw_hp auto} ${FP8_INDUCTOR:+--inductor $FP8_INDUCTOR} \
+    --out "$R/fp8_speed.json" > "$R/fp8_speed.log" 2>&1
 }
 step_fp8train() {
   local mode pids=()
