@@ -169,12 +169,13 @@ def ddp_verdicts(rows: list[dict], skip: int) -> dict:
 
 def checkpoint_facts(client, url: str, load: bool) -> dict:
     """The final checkpoint's loss curve (window means of its per-step losses) and, with `load`, whether lerobot's
-    own ACTPolicy.from_pretrained loads it."""
+    own ACTPolicy.from_pretrained loads it. Fetches only those parts (not the optimizer state)."""
     from robotloop.storage import BucketUrl
 
+    checkpoint = BucketUrl.parse(url)
     with tempfile.TemporaryDirectory() as tmp:
-        client.fetch(BucketUrl.parse(url), tmp)
-        losses = json.loads((Path(tmp) / "training_state" / "training_step.json").read_text())["losses"]
+        saved = client.download(checkpoint / "training_state" / "training_step.json", tmp)
+        losses = json.loads(saved.read_text())["losses"]
         width = max(1, len(losses) // LOSS_WINDOWS)
         curve = [
             [losses[i + width - 1][0], round(sum(v for _, v in losses[i : i + width]) / width, 5)]
@@ -185,6 +186,7 @@ def checkpoint_facts(client, url: str, load: bool) -> dict:
             try:
                 from lerobot.policies.act.modeling_act import ACTPolicy
 
+                client.fetch(checkpoint / "pretrained_model", Path(tmp) / "pretrained_model")
                 policy = ACTPolicy.from_pretrained(Path(tmp) / "pretrained_model")
                 facts["from_pretrained"] = {"ok": True, "parameters": sum(p.numel() for p in policy.parameters())}
             except Exception as e:  # noqa: BLE001 - reported in the table, not raised: the other runs still count
