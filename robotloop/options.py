@@ -150,7 +150,7 @@ def typer_command(
             from_file = kwargs.pop(CONFIG_PARAM, None)
             if config is not None:
                 ctx = kwargs[ctx_name] if ctx_name in kwargs else args[0]
-                values = _with_config(values, config, from_file, ctx)
+                values = _with_config(model, values, config, from_file, ctx)
                 kwargs.pop(CONTEXT_PARAM, None)
             try:
                 options = model.model_validate(values)
@@ -173,12 +173,45 @@ CONFIG_PARAM = "config_file"
 CONTEXT_PARAM = "derived_command_context"  # the click context, when the command itself takes none
 
 
-def _with_config(values: dict[str, Any], read: Callable[[Path], dict[str, Any]], path: Path | None, ctx) -> dict:
+def _with_config(
+    model: type[BaseModel], values: dict[str, Any], read: Callable[[Path], dict[str, Any]], path: Path | None, ctx
+) -> dict:
     """The flags' values, with the file's where a flag was not on the command line; unset required fields left
     out (the model then says which is missing). By the source's name: Typer 0.29 has its own copy of click."""
     given = {k: v for k, v in values.items() if ctx.get_parameter_source(k).name in ("COMMANDLINE", "ENVIRONMENT")}
     defaults = {k: v for k, v in values.items() if k not in given and v not in (None, (), [])}
-    return {**defaults, **(read(path) if path else {}), **given}
+    from_file = config_values(model, read(path)) if path else {}
+    return {**defaults, **from_file, **given}
+
+
+def config_values(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """A config file's mapping as `model`'s fields: a key may be the field's name or any of its flags' (without
+    the dashes, `-` or `_` alike: `dataset` for the repeatable `--dataset`, `policy.chunk_size`), and a single value
+    stands for a one-item list. Unknown keys are kept as they are, for the model to refuse by name.
+
+    Example:
+        ```python
+        >>> config_values(TrainOptions, {"dataset": "hf://buckets/lab/demos/datasets/cube", "batch-size": 8})
+        {'datasets': ['hf://buckets/lab/demos/datasets/cube'], 'batch_size': 8}
+        ```
+    """
+    names: dict[str, str] = {}
+    for name, info in model.model_fields.items():
+        aliases = next((m.aliases for m in info.metadata if isinstance(m, Flag)), ())
+        for spelling in (name, flag(name, info), *aliases):
+            names[_key(spelling)] = name
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = names.get(_key(str(key)), str(key))
+        info = model.model_fields.get(name)
+        if info is not None and get_origin(info.annotation) is list and not isinstance(value, list | tuple):
+            value = [value]
+        out[name] = value
+    return out
+
+
+def _key(spelling: str) -> str:
+    return spelling.lstrip("-").replace("-", "_")
 
 
 def _usage_error(error: ValidationError, model: type[BaseModel], config: Path | None) -> Exception:
@@ -261,4 +294,4 @@ def _tool_field(info: FieldInfo) -> FieldInfo:
     return kept
 
 
-__all__ = ["Flag", "fields", "flag", "to_argv", "tool_parameters", "typer_command"]
+__all__ = ["Flag", "config_values", "fields", "flag", "to_argv", "tool_parameters", "typer_command"]

@@ -398,3 +398,18 @@ def test_sim_demos_stream_into_the_encoder_and_failed_ones_leave_nothing(bucket_
     dataset = LeRobotDataset(url.bucket_id, root=tmp_path / "ds")
     assert dataset.meta.total_frames == 30 and not bool(dataset[29]["next.success"])
     assert dataset[0]["observation.images.top"].shape == (3, 24, 32)
+
+
+def test_a_relative_staging_folder_commits_what_workers_wrote(bucket_server, tmp_path, monkeypatch):
+    """`robotloop loop`'s default `--report-dir loop-report` is relative: its workers' episodes (written under
+    absolute temp folders) must still count as the recorder's own staging, also after a chdir."""
+    from robotloop.capture.recorder import write_episode
+
+    monkeypatch.chdir(tmp_path)
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/relative")
+    recorder = DatasetRecorder(client, url, SPEC, staging=Path("loop-report") / "staging")
+    assert recorder.staging == tmp_path / "loop-report" / "staging"
+    monkeypatch.chdir(tmp_path.parent)  # a command that changes folder later still names the same staging
+    written = write_episode(SPEC, url.bucket_id, recorder.staging, synthetic_episode(0))
+    assert recorder.commit_written(written).episode_index == 0

@@ -204,6 +204,14 @@ def test_a_config_file_holds_options_and_flags_given_win(tmp_path: Path):
     assert got.datasets == ["hf://buckets/lab/cube"] and (got.steps, got.batch_size, got.seed) == (3000, 64, 4)
     assert (got.log_every, got.checkpoint_every, got.chunk_size, got.dim_model, got.lr) == (10, 500, 30, 256, 1e-4)
 
+    # The flags' own names as keys (the README's promise): `dataset` as for the flag, one URL for a list, LeRobot's
+    # `policy.chunk_size` spelling as for its flag alias.
+    for key in ("dataset", "datasets", "--dataset"):
+        (flags := tmp_path / "flags.yaml").write_text(f"{key}: {URL}\noutput: {RUN}\npolicy.chunk_size: 7\n")
+        result = CliRunner().invoke(cli, ["command", "--config", str(flags)])
+        assert result.exit_code == 0, (key, result.output)
+        assert seen[-1].datasets == [URL] and seen[-1].chunk_size == 7
+
     (bad := tmp_path / "bad.yaml").write_text(f"datasets: [{URL}]\noutput: {RUN}\nlearning_rate: 1e-4\n")
     result = CliRunner().invoke(cli, ["command", "--config", str(bad)])
     assert result.exit_code == 2 and "learning_rate" in result.output

@@ -16,7 +16,9 @@ log = logging.getLogger(__name__)
 
 
 def private_dir(path: str | os.PathLike) -> Path:
-    """Create `path` (and its parents) and make `path` itself accessible to this user only (mode 0700).
+    """Create `path` (and its parents), make `path` itself accessible to this user only (mode 0700), and return it
+    absolute: a data root must name the same folder after a `chdir`, and paths made under it (`tempfile.mkdtemp`
+    returns absolute ones) compare equal to it.
 
     Parents keep their modes: only the leaf holds our data. A directory owned by another user is left as it
     is, with a warning (only its owner could change it).
@@ -26,7 +28,7 @@ def private_dir(path: str | os.PathLike) -> Path:
         >>> private_dir(Path("~/.cache/robotloop/read-cache").expanduser())
         ```
     """
-    path = Path(path)
+    path = Path(path).absolute()
     path.mkdir(parents=True, exist_ok=True)
     if stat.S_IMODE(path.stat().st_mode) & 0o077:
         try:

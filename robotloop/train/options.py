@@ -115,11 +115,12 @@ class TrainOptions(BaseModel):
 
 
 def read_train_config(path: Path) -> dict[str, Any]:
-    """`robotloop train --config FILE`'s values: a YAML or JSON mapping of TrainOptions' fields (dashes or
-    underscores), or LeRobot's `train_config.json` (lerobot-train's `--config_path`), of which the fields that
-    mean the same are taken: a bucket dataset (`repo_type: bucket`, repo_id `<ns>/<bucket>[/<path>]`), batch size,
-    steps, seed, log and save intervals, workers, the policy's chunk, action steps, width and learning rate. Where
-    it differs (its local `output_dir`, its device), give the flag.
+    """`robotloop train --config FILE`'s values: a YAML or JSON mapping of TrainOptions' flags (`dataset`, one URL or
+    a list; `batch-size` or `batch_size`: see `robotloop.options.config_values`), or LeRobot's `train_config.json`
+    (lerobot-train's `--config_path`), of which the fields that mean the same are taken: a bucket dataset
+    (`repo_type: bucket`, repo_id `<ns>/<bucket>[/<path>]`), batch size, steps, seed, log and save intervals,
+    workers, the policy's chunk, action steps, width and learning rate. Where it differs (its local `output_dir`,
+    its device), give the flag.
 
     Example:
         ```python
@@ -140,7 +141,7 @@ def read_train_config(path: Path) -> dict[str, Any]:
         raise BadValue(f"{path}: expected a mapping of options, got {type(data).__name__}")
     if isinstance(data.get("policy"), dict) or isinstance(data.get("dataset"), dict):
         return _from_lerobot(data)
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    return data  # keys as the flags' or the fields' names: robotloop.options.config_values maps them
 
 
 def _from_lerobot(cfg: dict[str, Any]) -> dict[str, Any]:
