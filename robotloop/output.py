@@ -1,12 +1,16 @@
 """How every entry point (the `robotloop` commands, `python -m robotloop.train`) reports a failure: one red line,
 escaped (messages hold URLs like `hf://[<TYPE>/]...` that rich would read as markup), and the exit code of the
 error's category (`EXIT_CODES`, the one place they are mapped; the CLI's output module re-exports it beside the
-root group that reports them). Exit code 2 stays typer's, for usage errors. And the progress display every long
-command draws (`progress_bars`), with quieter libraries beside it."""
+root group that reports them). Exit code 2 stays typer's, for usage errors. Log records and Python warnings, ours
+and the libraries', are shown in the same style (`log_to_console`: `warning: ...`, one line each; `--debug` shows
+all of them, with tracebacks). The consoles every command prints through (`cli_console`: never wrapped or cut when
+piped), and the progress display every long command draws (`progress_bars`), with quieter libraries beside it."""
 
 from __future__ import annotations
 
+import logging
 import os
+import traceback
 import warnings
 
 import typer
@@ -27,7 +31,20 @@ from .errors import (
     lookup,
 )
 
-error_console = Console()
+
+def cli_console(stderr: bool = False) -> Console:
+    """A console for a command's output. On a terminal, rich's own (its width, colour); piped or redirected, lines
+    are never wrapped at rich's default 80 columns nor tables cut to it: a path or a sentence stays whole."""
+    console = Console(stderr=stderr)
+    if not console.is_terminal:
+        console.soft_wrap = True  # print() leaves lines as they are
+        console.width = 400  # what a table may take before it wraps a cell (never cuts: columns fold instead)
+    return console
+
+
+error_console = cli_console()
+# What a person sees besides the command's result: warnings, progress. Errors go with the output (`fail`).
+note_console = cli_console(stderr=True)
 
 PROGRESS_BARS_WARNING = "Cannot enable progress bars"  # `datasets`, each time lerobot asks for bars it turned off
 
@@ -53,9 +70,82 @@ def exit_code(error: RobotloopError) -> int:
 
 
 def fail(error: Exception | str, prefix: str = "") -> typer.Exit:
-    """Print `error` and return the Exit to raise: `raise fail(error) from None`."""
+    """Print `error` and return the Exit to raise: `raise fail(error) from None`. With `--debug`, its traceback too."""
+    if _debug and isinstance(error, BaseException) and error.__traceback__ is not None:
+        note_console.print(escape("".join(traceback.format_exception(error))), end="")
     error_console.print(f"[red]error:[/red] {escape(prefix + str(error))}")
     return typer.Exit(exit_code(error) if isinstance(error, RobotloopError) else 1)
+
+
+_debug = False
+
+
+class ConsoleLog(logging.Handler):
+    """Log records as the commands' own lines on stderr: `warning: ...` in yellow, `error: ...` in red, the first line
+    of the message only and each distinct line once per process (a library that warns in every worker or every
+    call says it once). With `debug`, every record in full, its level and logger named, with its traceback."""
+
+    STYLES = {"WARNING": "yellow", "ERROR": "red", "CRITICAL": "red"}
+
+    def __init__(self, debug: bool = False, level: int = logging.WARNING) -> None:
+        super().__init__(logging.DEBUG if debug else level)
+        self.debug = debug
+        self._seen: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            level = record.levelname.lower()
+            if self.debug:
+                line = f"{level} [{record.name}]: {message}"
+                if record.exc_info:
+                    line += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+            else:
+                line = f"{level}: {message.strip().splitlines()[0] if message.strip() else ''}"
+                if line in self._seen:
+                    return
+                self._seen.add(line)
+            style = self.STYLES.get(record.levelname)
+            note_console.print(f"[{style}]{escape(line)}[/{style}]" if style else escape(line), highlight=False)
+        except Exception:  # noqa: BLE001 - logging's own contract: a handler never raises into the caller
+            self.handleError(record)
+
+
+def log_to_console(debug: bool = False, level: int = logging.WARNING) -> None:
+    """Every log record and Python warning of this process as `ConsoleLog` lines: from `level` (warnings and
+    errors), or with `debug` everything from DEBUG up. Call it before lerobot is imported: its first
+    `logging.debug` call would otherwise give the root logger Python's `WARNING:name:message` handler
+    (logging.basicConfig), which any root handler prevents. Other handlers (a test's log capture) stay."""
+    global _debug
+    _debug = debug
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, ConsoleLog)]:
+        root.removeHandler(old)
+    root.addHandler(ConsoleLog(debug, level))
+    root.setLevel(logging.DEBUG if debug else level)
+    if not debug:
+        for noisy in ("httpx", "httpcore", "urllib3", "filelock", "fsspec", "PIL", "matplotlib"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    logging.captureWarnings(False)
+    warnings.showwarning = _show_warning
+
+
+def log_for_service() -> None:
+    """A long-running service's log (`robotloop X serve`): one line per record on stderr with its time, level and
+    logger, robotloop's and the services' own records from INFO (episodes opened and committed, releases published),
+    the libraries' from WARNING."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(logging.WARNING)
+    for ours in ("robotloop", "services"):
+        logging.getLogger(ours).setLevel(logging.INFO)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ARG001 - its signature
+    """A Python warning as a log record of its category, so it reads as every other note (`warning: ...`)."""
+    logging.getLogger("py.warnings").warning("%s", message)
 
 
 def quiet_libraries() -> None:
@@ -67,8 +157,13 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TQDM_DISABLE", "1")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # `datasets` bars ignore TQDM_DISABLE
     # ... and with it set, `datasets` warns whenever lerobot re-enables its bars (six lines per recording).
-    os.environ.setdefault("PYTHONWARNINGS", f"ignore:{PROGRESS_BARS_WARNING}:UserWarning")  # worker processes
+    # A SyntaxWarning is about a library's own source (torchao's, once per worker that compiles it): nothing the
+    # user can act on.
+    os.environ.setdefault(  # worker processes
+        "PYTHONWARNINGS", f"ignore:{PROGRESS_BARS_WARNING}:UserWarning,ignore::SyntaxWarning"
+    )
     warnings.filterwarnings("ignore", message=PROGRESS_BARS_WARNING, category=UserWarning)
+    warnings.filterwarnings("ignore", category=SyntaxWarning)
 
 
 def quiet_encoders() -> None:

@@ -34,8 +34,11 @@ def serve_app(
     """
     import uvicorn  # only when serving: importing a service's options must stay cheap
 
+    from robotloop.output import log_for_service
+
     require_free_port(host, port)
-    log.warning("%s", banner)
+    log_for_service()
+    log.info("%s", banner)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:

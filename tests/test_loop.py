@@ -3,6 +3,7 @@ Real bucket server, real deploy service, real MuJoCo, tiny sizes."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -45,10 +46,19 @@ def test_the_loop_command_goes_from_nothing_to_a_report(bucket_server, tmp_path)
         "--bucket",
         "hf://buckets/lab/loop-cli",
         "--report-dir",
-        str(tmp_path / "report"),
+        "report",  # relative, as the default `loop-report` is: `make demo` runs it so from the clone's root
     ]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "MUJOCO_GL": "egl"})
+    env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    # One style for everything a person sees: the stages, progress lines, `warning: ...` lines (each once), no
+    # logging format, no library prints, no Python values; piped, nothing wraps mid-sentence.
+    seen = run.stdout + run.stderr
+    assert re.search(r"^\s*demos 1/1 in the bucket", run.stdout, re.M), run.stdout
+    assert seen.count("warning: ACT backbone: no local ResNet weights given") == 1, seen
+    for bad in (r"^(WARNING|INFO|ERROR|DEBUG):", r"^\d{4}-\d\d-\d\d \d\d:\d\d", r"Loading weights", r"\(\d+, \d+\)"):
+        assert not re.search(bad, seen, re.M), (bad, seen)
+    assert any(len(line) > 100 for line in run.stdout.splitlines())  # the report's sentences stay whole
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["episodes"] == 1 and report["bytes_uploaded"] > 0
     assert report["train"]["steps"] == 4 and report["release"].endswith("-4")

@@ -77,6 +77,23 @@ def test_a_policy_that_sees_smaller_frames_resizes_them_the_same_way_in_training
         runner.act({**obs, "pixels": {"top": np.zeros((24, 32, 3), np.uint8)}})
 
 
+def test_a_policy_trained_at_the_cameras_size_saves_that_size_for_lerobot_eval(tmp_path):
+    """lerobot-eval renders gym-aloha at 480x640: a policy trained on 48x64 frames must resize them to 48x64 itself
+    (its saved preprocessor), not be fed 480x640 without a word."""
+    policy = build_policy(FEATURES, STATS, _settings())
+    saved = policy.save_pretrained(tmp_path / "ckpt")
+    loaded = ACTPolicy.from_pretrained(saved)
+    pre, _ = make_pre_post_processors(loaded.config, pretrained_path=str(saved))
+    eval_frame = torch.rand(1, 3, 480, 640)
+    out = pre({CAM: eval_frame, "observation.state": torch.zeros(1, 14)})
+    assert out[CAM].shape == (1, 3, H, W)
+    frame = _batch(2, n=1)  # at the camera's size the trainer's path matches lerobot's
+    policy.policy.eval()
+    ours = policy.prepare(frame)
+    theirs = pre({CAM: frame[CAM].float() / 255, "observation.state": frame["observation.state"]})
+    assert torch.allclose(ours[CAM], theirs[CAM], atol=1e-5)
+
+
 def test_learned_batch_norm_is_what_lerobots_frozen_act_loads(tmp_path):
     torch.manual_seed(0)
     policy = build_policy(FEATURES, STATS, _settings(backbone_norm="batch"))

@@ -6,9 +6,10 @@ import faulthandler
 import sys
 from typing import Annotated
 
-from .output import ReportErrors, fail, quiet_libraries
+from .output import ReportErrors, fail, log_to_console, quiet_libraries
 
 quiet_libraries()  # first: tqdm reads its settings when it is imported, and the commands below import it
+log_to_console("--debug" in sys.argv)  # before lerobot's first logging call; sim workers import this module too
 
 import typer
 
@@ -57,8 +58,13 @@ def main(
             help="Access token. Default: ROBOTLOOP_STORAGE__TOKEN, HF_TOKEN, or the embedded server's.", envvar=None
         ),
     ] = None,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="Show every log record and the traceback of a failure.")
+    ] = False,
 ) -> None:
     """Settings come from robotloop.toml, then ROBOTLOOP_* env vars, then these flags."""
+    if debug:
+        log_to_console(debug=True)
     ctx.obj = load_settings({"storage": {"endpoint": endpoint, "token": token}})  # SettingsError: ReportErrors
 
 

@@ -6,13 +6,12 @@ import json
 from typing import Annotated, get_args
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from ..errors import RobotloopError
-from .output import fail
+from .output import cli_console, fail
 
-console = Console()
+console = cli_console()
 PROVIDER_HELP = "bedrock, openai (any OpenAI-compatible endpoint) or ollama. Default: agent.provider (bedrock)."
 
 

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..storage import BucketUrl, connect
+from .output import cli_console
 
-console = Console()
+console = cli_console()
 
 
 def demo(

@@ -6,13 +6,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from ..errors import BadInput
-from .output import JsonOutput, json_result, progress_bars
+from .output import JsonOutput, cli_console, json_result, progress_bars
 
-console = Console()
+console = cli_console()
 
 
 @json_result  # --json: the report on stdout, what the command shows on the way on stderr

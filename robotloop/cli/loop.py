@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import typer
-from rich.console import Console
 
 from ..errors import BadInput
 from ..loop.options import LoopOptions
 from ..options import typer_command
 from ..storage import connect
-from .output import quiet_encoders
+from .output import cli_console, quiet_encoders
 
-console = Console()
+console = cli_console()
 
 
 @typer_command(LoopOptions)
@@ -39,8 +38,13 @@ def loop(ctx: typer.Context, options: LoopOptions) -> None:
             f"data wait {100 * p.data_wait_share:.1f}%"
         )
 
+    def on_demo(kind: str, report) -> None:
+        of = "" if settings.live else f"/{settings.episodes}"
+        failed = f", {report.demos_failed} failed and dropped" if report.demos_failed else ""
+        console.print(f"   demos {report.episodes}{of} in the bucket{failed}  {report.recording_s:.0f} s")
+
     client = connect(ctx.obj)
-    report = run_loop(settings, client, on_stage, on_train)
+    report = run_loop(settings, client, on_stage, on_train, on_demo)
     path = write_report(report)
     console.print(path.read_text().split("![loss]")[0])
     console.print(f"report: {path} (and {upload_report(client, report)})")

@@ -16,7 +16,6 @@ from contextlib import contextmanager, redirect_stdout
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -29,9 +28,20 @@ from rich.progress import (
 from typer.core import TyperGroup
 
 from ..errors import RobotloopError
-from ..output import EXIT_CODES, error_console, exit_code, fail, progress_bars, quiet_encoders, quiet_libraries
+from ..output import (
+    EXIT_CODES,
+    cli_console,
+    error_console,
+    exit_code,
+    fail,
+    log_to_console,
+    note_console,
+    progress_bars,
+    quiet_encoders,
+    quiet_libraries,
+)
 
-console = Console()
+console = cli_console()
 
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts, instead of text.")]
 QuietOutput = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
@@ -93,7 +103,7 @@ def transfer_progress(label: str, off: bool) -> Iterator[_TransferBar | None]:
     """A progress bar on stderr for an upload or download (hf_xet's reports, through `TransferProgress`), or
     None: when `off` (--quiet, --json) or where stderr is no terminal (rich's test: TTY_INTERACTIVE=1 forces it
     on, 0 off), so logs and pipes get only the result line."""
-    stderr = Console(stderr=True)
+    stderr = note_console
     if off or not stderr.is_interactive:
         yield None
         return
@@ -107,10 +117,13 @@ __all__ = [
     "JsonOutput",
     "QuietOutput",
     "ReportErrors",
+    "cli_console",
     "error_console",
     "exit_code",
     "fail",
     "json_result",
+    "log_to_console",
+    "note_console",
     "print_json",
     "progress_bars",
     "quiet_encoders",

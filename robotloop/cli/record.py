@@ -6,16 +6,15 @@ from dataclasses import dataclass, fields
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from ..capture import DatasetRecorder, DatasetSpec
 from ..capture.sim_record import TASK_TEXT, record_sim
 from ..errors import BadInput
 from ..sim.constants import parse_image_size
 from ..storage import BadBucketUrl, BucketUrl, connect
-from .output import fail, progress_bars, quiet_encoders
+from .output import cli_console, fail, progress_bars, quiet_encoders
 
-console = Console()
+console = cli_console()
 CAMERAS_HELP = (
     "LeRobot's --robot.cameras, e.g. '{front: {type: opencv, index_or_path: 0, width: 640, height: 480, fps: 30}}'."
 )

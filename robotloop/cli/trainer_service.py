@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from services.options import serve_command
@@ -16,14 +15,14 @@ from ..config import Settings, load_settings
 from ..errors import RobotloopError
 from ..options import typer_command
 from ..train.jobs import JobSpec
-from .output import JsonOutput, fail, print_json, progress_bars, show
+from .output import JsonOutput, cli_console, fail, print_json, progress_bars, show
 
 app = typer.Typer(
     no_args_is_help=True,
     help="The training service: `serve` takes jobs over HTTP (POST /v1/jobs, cancel, logs), `submit` sends one, "
     "`status` and `list` show them, `watch` follows one. Also spelled `robotloop train serve|submit|...`.",
 )
-console = Console()
+console = cli_console()
 
 
 app.command("serve")(serve_command(TrainerOptions, "services.trainer.app", fail))

@@ -111,6 +111,7 @@ class PolicyRunner:
         """
         from lerobot.policies.act.modeling_act import ACTPolicy
         from lerobot.policies.factory import make_pre_post_processors
+        from safetensors.torch import load_model
 
         path = Path(pretrained_dir)
         _check_files(path)
@@ -128,9 +129,12 @@ class PolicyRunner:
             )
         cfg.device = _check_device(device)
         try:
-            # It prints "Loading weights from local directory" to stdout. Not silenced here: swapping
-            # sys.stdout is process-wide, and robots load a standby policy while the control thread runs.
-            policy = ACTPolicy.from_pretrained(path, config=cfg, strict=True)
+            # What `ACTPolicy.from_pretrained(path, config=cfg, strict=True)` does for a local folder, with the
+            # same safetensors call, without its print("Loading weights from local directory") on stdout
+            # (silencing it would swap sys.stdout, process-wide, while a robot's control thread runs).
+            policy = ACTPolicy(cfg)
+            load_model(policy, str(path / "model.safetensors"), strict=True, device="cpu")
+            policy = policy.to(cfg.device).eval()
         # safetensors' HeaderTooLarge, torch's size mismatch, ...
         except Exception as error:
             raise PolicyLoadError(f"{path / 'model.safetensors'}: cannot load the weights: {error}") from error

@@ -37,6 +37,7 @@ from ..deploy.resolve import resolve_policy
 from ..deploy.runtime import RobotRuntime
 from ..deploy.store import ReleaseStore
 from ..errors import BadValue
+from ..sim.constants import format_image_size
 from ..storage import BucketClient, BucketUrl
 from ..train.data import DataSettings
 from ..train.device import resolve_device
@@ -80,7 +81,7 @@ class LoopSettings:
     task: str = "transfer_cube"
     episodes: int = 4
     image_size: tuple[int, int] = (48, 64)
-    vcodec: str = "libsvtav1"
+    vcodec: str = "h264"  # faster than lerobot's default AV1 on a laptop's CPU; the h200 preset keeps AV1
     record_workers: int = 2
     steps: int = 150
     batch_size: int = 8
@@ -128,6 +129,7 @@ class LoopSettings:
         h200 = dict(
             episodes=50,
             image_size=(480, 640),
+            vcodec="libsvtav1",  # lerobot's default: smaller files, and 16 cores encode it beside the sim workers
             record_workers=15,
             steps=3000,
             batch_size=64,
@@ -176,6 +178,7 @@ class LoopReport:
     settings: LoopSettings
     stage_s: dict[str, float] = field(default_factory=dict)
     episodes: int = 0
+    demos_failed: int = 0  # scripted demos whose expert missed: dropped, their seeds skipped
     episodes_trained_on: int = 0  # in the trainer's buffer at its last progress report
     bytes_recorded: int = 0  # the episodes' own files as written
     recording_s: float = 0.0  # the recording's own time: its start to the last demo committed (beside training too)
@@ -201,6 +204,7 @@ class LoopReport:
 
 
 Stage = Callable[[str, str], None]  # (stage, message): progress for the CLI and notebooks
+Demo = Callable[[str, "LoopReport"], None]  # ("committed" or "failed", the report so far): the recording's progress
 
 
 def run_loop(
@@ -208,9 +212,12 @@ def run_loop(
     client: BucketClient,
     on_stage: Stage = lambda stage, msg: None,
     on_train: Callable[[Progress], None] | None = None,
+    on_demo: Demo | None = None,
 ) -> LoopReport:
     """Record, train, publish, run on a sim robot, evaluate. Writes nothing outside the bucket and
     `settings.report_dir` (keys, robot store, evaluation videos); see `robotloop.loop.report` for the report.
+    `on_stage` hears each stage start, `on_train` each training progress report, `on_demo` each scripted demo that
+    lands in the bucket or fails (its kind, "committed" or "failed", and the report so far).
 
     Raises:
         robotloop.storage.StorageError: the bucket cannot be reached or written.
@@ -220,7 +227,7 @@ def run_loop(
     s.report_dir.mkdir(parents=True, exist_ok=True)
     with GpuMonitor(s.device) as gpu:
         try:
-            _run_stages(s, report, client, on_stage, on_train)
+            _run_stages(s, report, client, on_stage, on_train, on_demo)
         finally:
             report.gpu_util = {stage: gpu.mean(spans) for stage, spans in report.stage_spans.items()}
             spans = [span for spans in report.stage_spans.values() for span in spans]
@@ -228,7 +235,9 @@ def run_loop(
     return report
 
 
-def _run_stages(s: LoopSettings, report: LoopReport, client: BucketClient, on_stage: Stage, on_train) -> None:
+def _run_stages(
+    s: LoopSettings, report: LoopReport, client: BucketClient, on_stage: Stage, on_train, on_demo: Demo | None
+) -> None:
     recorder = DatasetRecorder(
         client, s.dataset_url, DatasetSpec.aloha(s.image_size, s.vcodec), staging=s.report_dir / "staging"
     )
@@ -236,10 +245,12 @@ def _run_stages(s: LoopSettings, report: LoopReport, client: BucketClient, on_st
     overlap = not s.live and s.train_after is not None and s.train_after < s.episodes
     recording = None
     if overlap:
-        recording = _start_recording(recorder, s, report, on_stage)
+        recording = _start_recording(recorder, s, report, on_stage, on_demo)
     else:
-        with _timed(report, "record", on_stage, f"{s.episodes} scripted {s.task} demos at {s.image_size}"):
-            _record(recorder, s, s.episodes, report)
+        with _timed(
+            report, "record", on_stage, f"{s.episodes} scripted {s.task} demos at {format_image_size(s.image_size)}"
+        ):
+            _record(recorder, s, s.episodes, report, on_demo)
     service = None
     try:
         key = s.report_dir / "keys" / "deploy.key"
@@ -248,7 +259,7 @@ def _run_stages(s: LoopSettings, report: LoopReport, client: BucketClient, on_st
         service = start_local_deploy_service(s.report_dir / "deploy", trusted_keys=(public_path(key),))
         deploy = DeployClient(service.url, service.token)
         if s.live:
-            _live(client, recorder, deploy, key, report, on_stage, on_train)
+            _live(client, recorder, deploy, key, report, on_stage, on_train, on_demo)
         else:
             beside = ", demos folded in as they land" if overlap else ""
             with _timed(report, "train", on_stage, f"{s.steps} steps at batch {s.batch_size} on {s.device}{beside}"):
@@ -291,6 +302,7 @@ def _record(
     s: LoopSettings,
     episodes: int,
     report: LoopReport,
+    on_demo: Demo | None = None,
     on_event: Callable[[str, int, Any], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> None:
@@ -302,8 +314,12 @@ def _record(
             report.episodes += 1
             report.bytes_recorded += commit.episode_bytes
             report.bytes_uploaded += commit.bytes_sent
+        elif kind == "failed":
+            report.demos_failed += 1
         if on_event is not None:
             on_event(kind, seed, commit)
+        if on_demo is not None:
+            on_demo(kind, report)
 
     # A restart takes new seeds (past the committed episodes); a later recording in this run starts past every
     # seed tried so far (failed demos are dropped, so the committed count alone would reuse their successors).
@@ -326,18 +342,25 @@ class _Recording:
     ends it early (demos in progress finish and are committed, so it waits for them) and `raise_if_failed()`
     raises what the recording raised so far."""
 
-    def __init__(self, recorder: DatasetRecorder, s: LoopSettings, report: LoopReport, episodes: int | None) -> None:
+    def __init__(
+        self,
+        recorder: DatasetRecorder,
+        s: LoopSettings,
+        report: LoopReport,
+        episodes: int | None,
+        on_demo: Demo | None = None,
+    ) -> None:
         """Record `episodes` demos (None: until stopped)."""
         self.first = threading.Event()  # the first `s.train_after` demos are committed (or recording ended)
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._committed = 0
         self._thread = threading.Thread(
-            target=self._run, args=(recorder, s, report, episodes), name="loop-record", daemon=True
+            target=self._run, args=(recorder, s, report, episodes, on_demo), name="loop-record", daemon=True
         )
         self._thread.start()
 
-    def _run(self, recorder: DatasetRecorder, s: LoopSettings, report: LoopReport, episodes: int | None) -> None:
+    def _run(self, recorder, s: LoopSettings, report: LoopReport, episodes: int | None, on_demo: Demo | None) -> None:
         def on_event(kind: str, seed: int, commit: Any) -> None:
             if kind == "committed":
                 self._committed += 1
@@ -345,7 +368,7 @@ class _Recording:
                 self.first.set()
 
         try:
-            _record(recorder, s, episodes or 1_000_000, report, on_event, self._stop.is_set)
+            _record(recorder, s, episodes or 1_000_000, report, on_demo, on_event, self._stop.is_set)
         except BaseException as error:  # noqa: BLE001 - handed to the caller's thread by finish()
             self.error = error
         finally:
@@ -365,16 +388,18 @@ class _Recording:
             raise self.error
 
 
-def _start_recording(recorder: DatasetRecorder, s: LoopSettings, report: LoopReport, on_stage: Stage) -> _Recording:
+def _start_recording(
+    recorder: DatasetRecorder, s: LoopSettings, report: LoopReport, on_stage: Stage, on_demo: Demo | None
+) -> _Recording:
     """Start recording every demo; return once the first `s.train_after` are in the bucket."""
     with _timed(
         report,
         "record",
         on_stage,
         f"first {s.train_after} of {s.episodes} scripted {s.task} demos at "
-        f"{s.image_size}; the rest are recorded while training runs",
+        f"{format_image_size(s.image_size)}; the rest are recorded while training runs",
     ):
-        recording = _Recording(recorder, s, report, s.episodes)
+        recording = _Recording(recorder, s, report, s.episodes, on_demo)
         recording.first.wait()
         if recording.error is not None:
             recording.finish()
@@ -462,13 +487,12 @@ def _evaluate(s: LoopSettings, model_dir: Path, out: Path) -> EvalReport:
     )
 
 
-def _live(client, recorder, deploy, key, report: LoopReport, on_stage: Stage, on_train) -> None:
+def _live(client, recorder, deploy, key, report: LoopReport, on_stage: Stage, on_train, on_demo) -> None:
     """Recording goes on in a thread while training runs in rounds; each round's checkpoint is published to
     canary, evaluated, and promoted to stable only when it beats the release stable runs."""
     s = report.settings
-    recording = _Recording(
-        recorder, replace(s, record_workers=1), report, episodes=None
-    )  # one worker: CPU for training
+    # One worker: the CPU is for training.
+    recording = _Recording(recorder, replace(s, record_workers=1), report, episodes=None, on_demo=on_demo)
     best: float | None = None
     try:
         for round_ in range(1, s.live_rounds + 1):

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from ..deploy.evaluate import REPORT_FILE as EVAL_REPORT
+from ..sim.constants import format_image_size
 from ..storage import BucketClient, BucketUrl
 from .layout import EVAL_FOLDER, run_report_url
 from .pipeline import LoopReport, settings_dict
@@ -102,7 +103,7 @@ def markdown(report: LoopReport) -> str:
         f"# robotloop loop: {s.run}",
         "",
         (
-            f"{s.task}, {s.episodes} demos at {s.image_size[0]}x{s.image_size[1]}, "
+            f"{s.task}, {s.episodes} demos at {format_image_size(s.image_size)}, "
             f"{'tiny' if s.tiny_policy else 'default'} ACT{_sees(s)}, {s.steps} steps at batch {s.batch_size} on "
             f"{s.device}."
         ),
@@ -156,7 +157,7 @@ def markdown(report: LoopReport) -> str:
 
 def _sees(s) -> str:
     size = s.policy.get("image_size")
-    return f" seeing {size[0]}x{size[1]}" if size else ""
+    return f" seeing {format_image_size(size)}" if size else ""
 
 
 def verdict(e) -> str:

@@ -9,10 +9,15 @@ token as ROBOTLOOP_STORAGE__*).
 """
 
 import faulthandler
+import sys
 
 import typer
 
-from .command import train
+from ..output import log_to_console, quiet_libraries
+
+quiet_libraries()
+log_to_console("--debug" in sys.argv)  # as `robotloop`'s: before lerobot logs anything
+from .command import train  # noqa: E402 - after the libraries are told to be quiet
 
 if __name__ == "__main__":
     faulthandler.enable()  # as `robotloop`: a crash in native code (CUDA, a codec) prints every thread's stack

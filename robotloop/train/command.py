@@ -11,17 +11,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from ..errors import BadInput, RobotloopError
 from ..options import typer_command
-from ..output import fail, progress_bars
+from ..output import cli_console, fail, progress_bars
 from ..storage import BucketUrl, connect
 from .options import TrainOptions, read_train_config
 from .progress import Progress as TrainProgress
 from .progress import progress_line
 
-console = Console()
+console = cli_console()
 
 
 @typer_command(TrainOptions, config=read_train_config)

@@ -91,7 +91,9 @@ def decide_fp8_auto_in_child(
 
 def _child_main(job: Fp8AutoJob, batch: dict[str, Tensor], answers) -> None:
     """The child: the policy as the parent built it, but eager and in bf16 ("off"), then `AutoFp8.decide`."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s:%(name)s:%(message)s")
+    from ..output import log_to_console
+
+    log_to_console(level=logging.INFO)  # in the parent's style, with what it measured and why it chose
     try:
         from .policy import build_policy
 

@@ -283,6 +283,12 @@ def to_policy_features(features: dict[str, Any]) -> dict[str, PolicyFeature]:
     return out
 
 
+def _one_image_size(cfg: ACTConfig) -> tuple[int, int] | None:
+    """The (H, W) every camera input of `cfg` has, or None (no camera, or cameras of different sizes)."""
+    sizes = {tuple(ft.shape[1:]) for ft in cfg.image_features.values()}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
 def make_act_config(features: dict[str, Any], settings: ACTSettings, device: torch.device) -> ACTConfig:
     """lerobot ACTConfig for these features and settings. Never asks torchvision for pretrained weights.
 
@@ -469,7 +475,9 @@ class TrainablePolicy:
                 img = img.contiguous(memory_format=torch.channels_last)  # NHWC before the float copy: cheaper
             if img.dtype == torch.uint8:
                 img = img.to(dtype=torch.float32) / 255.0
-            if self._resize is not None:  # the saved preprocessor's own step: inference resizes the same way
+            # The saved preprocessor's own step, so inference resizes the same way; frames already at the policy's
+            # size (the camera gives it) are not interpolated again.
+            if self._resize is not None and tuple(img.shape[-2:]) != tuple(self._resize.resize_size):
                 img = self._resize.observation({key: img})[key]
                 if self.settings.channels_last:
                     img = img.contiguous(memory_format=torch.channels_last)
@@ -709,10 +717,14 @@ def build_policy(
     preprocessor, postprocessor = make_pre_post_processors(
         cfg, dataset_stats=camera_stats_for(stats, cfg, settings.use_imagenet_stats)
     )
-    if settings.image_size is not None:  # before normalization, as lerobot's HIL pipelines place it
+    # The size the model sees is saved as a resize step, also when the camera already gives it: lerobot-eval renders
+    # gym-aloha at 480x640 and would feed that to a policy trained at 48x64 without a word. Before normalization,
+    # as lerobot's HIL pipelines place it. Cameras of several sizes and no image_size: no one size to resize to.
+    seen = settings.image_size or _one_image_size(cfg)
+    if seen is not None:
         steps = list(preprocessor.steps)
         at = next(i for i, s in enumerate(steps) if isinstance(s, NormalizerProcessorStep))
-        preprocessor.steps = [*steps[:at], ImageCropResizeProcessorStep(resize_size=settings.image_size), *steps[at:]]
+        preprocessor.steps = [*steps[:at], ImageCropResizeProcessorStep(resize_size=seen), *steps[at:]]
     real_timers = not (fp8_measure or fp8_time_step)
     job = None
     if fp8_auto is not None and (real_timers if fp8_in_child is None else fp8_in_child):
