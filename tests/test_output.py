@@ -1,0 +1,86 @@
+"""What a person sees from every command: log records and warnings as the CLI's own one-line notes, never Python's
+logging format; piped output that never wraps or cuts; tracebacks only with --debug. Each check runs in a fresh
+interpreter, as a command does (logging's set-up is process-wide)."""
+
+import subprocess
+import sys
+import textwrap
+
+
+def _python(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_log_records_become_one_line_notes_once_each_and_lerobot_cannot_install_its_format():
+    run = _python(
+        """
+        import logging, warnings
+        from robotloop.output import log_to_console
+        log_to_console()
+        logging.debug("Detected scipy version: 1.0")  # what lerobot's import does: it would call basicConfig()
+        log = logging.getLogger("lerobot.utils.import_utils")
+        for _ in range(3):  # one per worker, per call: said once
+            log.warning("Could not load libtorchcodec. Likely causes:\\n  1. FFmpeg is not installed\\n  2. ...")
+        logging.getLogger("robotloop.deploy").error("refused v7: unsigned")
+        warnings.warn("a library's note", UserWarning)
+        logging.getLogger("robotloop.train").info("not shown without --debug")
+        """
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == [
+        "warning: Could not load libtorchcodec. Likely causes:",
+        "error: refused v7: unsigned",
+        "warning: a library's note",
+    ]
+    assert run.stdout == ""
+
+
+def test_debug_shows_every_record_with_its_logger_and_traceback():
+    run = _python(
+        """
+        import logging
+        from robotloop.output import fail, log_to_console
+        log_to_console(debug=True)
+        logging.getLogger("robotloop.train").info("step timing")
+        try:
+            raise RuntimeError("disk full")
+        except RuntimeError as error:
+            fail(error)
+        """
+    )
+    assert "info [robotloop.train]: step timing" in run.stderr
+    assert "Traceback (most recent call last)" in run.stderr and "RuntimeError: disk full" in run.stderr
+    assert run.stdout.strip() == "error: disk full"
+
+
+def test_an_error_is_one_line_without_debug():
+    run = _python(
+        """
+        from robotloop.output import fail, log_to_console
+        log_to_console()
+        try:
+            raise RuntimeError("disk full")
+        except RuntimeError as error:
+            fail(error)
+        """
+    )
+    assert run.stdout.strip() == "error: disk full" and "Traceback" not in run.stdout + run.stderr
+
+
+def test_piped_output_is_never_wrapped_nor_cut():
+    run = _python(
+        """
+        from rich.table import Table
+        from robotloop.output import cli_console
+        console = cli_console()
+        console.print("word " * 60)
+        table = Table("path", "size")
+        table.add_row("checkpoints/000150/pretrained_model/" + "config" * 20 + ".json", "1.2 kB")
+        console.print(table)
+        """
+    )
+    lines = run.stdout.splitlines()
+    assert lines[0].strip() == ("word " * 60).strip()
+    assert any("config" * 20 + ".json" in line for line in lines), run.stdout
