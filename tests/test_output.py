@@ -84,3 +84,22 @@ def test_piped_output_is_never_wrapped_nor_cut():
     lines = run.stdout.splitlines()
     assert lines[0].strip() == ("word " * 60).strip()
     assert any("config" * 20 + ".json" in line for line in lines), run.stdout
+
+
+def _robotloop(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "robotloop.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_a_usage_error_is_one_line_naming_the_help_and_exits_2():
+    run = _robotloop("train", "--output", "hf://buckets/lab/demos/models/r")
+    assert run.returncode == 2
+    assert (run.stdout + run.stderr).strip().splitlines() == [
+        "error: Invalid value for --dataset: missing: give the option, or its key in a --config file "
+        "(see 'robotloop train --help')"
+    ]
+
+
+def test_piped_help_never_cuts_an_option_name():
+    run = _robotloop("train", "--help")
+    assert run.returncode == 0 and "…" not in run.stdout
+    assert "--policy-image-size" in run.stdout and "--policy.chunk_size" in run.stdout

@@ -34,6 +34,7 @@ from robotloop.config import RobotSettings
 from robotloop.deploy.client import DeployClient, DeployError
 from robotloop.deploy.keys import generate_keypair, load_private_key, load_public_keys, public_path
 from robotloop.deploy.local import LocalDeployService, start_local_deploy_service
+from robotloop.errors import RobotloopError
 from robotloop.service_process import free_port, start_service_process
 from robotloop.storage import BucketClient, BucketUrl
 from robotloop.train.client import TrainerClient
@@ -276,6 +277,16 @@ def test_a_page_without_a_token_asks_for_one_and_shows_nothing(ui, browser, tmp_
     expect(page.locator("#login")).to_be_visible()
     assert ui.call("GET", "/api/fleet", cookies={"robotloop_ui": cookie["value"]}).status_code == 401
     page.context.close()
+
+
+def test_the_dashboard_serves_its_schema_and_names_the_settings_it_lacks(ui, tmp_path):
+    schema = ui.call("GET", "/openapi.json")
+    assert schema.status_code == 200 and schema.json()["info"]["title"] == "robotloop dashboard"
+    from robotloop.train.client import TrainerClient
+
+    with pytest.raises(RobotloopError) as refused:  # what the runs page shows without a trainer token
+        TrainerClient("http://127.0.0.1:9", None).jobs()
+    assert "ROBOTLOOP_TRAINER__TOKEN" in str(refused.value) and "--service-token" not in str(refused.value)
 
 
 def test_writes_need_a_write_token_the_header_and_the_same_origin(ui):

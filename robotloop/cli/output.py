@@ -16,6 +16,8 @@ from contextlib import contextmanager, redirect_stdout
 from typing import Annotated, Any
 
 import typer
+import typer.rich_utils
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -43,18 +45,34 @@ from ..output import (
 
 console = cli_console()
 
+# click's UsageError, whichever click typer runs on: its own copy since typer 0.29, click itself before (the GPU
+# image has 0.27); both raise it for a bad option or an unknown command, and BadParameter derives from it.
+UsageError = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
+
 JsonOutput = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts, instead of text.")]
 QuietOutput = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 
 
 class ReportErrors(TyperGroup):
-    """The root group: a RobotloopError from any command (or the settings callback) ends it with `fail`."""
+    """The root group: a RobotloopError from any command (or the settings callback) ends it with `fail`, and a
+    usage error (a bad or missing option, an unknown command) is one line too, with exit code 2, instead of
+    typer's boxed panel."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except RobotloopError as error:
             raise fail(error) from None
+        except UsageError as error:
+            where = error.ctx.command_path if error.ctx else ctx.command_path
+            error_console.print(f"[red]error:[/red] {escape(error.format_message())} (see '{where} --help')")
+            raise typer.Exit(2) from None
+
+    def main(self, *args, **kwargs):
+        # Piped help (`robotloop train --help | less`) at rich's 80 columns would cut option names and URLs.
+        if not sys.stdout.isatty():
+            typer.rich_utils.MAX_WIDTH = 160
+        return super().main(*args, **kwargs)
 
 
 def show(result: Any, as_json: bool, text: Callable[[Any], str]) -> None:

@@ -30,7 +30,8 @@ class TrainerClient(ServiceClient):
     """Callers of the training service: `TrainerClient.from_settings(settings)` (trainer.url, trainer.token)."""
 
     service, section, error = "training service", "trainer", TrainerError
-    token_hint = "--service-token or ROBOTLOOP_TRAINER__TOKEN"
+    # Every caller reads trainer.token: the dashboard and the agent have no flag for it, the commands add one.
+    token_hint = "ROBOTLOOP_TRAINER__TOKEN or trainer.token in robotloop.toml; commands also take --trainer-token"
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         """Submit a job (a `robotloop.train.jobs.JobSpec` as JSON); answers its state, with its "id".

@@ -188,7 +188,11 @@ def create_app(settings: Settings, tokens_file: Path | str, dashboard: Dashboard
         threading.Thread(target=_import_catalog, name="robotloop-ui-warmup", daemon=True).start()
         yield
 
-    app = FastAPI(title="robotloop dashboard", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    # Its schema as every service's (no docs page: Swagger's assets would come from a CDN); the routes it lists
+    # still need a session.
+    app = FastAPI(
+        title="robotloop dashboard", docs_url=None, redoc_url=None, openapi_url="/openapi.json", lifespan=lifespan
+    )
     app.state.tokens, app.state.sessions, app.state.board = tokens, Sessions(), board
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     templates = Jinja2Templates(directory=HERE / "templates")  # autoescape on for .html
