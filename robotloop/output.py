@@ -126,6 +126,10 @@ def log_to_console(debug: bool = False, level: int = logging.WARNING) -> None:
     if not debug:
         for noisy in ("httpx", "httpcore", "urllib3", "filelock", "fsspec", "PIL", "matplotlib"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+        # lerobot's "torchcodec cannot be loaded, falling back to pyav", in every process that imports its dataset
+        # code, with torchcodec's 20-line loading traceback: the trainer says it once itself, in one line
+        # (robotloop.train.data.resolve_video_backend), and nothing else decodes video.
+        logging.getLogger("lerobot.utils.import_utils").setLevel(logging.ERROR)
     logging.captureWarnings(False)
     warnings.showwarning = _show_warning
 
