@@ -20,9 +20,11 @@ def test_log_records_become_one_line_notes_once_each_and_lerobot_cannot_install_
         from robotloop.output import log_to_console
         log_to_console()
         logging.debug("Detected scipy version: 1.0")  # what lerobot's import does: it would call basicConfig()
-        log = logging.getLogger("lerobot.utils.import_utils")
-        for _ in range(3):  # one per worker, per call: said once
-            log.warning("Could not load libtorchcodec. Likely causes:\\n  1. FFmpeg is not installed\\n  2. ...")
+        log = logging.getLogger("lerobot.utils.import_utils")  # robotloop's trainer says this itself, in one line
+        log.warning("Could not load libtorchcodec. Likely causes:\\n  1. FFmpeg is not installed\\n  2. ...")
+        log = logging.getLogger("lerobot.datasets")
+        for _ in range(3):  # one per worker, per call: said once, its first line
+            log.warning("a long note\\n  with a traceback\\n  in it")
         logging.getLogger("robotloop.deploy").error("refused v7: unsigned")
         warnings.warn("a library's note", UserWarning)
         logging.getLogger("robotloop.train").info("not shown without --debug")
@@ -30,7 +32,7 @@ def test_log_records_become_one_line_notes_once_each_and_lerobot_cannot_install_
     )
     assert run.returncode == 0, run.stderr
     assert run.stderr.splitlines() == [
-        "warning: Could not load libtorchcodec. Likely causes:",
+        "warning: a long note",
         "error: refused v7: unsigned",
         "warning: a library's note",
     ]
