@@ -54,7 +54,8 @@ def exit_code(error: RobotloopError) -> int:
 
 def fail(error: Exception | str, prefix: str = "") -> typer.Exit:
     """Print `error` and return the Exit to raise: `raise fail(error) from None`."""
-    error_console.print(f"[red]error:[/red] {escape(prefix + str(error))}")
+    # soft_wrap: one line whatever the width (rich wraps at 80 columns where stdout is no terminal: logs, pipes).
+    error_console.print(f"[red]error:[/red] {escape(prefix + str(error))}", soft_wrap=True)
     return typer.Exit(exit_code(error) if isinstance(error, RobotloopError) else 1)
 
 

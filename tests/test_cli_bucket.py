@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from .conftest import WRITE_TOKEN
+from .conftest import READ_TOKEN, WRITE_TOKEN
 
 
 def robotloop(server, *args, token=WRITE_TOKEN, cwd=None, env=None):
@@ -176,3 +176,63 @@ def test_buckets_are_listed_and_deleted_whole(bucket_server, tmp_path):
     assert again.returncode == 1 and "does not exist" in again.stdout + again.stderr
     reader = robotloop(bucket_server, "bucket", "delete", "hf://buckets/lab/cli", "--yes", token=None)
     assert reader.returncode == 1  # no token: no delete
+
+
+def _one_error_line(done) -> str:
+    """The one line a failed command prints (errors go to stdout, as the other results): nothing else, no
+    traceback, no library log line, exit code 1."""
+    lines = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), done.stdout + done.stderr
+    return lines[0]
+
+
+def test_a_file_under_a_file_is_refused_and_a_bucket_holding_one_anyway_is_not_a_traceback(bucket_server, tmp_path):
+    import sqlite3
+
+    (tmp_path / "notes.md").write_text("notes")
+    assert (
+        robotloop(bucket_server, "bucket", "put", str(tmp_path / "notes.md"), "hf://buckets/lab/clash/").returncode == 0
+    )
+    put = robotloop(bucket_server, "bucket", "put", str(tmp_path / "notes.md"), "hf://buckets/lab/clash/notes.md/in.md")
+    line = _one_error_line(put)
+    assert "'notes.md/in.md' cannot be added under 'notes.md', which is a file" in line and "(409)" in line
+
+    # A bucket that holds a file and files under it anyway (the public Hub's, a store from before the server refused
+    # them): planted in the real server's metadata, as such a store has it.
+    with sqlite3.connect(bucket_server.root / "buckets.sqlite") as db:
+        bucket_id, xet_hash, size = db.execute(
+            "SELECT f.bucket_id, f.xet_hash, f.size FROM files f JOIN buckets b ON b.id = f.bucket_id"
+            " WHERE b.namespace = 'lab' AND b.name = 'clash' AND f.path = 'notes.md'"
+        ).fetchone()
+        db.execute(
+            "INSERT INTO files (bucket_id, path, xet_hash, size, mtime_ms, uploaded_at) VALUES (?, ?, ?, ?, 0, 0)",
+            (bucket_id, "notes.md/in.md", xet_hash, size),
+        )
+    get = robotloop(bucket_server, "bucket", "get", "hf://buckets/lab/clash", str(tmp_path / "all"))
+    line = _one_error_line(get)
+    assert "hf://buckets/lab/clash/notes.md is a file and hf://buckets/lab/clash/notes.md/in.md is under it" in line
+    assert not (tmp_path / "all").exists()  # refused before anything was written
+    one = robotloop(bucket_server, "bucket", "get", "hf://buckets/lab/clash/notes.md/in.md", str(tmp_path / "in.md"))
+    assert one.returncode == 0 and (tmp_path / "in.md").read_text() == "notes"
+    # A file on disk where the download needs a folder: one line too.
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "notes.md").write_text("local")
+    blocked = robotloop(
+        bucket_server, "bucket", "get", "hf://buckets/lab/clash/notes.md/in.md", str(tmp_path / "here/notes.md/in.md")
+    )
+    assert f"{tmp_path / 'here' / 'notes.md'} is a file, not a folder" in _one_error_line(blocked)
+
+
+def test_a_refused_token_is_one_line(bucket_server, tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    assert (
+        robotloop(bucket_server, "bucket", "put", str(tmp_path / "f.txt"), "hf://buckets/lab/tokens/").returncode == 0
+    )
+    wrong = robotloop(bucket_server, "--token", "wrong", "bucket", "ls", "hf://buckets/lab/tokens", env={"COLUMNS": ""})
+    line = _one_error_line(wrong)
+    assert "the bucket server refused the token (401)" in line and "ROBOTLOOP_STORAGE__TOKEN" in line
+    assert "Client error" not in line and "For more information" not in line and "http" not in line.split("(401)")[1]
+    reader = robotloop(
+        bucket_server, "bucket", "put", str(tmp_path / "f.txt"), "hf://buckets/lab/tokens/g.txt", token=READ_TOKEN
+    )
+    assert "the token may not do this (403)" in _one_error_line(reader)
