@@ -236,3 +236,27 @@ def test_a_refused_token_is_one_line(bucket_server, tmp_path):
         bucket_server, "bucket", "put", str(tmp_path / "f.txt"), "hf://buckets/lab/tokens/g.txt", token=READ_TOKEN
     )
     assert "the token may not do this (403)" in _one_error_line(reader)
+
+
+def test_listings_never_cut_a_path(bucket_server, tmp_path):
+    """Narrow terminal or pipe (rich takes 80 columns there): every path whole, each entry on one line."""
+    deep = "pretrained_model/" + "config_of_a_policy_with_a_long_name_" * 3 + ".json"
+    (tmp_path / "c.json").write_text("{}")
+    url = f"hf://buckets/lab/long-paths-of-a-bucket-whose-name-is-long-too/{deep}"
+    assert robotloop(bucket_server, "bucket", "put", str(tmp_path / "c.json"), url).returncode == 0
+    for columns in ("40", ""):  # "": no COLUMNS, as in a pipe
+        ls = robotloop(
+            bucket_server,
+            "bucket",
+            "ls",
+            "-R",
+            "hf://buckets/lab/long-paths-of-a-bucket-whose-name-is-long-too",
+            env={"COLUMNS": columns},
+        )
+        assert ls.returncode == 0, ls.stdout + ls.stderr
+        lines = ls.stdout.splitlines()
+        assert len(lines) == 2 and lines[1].endswith(f"  {deep}") and lines[1].split()[0] == "2", ls.stdout
+        listed = robotloop(bucket_server, "bucket", "list", "lab", env={"COLUMNS": columns}).stdout.splitlines()
+        assert any(line.endswith("  hf://buckets/lab/long-paths-of-a-bucket-whose-name-is-long-too") for line in listed)
+        du = robotloop(bucket_server, "bucket", "du", url, env={"COLUMNS": columns})
+        assert du.stdout.count("\n") == 1 and du.stdout.split() == ["2", "bytes", url]

@@ -9,7 +9,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from services.bucket import BucketOptions
 from services.options import serve_command
@@ -19,7 +18,9 @@ from ..storage import BadBucketUrl, BucketUrl, Entry, NotFound, connect
 from .output import JsonOutput, QuietOutput, fail, print_json, show, transfer_progress
 
 app = typer.Typer(no_args_is_help=True, help="Work with Xet storage buckets (hf://buckets/<ns>/<bucket>/<path>).")
-console = Console()
+# soft_wrap: a line stays one line however narrow the terminal, and where stdout is no terminal (rich then takes 80
+# columns), a pipe or a log gets each message whole, never wrapped mid-sentence.
+console = Console(soft_wrap=True)
 
 UrlArg = Annotated[str, typer.Argument(help="hf://buckets/<namespace>/<bucket>\\[/<path>]")]
 
@@ -59,10 +60,12 @@ def list_buckets(
     buckets = connect(ctx.obj).list_buckets(namespace.removeprefix("hf://buckets/").strip("/"))
     if as_json:
         return print_json(buckets)
-    table = Table("bucket", "files", "size", "access", box=None)
-    for b in buckets:
-        table.add_row(f"hf://buckets/{b['id']}", f"{b['total_files']:,}", f"{b['size']:,}", _access(b["private"]))
-    console.print(table if buckets else f"no buckets in {namespace}")
+    if not buckets:
+        return console.print(f"no buckets in {namespace}", highlight=False)
+    rows = [
+        (f"{b['total_files']:,}", f"{b['size']:,}", _access(b["private"]), f"hf://buckets/{b['id']}") for b in buckets
+    ]
+    _print_columns(("files", "size", "access", "bucket"), rows, numbers=2)
 
 
 def _access(private: bool) -> str:
@@ -101,13 +104,24 @@ def ls(
         raise fail(f"nothing at {target}")
     if as_json:
         return print_json([_entry_json(e) for e in entries])
-    table = Table("size", "xet hash", "path", box=None)
-    for e in entries:
-        if isinstance(e, Entry):
-            table.add_row(f"{e.size:,}", e.xet_hash[:12], e.url.path)
-        else:
-            table.add_row("", "", e.path + "/")
-    console.print(table)
+    rows = [
+        (f"{e.size:,}", e.xet_hash[:12], e.url.path) if isinstance(e, Entry) else ("", "", e.path + "/")
+        for e in entries
+    ]
+    _print_columns(("size", "xet hash", "path"), rows)
+
+
+def _print_columns(header: tuple[str, ...], rows: list[tuple[str, ...]], numbers: int = 1) -> None:
+    """A listing, one line per row: the columns padded to line up, the last one (a path, a URL) never cut, padded
+    or wrapped, so a narrow terminal wraps a long line whole and a pipe gets every path as it is (rich's tables cut
+    cells to the width, which is 80 columns in a pipe). The first `numbers` columns align right."""
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
+    for row in (header, *rows):
+        cells = [
+            cell.rjust(width) if i < numbers else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row[:-1], widths, strict=True))
+        ]
+        print("  ".join((*cells, row[-1])))  # plain print: a path is text, not rich markup
 
 
 def _entry_json(e: Entry | BucketUrl) -> dict:
