@@ -260,3 +260,61 @@ def test_listings_never_cut_a_path(bucket_server, tmp_path):
         assert any(line.endswith("  hf://buckets/lab/long-paths-of-a-bucket-whose-name-is-long-too") for line in listed)
         du = robotloop(bucket_server, "bucket", "du", url, env={"COLUMNS": columns})
         assert du.stdout.count("\n") == 1 and du.stdout.split() == ["2", "bytes", url]
+
+
+def test_the_embedded_server_is_not_stopped_under_a_process_using_it(tmp_path):
+    """Every checkout and run of one user shares the embedded server: `stop` refuses, naming the pid, while another
+    process uses it (unless --force), and forgets a user killed with -9. `status` names the data root `scrub`
+    takes."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "COLUMNS": "", "ROBOTLOOP_CONFIG": os.devnull}
+    env.pop("ROBOTLOOP_STORAGE__ENDPOINT", None)
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "robotloop.cli", "bucket", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    def user():  # a run in progress elsewhere: it found (started) the server and goes on using it
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from robotloop.storage import connect; connect(); print('ready');"
+                " sys.stdout.flush(); sys.stdin.read()",
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout.readline() == "ready\n"
+        return proc
+
+    first = user()
+    try:
+        state = json.loads(run("server", "status", "--json").stdout)
+        assert state["running"] and state["clients"] == [first.pid]
+        assert f"used by pid {first.pid}" in run("server", "status").stdout
+        scrub = run("scrub", "--root", state["root"])
+        assert scrub.returncode == 0 and "nothing damaged" in scrub.stdout, scrub.stdout + scrub.stderr
+        refused = run("server", "stop")
+        assert f"in use by pid {first.pid}" in _one_error_line(refused) and "--force" in refused.stdout
+        assert json.loads(run("server", "status", "--json").stdout)["running"]  # still serving the run
+        wrong_root = run("scrub", "--root", str(tmp_path / "xdg" / "robotloop" / "buckets"))
+        assert f"the one in it is {state['root']}" in _one_error_line(wrong_root)
+    finally:
+        first.kill()  # -9: its lease goes with it
+        first.wait()
+    assert run("server", "stop").stdout == "stopped\n"
+    second = user()
+    try:
+        assert run("server", "stop").returncode == 1
+        assert run("server", "stop", "--force").stdout == "stopped\n"
+        assert json.loads(run("server", "status", "--json").stdout)["running"] is False
+    finally:
+        second.stdin.close()
+        second.wait(30)

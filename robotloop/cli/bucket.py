@@ -213,7 +213,11 @@ def du(ctx: typer.Context, url: UrlArg, as_json: JsonOutput = False) -> None:
 
 
 @app.command()
-def scrub(root: Annotated[Path, typer.Option(help="The bucket server's data root.")] = Path("buckets")) -> None:
+def scrub(
+    root: Annotated[
+        Path, typer.Option(help="The bucket server's data root (the embedded server's: see `bucket server status`).")
+    ] = Path("buckets"),
+) -> None:
     """Check every stored xorb and shard of a bucket server's data root against its hash; name what is damaged.
 
     Exit 1 when anything is. Damaged xorbs are never served; uploading the affected files again repairs them.
@@ -221,7 +225,9 @@ def scrub(root: Annotated[Path, typer.Option(help="The bucket server's data root
     from ..storage.server.files import scrub_root
 
     if not (root / "cas" / "index.sqlite").is_file():
-        raise fail(f"{root}: not a bucket server's data root (no cas/index.sqlite)")
+        inside = root / "data"  # the embedded server's folder: its data root is in it
+        hint = f"; the one in it is {inside}" if (inside / "cas" / "index.sqlite").is_file() else ""
+        raise fail(f"{root}: not a bucket server's data root (no cas/index.sqlite){hint}")
     report = scrub_root(root)
     console.print(f"checked {report['xorbs']} xorbs and {report['shards']} shards under {root}")
     for item in report["damaged"]:
@@ -251,11 +257,16 @@ def _embedded_root(ctx: typer.Context) -> Path:
 
 
 def _server_state(root: Path, server) -> dict:
+    """`root`: the embedded server's folder; its "root" here is the data root under it, which `bucket scrub --root`
+    and `bucket serve --root` take. "clients": the pids of the processes using it (holding a lease)."""
+    from ..storage.embedded import data_root, server_clients
+
     return {
         "running": server is not None,
         "endpoint": server.endpoint if server else None,
         "pid": server.pid if server else None,
-        "root": str(root),
+        "clients": server_clients(root) if server else [],
+        "root": str(data_root(root)),
         "log": str(root / "server.log"),
     }
 
@@ -263,7 +274,8 @@ def _server_state(root: Path, server) -> dict:
 def _server_text(state: dict) -> str:
     if not state["running"]:
         return f"not running (data root {state['root']}; any robotloop command starts it)"
-    return f"running at {state['endpoint']} (pid {state['pid']}), data root {state['root']}, log {state['log']}"
+    used = f"used by pid {', '.join(map(str, state['clients']))}" if state["clients"] else "used by no process now"
+    return f"running at {state['endpoint']} (pid {state['pid']}), {used}, data root {state['root']}, log {state['log']}"
 
 
 @server_app.command("status")
@@ -286,11 +298,16 @@ def server_start(ctx: typer.Context, as_json: JsonOutput = False) -> None:
 
 
 @server_app.command("stop")
-def server_stop(ctx: typer.Context) -> None:
-    """Stop the embedded server; the next command that needs it starts it again."""
+def server_stop(
+    ctx: typer.Context,
+    force: bool = typer.Option(False, "--force", help="Stop it even while other processes use it (they then fail)."),
+) -> None:
+    """Stop the embedded server; the next command that needs it starts it again. It is shared by every robotloop
+    process of this user (every checkout, every run): while another one uses it, this refuses and names its pid,
+    unless --force."""
     from ..storage.embedded import stop_embedded_server
 
-    stopped = stop_embedded_server(_embedded_root(ctx))
+    stopped = stop_embedded_server(_embedded_root(ctx), force=force)
     console.print("stopped" if stopped else "not running")
 
 
