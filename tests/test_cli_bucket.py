@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+from robotloop.storage.embedded import stop_embedded_server
+
 from .conftest import READ_TOKEN, WRITE_TOKEN
 
 
@@ -294,27 +296,30 @@ def test_the_embedded_server_is_not_stopped_under_a_process_using_it(tmp_path):
         assert proc.stdout.readline() == "ready\n"
         return proc
 
-    first = user()
-    try:
-        state = json.loads(run("server", "status", "--json").stdout)
-        assert state["running"] and state["clients"] == [first.pid]
-        assert f"used by pid {first.pid}" in run("server", "status").stdout
-        scrub = run("scrub", "--root", state["root"])
-        assert scrub.returncode == 0 and "nothing damaged" in scrub.stdout, scrub.stdout + scrub.stderr
-        refused = run("server", "stop")
-        assert f"in use by pid {first.pid}" in _one_error_line(refused) and "--force" in refused.stdout
-        assert json.loads(run("server", "status", "--json").stdout)["running"]  # still serving the run
-        wrong_root = run("scrub", "--root", str(tmp_path / "xdg" / "robotloop" / "buckets"))
-        assert f"the one in it is {state['root']}" in _one_error_line(wrong_root)
+    try:  # whatever fails, the server goes at the end (forced)
+        first = user()
+        try:
+            state = json.loads(run("server", "status", "--json").stdout)
+            assert state["running"] and state["clients"] == [first.pid]
+            assert f"used by pid {first.pid}" in run("server", "status").stdout
+            scrub = run("scrub", "--root", state["root"])
+            assert scrub.returncode == 0 and "nothing damaged" in scrub.stdout, scrub.stdout + scrub.stderr
+            refused = run("server", "stop")
+            assert f"in use by pid {first.pid}" in _one_error_line(refused) and "--force" in refused.stdout
+            assert json.loads(run("server", "status", "--json").stdout)["running"]  # still serving the run
+            wrong_root = run("scrub", "--root", str(tmp_path / "xdg" / "robotloop" / "buckets"))
+            assert f"the one in it is {state['root']}" in _one_error_line(wrong_root)
+        finally:
+            first.kill()  # -9: its lease goes with it
+            first.wait()
+        assert run("server", "stop").stdout == "stopped\n"
+        second = user()
+        try:
+            assert run("server", "stop").returncode == 1
+            assert run("server", "stop", "--force").stdout == "stopped\n"
+            assert json.loads(run("server", "status", "--json").stdout)["running"] is False
+        finally:
+            second.stdin.close()
+            second.wait(30)
     finally:
-        first.kill()  # -9: its lease goes with it
-        first.wait()
-    assert run("server", "stop").stdout == "stopped\n"
-    second = user()
-    try:
-        assert run("server", "stop").returncode == 1
-        assert run("server", "stop", "--force").stdout == "stopped\n"
-        assert json.loads(run("server", "status", "--json").stdout)["running"] is False
-    finally:
-        second.stdin.close()
-        second.wait(30)
+        stop_embedded_server(tmp_path / "xdg" / "robotloop" / "buckets", force=True)
