@@ -33,11 +33,10 @@ from .errors import (
 
 
 def cli_console(stderr: bool = False) -> Console:
-    """A console for a command's output. On a terminal, rich's own (its width, colour); piped or redirected, lines
-    are never wrapped at rich's default 80 columns nor tables cut to it: a path or a sentence stays whole."""
-    console = Console(stderr=stderr)
+    """A console for a command's output: a line printed stays one line (a narrow terminal folds it, the text has no
+    break), and piped or redirected, tables are not squeezed into rich's default 80 columns either."""
+    console = Console(stderr=stderr, soft_wrap=True)
     if not console.is_terminal:
-        console.soft_wrap = True  # print() leaves lines as they are
         console.width = 400  # what a table may take before it wraps a cell (never cuts: columns fold instead)
     return console
 
@@ -73,7 +72,8 @@ def fail(error: Exception | str, prefix: str = "") -> typer.Exit:
     """Print `error` and return the Exit to raise: `raise fail(error) from None`. With `--debug`, its traceback too."""
     if _debug and isinstance(error, BaseException) and error.__traceback__ is not None:
         note_console.print(escape("".join(traceback.format_exception(error))), end="")
-    error_console.print(f"[red]error:[/red] {escape(prefix + str(error))}")
+    # soft_wrap: one line whatever the width; a terminal folds it, the text keeps no break.
+    error_console.print(f"[red]error:[/red] {escape(prefix + str(error))}", soft_wrap=True)
     return typer.Exit(exit_code(error) if isinstance(error, RobotloopError) else 1)
 
 

@@ -26,7 +26,8 @@ os.environ["XDG_CACHE_HOME"] = str(SESSION_CACHE)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    stop_embedded_server(cache_home() / "buckets")  # a module fixture that used the embedded default started it
+    # A module fixture that used the embedded default started it; forced: whatever of the suite still holds a lease.
+    stop_embedded_server(cache_home() / "buckets", force=True)
     shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
@@ -109,4 +110,4 @@ def _offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[No
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     os.environ.setdefault("MUJOCO_GL", "egl")
     yield
-    stop_embedded_server(tmp_path / "cache" / "robotloop" / "buckets")  # the test's own, if it used the default
+    stop_embedded_server(tmp_path / "cache" / "robotloop" / "buckets", force=True)  # the test's own, if it used one

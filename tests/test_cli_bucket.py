@@ -5,7 +5,9 @@ import os
 import subprocess
 import sys
 
-from .conftest import WRITE_TOKEN
+from robotloop.storage.embedded import stop_embedded_server
+
+from .conftest import READ_TOKEN, WRITE_TOKEN
 
 
 def robotloop(server, *args, token=WRITE_TOKEN, cwd=None, env=None):
@@ -176,3 +178,148 @@ def test_buckets_are_listed_and_deleted_whole(bucket_server, tmp_path):
     assert again.returncode == 1 and "does not exist" in again.stdout + again.stderr
     reader = robotloop(bucket_server, "bucket", "delete", "hf://buckets/lab/cli", "--yes", token=None)
     assert reader.returncode == 1  # no token: no delete
+
+
+def _one_error_line(done) -> str:
+    """The one line a failed command prints (errors go to stdout, as the other results): nothing else, no
+    traceback, no library log line, exit code 1."""
+    lines = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), done.stdout + done.stderr
+    return lines[0]
+
+
+def test_a_file_under_a_file_is_refused_and_a_bucket_holding_one_anyway_is_not_a_traceback(bucket_server, tmp_path):
+    import sqlite3
+
+    (tmp_path / "notes.md").write_text("notes")
+    assert (
+        robotloop(bucket_server, "bucket", "put", str(tmp_path / "notes.md"), "hf://buckets/lab/clash/").returncode == 0
+    )
+    put = robotloop(bucket_server, "bucket", "put", str(tmp_path / "notes.md"), "hf://buckets/lab/clash/notes.md/in.md")
+    line = _one_error_line(put)
+    assert "'notes.md/in.md' cannot be added under 'notes.md', which is a file" in line and "(409)" in line
+
+    # A bucket that holds a file and files under it anyway (the public Hub's, a store from before the server refused
+    # them): planted in the real server's metadata, as such a store has it.
+    with sqlite3.connect(bucket_server.root / "buckets.sqlite") as db:
+        bucket_id, xet_hash, size = db.execute(
+            "SELECT f.bucket_id, f.xet_hash, f.size FROM files f JOIN buckets b ON b.id = f.bucket_id"
+            " WHERE b.namespace = 'lab' AND b.name = 'clash' AND f.path = 'notes.md'"
+        ).fetchone()
+        db.execute(
+            "INSERT INTO files (bucket_id, path, xet_hash, size, mtime_ms, uploaded_at) VALUES (?, ?, ?, ?, 0, 0)",
+            (bucket_id, "notes.md/in.md", xet_hash, size),
+        )
+    get = robotloop(bucket_server, "bucket", "get", "hf://buckets/lab/clash", str(tmp_path / "all"))
+    line = _one_error_line(get)
+    assert "hf://buckets/lab/clash/notes.md is a file and hf://buckets/lab/clash/notes.md/in.md is under it" in line
+    assert not (tmp_path / "all").exists()  # refused before anything was written
+    one = robotloop(bucket_server, "bucket", "get", "hf://buckets/lab/clash/notes.md/in.md", str(tmp_path / "in.md"))
+    assert one.returncode == 0 and (tmp_path / "in.md").read_text() == "notes"
+    # A file on disk where the download needs a folder: one line too.
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "notes.md").write_text("local")
+    blocked = robotloop(
+        bucket_server, "bucket", "get", "hf://buckets/lab/clash/notes.md/in.md", str(tmp_path / "here/notes.md/in.md")
+    )
+    assert f"{tmp_path / 'here' / 'notes.md'} is a file, not a folder" in _one_error_line(blocked)
+
+
+def test_a_refused_token_is_one_line(bucket_server, tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    assert (
+        robotloop(bucket_server, "bucket", "put", str(tmp_path / "f.txt"), "hf://buckets/lab/tokens/").returncode == 0
+    )
+    wrong = robotloop(bucket_server, "--token", "wrong", "bucket", "ls", "hf://buckets/lab/tokens", env={"COLUMNS": ""})
+    line = _one_error_line(wrong)
+    assert "the bucket server refused the token (401)" in line and "ROBOTLOOP_STORAGE__TOKEN" in line
+    assert "Client error" not in line and "For more information" not in line and "http" not in line.split("(401)")[1]
+    reader = robotloop(
+        bucket_server, "bucket", "put", str(tmp_path / "f.txt"), "hf://buckets/lab/tokens/g.txt", token=READ_TOKEN
+    )
+    assert "the token may not do this (403)" in _one_error_line(reader)
+
+
+def test_listings_never_cut_a_path(bucket_server, tmp_path):
+    """Narrow terminal or pipe (rich takes 80 columns there): every path whole, each entry on one line."""
+    deep = "pretrained_model/" + "config_of_a_policy_with_a_long_name_" * 3 + ".json"
+    (tmp_path / "c.json").write_text("{}")
+    url = f"hf://buckets/lab/long-paths-of-a-bucket-whose-name-is-long-too/{deep}"
+    assert robotloop(bucket_server, "bucket", "put", str(tmp_path / "c.json"), url).returncode == 0
+    for columns in ("40", ""):  # "": no COLUMNS, as in a pipe
+        ls = robotloop(
+            bucket_server,
+            "bucket",
+            "ls",
+            "-R",
+            "hf://buckets/lab/long-paths-of-a-bucket-whose-name-is-long-too",
+            env={"COLUMNS": columns},
+        )
+        assert ls.returncode == 0, ls.stdout + ls.stderr
+        lines = ls.stdout.splitlines()
+        assert len(lines) == 2 and lines[1].endswith(f"  {deep}") and lines[1].split()[0] == "2", ls.stdout
+        listed = robotloop(bucket_server, "bucket", "list", "lab", env={"COLUMNS": columns}).stdout.splitlines()
+        assert any(line.endswith("  hf://buckets/lab/long-paths-of-a-bucket-whose-name-is-long-too") for line in listed)
+        du = robotloop(bucket_server, "bucket", "du", url, env={"COLUMNS": columns})
+        assert du.stdout.count("\n") == 1 and du.stdout.split() == ["2", "bytes", url]
+
+
+def test_the_embedded_server_is_not_stopped_under_a_process_using_it(tmp_path):
+    """Every checkout and run of one user shares the embedded server: `stop` refuses, naming the pid, while another
+    process uses it (unless --force), and forgets a user killed with -9. `status` names the data root `scrub`
+    takes."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg"), "COLUMNS": "", "ROBOTLOOP_CONFIG": os.devnull}
+    env.pop("ROBOTLOOP_STORAGE__ENDPOINT", None)
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "robotloop.cli", "bucket", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    def user():  # a run in progress elsewhere: it found (started) the server and goes on using it
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from robotloop.storage import connect; connect(); print('ready');"
+                " sys.stdout.flush(); sys.stdin.read()",
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout.readline() == "ready\n"
+        return proc
+
+    try:  # whatever fails, the server goes at the end (forced)
+        first = user()
+        try:
+            state = json.loads(run("server", "status", "--json").stdout)
+            assert state["running"] and state["clients"] == [first.pid]
+            assert f"used by pid {first.pid}" in run("server", "status").stdout
+            scrub = run("scrub", "--root", state["root"])
+            assert scrub.returncode == 0 and "nothing damaged" in scrub.stdout, scrub.stdout + scrub.stderr
+            refused = run("server", "stop")
+            assert f"in use by pid {first.pid}" in _one_error_line(refused) and "--force" in refused.stdout
+            assert json.loads(run("server", "status", "--json").stdout)["running"]  # still serving the run
+            wrong_root = run("scrub", "--root", str(tmp_path / "xdg" / "robotloop" / "buckets"))
+            assert f"the one in it is {state['root']}" in _one_error_line(wrong_root)
+        finally:
+            first.kill()  # -9: its lease goes with it
+            first.wait()
+        assert run("server", "stop").stdout == "stopped\n"
+        second = user()
+        try:
+            assert run("server", "stop").returncode == 1
+            assert run("server", "stop", "--force").stdout == "stopped\n"
+            assert json.loads(run("server", "status", "--json").stdout)["running"] is False
+        finally:
+            second.stdin.close()
+            second.wait(30)
+    finally:
+        stop_embedded_server(tmp_path / "xdg" / "robotloop" / "buckets", force=True)

@@ -330,6 +330,43 @@ def test_batch_is_all_or_nothing(hub: str) -> None:
     assert r.status_code == 400 and "invalid JSON body" in r.json()["error"], r.text
 
 
+def test_a_path_is_a_file_or_a_folder_never_both(hub: str) -> None:
+    """A file under a file, or a file where a folder is, is refused whole with a 409 naming both paths, whether the
+    other path is in the bucket or in the same batch; the real client raises it. Deleting the one in the way in the
+    same batch is fine."""
+    w = api(hub, W)
+    w.create_bucket("robots/clash")
+    w.batch_bucket_files("robots/clash", add=[(b"notes", "notes.md"), (b"a", "dir/a.txt")])
+
+    def refused(**ops) -> str:
+        with pytest.raises(HfHubHTTPError) as err:
+            w.batch_bucket_files("robots/clash", **ops)
+        assert err.value.response.status_code == 409
+        return err.value.server_message
+
+    said = refused(add=[(b"inner", "notes.md/inner.md"), (b"ok", "ok.txt")])
+    assert "'notes.md/inner.md'" in said and "under 'notes.md', which is a file" in said and "nothing applied" in said
+    assert "'dir/a.txt' is under it" in refused(add=[(b"file", "dir")])
+    assert "'x/y' is under it" in refused(add=[(b"x", "x"), (b"y", "x/y")])  # both in one batch
+    deep = refused(add=[(b"deep", "notes.md/a/b/c.md")])
+    assert "under 'notes.md'" in deep
+    assert [e.path for e in w.list_bucket_tree("robots/clash", recursive=True)] == ["dir/a.txt", "notes.md"]
+    body = _ndjson(
+        {
+            "type": "addFile",
+            "path": "dir",
+            "xetHash": next(iter(w.get_bucket_paths_info("robots/clash", ["notes.md"]))).xet_hash,
+            "mtime": 0,
+        }
+    )
+    r = httpx.post(f"{hub}/api/buckets/robots/clash/batch", content=body, headers={"authorization": f"Bearer {W}"})
+    assert r.status_code == 409 and "'dir/a.txt'" in r.headers["x-error-message"] and "'dir/a.txt'" in r.json()["error"]
+
+    w.batch_bucket_files("robots/clash", add=[(b"inner", "notes.md/inner.md")], delete=["notes.md"])
+    w.batch_bucket_files("robots/clash", add=[(b"a", "dir/a.txt/b")], delete=["dir/a.txt"])
+    assert [e.path for e in w.list_bucket_tree("robots/clash", recursive=True)] == ["dir/a.txt/b", "notes.md/inner.md"]
+
+
 def test_knowing_a_private_files_hash_is_not_enough_to_read_it(hub: str, tmp_path: Path) -> None:
     secret = os.urandom(300_000)
     api(hub, W).create_bucket("robots/vault")  # private by default

@@ -200,3 +200,26 @@ def test_the_embedded_servers_token_goes_only_to_that_server(tmp_path):
     finally:
         stop_embedded_server(root)
         squatter.shutdown()
+
+
+def test_refusals_are_filed_under_their_category_in_one_line(bucket_server, tmp_path):
+    """The bucket server's refusals through huggingface_hub become robotloop errors of the status's category
+    (`category_of_status`, as the service clients'), still StorageErrors, each message one line."""
+    from robotloop.errors import Conflict, Refused
+
+    url = BucketUrl.parse("hf://buckets/lab/storage-refusals/notes.md")
+    writer = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    writer.create_bucket(url)
+    (tmp_path / "notes.md").write_text("notes")
+    writer.upload(tmp_path / "notes.md", url)
+    refusals = [
+        (Refused, lambda: BucketClient(bucket_server.endpoint, "wrong").ls(url)),  # 401
+        (Refused, lambda: BucketClient(bucket_server.endpoint, READ_TOKEN).upload(tmp_path / "notes.md", url)),  # 403
+        (Conflict, lambda: writer.upload(tmp_path / "notes.md", url / "inner.md")),  # 409
+    ]
+    for kind, call in refusals:
+        with pytest.raises(StorageError) as error:
+            call()
+        assert isinstance(error.value, kind) and "\n" not in str(error.value), repr(error.value)
+    with pytest.raises(Refused, match=r"refused the token \(401\).*--token"):
+        BucketClient(bucket_server.endpoint, "wrong").stat(url)

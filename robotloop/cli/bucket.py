@@ -8,18 +8,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from services.bucket import BucketOptions
 from services.options import serve_command
 
 from ..config import load_settings
 from ..storage import BadBucketUrl, BucketUrl, Entry, NotFound, connect
-from .output import JsonOutput, QuietOutput, fail, print_json, show, transfer_progress
+from .output import JsonOutput, QuietOutput, cli_console, fail, print_json, show, transfer_progress
 
 app = typer.Typer(no_args_is_help=True, help="Work with Xet storage buckets (hf://buckets/<ns>/<bucket>/<path>).")
-console = Console()
+console = cli_console()  # a line stays one line, on a narrow terminal and in a pipe
 
 UrlArg = Annotated[str, typer.Argument(help="hf://buckets/<namespace>/<bucket>\\[/<path>]")]
 
@@ -59,10 +57,12 @@ def list_buckets(
     buckets = connect(ctx.obj).list_buckets(namespace.removeprefix("hf://buckets/").strip("/"))
     if as_json:
         return print_json(buckets)
-    table = Table("bucket", "files", "size", "access", box=None)
-    for b in buckets:
-        table.add_row(f"hf://buckets/{b['id']}", f"{b['total_files']:,}", f"{b['size']:,}", _access(b["private"]))
-    console.print(table if buckets else f"no buckets in {namespace}")
+    if not buckets:
+        return console.print(f"no buckets in {namespace}", highlight=False)
+    rows = [
+        (f"{b['total_files']:,}", f"{b['size']:,}", _access(b["private"]), f"hf://buckets/{b['id']}") for b in buckets
+    ]
+    _print_columns(("files", "size", "access", "bucket"), rows, numbers=2)
 
 
 def _access(private: bool) -> str:
@@ -101,13 +101,24 @@ def ls(
         raise fail(f"nothing at {target}")
     if as_json:
         return print_json([_entry_json(e) for e in entries])
-    table = Table("size", "xet hash", "path", box=None)
-    for e in entries:
-        if isinstance(e, Entry):
-            table.add_row(f"{e.size:,}", e.xet_hash[:12], e.url.path)
-        else:
-            table.add_row("", "", e.path + "/")
-    console.print(table)
+    rows = [
+        (f"{e.size:,}", e.xet_hash[:12], e.url.path) if isinstance(e, Entry) else ("", "", e.path + "/")
+        for e in entries
+    ]
+    _print_columns(("size", "xet hash", "path"), rows)
+
+
+def _print_columns(header: tuple[str, ...], rows: list[tuple[str, ...]], numbers: int = 1) -> None:
+    """A listing, one line per row: the columns padded to line up, the last one (a path, a URL) never cut, padded
+    or wrapped, so a narrow terminal wraps a long line whole and a pipe gets every path as it is (rich's tables cut
+    cells to the width, which is 80 columns in a pipe). The first `numbers` columns align right."""
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
+    for row in (header, *rows):
+        cells = [
+            cell.rjust(width) if i < numbers else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row[:-1], widths, strict=True))
+        ]
+        print("  ".join((*cells, row[-1])))  # plain print: a path is text, not rich markup
 
 
 def _entry_json(e: Entry | BucketUrl) -> dict:
@@ -199,7 +210,11 @@ def du(ctx: typer.Context, url: UrlArg, as_json: JsonOutput = False) -> None:
 
 
 @app.command()
-def scrub(root: Annotated[Path, typer.Option(help="The bucket server's data root.")] = Path("buckets")) -> None:
+def scrub(
+    root: Annotated[
+        Path, typer.Option(help="The bucket server's data root (the embedded server's: see `bucket server status`).")
+    ] = Path("buckets"),
+) -> None:
     """Check every stored xorb and shard of a bucket server's data root against its hash; name what is damaged.
 
     Exit 1 when anything is. Damaged xorbs are never served; uploading the affected files again repairs them.
@@ -207,7 +222,9 @@ def scrub(root: Annotated[Path, typer.Option(help="The bucket server's data root
     from ..storage.server.files import scrub_root
 
     if not (root / "cas" / "index.sqlite").is_file():
-        raise fail(f"{root}: not a bucket server's data root (no cas/index.sqlite)")
+        inside = root / "data"  # the embedded server's folder: its data root is in it
+        hint = f"; the one in it is {inside}" if (inside / "cas" / "index.sqlite").is_file() else ""
+        raise fail(f"{root}: not a bucket server's data root (no cas/index.sqlite){hint}")
     report = scrub_root(root)
     console.print(f"checked {report['xorbs']} xorbs and {report['shards']} shards under {root}")
     for item in report["damaged"]:
@@ -237,11 +254,16 @@ def _embedded_root(ctx: typer.Context) -> Path:
 
 
 def _server_state(root: Path, server) -> dict:
+    """`root`: the embedded server's folder; its "root" here is the data root under it, which `bucket scrub --root`
+    and `bucket serve --root` take. "clients": the pids of the processes using it (holding a lease)."""
+    from ..storage.embedded import data_root, server_clients
+
     return {
         "running": server is not None,
         "endpoint": server.endpoint if server else None,
         "pid": server.pid if server else None,
-        "root": str(root),
+        "clients": server_clients(root) if server else [],
+        "root": str(data_root(root)),
         "log": str(root / "server.log"),
     }
 
@@ -249,7 +271,8 @@ def _server_state(root: Path, server) -> dict:
 def _server_text(state: dict) -> str:
     if not state["running"]:
         return f"not running (data root {state['root']}; any robotloop command starts it)"
-    return f"running at {state['endpoint']} (pid {state['pid']}), data root {state['root']}, log {state['log']}"
+    used = f"used by pid {', '.join(map(str, state['clients']))}" if state["clients"] else "used by no process now"
+    return f"running at {state['endpoint']} (pid {state['pid']}), {used}, data root {state['root']}, log {state['log']}"
 
 
 @server_app.command("status")
@@ -272,11 +295,16 @@ def server_start(ctx: typer.Context, as_json: JsonOutput = False) -> None:
 
 
 @server_app.command("stop")
-def server_stop(ctx: typer.Context) -> None:
-    """Stop the embedded server; the next command that needs it starts it again."""
+def server_stop(
+    ctx: typer.Context,
+    force: bool = typer.Option(False, "--force", help="Stop it even while other processes use it (they then fail)."),
+) -> None:
+    """Stop the embedded server; the next command that needs it starts it again. It is shared by every robotloop
+    process of this user (every checkout, every run): while another one uses it, this refuses and names its pid,
+    unless --force."""
     from ..storage.embedded import stop_embedded_server
 
-    stopped = stop_embedded_server(_embedded_root(ctx))
+    stopped = stop_embedded_server(_embedded_root(ctx), force=force)
     console.print("stopped" if stopped else "not running")
 
 

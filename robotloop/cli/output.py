@@ -80,7 +80,7 @@ def show(result: Any, as_json: bool, text: Callable[[Any], str]) -> None:
     if as_json:
         print_json(result)
     else:
-        console.print(text(result), highlight=False)
+        console.print(text(result), highlight=False, soft_wrap=True)  # one line stays one, in a pipe too
 
 
 def print_json(value: Any) -> None:

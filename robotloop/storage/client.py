@@ -33,7 +33,7 @@ from huggingface_hub.utils import build_hf_headers
 
 from .. import errors
 from ..compat import BucketAddFile, BucketFile, xet_refresh_url, xet_session
-from ..errors import BadInput, MissingFile, RobotloopError, Unavailable
+from ..errors import BadInput, Conflict, MissingFile, Refused, RobotloopError, Unavailable, category_of_status
 from .cache import ReadCache
 from .urls import BucketUrl
 
@@ -47,7 +47,21 @@ class NotFound(StorageError, errors.NotFound, FileNotFoundError):
 
 
 class StorageUnavailable(StorageError, Unavailable):
-    """The storage endpoint does not answer (nothing listens there, DNS, TLS, a timeout)."""
+    """The storage endpoint does not answer (nothing listens there, DNS, TLS, a timeout), or answers that it cannot
+    serve now (5xx)."""
+
+
+class StorageRefused(StorageError, Refused):
+    """The bucket server refused the token: missing or unknown (401), or not allowed to do this (403)."""
+
+
+class StorageConflict(StorageError, Conflict):
+    """The request clashes with what the bucket holds (409): a file under a path that is a file, a file where a
+    folder is."""
+
+
+class StorageBadInput(StorageError, BadInput):
+    """The bucket server found the request itself wrong (400, 413, 422: a bad path, a batch it cannot apply)."""
 
 
 class NotAFolder(BadInput, NotADirectoryError):
@@ -205,8 +219,10 @@ class BucketClient:
         Raises:
             FileNotFoundError: `local` does not exist.
             NotFound: the bucket does not exist (create it first).
-            StorageError: `url` is a file and `local` a folder, or the server refused the upload (the message
-                says why).
+            StorageConflict: `url` is a file and `local` a folder, or a file would go under a file of the bucket, or
+                where files are under its path (the server refuses a path that is both a file and a folder).
+            StorageRefused: the token may not write there. StorageError: the server refused the upload otherwise
+                (the message says why).
         """
         local = Path(local)
         if url.path and local.exists():
@@ -231,7 +247,7 @@ class BucketClient:
         found = self.ls(url)
         is_file = len(found) == 1 and isinstance(found[0], Entry) and found[0].url.path == url.path
         if is_file and local.is_dir():
-            raise StorageError(f"{url} is a file: folder {local} cannot be uploaded under it. Choose another path")
+            raise StorageConflict(f"{url} is a file: folder {local} cannot be uploaded under it. Choose another path")
         if found and not is_file and local.is_file():
             return url / local.name
         return url
@@ -398,7 +414,7 @@ class CachedDownloads:
         url, cache = entry.url, self.client.cache
         if dest.is_dir():
             dest = dest / url.name
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        _make_folder(dest.parent, url)
         cached = cache.get(entry.xet_hash) if cache else None
         if cached is None:
             tmp = Path(tempfile.mkdtemp(dir=dest.parent)) / url.name
@@ -460,20 +476,43 @@ class CachedDownloads:
         `url` as a recursive `ls` already listed them (not listed again). `progress`: as `fetch`'s.
 
         Raises:
-            NotAFolder: `dest` is a file.
+            NotAFolder: `dest` is a file, or a file on disk is where a folder of the tree goes.
+            StorageConflict: the listing holds a file and files under it (`a` and `a/b`), which no folder on disk
+                can hold both of (the public Hub's buckets may; a robotloop bucket server refuses to make one).
         """
         if Path(dest).is_file():
             raise NotAFolder(f"{dest} is a file: give a folder to download {url} into")
         if entries is None:
             entries = [e for e in self.client.ls(url, recursive=True) if isinstance(e, Entry)]
+        relative = [(entry, entry.url.path[len(url.path) :].lstrip("/") or entry.url.name) for entry in entries]
+        _refuse_file_and_folder(url, dest, [rel for _, rel in relative])
         if progress is not None:
             progress.start(sum(e.size for e in entries))
         reports = _XetReports(progress)
-        out = []
-        for entry in entries:
-            rel = entry.url.path[len(url.path) :].lstrip("/") or entry.url.name
-            out.append(self._download(entry, Path(dest) / rel, reports))
-        return out
+        return [self._download(entry, Path(dest) / rel, reports) for entry, rel in relative]
+
+
+def _refuse_file_and_folder(url: BucketUrl, dest: str | Path, paths: list[str]) -> None:
+    """Raises StorageConflict, before anything is written, when one of `paths` (relative, '/'-separated) is a folder
+    of another: the tree cannot be laid out on disk."""
+    files = set(paths)
+    for path in paths:
+        parts = path.split("/")
+        above = next((a for a in ("/".join(parts[:i]) for i in range(1, len(parts))) if a in files), None)
+        if above is not None:
+            raise StorageConflict(
+                f"cannot download {url} to {dest}: {url / above} is a file and {url / path} is under it; a folder "
+                f"on disk cannot be both. Download one of them alone (`robotloop bucket get {url / path} FILE`)"
+            )
+
+
+def _make_folder(folder: Path, url: BucketUrl) -> None:
+    """Make `folder` and its parents for the download of `url`. Raises NotAFolder: a file on disk is in the way."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), folder)
+        raise NotAFolder(f"cannot download {url} to {folder}: {blocker} is a file, not a folder") from None
 
 
 def _entry(bucket_id: str, item: BucketFile) -> Entry:
@@ -533,7 +572,9 @@ def _reflink(src: Path, dest: Path) -> bool:
 
 @contextmanager
 def _explained(url: BucketUrl, action: str) -> Iterator[None]:
-    """Turn huggingface_hub's errors into ones that name the bucket, the path and what to do."""
+    """Turn huggingface_hub's, httpx's and hf_xet's errors into one-line ones that name the bucket, the path and what
+    to do, filed under the category of the server's answer (`robotloop.errors.category_of_status`, as the service
+    clients do): a 401 or 403 is a `StorageRefused`, a 404 a `NotFound`, a 409 a `StorageConflict`."""
     try:
         yield
     except StorageError:
@@ -543,30 +584,69 @@ def _explained(url: BucketUrl, action: str) -> Iterator[None]:
             f"cannot {action} {url}: bucket '{url.bucket_id}' does not exist or this token cannot see it. "
             f"Create it with `robotloop bucket create hf://buckets/{url.bucket_id}` or check the token."
         ) from None
-    except (EntryNotFoundError, FileNotFoundError) as error:
-        raise NotFound(f"cannot {action} {url}: no such file ({error}).") from None
-    except HfHubHTTPError as error:
+    except EntryNotFoundError:
+        raise NotFound(f"cannot {action} {url}: no such file.") from None
+    except FileNotFoundError as error:
+        raise NotFound(f"cannot {action} {url}: no such file ({_one_line(str(error))}).") from None
+    except (HfHubHTTPError, httpx.HTTPStatusError) as error:
         status = error.response.status_code if error.response is not None else 0
-        raise StorageError(f"cannot {action} {url}: {_hint(status)}. Server said: {error}") from None
+        raise _filed(status)(f"cannot {action} {url}: {_refusal(status, _server_message(error))}") from None
     except httpx.TransportError as error:  # no answer at all: nothing listens there, DNS, TLS, a timeout
         raise StorageUnavailable(
             f"cannot {action} {url}: the storage endpoint does not answer ({type(error).__name__}: "
-            f"{error}); check `robotloop --endpoint URL ...`, ROBOTLOOP_STORAGE__ENDPOINT or "
+            f"{_one_line(str(error))}); check `robotloop --endpoint URL ...`, ROBOTLOOP_STORAGE__ENDPOINT or "
             "HF_ENDPOINT"
         ) from None
     except (RuntimeError, ConnectionError) as error:  # how hf_xet reports failed transfers
         status = next((code for code in _HINTS if f"({code} " in str(error)), 0)
-        raise StorageError(f"cannot {action} {url}: {_hint(status)}. Xet transfer said: {error}") from None
+        hint = _HINTS.get(status, "the Xet transfer failed")
+        raise _filed(status)(f"cannot {action} {url}: {hint}; hf_xet said: {_one_line(str(error))}") from None
 
 
+# What to do about a refusal, by status, before the server's own message; other refusals are that message alone.
 _HINTS = {
-    401: "the token is missing or unknown: pass `robotloop --token T <command>` or set ROBOTLOOP_STORAGE__TOKEN or "
-    "HF_TOKEN",
-    403: "the token may not do this: it needs write access to this namespace",
-    404: "not found: check the bucket and path",
-    413: "the request is too large for the server",
+    401: "the bucket server refused the token (401): pass a valid one with `robotloop --token T`, "
+    "ROBOTLOOP_STORAGE__TOKEN or HF_TOKEN",
+    403: "the token may not do this (403): it needs write access to this namespace, or read access to the bucket",
+    404: "not found (404): check the bucket and path",
+    413: "the request is too large for the server (413)",
+}
+
+# The storage error of each category a refusal is filed under (a category not here: the nearest above it).
+_STORAGE_ERRORS: dict[type[RobotloopError], type[StorageError]] = {
+    errors.BadInput: StorageBadInput,
+    errors.NotFound: NotFound,
+    errors.Conflict: StorageConflict,
+    errors.Refused: StorageRefused,
+    errors.Unavailable: StorageUnavailable,
 }
 
 
-def _hint(status: int) -> str:
-    return _HINTS.get(status, "see the server's message")
+def _filed(status: int) -> type[StorageError]:
+    """The storage error for an answer with HTTP `status`; a plain StorageError for a 500 (the server failed, filed
+    under no category) or none (0: hf_xet's text named no status)."""
+    kinds = category_of_status(status).__mro__ if status else ()
+    return next((_STORAGE_ERRORS[kind] for kind in kinds if kind in _STORAGE_ERRORS), StorageError)
+
+
+def _refusal(status: int, said: str) -> str:
+    """What a refusal with HTTP `status` and the server's message `said` means, on one line."""
+    if status in _HINTS:
+        return f"{_HINTS[status]}; the server said: {said}" if said else _HINTS[status]
+    return f"{said} ({status})" if said else f"the bucket server answered {status}"
+
+
+def _server_message(error: HfHubHTTPError | httpx.HTTPStatusError) -> str:
+    """The server's own message, on one line: a refused batch's failures, the `X-Error-Message` or the body's
+    `error`, else the status's reason phrase (never the URL and the MDN link httpx's text adds)."""
+    failures = getattr(error, "failures", None)  # huggingface_hub's BucketBatchError
+    if failures:
+        return _one_line("; ".join(f"{f.get('path')}: {f.get('error')}" for f in failures[:10]))
+    said = getattr(error, "server_message", None)
+    if said:
+        return _one_line("; ".join(said.splitlines()))
+    return error.response.reason_phrase if error.response is not None else ""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

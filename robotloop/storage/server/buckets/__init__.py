@@ -15,7 +15,10 @@ a batch that was acknowledged is never lost.
 
 Batches are validated completely *before* the transaction starts (paths, hashes known to the
 CAS, copy sources): one bad operation rejects the whole batch with :class:`BatchRejected`
-listing every failure, and nothing is applied.
+listing every failure, and nothing is applied. Inside the transaction, once the batch is written, no path it added
+may be both a file and a folder (a file under a file, or a file where files are under it): :class:`PathClash`
+(a 409) rolls the whole batch back. Checked there, not before, so that two batches racing (one adds ``a``, the other
+``a/b``) cannot both pass, and a batch that deletes ``a`` and adds ``a/b`` is fine.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from .records import (
     InvalidOperation,
     InvalidPath,
     Operation,
+    PathClash,
     bucket_from_row,
     bucket_row_id,
     validate_name,
@@ -78,6 +82,7 @@ __all__ = [
     "InvalidOperation",
     "InvalidPath",
     "Operation",
+    "PathClash",
     "tree_cursor",
     "validate_name",
     "validate_path",
@@ -280,6 +285,7 @@ class BucketStore:
         Raises:
             BucketNotFound: target bucket missing.
             BatchRejected: at least one invalid operation; ``failures`` lists each one.
+            PathClash: it would make a path both a file and a folder.
         """
         return self.batches.apply_batch(namespace, name, operations, can_read_source)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..sqlite import ThreadLocalDb
 from .records import (
@@ -20,6 +20,7 @@ from .records import (
     FileSizeFn,
     InvalidOperation,
     Operation,
+    PathClash,
     bucket_row_id,
     validate_path,
 )
@@ -62,6 +63,8 @@ class BatchWriter:
         Raises:
             BucketNotFound: target bucket missing.
             BatchRejected: at least one invalid operation; ``failures`` lists each one.
+            PathClash: once applied, a path it added would be both a file and a folder (checked inside the
+                transaction, on the bucket as the batch leaves it).
         """
         bucket_ref = f"{namespace}/{name}"
         conn = self._db.conn()
@@ -91,6 +94,9 @@ class BatchWriter:
                 else:
                     result.copied += 1
                 result.files.append(FileRecord(op.path, op.xet_hash, size, op.mtime_ms, now, content_type))
+            clashes = _path_clashes(conn, bucket_id, _paths_added(op for op, _ in resolved))
+            if clashes:
+                raise PathClash(bucket_ref, clashes)  # rolls the transaction back: nothing applied
         return result
 
     def _resolve_operations(
@@ -164,3 +170,38 @@ class BatchWriter:
         if hit is None:
             raise InvalidOperation(f"copy to {where}: no file with hash {op.xet_hash} in bucket '{op.source_repo_id}'")
         return int(hit["size"])
+
+
+def _paths_added(operations: Iterable[Operation]) -> list[str]:
+    """The paths a batch leaves as files it wrote: added or copied, and not deleted by a later operation."""
+    last: dict[str, bool] = {}
+    for op in operations:
+        last[op.path] = not isinstance(op, DeleteFile)
+    return [path for path, written in last.items() if written]
+
+
+def _path_clashes(conn: sqlite3.Connection, bucket_id: int, paths: list[str]) -> list[tuple[str, str]]:
+    """``[(path, clashing path)]`` for each of ``paths`` (files now in the bucket) that is under a file, or that has
+    files under it; each clash once, as the first of its two paths names it. Index lookups: one per distinct folder
+    above the paths, one per path."""
+    is_file: dict[str, bool] = {}
+
+    def file_at(path: str) -> bool:
+        if path not in is_file:
+            row = conn.execute("SELECT 1 FROM files WHERE bucket_id = ? AND path = ?", (bucket_id, path)).fetchone()
+            is_file[path] = row is not None
+        return is_file[path]
+
+    clashes: dict[frozenset[str], tuple[str, str]] = {}
+    for path in paths:
+        parts = path.split("/")
+        above = next((a for a in ("/".join(parts[:i]) for i in range(1, len(parts))) if file_at(a)), None)
+        # Files under `path/`: "path/" <= p < "path0", as '0' == chr(ord('/') + 1).
+        below = conn.execute(
+            "SELECT path FROM files WHERE bucket_id = ? AND path >= ? AND path < ? ORDER BY path LIMIT 1",
+            (bucket_id, path + "/", path + "0"),
+        ).fetchone()
+        for other in (above, below["path"] if below else None):
+            if other is not None:
+                clashes.setdefault(frozenset((path, other)), (path, other))
+    return list(clashes.values())

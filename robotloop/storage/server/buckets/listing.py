@@ -177,6 +177,7 @@ def _prefix_upper_bound(prefix: str) -> str | None:
 def tree_cursor(entry: FileRecord | FolderRecord) -> str:
     """Opaque paging cursor for :meth:`BucketStore.list_tree`: ``"f:<path>"`` or ``"d:<path>"``.
 
-    The kind matters because a bucket may hold both a file ``a/b`` and files under ``a/b/``.
+    The kind matters because a bucket may hold both a file ``a/b`` and files under ``a/b/``: batches that would make
+    one are refused (`PathClash`), but a store written before that may hold one.
     """
     return ("d:" if isinstance(entry, FolderRecord) else "f:") + entry.path

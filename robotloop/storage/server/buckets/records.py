@@ -64,6 +64,31 @@ class BatchRejected(Unprocessable, BucketError):
         )
 
 
+@dataclass
+class PathClash(Conflict, BucketError):
+    """A batch would make a path both a file and a folder: a file under a path that is a file, or a file where a
+    folder is (files under it). ``clashes`` is ``[(added path, what it clashes with)]``; nothing was applied.
+
+    A bucket's paths map onto a file system's (``bucket get``, ``hf buckets sync``, lerobot's datasets): there a
+    name is a file or a folder, never both, so a bucket holding both could not be downloaded whole."""
+
+    bucket_id: str
+    clashes: list[tuple[str, str]]
+
+    def __str__(self) -> str:
+        parts = "; ".join(
+            f"file '{path}' cannot be added: '{other}' is under it"
+            if other.startswith(path + "/")
+            else f"file '{path}' cannot be added under '{other}', which is a file"
+            for path, other in self.clashes[:10]
+        )
+        more = f" (and {len(self.clashes) - 10} more)" if len(self.clashes) > 10 else ""
+        return (
+            f"batch on bucket '{self.bucket_id}' rejected, nothing applied: {parts}{more}. A path is a file or a "
+            "folder, not both: delete or rename the one in the way first"
+        )
+
+
 @dataclass(frozen=True)
 class BucketRecord:
     namespace: str
