@@ -37,6 +37,7 @@ from ..deploy.resolve import resolve_policy
 from ..deploy.runtime import RobotRuntime
 from ..deploy.store import ReleaseStore
 from ..errors import BadValue
+from ..sim.constants import format_image_size
 from ..storage import BucketClient, BucketUrl
 from ..train.data import DataSettings
 from ..train.device import resolve_device
@@ -238,7 +239,9 @@ def _run_stages(s: LoopSettings, report: LoopReport, client: BucketClient, on_st
     if overlap:
         recording = _start_recording(recorder, s, report, on_stage)
     else:
-        with _timed(report, "record", on_stage, f"{s.episodes} scripted {s.task} demos at {s.image_size}"):
+        with _timed(
+            report, "record", on_stage, f"{s.episodes} scripted {s.task} demos at {format_image_size(s.image_size)}"
+        ):
             _record(recorder, s, s.episodes, report)
     service = None
     try:
@@ -372,7 +375,7 @@ def _start_recording(recorder: DatasetRecorder, s: LoopSettings, report: LoopRep
         "record",
         on_stage,
         f"first {s.train_after} of {s.episodes} scripted {s.task} demos at "
-        f"{s.image_size}; the rest are recorded while training runs",
+        f"{format_image_size(s.image_size)}; the rest are recorded while training runs",
     ):
         recording = _Recording(recorder, s, report, s.episodes)
         recording.first.wait()
