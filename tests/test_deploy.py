@@ -809,6 +809,54 @@ def test_a_sim_robot_takes_its_camera_size_from_the_release_and_one_that_runs_no
     assert not [line for line in lines if re.match(r"\d{4}-\d\d-\d\d |Traceback", line)], lines  # no logging format
 
 
+def test_a_release_waits_for_the_robots_first_frame_to_warm_up_on(deploy, tmp_path):
+    """A release loaded before the robot's first frame skipped its warm-up: one that does not fit the camera then
+    drove the robot, failed, and was rolled back for good, where it should be skipped until the robot restarts."""
+    token = deploy.ops().register_robot("slow1", channel="slow", rotate=True)
+    deploy.release("slow-v1", "v1", channel="slow")  # 48x64
+    made: list[RobotRuntime] = []
+
+    class SlowCamera(SimControlEnv):  # its first frame comes after the release is loaded
+        first = True
+
+        def reset(self):
+            if self.first:
+                self.first = False
+                time.sleep(4.0)
+            return super().reset()
+
+    def control_thread() -> None:
+        env = SlowCamera("transfer_cube", (96, 128), episode_steps=15)
+        options = RobotSettings(robot_id="slow1", poll_wait_s=10, heartbeat_s=0.5)
+        made.append(
+            RobotRuntime(
+                env,
+                DeployClient(deploy.url, token),
+                ReleaseStore(tmp_path / "store"),
+                deploy.trusted,
+                options,
+                _fetcher(deploy),
+            )
+        )
+        try:
+            made[0].run(duration_s=30)
+        finally:
+            env.close()
+
+    thread = threading.Thread(target=control_thread, daemon=True)
+    thread.start()
+    _wait(lambda: made and (made[0].stats.refused or made[0].stats.rollbacks), 30, "slow-v1 to be turned down")
+    made[0].stop()
+    thread.join(10)
+    stats = made[0].stats
+    assert [r["release"] for r in stats.refused] == ["slow-v1"] and not stats.rollbacks, (
+        stats.refused,
+        stats.rollbacks,
+    )
+    assert "observations do not fit the policy" in stats.refused[0]["reason"] and stats.steps == 0
+    assert "slow-v1" not in made[0].ledger.refused  # skipped for this run only: the robot's setup may be wrong
+
+
 def test_a_checkpoint_copied_out_of_its_bucket_is_published_at_its_step(deploy, bucket_server, tmp_path):
     """`bucket get <run>/checkpoints/<step> ./ckpt` gives ./ckpt/pretrained_model beside ./ckpt/training_state:
     `publish --checkpoint ./ckpt/pretrained_model` once refused it (its folder is not named by its step)."""

@@ -194,11 +194,11 @@ class RobotRuntime:
         self.stats = RuntimeStats()
         self._stop = threading.Event()
         self._latest_obs: dict | None = None
+        self._first_frame = threading.Event()  # set with the first observation: warm-ups wait for it
         # A sim camera sized by the first policy (`SimControlEnv(image_size=FROM_POLICY)`): the updater asks for a
-        # size, the control thread (the one that renders) builds the sim and answers with its first frame.
+        # size, the control thread (the one that renders) builds the sim and renders the first frame.
         self._camera_wanted: tuple[tuple[int, int] | None] | None = None
         self._camera_error: Exception | None = None
-        self._camera_answered = threading.Event()
         self.slots = PolicySlots()
         self.ledger = ReleaseLedger.load(store.root / "runtime.json", options.health_window)
         self.health = HealthCheck(self.slots, self.ledger, options.health_window, options.health_margin)
@@ -299,35 +299,32 @@ class RobotRuntime:
             self.env.fit(wanted[0])
         except ValueError as error:  # a size the sim cannot render: that release does not fit this robot
             self._camera_error = error
-            self._camera_answered.set()
             return None, None
-        started = self._new_episode()
-        self._camera_answered.set()
-        return started
+        return self._new_episode()
 
     def _observation_for(self, runner: Any) -> dict | None:
-        """Updater thread: the observation to warm `runner` up on, the latest one. A camera that takes its size from
-        the first policy is sized now for `runner` (`PolicyRunner.image_size`, what `robotloop eval` renders),
-        by the control thread; None when the runtime stops first.
+        """Updater thread: the observation to warm `runner` up on, the latest one, once the control thread has one
+        (a warm-up skipped for want of it would let a policy that does not fit the robot drive it, and be rolled
+        back for good). A camera that takes its size from the first policy is sized for `runner` first
+        (`PolicyRunner.image_size`, what `robotloop eval` renders). None when the runtime stops first.
 
         Raises:
             ValueError: the sim cannot render the policy's size (the updater skips that release).
         """
-        if _sized(self.env):
-            return self._latest_obs
-        self._camera_answered.clear()
-        self._camera_wanted = (runner.image_size,)
-        while not self._camera_answered.wait(0.1):
+        if not _sized(self.env) and not self._first_frame.is_set():
+            self._camera_wanted = (runner.image_size,)
+        while not self._first_frame.wait(0.1):
+            error, self._camera_error = self._camera_error, None
+            if error is not None:
+                raise error
             if self._stop.is_set():
                 return None
-        error, self._camera_error = self._camera_error, None
-        if error is not None:
-            raise error
         return self._latest_obs
 
     def _new_episode(self) -> tuple[dict, _EpisodeTally]:
         obs = self.env.reset()
         self._latest_obs = obs
+        self._first_frame.set()
         active = self.slots.active
         if active is not None:
             active.runner.reset()
