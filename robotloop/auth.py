@@ -145,6 +145,35 @@ def parse_tokens_text(text: str, source: str = "<tokens>") -> dict[str, TokenEnt
     return entries
 
 
+def new_token(prefix: str = "rl_") -> str:
+    """A fresh random token (192 bits, URL-safe), e.g. ``rl_ops_...`` for a deploy operator."""
+    return prefix + secrets.token_urlsafe(24)
+
+
+def add_token(path: Path, write: bool, namespace: str = WILDCARD, prefix: str = "rl_") -> str:
+    """Append a line with a fresh token (`new_token`) to the tokens file at `path`, made (mode 0600) if there is
+    none; returns the token. A service reads its tokens file when it starts: restart one that runs.
+
+    Raises:
+        TokensFileError: the file there is no tokens file (a malformed line: nothing is appended), or it cannot be
+            read or written.
+    """
+    path = Path(path)
+    token = new_token(prefix)
+    try:
+        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        parse_tokens_text(text, source=str(path))
+        line = f"{token} {'write' if write else 'read'} {namespace}\n"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            f.write(line if not text or text.endswith("\n") else "\n" + line)
+    except (OSError, UnicodeDecodeError) as error:
+        raise TokensFileError(
+            f"{path}: cannot add a token there: {getattr(error, 'strerror', None) or error}"
+        ) from None
+    return token
+
+
 def token_proof(token: str, nonce: bytes) -> str:
     """See `TokenStore.prove`."""
     return hmac.new(hashlib.sha256(token.encode()).digest(), nonce, hashlib.sha256).hexdigest()

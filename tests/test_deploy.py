@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import signal
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -50,7 +52,7 @@ from robotloop.deploy.publish import publish
 from robotloop.deploy.runner import make_tiny_checkpoint
 from robotloop.deploy.runtime import RobotRuntime
 from robotloop.deploy.store import IntegrityError, PullCancelled, ReleaseStore
-from robotloop.storage import BucketClient, BucketUrl
+from robotloop.storage import BucketClient, BucketUrl, Entry, NotFound
 
 from .conftest import WRITE_TOKEN, free_port
 from .fakealoha import FakeAloha
@@ -68,6 +70,7 @@ class Deploy:
     trusted: dict
     ckpts: dict[str, Path]
     proc: subprocess.Popen
+    log: Path  # what the deploy service wrote: its log lines
 
     def ops(self, token: str = OPS) -> DeployClient:
         return DeployClient(self.url, token)
@@ -136,9 +139,18 @@ def deploy(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         load_public_keys([public_path(base / "keys" / "deploy.key")]),
         ckpts,
         proc,
+        base / "deploy.log",
     )
     proc.terminate()
     proc.wait(10)
+
+
+def _files(bucket: BucketClient, url: BucketUrl) -> list[str]:
+    """The paths of the files under `url` (none: no such folder)."""
+    try:
+        return [e.url.path for e in bucket.ls(url, recursive=True) if isinstance(e, Entry)]
+    except NotFound:
+        return []
 
 
 def _fetcher(deploy: Deploy):
@@ -164,8 +176,9 @@ def test_manifest_signature_refuses_tampering_and_untrusted_keys(tmp_path):
     with pytest.raises(BadSignature, match="altered"):
         SignedManifest.from_dict(raw).verify(trusted)
     other = SignedManifest.sign(manifest, load_private_key(tmp_path / "b.key"))
-    with pytest.raises(BadSignature, match="does not trust"):
+    with pytest.raises(BadSignature, match="which this robot does not trust") as refused:
         other.verify(trusted)
+    assert f"(it trusts {signed.key_id})" in str(refused.value) and "[" not in str(refused.value)  # no Python list
     raw = json.loads(signed.to_json())
     raw["manifest"]["files"][0]["path"] = "../../etc/passwd"
     with pytest.raises(BadManifest, match="unsafe"):
@@ -227,8 +240,8 @@ def test_long_polls_look_again_for_assignment_changes_not_for_heartbeats(tmp_pat
 
 
 # -- the service ---------------------------------------------------------------------------------------------------
-def test_a_service_with_trusted_keys_refuses_releases_signed_by_others(tmp_path):
-    generate_keypair(tmp_path / "ours.key")
+def test_a_service_with_trusted_keys_refuses_releases_signed_by_others(deploy, tmp_path):
+    ours = generate_keypair(tmp_path / "ours.key")
     generate_keypair(tmp_path / "rogue.key")
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
@@ -240,8 +253,20 @@ def test_a_service_with_trusted_keys_refuses_releases_signed_by_others(tmp_path)
         ops = DeployClient(url, OPS)
         with pytest.raises(DeployError) as error:
             ops.publish(SignedManifest.sign(manifest, load_private_key(tmp_path / "rogue.key")))
-        assert error.value.status == 422 and "does not trust" in str(error.value)
+        said = str(error.value)
+        # The service's own words (not a robot's), its keys by id, not a Python list.
+        assert error.value.status == 422 and "which the deploy service does not trust" in said, said
+        assert f"(it trusts {ours})" in said and "this robot" not in said and "[" not in said, said
         assert ops.publish(SignedManifest.sign(manifest, load_private_key(tmp_path / "ours.key")))["release"] == "t1"
+        # Published from a bucket: a release the service refused leaves nothing under releases/<name>/ there.
+        step = BucketUrl.parse(f"{RUN}/strict/checkpoints/000100")
+        deploy.bucket.upload(deploy.ckpts["v1"], step / "pretrained_model")
+        with pytest.raises(DeployError, match="does not trust"):
+            publish(deploy.bucket, str(step), "strict-rogue", load_private_key(tmp_path / "rogue.key"), ops)
+        releases = BucketUrl(step.bucket_id, "releases")
+        assert not [p for p in _files(deploy.bucket, releases) if "/strict-rogue/" in p]
+        publish(deploy.bucket, str(step), "strict-ours", load_private_key(tmp_path / "ours.key"), ops)
+        assert "releases/strict-ours/manifest.json" in _files(deploy.bucket, releases)
     finally:
         proc.terminate()
         proc.wait(10)
@@ -572,6 +597,11 @@ def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot, tmp_
     assert ops.robot("r1")["running"] == "e2e-v2"
     ops.rollback_robot("r1", reason="by command")  # pins the last good release it ran before v2, not the jerky one
     _wait(lambda: robot.running == "e2e-v1", 10, "the robot rollback to v1")
+    # The service logs each event in words: "swap e2e-v1 -> e2e-v2", never "swap e2e-v2 (from None)".
+    logged = [line for line in deploy.log.read_text().splitlines() if "robot r1: " in line]
+    assert any(line.endswith("robot r1: swap e2e-v1 -> e2e-v2") for line in logged), logged
+    assert any("robot r1: refused e2e-rogue (e2e-v2 keeps running): BadSignature" in line for line in logged), logged
+    assert not [line for line in logged if "None" in line], logged
     kinds = {(e["kind"], e["previous"] if e["kind"] == "rollback" else e["release"]) for e in ops.history(robot="r1")}
     assert {
         ("refused", "e2e-rogue"),
@@ -732,6 +762,156 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
     assert result.exit_code == 1 and "has not run a good release before" in result.output
 
 
+def _robot_run(deploy: Deploy, bucket_server, token: str, store: Path, *args: str) -> list[str]:
+    """`robotloop robot run --sim transfer_cube` argv for robot `token`'s robot, trusting the deploy key."""
+    return [
+        *("--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN),
+        *("robot", "run", "--sim", "transfer_cube", "--episode-steps", "10", "--deploy-url", deploy.url),
+        *("--robot-token", token, "--trusted-key", str(public_path(deploy.key)), "--store", str(store), *args),
+    ]
+
+
+def test_a_sim_robot_takes_its_camera_size_from_the_release_and_one_that_runs_nothing_fails(
+    deploy, bucket_server, tmp_path, caplog
+):
+    """A new user's `robot run --sim` without --image-size refused a 48x64 release (the camera defaulted to
+    480x640), said so in a logging-format line and exited 0 after "ran 0 steps"."""
+    token = deploy.ops().register_robot("cam1", channel="cam", rotate=True)
+    deploy.release("cam-v1", "v1", channel="cam")
+    argv = _robot_run(deploy, bucket_server, token, tmp_path / "store", "--robot-id", "cam1", "--duration-s", "4")
+    with caplog.at_level(logging.INFO, logger="robotloop.deploy"):
+        result = CliRunner().invoke(app, argv)
+    said = _flat(result.output)
+    assert result.exit_code == 0, result.output
+    assert "camera sized by the first release it runs" in said and ", camera 48x64," in said, said
+    assert "refused 0; running cam-v1" in said and not said.startswith("ran 0 steps"), said
+    assert "swap to cam-v1" in caplog.messages and not [m for m in caplog.messages if "None" in m], caplog.messages
+
+    # A camera fixed at a size the release's policy does not take: nothing can run, and the robot says so and fails.
+    argv = _robot_run(deploy, bucket_server, token, tmp_path / "store", "--robot-id", "cam1", "--image-size", "96x128")
+    result = CliRunner().invoke(app, [*argv, "--duration-s", "3"], env={"COLUMNS": "500"})
+    lines = result.output.splitlines()
+    assert result.exit_code == 1 and "ran 0 steps" in result.output and lines[-1].startswith("error: "), lines
+    assert lines[-1].startswith("error: robot cam1 ran no release: cam-v1: observations do not fit the policy"), lines
+    assert "--image-size 48x64" in lines[-1], lines
+
+    # The same from a shell, a robot that trusts another key: one error line, no logging format, no traceback.
+    generate_keypair(tmp_path / "stranger.key")
+    argv = _robot_run(deploy, bucket_server, token, tmp_path / "other-store", "--robot-id", "cam1", "--duration-s", "3")
+    argv[argv.index("--trusted-key") + 1] = str(tmp_path / "stranger.pub")
+    env = {**os.environ, "ROBOTLOOP_CONFIG": "/dev/null", "COLUMNS": "500"}
+    run = subprocess.run([sys.executable, "-m", "robotloop.cli", *argv], capture_output=True, text=True, env=env)
+    lines = (run.stdout + run.stderr).splitlines()
+    errors = [line for line in lines if line.startswith("error:")]
+    assert run.returncode == 1 and len(errors) == 1 and "ran 0 steps" in run.stdout, lines
+    assert errors[0].startswith("error: robot cam1 ran no release: cam-v1: BadSignature: signed by key"), lines
+    assert "which this robot does not trust" in errors[0], lines
+    assert not [line for line in lines if re.match(r"\d{4}-\d\d-\d\d |Traceback", line)], lines  # no logging format
+
+
+def test_a_release_waits_for_the_robots_first_frame_to_warm_up_on(deploy, tmp_path):
+    """A release loaded before the robot's first frame skipped its warm-up: one that does not fit the camera then
+    drove the robot, failed, and was rolled back for good, where it should be skipped until the robot restarts."""
+    token = deploy.ops().register_robot("slow1", channel="slow", rotate=True)
+    deploy.release("slow-v1", "v1", channel="slow")  # 48x64
+    made: list[RobotRuntime] = []
+
+    class SlowCamera(SimControlEnv):  # its first frame comes after the release is loaded
+        first = True
+
+        def reset(self):
+            if self.first:
+                self.first = False
+                time.sleep(4.0)
+            return super().reset()
+
+    def control_thread() -> None:
+        env = SlowCamera("transfer_cube", (96, 128), episode_steps=15)
+        options = RobotSettings(robot_id="slow1", poll_wait_s=10, heartbeat_s=0.5)
+        made.append(
+            RobotRuntime(
+                env,
+                DeployClient(deploy.url, token),
+                ReleaseStore(tmp_path / "store"),
+                deploy.trusted,
+                options,
+                _fetcher(deploy),
+            )
+        )
+        try:
+            made[0].run(duration_s=30)
+        finally:
+            env.close()
+
+    thread = threading.Thread(target=control_thread, daemon=True)
+    thread.start()
+    _wait(lambda: made and (made[0].stats.refused or made[0].stats.rollbacks), 30, "slow-v1 to be turned down")
+    made[0].stop()
+    thread.join(10)
+    stats = made[0].stats
+    assert [r["release"] for r in stats.refused] == ["slow-v1"] and not stats.rollbacks, (
+        stats.refused,
+        stats.rollbacks,
+    )
+    assert "observations do not fit the policy" in stats.refused[0]["reason"] and stats.steps == 0
+    assert "slow-v1" not in made[0].ledger.refused  # skipped for this run only: the robot's setup may be wrong
+
+
+def test_a_checkpoint_copied_out_of_its_bucket_is_published_at_its_step(deploy, bucket_server, tmp_path):
+    """`bucket get <run>/checkpoints/<step> ./ckpt` gives ./ckpt/pretrained_model beside ./ckpt/training_state:
+    `publish --checkpoint ./ckpt/pretrained_model` once refused it (its folder is not named by its step)."""
+    import shutil
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(deploy.ckpts["v1"], ckpt / "pretrained_model")
+    (ckpt / "training_state").mkdir()
+    (ckpt / "training_state" / "training_step.json").write_text(json.dumps({"step": 250, "losses": []}))
+    base = ["--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN, "deploy", "publish", "--key", str(deploy.key)]
+    ops = ["--deploy-url", deploy.url, "--deploy-token", OPS]
+    to = f"{RUN}/copied"
+    argv = [*base, "--checkpoint", str(ckpt / "pretrained_model"), "--to", to, "--name", "copied-v1", *ops]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert deploy.ops().release("copied-v1")["checkpoint"] == f"{to}/checkpoints/000250"
+
+    bare = tmp_path / "bare" / "pretrained_model"  # the model alone: nothing says its step
+    shutil.copytree(deploy.ckpts["v1"], bare)
+    result = CliRunner().invoke(app, [*base, "--checkpoint", str(bare), "--to", to, "--name", "bare-v1", *ops])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and lines[0].startswith("error: ") and "which training step" in result.output, lines
+    assert "bucket get <run>/checkpoints/<step>" in _flat(result.output)
+    from robotloop.deploy.publish import PublishError, local_step
+
+    (bare.parent / "lineage.json").write_text(json.dumps({"step": 12}))  # robotloop's lineage says it too
+    assert local_step(bare) == 12
+    (bare.parent / "lineage.json").write_text("[]")
+    with pytest.raises(PublishError, match="which training step"):
+        local_step(bare)
+
+
+def test_keygen_says_where_its_keys_are_and_token_makes_operator_tokens(tmp_path):
+    from robotloop.auth import TokenStore
+
+    cli = CliRunner()
+    key = tmp_path / "keys" / "deploy.key"
+    result = cli.invoke(app, ["deploy", "keygen", "--key", str(key)])
+    assert result.exit_code == 0 and str(key) in _flat(result.output) and str(public_path(key)) in _flat(result.output)
+
+    tokens = tmp_path / "ops.tokens"
+    write = cli.invoke(app, ["deploy", "token", "--tokens", str(tokens)])
+    read = cli.invoke(app, ["deploy", "token", "--tokens", str(tokens), "--read"])
+    assert write.exit_code == 0 and read.exit_code == 0, write.output + read.output
+    made = [write.output.strip(), read.output.strip()]  # the token alone: export ROBOTLOOP_DEPLOY__TOKEN=$(...)
+    assert len(set(made)) == 2 and all(len(t.split()) == 1 for t in made)
+    assert tokens.read_text() == f"{made[0]} write *\n{made[1]} read *\n" and tokens.stat().st_mode & 0o777 == 0o600
+    store = TokenStore.from_file(tokens)  # what the deploy service loads
+    assert store.principal(made[0]).write and not store.principal(made[1]).write
+    tokens.write_text("not a tokens line\n")
+    result = cli.invoke(app, ["deploy", "token", "--tokens", str(tokens)])
+    assert result.exit_code == 1 and result.output.startswith("error: ") and "Traceback" not in result.output
+    assert tokens.read_text() == "not a tokens line\n"  # nothing appended to a file that is not a tokens file
+
+
 def test_eval_resolves_a_release_name_and_verifies_it_as_robots_do(deploy, bucket_server, tmp_path):
     from robotloop.deploy.evaluate import resolve_policy
     from robotloop.deploy.store import pull_release
@@ -808,6 +988,50 @@ def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_or
     runtime._reporter.flush()  # the first send fails: nothing is lost and the order is kept
     runtime._reporter.flush()
     assert service.sent == [("swap", "A"), ("swap", "B"), ("swap", "C")]
+
+
+def test_the_control_rate_is_measured_from_the_first_action_not_from_start(tmp_path, caplog):
+    """`robot run` warned "control runs at 0.1 Hz" and reported 9.9 Hz of 50 for a loop that ran at 50 Hz once its
+    release had arrived: the wait for it counted as control time. Stand-ins for the robot and the service."""
+    from robotloop.deploy.envs import StepResult
+    from robotloop.deploy.swap import Loaded
+
+    class Env:  # a robot that keeps up with any rate
+        rate_hz = 50.0
+
+        def reset(self) -> dict:
+            return {}
+
+        def step(self, action):
+            return {}, StepResult(0.0, False, False)
+
+    class Runner:
+        at_chunk_boundary = True
+
+        def reset(self) -> None:
+            pass
+
+        def act(self, obs):
+            return np.zeros(14, np.float32)
+
+    class Service:  # no assignment: the release is offered by hand, as the updater would once it is ready
+        def assignment(self, robot, known=None, wait_s=0.0):
+            time.sleep(0.1)
+            return {"release": None, "manifest": None}
+
+        def heartbeat(self, *args) -> None:
+            pass
+
+        def event(self, *args) -> None:
+            pass
+
+    options = RobotSettings(robot_id="rate1", heartbeat_s=0.5)
+    runtime = RobotRuntime(Env(), Service(), ReleaseStore(tmp_path / "store"), {}, options, lambda bucket: None)
+    threading.Timer(1.0, lambda: runtime.slots.offer(Loaded("A", Runner()))).start()  # arrives after 1 s
+    with caplog.at_level(logging.WARNING, logger="robotloop.deploy.runtime"):
+        stats = runtime.run(duration_s=6.5)  # one whole 5 s rate window after the release arrived
+    assert not [m for m in caplog.messages if "control runs at" in m], caplog.messages
+    assert stats.control_hz is not None and stats.control_hz > 45, stats.control_hz
 
 
 def test_policy_slots_swap_at_a_chunk_boundary_and_the_health_check_judges_the_new_release(tmp_path):

@@ -167,15 +167,15 @@ def test_bad_observations_are_refused(tiny: Path) -> None:
         runner.act({"pixels": {"top": np.zeros((96, 128, 3), np.uint8)}, "agent_pos": state})
     with pytest.raises(ValueError, match="uint8"):
         runner.act({"pixels": {"top": np.zeros((48, 64, 3), np.float32)}, "agent_pos": state})
-    with pytest.raises(ValueError, match="camera 'top'"):
+    with pytest.raises(ValueError, match="camera 'top'; the observation's cameras: none$"):  # words, not a list
         runner.act({"agent_pos": state})
-    with pytest.raises(ValueError, match="agent_pos"):
-        runner.act(
-            {
-                "pixels": {"top": np.zeros((48, 64, 3), np.uint8)},
-                "agent_pos": np.full(14, np.nan),
-            }
-        )
+    with pytest.raises(ValueError, match="the observation's cameras: front, wrist$"):
+        runner.act({"pixels": {"wrist": np.zeros((48, 64, 3), np.uint8), "front": np.zeros((48, 64, 3), np.uint8)}})
+    frame = {"top": np.zeros((48, 64, 3), np.uint8)}
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        runner.act({"pixels": frame, "agent_pos": np.full(14, np.nan)})
+    with pytest.raises(ValueError, match="a state of 14 values; the robot's has 6$"):  # not the array itself
+        runner.act({"pixels": frame, "agent_pos": np.zeros(6)})
 
 
 def test_runner_sees_what_the_recorder_stored(tiny: Path, bucket_server, tmp_path: Path) -> None:

@@ -50,7 +50,23 @@ def keygen(
         key_id = generate_keypair(key, overwrite=force)
     except KeyExists as error:  # the CLI's own words for the way out: its flag, not the library's argument
         raise fail(f"{error}: pass --force to replace it (releases it signed stop verifying)") from None
-    console.print(f"deploy key {key_id}: private {key}, public {public_path(key)}")
+    console.print(
+        f"deploy key {key_id}: private {key} (keep it where releases are published from), public "
+        f"{public_path(key)} (the deploy service's and every robot's --trusted-key)",
+        highlight=False,
+    )
+
+
+@app.command()
+def token(
+    tokens: Annotated[Path, typer.Option(help="The deploy service's tokens file (`deploy serve --tokens`).")],
+    read: Annotated[bool, typer.Option("--read", help="A read token: it may only look.")] = False,
+) -> None:
+    """Make an operator token: appends '<token> write *' (or read) to the tokens file, made 0600 if new, and prints
+    the token, for --deploy-token or ROBOTLOOP_DEPLOY__TOKEN. The service reads the file when it starts."""
+    from ..auth import add_token
+
+    print(add_token(tokens, write=not read, prefix="rl_ops_"))  # plain print: the token alone, for $(...)
 
 
 app.command("serve")(serve_command(DeployOptions, "services.deploy.app", fail))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,8 @@ from rich.console import Console
 
 from ..config import load_settings
 from ..errors import BadInput
+from ..sim.constants import format_image_size
+from .output import fail
 from .record import CAMERAS_HELP, _image_size
 
 app = typer.Typer(no_args_is_help=True, help="The robot side: run released policies, hot-swap and roll back.")
@@ -31,8 +32,12 @@ def run(
     store: Annotated[Path | None, typer.Option(help="Local release store. Default: robot.store_dir.")] = None,
     sim: Annotated[str | None, typer.Option(help="Sim task (transfer_cube, insertion).")] = None,
     image_size: Annotated[
-        str, typer.Option(help="Sim camera HxW; must match the policy's (as `record` wrote its dataset).")
-    ] = "480x640",
+        str | None,
+        typer.Option(
+            help="Sim camera HxW. Default: the size the release's policy takes (saved beside it, as `robotloop "
+            "eval` reads it); the camera then keeps the size of the first release it runs."
+        ),
+    ] = None,
     episode_steps: Annotated[
         int,
         typer.Option(
@@ -58,7 +63,6 @@ def run(
     from ..deploy.store import ReleaseStore
     from ..storage import ensure_endpoint
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     settings = ctx.obj or load_settings()
     cfg = settings.robot
     robot_id = robot_id or cfg.robot_id
@@ -81,7 +85,7 @@ def run(
         options,
         lambda bucket: XetFetcher(endpoint, storage_token, bucket),
     )
-    console.print(f"robot {robot_id}: {sim or robot_type} at {env.rate_hz:g} Hz, following {deploy.url}")
+    console.print(f"robot {robot_id}: {sim or robot_type} at {env.rate_hz:g} Hz{_camera(env)}, following {deploy.url}")
     try:
         stats = runtime.run(duration_s)
     except KeyboardInterrupt:
@@ -90,20 +94,25 @@ def run(
     finally:
         env.close()
     pulled = sum(p.bytes_fetched for p in stats.pulls) / 1e6
+    why = _why_nothing_ran(runtime)
     console.print(
-        f"ran {stats.steps} steps ({_rate(stats.control_hz, env.rate_hz)}), {len(stats.episodes)} whole episodes; "
+        f"ran {stats.steps} steps ({_rate(stats.control_hz, env.rate_hz)}){_camera(env)}, {len(stats.episodes)} "
+        "whole episodes; "
         f"pulled {pulled:.1f} MB; swaps "
         f"{len(stats.swaps)}, rollbacks {len(stats.rollbacks)}, refused {len(stats.refused)}; running "
-        f"{runtime.running or 'no release (none was assigned, or none could run)'}"
+        f"{runtime.running or _no_release(runtime, why)}"
     )
+    if why:  # a robot that could run nothing it was given has failed, whatever stopped it
+        raise fail(f"robot {robot_id} ran no release: {why}")
 
 
 def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, robot_cameras, fps, episode_time_s):
-    from ..deploy.envs import HardwareControlEnv, SimControlEnv
+    from ..deploy.envs import FROM_POLICY, HardwareControlEnv, SimControlEnv
 
     if sim:
         try:
-            return SimControlEnv(sim, _image_size(image_size), episode_steps)
+            size = _image_size(image_size) if image_size else FROM_POLICY
+            return SimControlEnv(sim, size, episode_steps)
         except BadInput as error:
             raise typer.BadParameter(str(error), param_hint="--sim") from None
     from ..capture.robot_record import make_hardware
@@ -118,3 +127,28 @@ def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, ro
 
 def _rate(reached: float | None, target: float) -> str:
     return f"{reached:.1f} Hz of {target:g}" if reached is not None else f"target {target:g} Hz"
+
+
+def _camera(env) -> str:
+    """The sim's camera for the banner and the summary; nothing for hardware (its cameras are its own)."""
+    if not getattr(env, "sized", True):
+        return ", camera sized by the first release it runs"
+    size = getattr(env, "image_size", None)
+    return f", camera {format_image_size(size)}" if size else ""
+
+
+def _no_release(runtime, why: str | None) -> str:
+    if why or runtime.stats.steps:
+        return "no release"
+    return "no release (one was assigned, not ready yet)" if runtime.stats.assigned_at else "no release (none assigned)"
+
+
+def _why_nothing_ran(runtime) -> str | None:
+    """Why a robot that ran no step could run nothing: what it refused, rolled back or could not fetch; None when it
+    ran, or when it was simply never assigned a release (nothing went wrong)."""
+    stats = runtime.stats
+    if stats.steps:
+        return None
+    said = [f"{e['release']}: {e['reason']}" for e in [*stats.refused, *stats.rollbacks] if e["release"]]
+    said += [f"{r}: could not be fetched ({u['error']})" for r, u in runtime.ledger.unfetchable().items()]
+    return "; ".join(said) or None

@@ -106,3 +106,25 @@ def robot_row(robot: dict[str, Any], now: float) -> dict[str, Any]:
         "refused": status.get("refused") or [],
         "last_seen_s_ago": round(now - seen, 1) if seen else None,
     }
+
+
+def describe_event(kind: str, release: str | None, previous: str | None, detail: str = "") -> str:
+    """A robot's event in words, its fields as the registry records them: a swap to `release` from `previous`, a
+    rollback to `release` from `previous`, `release` refused while `previous` runs.
+
+    Example:
+        ```python
+        >>> describe_event("swap", "v7", "v6"), describe_event("swap", "v7", None)
+        ('swap v6 -> v7', 'swap to v7')
+        >>> describe_event("rollback", "v6", "v7", "health check: ...")
+        'rollback v7 -> v6: health check: ...'
+        ```
+    """
+    if kind == "refused":
+        text = f"refused {release or 'a release'}" + (f" ({previous} keeps running)" if previous else "")
+    elif kind in ("swap", "rollback"):
+        to = release or "no release"
+        text = f"{kind} {previous} -> {to}" if previous else f"{kind} to {to}"
+    else:
+        text = f"{kind} {release or ''}".strip()
+    return f"{text}: {detail}" if detail else text

@@ -19,6 +19,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadValue
+from ..sim.constants import format_image_size
+
+FROM_POLICY = "policy"  # SimControlEnv's image_size: the camera size of the first policy the robot runs
 
 
 @dataclass(frozen=True)
@@ -31,32 +34,69 @@ class StepResult:
 
 
 class SimControlEnv:
-    """An `AlohaSim` task at its control rate (50 Hz for ALOHA); episodes end at success or `episode_steps`."""
+    """An `AlohaSim` task at its control rate (50 Hz for ALOHA); episodes end at success or `episode_steps`.
+
+    `image_size=FROM_POLICY`: the camera takes the size of the first policy the robot runs (the size saved beside
+    it, `PolicyRunner.image_size`, as `robotloop eval` renders), then keeps it, as a real camera would: `sized` is
+    False until `fit(size)` builds the sim, in the thread that renders (MuJoCo's EGL context is that thread's).
+    """
 
     rate_hz = 50.0
 
     def __init__(
-        self, task: str, image_size: tuple[int, int] = (96, 128), episode_steps: int = 400, seed: int = 0
+        self,
+        task: str,
+        image_size: tuple[int, int] | None | str = (96, 128),
+        episode_steps: int = 400,
+        seed: int = 0,
     ) -> None:
-        from ..sim import AlohaSim
+        from ..sim import get_task
 
-        self.sim = AlohaSim(task, image_size=image_size, max_episode_steps=episode_steps)
-        self.seed = seed
+        get_task(task)  # an unknown task fails now, not when the first policy arrives
+        self.task, self.episode_steps, self.seed = task, episode_steps, seed
+        self.sim = None
+        if image_size != FROM_POLICY:
+            self.fit(image_size)
 
     @property
-    def episode_steps(self) -> int:
-        return self.sim.max_episode_steps
+    def sized(self) -> bool:
+        return self.sim is not None
+
+    @property
+    def image_size(self) -> tuple[int, int] | None:
+        """The camera's (H, W); None: not sized yet, or a sim that renders nothing."""
+        return self.sim.image_size if self.sim is not None else None
+
+    def fit(self, image_size: tuple[int, int] | None) -> None:
+        """Build the sim with its camera at `image_size` (None: no camera). Once: a robot's camera stays as it is.
+
+        Raises:
+            BadValue: a bad size, or the sim was sized already.
+        """
+        from ..sim import AlohaSim
+
+        if self.sim is not None:
+            raise BadValue(f"the sim camera is {format_image_size(self.sim.image_size)} already")
+        self.sim = AlohaSim(self.task, image_size=image_size, max_episode_steps=self.episode_steps)
 
     def reset(self) -> dict[str, Any]:
         self.seed += 1
-        return self.sim.reset(seed=self.seed)
+        return self._sim().reset(seed=self.seed)
 
     def step(self, action: np.ndarray) -> tuple[dict[str, Any], StepResult]:
-        obs, reward, success, truncated, _info = self.sim.step(action)  # the sim counts steps: truncated at the limit
+        obs, reward, success, truncated, _info = self._sim().step(
+            action
+        )  # the sim counts steps: truncated at the limit
         return obs, StepResult(float(reward), bool(success) or truncated, bool(success))
 
+    def _sim(self) -> Any:
+        if self.sim is None:
+            raise BadValue("the sim camera takes its size from the first policy: fit() it before running")
+        return self.sim
+
     def close(self) -> None:
-        self.sim.close()
+        if self.sim is not None:
+            self.sim.close()
 
 
 class HardwareControlEnv:
@@ -73,6 +113,8 @@ class HardwareControlEnv:
         self.action_keys = list(robot.action_features)
         self.episode_steps = max(1, round(episode_s * rate_hz))
         self._steps = 0
+
+    sized = True  # its cameras are what they are
 
     def _obs(self) -> dict[str, Any]:
         raw = self.robot.get_observation()

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..config import Settings
 from ..errors import BadValue
+from ..sim.constants import format_image_size
 from ..storage import BucketClient
 
 # Policy resolution lives in robotloop.deploy.resolve; pull_release_for, resolve_policy and resolve_release stay
@@ -299,7 +300,8 @@ def evaluate(
     trained = runner.image_size
     if image_size is not None and tuple(image_size) != trained:
         raise BadValue(
-            f"the policy was trained on {_fmt(trained)} images; it cannot be evaluated at {_fmt(image_size)}"
+            f"the policy was trained on {format_image_size(trained)}; it cannot be evaluated at "
+            f"{format_image_size(image_size)}"
         )
     steps = max_steps or spec.episode_length
     workers = min(workers, episodes)
@@ -419,10 +421,6 @@ def _acting(runner: PolicyRunner) -> dict:
         "temporal_ensemble_coeff": cfg.temporal_ensemble_coeff,
         "chunk_size": cfg.chunk_size,
     }
-
-
-def _fmt(size: tuple[int, int] | None) -> str:
-    return "no" if size is None else f"{size[0]}x{size[1]}"
 
 
 __all__ = [

@@ -166,15 +166,21 @@ def load_public_keys(paths: list[Path]) -> dict[str, Ed25519PublicKey]:
     return keys
 
 
-def verify(trusted: dict[str, Ed25519PublicKey], signer_id: str, signature: bytes, data: bytes) -> None:
-    """Check that `signature` over `data` was made by the trusted key `signer_id`.
+def verify(
+    trusted: dict[str, Ed25519PublicKey], signer_id: str, signature: bytes, data: bytes, who: str = "this robot"
+) -> None:
+    """Check that `signature` over `data` was made by the trusted key `signer_id`; `who` holds the trusted keys (a
+    robot, the deploy service), for the message.
 
     Raises:
         BadSignature: unknown key id, or the signature does not verify.
     """
     public = trusted.get(signer_id)
     if public is None:
-        raise BadSignature(f"signed by key {signer_id}, which this robot does not trust (trusted: {sorted(trusted)})")
+        raise BadSignature(
+            f"signed by key {signer_id}, which {who} does not trust (it trusts {', '.join(sorted(trusted))}): give "
+            f"{who} that key's .pub file (--trusted-key), or sign with a key it trusts"
+        )
     try:
         public.verify(signature, data)
     except InvalidSignature:

@@ -10,13 +10,13 @@ Example:
 
 from __future__ import annotations
 
-import secrets
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from ..auth import new_token
 from ..service_process import free_port, start_service_process
 
 
@@ -51,7 +51,7 @@ def start_local_deploy_service(
         ServiceStartError: the service exited or did not answer within `timeout_s` (the message ends with its log).
     """
     base.mkdir(parents=True, exist_ok=True)
-    token = token or "rl_ops_" + secrets.token_urlsafe(24)
+    token = token or new_token("rl_ops_")
     tokens = base / "ops.tokens"
     tokens.touch(mode=0o600)
     tokens.write_text("".join(f"{line}\n" for line in (f"{token} write *", *extra_tokens)))

@@ -204,8 +204,8 @@ class SignedManifest:
         manifest.validate()
         return cls(manifest, signer.key_id, base64.b64encode(signer.sign(manifest.canonical())).decode())
 
-    def verify(self, trusted: dict) -> Manifest:
-        """The manifest, if signed by a trusted key.
+    def verify(self, trusted: dict, who: str = "this robot") -> Manifest:
+        """The manifest, if signed by a key `who` (a robot, the deploy service) trusts.
 
         Raises:
             BadSignature: untrusted key or a signature that does not verify (the manifest was altered).
@@ -214,7 +214,7 @@ class SignedManifest:
             signature = base64.b64decode(self.signature, validate=True)
         except ValueError:
             raise BadSignature("the manifest's signature is not base64") from None
-        verify(trusted, self.key_id, signature, self.manifest.canonical())
+        verify(trusted, self.key_id, signature, self.manifest.canonical(), who)
         return self.manifest
 
     def to_dict(self) -> dict[str, Any]:

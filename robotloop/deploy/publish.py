@@ -5,8 +5,10 @@ Accepts the checkpoint step folder (``<run>/checkpoints/000200``), its ``pretrai
 of ``pretrained_model/`` by the Xet hash the bucket holds for them, so robots fetch exactly the signed content.
 
 A checkpoint on this machine (a lerobot-train output: ``outputs/train/<run>``, its ``checkpoints/last`` or a
-``pretrained_model`` folder; or a robotloop one) is uploaded first, to ``<to>/checkpoints/<step>/pretrained_model``
-in a bucket (robots fetch from buckets), then published from there.
+``pretrained_model`` folder; or a robotloop one, e.g. copied out with ``robotloop bucket get
+<run>/checkpoints/<step> ./ckpt``) is uploaded first, to ``<to>/checkpoints/<step>/pretrained_model`` in a bucket
+(robots fetch from buckets), then published from there. Its step: the name of the folder above
+``pretrained_model``, else the step its ``training_state/training_step.json`` or ``lineage.json`` beside says.
 
 Example:
     ```python
@@ -24,7 +26,7 @@ from pathlib import Path
 from ..errors import BadInput
 from ..storage import BucketClient, BucketUrl, Entry, NotFound
 from ..train.layout import checkpoint_url, latest_step
-from .client import DeployClient
+from .client import DeployClient, DeployError
 from .keys import Signer
 from .manifest import SignedManifest, build_manifest, check_release_name
 
@@ -64,7 +66,8 @@ def upload_local_checkpoint(client: BucketClient, local: Path, to: BucketUrl) ->
     so a run's checkpoint in the bucket is never overwritten.
 
     Raises:
-        PublishError: no checkpoint at `local`, its folder names no step, or the destination holds other files.
+        PublishError: no checkpoint at `local`, nothing says its step (`local_step`), or the destination holds
+            other files.
     """
     import hf_xet
 
@@ -75,12 +78,7 @@ def upload_local_checkpoint(client: BucketClient, local: Path, to: BucketUrl) ->
         model = locate_policy(str(local)).path.resolve()  # lerobot's checkpoints/last is a symlink to the step
     except PolicyLoadError as error:
         raise PublishError(str(error)) from None
-    if not model.parent.name.isdigit():
-        raise PublishError(
-            f"{model}: not in a checkpoint folder named by its step (<run>/checkpoints/<step>/pretrained_model), "
-            "so the release could not say which step it is"
-        )
-    step_url = checkpoint_url(to, int(model.parent.name))
+    step_url = checkpoint_url(to, local_step(model))
     model_url = step_url / "pretrained_model"
     files = sorted(p for p in model.rglob("*") if p.is_file())
     hashes = hf_xet.hash_files([str(p) for p in files])
@@ -98,6 +96,30 @@ def upload_local_checkpoint(client: BucketClient, local: Path, to: BucketUrl) ->
         client.create_bucket(model_url)
         client.upload(model, model_url)
     return step_url
+
+
+def local_step(model: Path) -> int:
+    """The training step of the `pretrained_model` folder `model` on this machine: the name of the folder it is in
+    (``<run>/checkpoints/000200``), else the step that lerobot's and robotloop's `training_state/training_step.json`
+    or robotloop's `lineage.json` beside it says (a checkpoint copied into a folder of any name).
+
+    Raises:
+        PublishError: none of them says.
+    """
+    if model.parent.name.isdigit():
+        return int(model.parent.name)
+    for said in (model.parent / "training_state" / "training_step.json", model.parent / "lineage.json"):
+        try:
+            step = json.loads(said.read_text()).get("step")
+        except (OSError, ValueError, AttributeError):  # missing, unreadable, or not a JSON object
+            continue
+        if isinstance(step, int) and step >= 0:
+            return step
+    raise PublishError(
+        f"{model}: which training step is it? Neither is its folder named by its step (<run>/checkpoints/<step>/"
+        "pretrained_model) nor is training_state/training_step.json or lineage.json beside it; copy the whole "
+        "checkpoint folder (robotloop bucket get <run>/checkpoints/<step> ./ckpt), or publish it from its bucket"
+    )
 
 
 def publish(
@@ -123,7 +145,8 @@ def publish(
     Raises:
         BadBucketUrl: `checkpoint` is not a bucket URL. PublishError: no checkpoint, no pretrained_model, a local
         checkpoint without `to` (or see `upload_local_checkpoint`), or `name` already names another release in
-        this bucket. DeployError: the deploy service refused it.
+        this bucket. DeployError: the deploy service refused it (then nothing of it is left in the bucket) or did
+        not answer.
         BadManifest: a bad release name. robotloop.storage.StorageError: the bucket cannot be reached or written.
     """
     check_release_name(name)
@@ -149,9 +172,19 @@ def publish(
         manifest = build_manifest(
             Path(tmp), name, step_url.bucket_id, str(step_url), hashes, _lineage(client, step_url)
         )
-    signed = _store(client, SignedManifest.sign(manifest, signer))
+    signed, written = _store(client, SignedManifest.sign(manifest, signer))
     if deploy is not None:
-        deploy.publish(signed, channel)
+        try:
+            deploy.publish(signed, channel)
+        except DeployError as error:
+            # Stored first, registered second: a publish cut short between the two (a crash, no answer) leaves a
+            # manifest that the same publish again registers as it is. A service that refused it (4xx: untrusted
+            # signer, a name taken, a token that may not publish) registered nothing: what this call wrote goes,
+            # so the bucket holds no release that robots will never be given. Without such an answer it stays:
+            # the service may have registered it, and a new manifest under its name would conflict there for good.
+            if written and 400 <= error.status < 500:
+                _unstore(client, signed)
+            raise
     return signed
 
 
@@ -163,8 +196,15 @@ def _lineage(client: BucketClient, step_url: BucketUrl) -> dict:
         return {}
 
 
-def _store(client: BucketClient, signed: SignedManifest) -> SignedManifest:
-    """Store the manifest; publishing the same files under the same name again keeps the first manifest."""
+def _held_paths(signed: SignedManifest) -> dict[str, str]:
+    """The release's own paths to its signed files (bucket-relative), with their Xet hashes."""
+    folder = manifest_url(signed.manifest.bucket, signed.manifest.name).path.rsplit("/", 1)[0]
+    return {f"{folder}/files/{f.path}": f.xet_hash for f in signed.manifest.files}
+
+
+def _store(client: BucketClient, signed: SignedManifest) -> tuple[SignedManifest, bool]:
+    """Store the manifest; publishing the same files under the same name again keeps the first manifest. Answers
+    the manifest stored, and whether this call wrote it."""
     url = manifest_url(signed.manifest.bucket, signed.manifest.name)
     try:
         existing = client.read_range(url, 0, client.stat(url).size)
@@ -177,15 +217,20 @@ def _store(client: BucketClient, signed: SignedManifest) -> SignedManifest:
                 f"release {signed.manifest.name!r} already exists in {url} with other files; "
                 "release names are immutable, pick a new one"
             )
-        return old
+        return old, False
     # The release holds its own paths to the signed files (metadata only: the bytes stay where they are), so
     # training into the run's folder again, which overwrites its checkpoint files, cannot take them from robots:
     # the store serves a file's bytes only to readers of a bucket that holds it.
-    m = signed.manifest
-    held = {f"{url.path.rsplit('/', 1)[0]}/files/{f.path}": f.xet_hash for f in m.files}
-    client.point_back(BucketUrl(m.bucket, ""), held)
+    client.point_back(BucketUrl(signed.manifest.bucket, ""), _held_paths(signed))
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "manifest.json"
         path.write_bytes(signed.to_json())
         client.upload(path, url)
-    return signed
+    return signed, True
+
+
+def _unstore(client: BucketClient, signed: SignedManifest) -> None:
+    """Remove what `_store` wrote for `signed` (its manifest and its paths to the files), in one batch."""
+    url = manifest_url(signed.manifest.bucket, signed.manifest.name)
+    gone = dict.fromkeys([*_held_paths(signed), url.path])
+    client.point_back(BucketUrl(signed.manifest.bucket, ""), gone)

@@ -215,7 +215,8 @@ class PolicyRunner:
         for key, (c, h, w) in self.image_shapes.items():
             cam = key.removeprefix(IMAGE_PREFIX)
             if cam not in pixels:
-                raise BadValue(f"the policy reads camera {cam!r}; the observation has {sorted(pixels) or 'no images'}")
+                has = ", ".join(sorted(pixels)) or "none"
+                raise BadValue(f"the policy reads camera {cam!r}; the observation's cameras: {has}")
             img = np.asarray(pixels[cam])
             if img.shape != (h, w, c) or img.dtype != np.uint8:
                 raise BadValue(
@@ -227,8 +228,10 @@ class PolicyRunner:
             batch[key] = (chw.to(torch.float32) / 255.0).unsqueeze(0).contiguous()
         if self.state_dim is not None:
             state = np.asarray(obs.get("agent_pos", ()), dtype=np.float64)
-            if state.shape != (self.state_dim,) or not np.all(np.isfinite(state)):
-                raise BadValue(f"agent_pos must be {self.state_dim} finite values, got {state}")
+            if state.shape != (self.state_dim,):
+                raise BadValue(f"the policy reads a state of {self.state_dim} values; the robot's has {state.size}")
+            if not np.all(np.isfinite(state)):
+                raise BadValue("the robot's state holds NaN or infinite values")
             batch[STATE_KEY] = torch.from_numpy(state.astype(np.float32)).unsqueeze(0)
         return batch
 
@@ -292,7 +295,7 @@ def _finite(actions: np.ndarray) -> np.ndarray:
     if not np.all(np.isfinite(actions)):
         bad = np.argwhere(~np.isfinite(actions))[0].tolist()
         raise NonFiniteAction(
-            f"the policy produced a non-finite action (first at index {bad}); the checkpoint's "
+            f"the policy produced a non-finite action (first at index {', '.join(map(str, bad))}); the checkpoint's "
             f"weights or normalization stats hold NaN/inf or zero std"
         )
     return actions.astype(np.float32, copy=False)

@@ -24,6 +24,8 @@ without a reward) only load failures and non-finite actions trigger a rollback.
 A refused or rolled-back release is not tried again by this robot (the list survives restarts, in
 `<store>/runtime.json`); publish a fixed one under a new name. A release whose inputs do not fit the robot's
 observations (camera size, state size) is skipped only until the robot restarts: that is often the robot's setup.
+A sim robot started without a camera size (`SimControlEnv(image_size=FROM_POLICY)`) renders at the size of the first
+release it loads (what its policy takes, `PolicyRunner.image_size`), then keeps that size, as a camera would.
 
 Example:
     ```python
@@ -48,7 +50,7 @@ import numpy as np
 
 from ..config import RobotSettings
 from ..errors import BadValue
-from .client import DeployClient
+from .client import DeployClient, describe_event
 from .envs import StepResult
 from .fetch import XetFetcher
 from .ledger import ReleaseLedger
@@ -135,7 +137,8 @@ class RateWatch:
     _warned_at: float = -math.inf
 
     def restart(self) -> None:
-        """A new episode: its reset is not control time."""
+        """A new episode, or a tick with nothing to run: an episode's reset and time spent holding still (waiting
+        for the first release, or after a rollback to none) are not control time."""
         self._t0, self._steps = time.monotonic(), 0
 
     def tick(self) -> None:
@@ -191,6 +194,11 @@ class RobotRuntime:
         self.stats = RuntimeStats()
         self._stop = threading.Event()
         self._latest_obs: dict | None = None
+        self._first_frame = threading.Event()  # set with the first observation: warm-ups wait for it
+        # A sim camera sized by the first policy (`SimControlEnv(image_size=FROM_POLICY)`): the updater asks for a
+        # size, the control thread (the one that renders) builds the sim and renders the first frame.
+        self._camera_wanted: tuple[tuple[int, int] | None] | None = None
+        self._camera_error: Exception | None = None
         self.slots = PolicySlots()
         self.ledger = ReleaseLedger.load(store.root / "runtime.json", options.health_window)
         self.health = HealthCheck(self.slots, self.ledger, options.health_window, options.health_margin)
@@ -204,7 +212,7 @@ class RobotRuntime:
             self.slots,
             self.ledger,
             self.stats,
-            lambda: self._latest_obs,
+            self._observation_for,
             self._refuse,
             self._stop,
         )
@@ -240,14 +248,20 @@ class RobotRuntime:
     def _control(self, deadline: float | None) -> None:
         period = 1.0 / self.env.rate_hz
         rate = RateWatch(self.env.rate_hz)
-        obs, episode = self._new_episode()
+        obs, episode = self._new_episode() if _sized(self.env) else (None, None)
         tick, last_action = time.monotonic(), None
         while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
+            if obs is None:  # a camera waiting for the first policy's size: nothing renders until it is asked for
+                obs, episode = self._fit_camera()
+                if obs is None:
+                    tick = _sleep_until(tick + period)
+                    continue
             swapped = self._maybe_swap(last_action)
             if swapped:
                 episode.mixed = True
             active = self.slots.active
             if active is None:  # nothing to run yet: hold still, keep the camera fresh for warm-ups
+                rate.restart()  # else the first window would count the wait, and warn of a rate never run at
                 tick = _sleep_until(tick + period)
                 continue
             try:
@@ -276,9 +290,41 @@ class RobotRuntime:
                 rate.restart()
             tick = _sleep_until(tick + period)
 
+    def _fit_camera(self) -> tuple[dict | None, _EpisodeTally | None]:
+        """Build a camera sized by the first policy, once the updater asks (`_observation_for`); the first episode."""
+        wanted, self._camera_wanted = self._camera_wanted, None
+        if wanted is None:
+            return None, None
+        try:
+            self.env.fit(wanted[0])
+        except ValueError as error:  # a size the sim cannot render: that release does not fit this robot
+            self._camera_error = error
+            return None, None
+        return self._new_episode()
+
+    def _observation_for(self, runner: Any) -> dict | None:
+        """Updater thread: the observation to warm `runner` up on, the latest one, once the control thread has one
+        (a warm-up skipped for want of it would let a policy that does not fit the robot drive it, and be rolled
+        back for good). A camera that takes its size from the first policy is sized for `runner` first
+        (`PolicyRunner.image_size`, what `robotloop eval` renders). None when the runtime stops first.
+
+        Raises:
+            ValueError: the sim cannot render the policy's size (the updater skips that release).
+        """
+        if not _sized(self.env) and not self._first_frame.is_set():
+            self._camera_wanted = (runner.image_size,)
+        while not self._first_frame.wait(0.1):
+            error, self._camera_error = self._camera_error, None
+            if error is not None:
+                raise error
+            if self._stop.is_set():
+                return None
+        return self._latest_obs
+
     def _new_episode(self) -> tuple[dict, _EpisodeTally]:
         obs = self.env.reset()
         self._latest_obs = obs
+        self._first_frame.set()
         active = self.slots.active
         if active is not None:
             active.runner.reset()
@@ -312,7 +358,7 @@ class RobotRuntime:
             return False
         release, was = swapped
         self._reporter.event("swap", release, was, "")
-        log.info("running release %s (was %s)", release, was)  # a normal swap: not a warning
+        log.info("%s", describe_event("swap", release, was))  # a normal swap: not a warning
         return True
 
     def _rollback(self, reason: str) -> None:
@@ -321,21 +367,24 @@ class RobotRuntime:
 
     def _refuse(self, release: str | None, reason: str, kind: str, back: str | None, for_good: bool = True) -> None:
         """Report a refused or rolled-back release; `for_good` also keeps it out across restarts (runtime.json)."""
-        log.error("%s %s: %s", "refused" if kind == "refused" else "rolled back from", release, reason)
+        # Events name the release now running and the one left behind, as the registry records them.
+        named, other = (back, release) if kind == "rollback" else (release, back)
+        log.warning("%s", describe_event(kind, named, other, reason))  # the robot goes on: no error of its own
         entry = {"release": release, "back_to": back, "reason": reason}
         (self.stats.refused if kind == "refused" else self.stats.rollbacks).append(entry)
         if release and for_good:
             self.ledger.refuse(release)
-        # Events name the release now running and the one left behind, as the registry records them.
-        if kind == "rollback":
-            self._reporter.event(kind, back, release, reason)
-        else:
-            self._reporter.event(kind, release, back, reason)
+        self._reporter.event(kind, named, other, reason)
 
     # -- reporter thread -------------------------------------------------------------------------------------
     def _snapshot(self) -> tuple[str | None, bool, dict[str, float]]:
         """The running release, whether it is on probation, and the health scores, read together."""
         return self.slots.snapshot(self.ledger.health)
+
+
+def _sized(env: Any) -> bool:
+    """Whether `env` renders already; False only for a sim camera waiting for its first policy's size."""
+    return getattr(env, "sized", True)
 
 
 def _sleep_until(t: float) -> float:

@@ -144,7 +144,14 @@ class ReleaseStore:
         os.replace(out, self.release_dir(manifest.name))  # the one step that makes the release visible
         shutil.rmtree(staging, ignore_errors=True)
         report = PullReport(manifest.name, manifest.total_bytes, fetched, reused, resumed, time.monotonic() - t0)
-        log.info("release %s installed: %s", manifest.name, report)
+        log.info(
+            "release %s installed: %.1f MB fetched, %.1f MB reused, %.1f MB resumed, in %.1f s",
+            manifest.name,
+            fetched / 1e6,
+            reused / 1e6,
+            resumed / 1e6,
+            report.seconds,
+        )
         return report
 
     def _assemble(

@@ -40,8 +40,9 @@ class Updater:
     """Prepares the releases assigned to one robot: `run()` is the updater thread, until `stop` is set.
 
     What it learns of each release goes to the `ledger`; a refusal goes through `refuse` (the runtime records and
-    reports it); pulls go to `stats.pulls`, assignment and ready times to `stats`. `latest_obs()` is the
-    observation a new policy warms up on (None before the first)."""
+    reports it); pulls go to `stats.pulls`, assignment and ready times to `stats`. `observation_for(runner)` is the
+    observation a new policy warms up on (None before the first; a sim camera that takes its size from the first
+    policy is sized for `runner` there)."""
 
     def __init__(
         self,
@@ -53,12 +54,12 @@ class Updater:
         slots: PolicySlots,
         ledger: ReleaseLedger,
         stats: RuntimeStats,
-        latest_obs: Callable[[], dict | None],
+        observation_for: Callable[[object], dict | None],
         refuse: Refuse,
         stop: threading.Event,
     ) -> None:
         self.deploy, self.store, self.trusted, self.options = deploy, store, trusted, options
-        self.fetcher_for, self.latest_obs, self.refuse, self._stop = fetcher_for, latest_obs, refuse, stop
+        self.fetcher_for, self.observation_for, self.refuse, self._stop = fetcher_for, observation_for, refuse, stop
         self.slots, self.ledger, self.stats = slots, ledger, stats
         self._fetchers: dict[str, XetFetcher] = {}
 
@@ -77,7 +78,7 @@ class Updater:
                 if isinstance(error, DeployError) and isinstance(error, Refused | NotFound):
                     log.error("deploy service refuses this robot: %s", error)
                 elif not isinstance(error, DeployError):
-                    log.error("unexpected answer from the deploy service: %r", error)
+                    log.error("unexpected answer from the deploy service: %s: %s", type(error).__name__, error)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
                 continue
@@ -137,7 +138,7 @@ class Updater:
         self.ledger.fetched(release)
         try:
             runner = PolicyRunner.load(self.store.model_dir(release), self.options.device)
-            obs = self.latest_obs()
+            obs = self.observation_for(runner)
             if obs is not None:
                 runner.warmup(obs)
         except ValueError as error:  # the robot's observations do not fit the policy (camera size, state size)

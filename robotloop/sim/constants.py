@@ -68,16 +68,6 @@ ImageSize = tuple[int, int]  # (height, width)
 MIN_IMAGE_SIDE = 8  # the smallest frame the video encoders take; the sim could render less, nothing else could
 
 
-def format_image_size(size: ImageSize | None) -> str:
-    """(H, W) as people and the flags write it, "HxW" ("none" without images): `parse_image_size`'s inverse.
-
-    Example:
-        >>> format_image_size((48, 64))
-        '48x64'
-    """
-    return "none" if size is None else f"{size[0]}x{size[1]}"
-
-
 def parse_image_size(size: ImageSize | str | None) -> ImageSize | None:
     """(H, W), "HxW" or None (no rendering) -> (H, W) or None, validated: robotloop's one image-size parser.
 
@@ -101,3 +91,13 @@ def parse_image_size(size: ImageSize | str | None) -> ImageSize | None:
     if h < MIN_IMAGE_SIDE or w < MIN_IMAGE_SIDE:
         raise BadValue(f"image size {given!r}: images must be at least {MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE}")
     return h, w
+
+
+def format_image_size(size: ImageSize | None) -> str:
+    """(H, W) as "HxW", the way `parse_image_size` reads it and every message writes it; None: "no images".
+
+    Example:
+        >>> format_image_size((48, 64)), format_image_size(None)
+        ('48x64', 'no images')
+    """
+    return "no images" if size is None else f"{size[0]}x{size[1]}"

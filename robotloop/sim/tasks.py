@@ -155,5 +155,5 @@ def get_task(task: str | TaskSpec) -> TaskSpec:
         return task
     name = ALIASES.get(task, task)
     if name not in TASKS:
-        raise BadValue(f"unknown ALOHA task {task!r}; choose one of {sorted(TASKS)} or {sorted(ALIASES)}")
+        raise BadValue(f"unknown ALOHA task {task!r}; choose one of {', '.join(sorted(TASKS) + sorted(ALIASES))}")
     return TASKS[name]

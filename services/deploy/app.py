@@ -50,6 +50,7 @@ from robotloop.auth import (
     bearer_from_header,
 )
 from robotloop.config import Settings
+from robotloop.deploy.client import describe_event
 from robotloop.deploy.keys import load_public_keys
 from robotloop.deploy.manifest import SignedManifest
 from robotloop.deploy.registry import Registry, check_name
@@ -142,7 +143,7 @@ def create_app(
         who.operator(write=True)
         signed = SignedManifest.from_dict(manifest)
         if trusted is not None:
-            signed.verify(trusted)
+            signed.verify(trusted, who="the deploy service")
         if channel is not None:
             check_name("channel", channel)  # before the release is added: a refused publish leaves nothing behind
         registry.add_release(signed, by=who.name)
@@ -238,7 +239,7 @@ def create_app(
     ) -> dict:
         _robot_itself(who, robot)
         registry.robot_event(robot, kind, release, previous, detail)
-        log.warning("robot %s: %s %s (from %s) %s", robot, kind, release, previous, detail)
+        log.warning("robot %s: %s", robot, describe_event(kind, release, previous, detail))
         return {"ok": True}
 
     @app.post("/v1/robots/{robot}/rollback")
