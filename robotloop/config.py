@@ -98,7 +98,10 @@ class CaptureSettings(Section):
     )
     max_open_per_robot: int = Field(default=4, ge=1, description="Episodes one robot may have open at once.")
     idle_timeout_s: float = Field(
-        default=600.0, gt=0, description="An open episode without requests this long is dropped."
+        default=300.0,
+        gt=0,
+        description="Seconds an open episode may go without a request before it is dropped, uncommitted (its robot "
+        "vanished); a request body that stops arriving this long is answered 408.",
     )
     vcodec: str = Field(default="libsvtav1", description="Video codec of the datasets it writes (h264: faster on CPU).")
 

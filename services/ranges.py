@@ -11,7 +11,16 @@ import re
 
 from robotloop.storage.server.cas import RangeNotSatisfiable
 
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
+# Every byte position of 20 digits or more is past the end of anything served here, so all read as this one: never
+# converted whole (int() refuses over 4,300 digits, and a few million would take it seconds).
+BEYOND_ANY_SIZE = 10**19
+
+
+def byte_position(digits: str) -> int:
+    """The value of a Range header's position (ASCII digits), `BEYOND_ANY_SIZE` for one past any object's end."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) < len(str(BEYOND_ANY_SIZE)) else BEYOND_ANY_SIZE
 
 
 def parse_range(header: str | None) -> tuple[int | None, int | None] | None:
@@ -25,8 +34,8 @@ def parse_range(header: str | None) -> tuple[int | None, int | None] | None:
         return None
     m = _RANGE.match(header.strip())
     if not m or m.groups() == ("", ""):
-        raise RangeNotSatisfiable(f"unsupported Range header {header!r}; use a single bytes=a-b")
-    first, last = (int(g) if g else None for g in m.groups())
+        raise RangeNotSatisfiable(f"unsupported Range header {header[:100]!r}; use a single bytes=a-b")
+    first, last = (byte_position(g) if g else None for g in m.groups())
     if first is not None and last is not None and first > last:
         raise RangeNotSatisfiable(f"Range start {first} > end {last}")
     return first, last
@@ -52,4 +61,4 @@ def span(byte_range: tuple[int | None, int | None], size: int, open_end_limit: i
     return start, end
 
 
-__all__ = ["RangeNotSatisfiable", "parse_range", "span"]
+__all__ = ["BEYOND_ANY_SIZE", "RangeNotSatisfiable", "byte_position", "parse_range", "span"]

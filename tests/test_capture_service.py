@@ -24,6 +24,7 @@ from robotloop.capture.client import CaptureClient, CaptureError
 from robotloop.capture.episode import BadEpisode
 from robotloop.capture.recorder import DatasetSpec
 from robotloop.capture.sessions import (
+    EpisodeExpired,
     EpisodeSessions,
     Frames,
     Limits,
@@ -49,12 +50,18 @@ class Capture:
     endpoint: str
     bucket: BucketClient  # reads the bucket with the bucket server's own write token
     log: Path  # the service's own output
+    staging: Path  # where its recorders keep the episodes being written
 
 
 @pytest.fixture(scope="module")
 def capture(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
     """`python -m services.capture` writing to the test bucket server with its own storage token."""
-    base = tmp_path_factory.mktemp("capture")
+    yield from start_capture(bucket_server, tmp_path_factory.mktemp("capture"))
+
+
+def start_capture(bucket_server, base: Path, *options: str) -> Iterator[Capture]:
+    """Run `python -m services.capture` with `options` (flags) over `base` (its tokens, caches and log) until the
+    generator is closed."""
     tokens = base / "robots"
     lines = [
         f"{ROBOT_A} write lab",
@@ -79,7 +86,10 @@ def capture(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     )
     log = open(base / "capture.log", "ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.capture", "--host", "127.0.0.1", "--port", str(port), "--tokens", str(tokens)],
+        [
+            *(sys.executable, "-m", "services.capture", "--host", "127.0.0.1", "--port", str(port)),
+            *("--tokens", str(tokens), *options),
+        ],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -94,7 +104,8 @@ def capture(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         except httpx.HTTPError:
             assert time.monotonic() < deadline, "capture service did not start"
             time.sleep(0.1)
-    yield Capture(endpoint, BucketClient(bucket_server.endpoint, WRITE_TOKEN), base / "capture.log")
+    staging = base / "cache" / "robotloop" / "recordings"
+    yield Capture(endpoint, BucketClient(bucket_server.endpoint, WRITE_TOKEN), base / "capture.log", staging)
     proc.terminate()
     proc.wait(10)
 
@@ -324,15 +335,92 @@ def test_idle_episodes_expire_and_each_robot_has_an_open_cap(capture, tmp_path):
     other = sessions.open("robot-2", url, CAMERAS, STATE, ACTION)  # the cap is per robot
     now[0] = 12
     assert sessions.add_frames("robot-1", second, _raw()) == 3
-    assert sessions.expire() == [first]  # idle 12 s; the others 6 s
-    with pytest.raises(UnknownEpisode):
+    assert [gone.episode_id for gone in sessions.expire()] == [first]  # idle 12 s; the others 6 s
+    with pytest.raises(EpisodeExpired, match="dropped after 10 s without a request"):
         sessions.add_frames("robot-1", first, _raw())
+    with pytest.raises(UnknownEpisode, match="no open episode") as e:  # another robot learns nothing of it
+        sessions.add_frames("robot-2", first, _raw())
+    assert not isinstance(e.value, EpisodeExpired)
     sessions.open("robot-1", url, CAMERAS, STATE, ACTION)  # the expired episode freed its slot
     now[0] = 30
-    assert len(sessions.expire()) == 3 and sessions.open_count() == 0
-    with pytest.raises(UnknownEpisode):
+    gone = sessions.expire()
+    assert sorted(g.frames for g in gone) == [0, 0, 3] and sessions.open_count() == 0
+    with pytest.raises(EpisodeExpired):
         sessions.abort("robot-2", other)
+    stats = sessions.stats()
+    assert (stats["episodes_abandoned"], stats["open_episodes"], stats["open_frames"], stats["queued_frames"]) == (
+        4,
+        0,
+        0,
+        0,
+    )
     assert bucket_files(capture, str(url)) == []
+
+
+IDLE_S = 1
+
+
+@pytest.fixture(scope="module")
+def idle_capture(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Capture]:
+    """A capture service that drops episodes after `IDLE_S` without a request (set with its flag)."""
+    yield from start_capture(bucket_server, tmp_path_factory.mktemp("idle-capture"), "--idle-timeout-s", str(IDLE_S))
+
+
+def _stats(capture: Capture, token: str = ROBOT_A) -> dict:
+    response = httpx.get(f"{capture.endpoint}/v1/stats", headers={"authorization": f"Bearer {token}"})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_vanished_robots_episode_is_dropped_counted_and_freed(idle_capture):
+    """A robot streams frames, then vanishes mid-upload: its last request stops mid-body, and it never closes, aborts
+    or disconnects. After the idle timeout the episode is gone, uncommitted, its frames and staging files freed, the
+    log and the stats say so, the stalled request is answered 408, and a late request is told why."""
+    capture, dataset = idle_capture, "hf://buckets/lab/capture/datasets/vanished"
+    with CaptureClient(capture.endpoint, ROBOT_A) as robot:
+        eid = robot.open(dataset, CAMERAS, STATE, ACTION)
+        robot.send_frames(eid, **frames(10))
+        assert (_stats(capture)["open_episodes"], _stats(capture)["open_frames"]) == (1, 10)
+        assert list(capture.staging.glob("*/episode-*"))  # the episode being written
+        host, port = capture.endpoint.removeprefix("http://").split(":")
+        stalled = socket.create_connection((host, int(port)))  # promise 100 kB, send 50 bytes, then nothing
+        stalled.sendall(
+            f"POST /v1/episodes/{eid}/frames HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {ROBOT_A}"
+            f"\r\nContent-Length: 100000\r\n\r\n".encode()
+            + b"x" * 50
+        )
+        deadline = time.monotonic() + 10 * IDLE_S
+        while _stats(capture)["episodes_abandoned"] == 0:
+            assert time.monotonic() < deadline, _stats(capture)
+            time.sleep(0.1)
+        stats = _stats(capture, ROBOT_READ_ONLY)  # any robot token reads the stats
+        assert (stats["open_episodes"], stats["open_frames"], stats["queued_frames"]) == (0, 0, 0), stats
+        assert (stats["episodes_abandoned"], stats["episodes_committed"], stats["idle_timeout_s"]) == (1, 0, IDLE_S)
+        assert list(capture.staging.glob("*/episode-*")) == []  # its encoder's files, gone
+        stalled.settimeout(10 * IDLE_S)
+        answer = b"".join(iter(lambda: stalled.recv(4096), b"")).decode()  # until the service closes it
+        assert answer.startswith("HTTP/1.1 408") and "no byte of the request body arrived" in answer, answer
+        stalled.close()
+        with pytest.raises(CaptureError, match=f"dropped after {IDLE_S} s without a request") as late:
+            robot.send_frames(eid, **frames(2, 10))
+        assert late.value.status == 404 and "nothing of it was committed" in late.value.message
+        with pytest.raises(CaptureError, match="dropped after"):
+            robot.close(eid, "pick the cube")
+    assert bucket_files(capture, dataset) == []
+    said = capture.log.read_text()
+    assert f"episode {eid} in {dataset} dropped after" in said and "10 frame(s) discarded, nothing committed" in said
+    assert "Traceback" not in said, said
+
+
+def test_an_episode_in_use_is_not_idle(idle_capture):
+    """Requests keep an episode open however long it lives: only time without any request counts."""
+    with CaptureClient(capture_endpoint := idle_capture.endpoint, ROBOT_B) as robot:
+        eid = robot.open("hf://buckets/lab/capture/datasets/busy", CAMERAS, STATE, ACTION)
+        for start in range(0, 24, 3):  # 8 batches over about 3 idle timeouts
+            robot.send_frames(eid, **frames(3, start))
+            time.sleep(IDLE_S * 0.4)
+        assert robot.close(eid, "keep going")["frames"] == 24
+    assert httpx.get(f"{capture_endpoint}/v1/health").json()["open_episodes"] == 0
 
 
 def test_a_dataset_holds_one_robot_type_and_says_so_at_open(capture, tmp_path):

@@ -1,8 +1,10 @@
 """Property-based fuzzing (hypothesis) of every route of the deploy and capture services and of the dashboard's
-/api and /media routes over real sockets: any path parameter, query parameter, Range header and JSON (or raw) body
-gets an answer below 500, with a write token so the handlers are reached; without a session the dashboard refuses
-every route that shows something. The route list (and each route's query parameters) is read from the apps
-themselves, so a new route is fuzzed without being listed here.
+/api and /media routes over real sockets: any path parameter, query parameter (numbers of any length among them,
+thousands of digits included), Range header (positions of any length) and JSON (or raw) body, its strings holding
+lone surrogates and other unpaired code points as JSON escapes or as raw bytes, gets an answer below 500, with a
+write token so the handlers are reached; without a session the dashboard refuses every route that shows something.
+The route list (and each route's query parameters) is read from the apps themselves, so a new route is fuzzed
+without being listed here.
 (The training service's routes are not fuzzed: a valid random spec would start real training jobs.)
 """
 
@@ -31,16 +33,44 @@ from .test_ui import UI_WRITE, ui  # noqa: F401 - the dashboard over real servic
 
 OPS = "rl_ops_fuzz"
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Strings that are no text (lone surrogates: high, low, a pair reversed, one at the end) beside code points that are
+# text but rare (noncharacters, the last code point), alone or inside other text.
+unpaired = st.sampled_from(["\ud800", "\udfff", "\udc00\ud800", "x\ud83d", "\ud83d\ude00", "\ufffe", "\U0010ffff"])
+any_code_point = st.characters(exclude_categories=())  # surrogates included (hypothesis leaves them out by default)
+odd_texts = st.builds(lambda a, u, b: a + u + b, st.text(max_size=5), unpaired, st.text(max_size=5)) | st.text(
+    any_code_point, max_size=10
+)
+strings = st.text(max_size=20) | odd_texts
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    st.none() | st.booleans() | st.integers() | st.floats() | strings,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(strings, inner, max_size=4),
     max_leaves=10,
 )
-names = st.text(max_size=30) | st.sampled_from(["\x00", "..", "a/b", "\U0010ffff", "v1", "stable", "r1", "0" * 32])
+names = (
+    st.text(max_size=30)
+    | odd_texts
+    | st.sampled_from(["\x00", "..", "a/b", "\U0010ffff", "v1", "stable", "r1", "0" * 32])
+)
+# Numbers as a client may write them in a query: any sign and length, past int()'s 4,300 digits too.
+lengths = st.integers(0, 40) | st.sampled_from([4300, 4301, 5000, 12_000])  # hypothesis draws small integers first
+long_digits = st.builds(lambda first, n: first + "9" * n, st.sampled_from("0123456789"), lengths)
+numeric_texts = (
+    long_digits
+    | st.integers(min_value=-(10**30), max_value=10**30).map(str)
+    | st.from_regex(r"\A-?[0-9]{0,25}(\.[0-9]{0,10})?(e-?[0-9]{1,6})?\Z")
+    | st.sampled_from(["-0", "nan", "inf", "-inf", "1e99999", "0x10", "\u0661\u0662", "\u00b2"])
+)
 
 
-def _routes(app) -> list[tuple[str, str]]:
-    return sorted((m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods if m != "HEAD")
+def _routes(app) -> list[tuple[str, str, list[str]]]:
+    """(method, path, its query parameters' names) of every route of `app`."""
+    return sorted(
+        (m, r.path, sorted(p.alias for p in r.dependant.query_params))
+        for r in app.routes
+        if isinstance(r, APIRoute)
+        for m in r.methods
+        if m != "HEAD"
+    )
 
 
 def _url(base: str, template: str, value: str) -> str:
@@ -48,12 +78,16 @@ def _url(base: str, template: str, value: str) -> str:
     return base + re.sub(r"\{[^}]+\}", raw, template)
 
 
-def _text(value: str) -> str:
-    return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+def _body(value, escaped: bool = False) -> bytes:
+    """`value` as JSON, a lone surrogate written as its escape ("\\ud800") or as the raw bytes Python would read."""
+    return json.dumps(value, ensure_ascii=escaped).encode("utf-8", "surrogatepass")
 
 
-def _body(value) -> bytes:
-    return json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")
+def _query(data, params: list[str], values_of=names) -> str:
+    """A query string giving some of `params` a value: one of `values_of` (lone surrogates escaped as their UTF-8
+    bytes) or a number of any length."""
+    values = {p: data.draw(values_of | numeric_texts) for p in params if data.draw(st.booleans())}
+    return "?" + "&".join(f"{p}={quote(v.encode('utf-8', 'surrogatepass'), safe='')}" for p, v in values.items())
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +106,9 @@ def deploy(tmp_path_factory):
 @given(data=st.data())
 def test_every_deploy_route_answers_below_500(deploy, data):
     url, routes = deploy
-    method, template = data.draw(st.sampled_from(routes))
-    target = _url(url, template, data.draw(names))
-    body = _body(data.draw(json_values)) if method in ("POST", "PUT", "PATCH") else None
+    method, template, params = data.draw(st.sampled_from(routes))
+    target = _url(url, template, data.draw(names)) + _query(data, params)
+    body = _body(data.draw(json_values), data.draw(st.booleans())) if method in ("POST", "PUT", "PATCH") else None
     r = httpx.request(method, target, content=body, headers={"authorization": f"Bearer {OPS}"}, timeout=30)
     assert r.status_code < 500, (method, target, r.text)
 
@@ -87,10 +121,12 @@ def test_every_capture_route_answers_below_500(capture, tmp_path_factory, data):
     tokens = tmp_path_factory.getbasetemp() / "fuzz-capture-tokens"
     tokens.write_text(f"{ROBOT_A} write lab\n")
     routes = _routes(create_app(load_settings(), tokens, BucketClient(capture.bucket.endpoint, WRITE_TOKEN)))
-    method, template = data.draw(st.sampled_from(routes))
-    target = _url(capture.endpoint, template, data.draw(names))
-    raw = data.draw(st.booleans())
-    body = (data.draw(st.binary(max_size=200)) if raw else _body(data.draw(json_values))) if method == "POST" else None
+    method, template, params = data.draw(st.sampled_from(routes))
+    target = _url(capture.endpoint, template, data.draw(names)) + _query(data, params)
+    body = None
+    if method == "POST":
+        raw = data.draw(st.booleans())
+        body = data.draw(st.binary(max_size=200)) if raw else _body(data.draw(json_values), data.draw(st.booleans()))
     r = httpx.request(method, target, content=body, headers={"authorization": f"Bearer {ROBOT_A}"}, timeout=30)
     assert r.status_code < 500, (method, target, r.text)
 
@@ -116,10 +152,12 @@ bucket_urls = names | st.sampled_from(
         "99999999999999999999",
     ]
 )
+positions = st.just("") | long_digits | st.integers(0, 10**12).map(str)
 ranges = (
     st.none()
     | st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=20)
     | st.from_regex(r"\Abytes=-?[0-9]{0,12}-?[0-9]{0,12}(,[0-9]*-[0-9]*)?\Z")
+    | st.builds(lambda a, b: f"bytes={a}-{b}", positions, positions)
 )
 
 
@@ -130,13 +168,7 @@ def dashboard(ui):  # noqa: F811
     from services.ui.app import create_app
 
     app = create_app(load_settings(), ui.reports.parent / "ui.tokens")
-    routes = sorted(
-        (m, r.path, sorted(p.alias for p in r.dependant.query_params))
-        for r in app.routes
-        if isinstance(r, APIRoute) and r.path.startswith(("/api/", "/media/"))
-        for m in r.methods
-        if m != "HEAD"
-    )
+    routes = [route for route in _routes(app) if route[1].startswith(("/api/", "/media/"))]
     return ui, routes, report_id((ui.reports / "loop").resolve())
 
 
@@ -150,13 +182,14 @@ def _dashboard_request(
     one_segment = names.filter(lambda n: "/" not in n and n not in (".", ".."))
     segments = (names if slashes else one_segment) | st.just(report_id)
     path = re.sub(r"\{[^}]+\}", lambda _: _url("", "{x}", data.draw(segments)), template)
-    query = {p: _text(data.draw(bucket_urls)) for p in params if data.draw(st.booleans())}
+    query = _query(data, params, bucket_urls)
     if range_header := (data.draw(ranges) or "").strip():  # a header value cannot start or end with a space
         headers = {**headers, "range": range_header}
     body = None
     if method in ("POST", "PUT", "PATCH", "DELETE"):
-        body = data.draw(st.binary(max_size=100)) if data.draw(st.booleans()) else _body(data.draw(json_values))
-    r = httpx.request(method, board.url + path, params=query, content=body, headers=headers, timeout=30)
+        raw = data.draw(st.booleans())
+        body = data.draw(st.binary(max_size=100)) if raw else _body(data.draw(json_values), data.draw(st.booleans()))
+    r = httpx.request(method, board.url + path + query, content=body, headers=headers, timeout=30)
     return method, template, r
 
 

@@ -367,6 +367,59 @@ def test_a_path_is_a_file_or_a_folder_never_both(hub: str) -> None:
     assert [e.path for e in w.list_bucket_tree("robots/clash", recursive=True)] == ["dir/a.txt/b", "notes.md/inner.md"]
 
 
+def test_a_lone_surrogate_in_a_json_body_is_refused_as_400(hub: str, tmp_path: Path) -> None:
+    # JSON may escape a lone UTF-16 surrogate; Python's parser also reads raw surrogate bytes as one. Neither is text
+    # SQLite or the answer's JSON can hold: refused where the body is read, naming the line.
+    api(hub, W).create_bucket("robots/surrogates")
+    auth = {"authorization": f"Bearer {W}"}
+    known = {"type": "copyFile", "path": "c", "xetHash": "ab" * 32, "sourceRepoType": "bucket"}
+    for line in (
+        json.dumps({"type": "deleteFile", "path": "\ud800"}).encode(),  # the escape: "\\ud800"
+        json.dumps({"type": "deleteFile", "path": "a\udc00b"}, ensure_ascii=False).encode("utf-8", "surrogatepass"),
+        json.dumps({"type": "addFile", "path": "ok", "xetHash": "ab" * 32, "\ud83d": 1}).encode(),  # in a key
+        json.dumps({**known, "sourceRepoId": "robots/\udfff"}).encode(),
+    ):
+        r = httpx.post(f"{hub}/api/buckets/robots/surrogates/batch", content=line + b"\n", headers=auth)
+        assert r.status_code == 400 and "line 1" in r.json()["error"] and "surrogate" in r.text, r.text
+    for body in (json.dumps({"paths": ["ok", "\ud800"]}).encode(), b'{"paths": ["\xed\xa0\x80"]}'):
+        r = httpx.post(f"{hub}/api/buckets/robots/surrogates/paths-info", content=body, headers=auth)
+        assert r.status_code == 400 and "surrogate" in r.json()["error"], r.text
+    assert list(api(hub, W).list_bucket_tree("robots/surrogates")) == []
+    store = BucketStore(tmp_path, file_size=lambda h: 1)
+    store.create_bucket("robots", "surrogates")
+    with pytest.raises(InvalidPath, match="not valid UTF-8"):  # the store says so too, called directly
+        store.paths_info("robots", "surrogates", ["\ud800"])
+
+
+def test_numbers_of_any_length_in_a_query_or_range_are_no_500(hub: str) -> None:
+    w = api(hub, W)
+    w.create_bucket("robots/numbers")
+    w.batch_bucket_files("robots/numbers", add=[(b"0123456789", "ten.bin")])
+    auth = {"authorization": f"Bearer {W}"}
+    file_hash = next(iter(w.get_bucket_paths_info("robots/numbers", ["ten.bin"]))).xet_hash
+    huge = "9" * 5000  # past int()'s 4,300 digits
+    # A signed xorb URL with an expiry no URL of ours has: refused like a bad signature (hf_xet asks anew on 403).
+    r = httpx.get(f"{hub}/v1/xorb-data/{'ab' * 32}?exp={huge}&sig=0")
+    assert r.status_code == 403, r.text
+    # Range positions of any length: past the end is unsatisfiable; a last position past the end is the rest.
+    resolve = f"{hub}/buckets/robots/numbers/resolve/ten.bin"
+    assert httpx.get(resolve, headers={**auth, "range": f"bytes={huge}-"}).status_code == 416
+    r = httpx.get(resolve, headers={**auth, "range": f"bytes=2-{huge}"})
+    assert (r.status_code, r.content) == (206, b"23456789")
+    r = httpx.get(resolve, headers={**auth, "range": f"bytes=-{'0' * 4990}3"})
+    assert (r.status_code, r.content) == (206, b"789")
+    cas = httpx.get(f"{hub}/api/buckets/robots/numbers/xet-read-token", headers=auth).json()
+    read = {"authorization": f"Bearer {cas['accessToken']}"}
+    r = httpx.get(f"{hub}/v1/reconstructions/{file_hash}", headers={**read, "range": f"bytes={huge}-{huge}"})
+    assert r.status_code == 416, r.text
+    r = httpx.get(f"{hub}/v1/reconstructions/{file_hash}", headers={**read, "range": f"bytes=0-{huge}"})
+    assert r.status_code == 200, r.text
+    url = next(iter(r.json()["fetch_info"].values()))[0]["url"]
+    r = httpx.get(url, headers={"range": f"bytes=-{huge}"})
+    assert r.status_code == 206, r.text
+    assert httpx.get(url, headers={"range": f"bytes={huge}-"}).status_code == 416
+
+
 def test_knowing_a_private_files_hash_is_not_enough_to_read_it(hub: str, tmp_path: Path) -> None:
     secret = os.urandom(300_000)
     api(hub, W).create_bucket("robots/vault")  # private by default

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.ranges import RangeNotSatisfiable, parse_range, span
+from services.ranges import BEYOND_ANY_SIZE, RangeNotSatisfiable, parse_range, span
 
 
 @given(size=st.integers(1, 10_000), first=st.integers(0, 12_000), length=st.integers(1, 12_000))
@@ -32,3 +32,14 @@ def test_other_forms_are_refused_as_416(header: str) -> None:
 
 def test_no_header_is_no_range() -> None:
     assert parse_range(None) is None
+
+
+@given(digits=st.integers(20, 20_000), zeros=st.integers(0, 5_000))
+def test_positions_of_any_length_are_past_any_end_never_an_error(digits: int, zeros: int) -> None:
+    huge = "0" * zeros + "9" * digits  # int() refuses strings over 4,300 digits
+    assert parse_range(f"bytes=3-{huge}") == (3, BEYOND_ANY_SIZE)
+    assert span(parse_range(f"bytes=3-{huge}"), 10) == (3, 10)  # a last position past the end: the rest
+    assert span(parse_range(f"bytes=-{huge}"), 10) == (0, 10)
+    with pytest.raises(RangeNotSatisfiable):
+        span(parse_range(f"bytes={huge}-"), 10)
+    assert parse_range(f"bytes={'0' * zeros}7-") == (7, None)  # leading zeros are the same number

@@ -406,6 +406,10 @@ class LiveEpisode:
         Read from lerobot's private encoder state (see robotloop.compat): it offers no public counter."""
         return dropped_video_frames(self.dataset.writer)
 
+    def queued_frames(self) -> int:
+        """Frames in memory waiting for the video encoder (per camera, summed); 0 once committed or aborted."""
+        return sum(q.qsize() for q in video_encoder_queues(self.dataset.writer))
+
     def abort(self) -> None:
         """Drop the episode: nothing of it reaches the bucket (idempotent)."""
         if self._aborted:

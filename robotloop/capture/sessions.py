@@ -36,10 +36,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import secrets
 import tempfile
 import threading
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,10 +56,31 @@ from .episode import BadEpisode
 from .recorder import CommitReport, DatasetRecorder, DatasetSpec, LiveEpisode, episode_frame, spec_mismatch
 
 MAX_TASK_CHARS = 1000
+log = logging.getLogger("robotloop.capture")  # the capture service's log
 
 
 class UnknownEpisode(errors.NotFound, LookupError):
     """No open episode with this id for this robot (never opened, closed, aborted, expired, or another robot's)."""
+
+
+class EpisodeExpired(UnknownEpisode):
+    """The robot's episode was dropped, uncommitted, after `Limits.idle_timeout_s` without a request."""
+
+
+@dataclass(frozen=True)
+class Abandoned:
+    """An episode `EpisodeSessions.expire` dropped: its robot sent nothing for `idle_s` seconds."""
+
+    episode_id: str
+    robot: str
+    url: BucketUrl
+    frames: int  # accepted, and now discarded: nothing of the episode was committed
+    idle_s: float
+
+
+# Ids of dropped-for-idleness episodes kept to answer a late request with why (ids are 32 hex digits: 1024 of them
+# are a few tens of kB); the oldest are forgotten first, and a forgotten one reads like any unknown episode.
+REMEMBERED_EXPIRED = 1024
 
 
 class TooLarge(errors.TooLarge, ValueError):
@@ -79,7 +102,7 @@ class Limits:
     max_frames: int = 30_000
     max_bytes: int = 2 * 2**30  # image bytes of one episode (as sent: raw; encoded to video as they arrive)
     max_open_per_robot: int = 4
-    idle_timeout_s: float = 600.0
+    idle_timeout_s: float = 300.0  # then an open episode without a request is dropped (`expire`)
     # Frames an open episode holds in memory, waiting for its video encoder: a batch sent faster than the encoder
     # encodes waits for room (its request takes longer), so no frame is dropped whatever this is.
     encoder_queue_s: float = 1.0
@@ -257,7 +280,9 @@ class EpisodeSessions:
         self.client, self.limits, self.vcodec, self.clock, self.staging = client, limits, vcodec, clock, staging
         self._sessions: dict[str, _Session] = {}
         self._datasets: dict[str, _Dataset] = {}
-        self._lock = threading.Lock()  # guards both dicts and every session's `touched`; sessions have their own
+        self._expired: OrderedDict[str, str] = OrderedDict()  # episode id -> its robot, for `EpisodeExpired`
+        self._ended = Counter()  # "committed", "aborted", "abandoned": how episodes left, since the start
+        self._lock = threading.Lock()  # guards the dicts, the counts and every session's `touched`
 
     def open(
         self,
@@ -368,10 +393,10 @@ class EpisodeSessions:
                 self._touch(session)  # transient: the encoded episode is kept for another close
                 raise
             except BaseException:
-                self._drop(episode_id, session)
+                self._drop(episode_id, session, "aborted")
                 session.live.abort()  # refused (or a bug): nothing of it may stay in staging
                 raise
-            self._drop(episode_id, session)
+            self._drop(episode_id, session, "committed")
             return report
 
     def abort(self, robot: str, episode_id: str) -> None:
@@ -382,12 +407,18 @@ class EpisodeSessions:
         """
         session = self._get(robot, episode_id)
         with self._held(session, robot, episode_id):
-            self._drop(episode_id, session)
+            self._drop(episode_id, session, "aborted")
             session.live.abort()
 
-    def expire(self) -> list[str]:
-        """Drop episodes idle for longer than `limits.idle_timeout_s` (their robot vanished); returns their ids."""
-        deadline = self.clock() - self.limits.idle_timeout_s
+    def expire(self) -> list[Abandoned]:
+        """Drop the episodes without a request for longer than `limits.idle_timeout_s` (their robot vanished, or
+        stopped without closing them): never committed, their encoder stopped and their frames and staging files
+        freed. A later request of their robot on one is told why (`EpisodeExpired`). Returns what was dropped.
+
+        An episode a request is working on (feeding, closing) is not idle, however long that request takes.
+        """
+        now = self.clock()
+        deadline = now - self.limits.idle_timeout_s
         with self._lock:
             idle = [(eid, s) for eid, s in self._sessions.items() if s.touched < deadline]
         gone = []
@@ -399,15 +430,45 @@ class EpisodeSessions:
                     if self._sessions.get(eid) is not session or session.touched >= deadline:
                         continue
                     del self._sessions[eid]
+                    self._expired[eid] = session.robot
+                    while len(self._expired) > REMEMBERED_EXPIRED:
+                        self._expired.popitem(last=False)
                 session.live.abort()
-                gone.append(eid)
+                with self._lock:  # counted once its encoder and files are gone
+                    self._ended["abandoned"] += 1
             finally:
                 session.lock.release()
+            gone.append(Abandoned(eid, session.robot, session.url, session.frames, now - session.touched))
+            log.warning(
+                "%s's episode %s in %s dropped after %.0f s without a request (idle timeout %g s): %d frame(s) "
+                "discarded, nothing committed",
+                *(session.robot, eid, session.url, now - session.touched, self.limits.idle_timeout_s, session.frames),
+            )
         return gone
 
     def open_count(self) -> int:
         with self._lock:
             return len(self._sessions)
+
+    def stats(self) -> dict[str, int | float]:
+        """What the open episodes hold and how episodes ended since the start:
+
+        * `open_episodes`, `open_frames`: episodes open now and the frames they accepted so far;
+        * `queued_frames`: frames of theirs in memory, waiting for their video encoders (the rest are encoded);
+        * `episodes_committed`, `episodes_aborted`: closed into the bucket; dropped by their robot or refused at
+          close;
+        * `episodes_abandoned`: dropped after `idle_timeout_s` without a request, uncommitted.
+        """
+        with self._lock:
+            sessions = list(self._sessions.values())
+            ended = dict(self._ended)
+        return {
+            "open_episodes": len(sessions),
+            "open_frames": sum(s.frames for s in sessions),
+            "queued_frames": sum(s.live.queued_frames() for s in sessions),
+            **{f"episodes_{how}": ended.get(how, 0) for how in ("committed", "aborted", "abandoned")},
+            "idle_timeout_s": self.limits.idle_timeout_s,
+        }
 
     # -- helpers -----------------------------------------------------------------------------------------
     def _get(self, robot: str, episode_id: str) -> _Session:
@@ -427,15 +488,22 @@ class EpisodeSessions:
         with self._lock:
             session.touched = self.clock()
 
-    def _drop(self, episode_id: str, session: _Session) -> None:
+    def _drop(self, episode_id: str, session: _Session, how: str) -> None:
         with self._lock:
             if self._sessions.get(episode_id) is session:
                 del self._sessions[episode_id]
+                self._ended[how] += 1
 
     def _get_locked(self, robot: str, episode_id: str) -> _Session:
         session = self._sessions.get(episode_id)
         # Another robot's episode reads exactly like a missing one: ids of others are not even confirmed.
         if session is None or session.robot != robot:
+            if self._expired.get(episode_id) == robot:
+                raise EpisodeExpired(
+                    f"episode {episode_id!r} was dropped after {self.limits.idle_timeout_s:g} s without a request "
+                    "(the service's idle timeout): nothing of it was committed. Open a new episode, and send its "
+                    "frames or close it within that time"
+                )
             raise UnknownEpisode(
                 f"no open episode {episode_id!r} for this robot: never opened, already closed or "
                 f"aborted, or dropped after {self.limits.idle_timeout_s:g} s idle"

@@ -61,6 +61,7 @@ from robotloop.storage.server.buckets import (
 )
 from robotloop.storage.server.cas import CasError
 from services.errors import http_status
+from services.ranges import byte_position
 
 FileReader = Callable[[str, int, int], Iterator[bytes]]
 """``read(xet_hash, start, end_exclusive) -> byte chunks`` of a stored file (from the CAS)."""
@@ -68,7 +69,7 @@ FileReader = Callable[[str, int, int], Iterator[bytes]]
 CasUrlFn = Callable[[Request], str]
 """Base URL that hf_xet must use for the CAS API, given the incoming request."""
 
-_RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_RANGE_RE = re.compile(r"^bytes=([0-9]*)-([0-9]*)$")
 # huggingface_hub sends at most 1,000 operations (or paths) per request; ten times that is plenty.
 MAX_BATCH_OPS = 10_000
 MAX_BATCH_BYTES = 16 * 2**20
@@ -171,11 +172,40 @@ def entry_json(e: FileRecord | FolderRecord) -> dict[str, Any]:
     return out
 
 
+def loads_text(raw: bytes) -> Any:
+    """A request's JSON, every string in it (object keys too) Unicode text.
+
+    JSON lets a string escape a lone UTF-16 surrogate (`"\\ud800"`), and Python's parser decodes raw surrogate bytes
+    too; such a string is no text: SQLite, a header or the JSON of the answer cannot carry it, so it is refused
+    here, where the request is read, rather than failing deep in a handler.
+
+    Raises:
+        ValueError: not JSON (JSONDecodeError), or a string holding a lone surrogate (named in the message).
+        RecursionError: nested deeper than the parser goes.
+    """
+    value = json.loads(raw)
+    pending = [value]
+    while pending:  # a loop, not recursion: the parser already went as deep as Python's stack allows
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"string {item[:60]!r} holds a lone UTF-16 surrogate: it is not text") from None
+        elif isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return value
+
+
 def parse_batch(body: bytes) -> list[Operation]:
     """Parse the NDJSON body of ``/batch`` into operations.
 
     Raises:
-        HubError(400): invalid JSON, unknown ``type``, or missing fields (message names the line).
+        HubError(400): invalid JSON, a string that is no text (a lone surrogate), unknown ``type``, or missing
+            fields (message names the line).
         HubError(413): more than MAX_BATCH_OPS lines.
     """
     if body.count(b"\n") >= MAX_BATCH_OPS:  # counted before any parsing: each line becomes Python objects
@@ -185,7 +215,7 @@ def parse_batch(body: bytes) -> list[Operation]:
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
+            item = loads_text(line)
             ops.append(_operation(item))
         except (ValueError, KeyError, TypeError, OverflowError, RecursionError) as err:  # 1e400 sizes, deep nesting
             raise HubError(400, f"batch line {lineno}: {type(err).__name__}: {err}") from None
@@ -256,12 +286,12 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
     if not first and not last:
         return None
     if not first:  # suffix range: last N bytes
-        n = int(last)
+        n = byte_position(last)
         if n == 0:
             raise HubError(416, f"unsatisfiable range {header!r} for a {size}-byte file")
         return max(0, size - n), size
-    start = int(first)
-    end = min(int(last) + 1, size) if last else size
+    start = byte_position(first)
+    end = min(byte_position(last) + 1, size) if last else size
     if start >= size or end <= start:
         raise HubError(416, f"unsatisfiable range {header!r} for a {size}-byte file")
     return start, end
@@ -561,13 +591,13 @@ async def _json_body(request: Request) -> dict[str, Any]:
     """Request body as a JSON object ({} when empty).
 
     Raises:
-        HubError(400): not a JSON object.
+        HubError(400): not a JSON object, or a string in it that is no text (a lone surrogate).
     """
     raw = await _read_limited(request, MAX_JSON_BYTES)
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw)
+        body = loads_text(raw)
     except (ValueError, RecursionError) as err:
         raise HubError(400, f"invalid JSON body: {err}") from None
     if not isinstance(body, dict):

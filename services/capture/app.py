@@ -4,6 +4,8 @@ Thin routes over :class:`robotloop.capture.sessions.EpisodeSessions` (which hold
 frame wire format)::
 
     GET    /v1/health                      {"status": "ok", "open_episodes": n}; no token needed
+    GET    /v1/stats                       what open episodes hold and how episodes ended (`EpisodeSessions.stats`);
+                                           any robot token, read-only ones too
     POST   /v1/episodes                    JSON {"dataset", "cameras": {name: [H, W, 3]}, "state_dim", "action_dim",
                                            "fps"?, "robot_type"?} -> 201 {"episode_id", "cameras" (byte order), ...}
     POST   /v1/episodes/{id}/frames        a frame batch (application/octet-stream) -> {"episode_id", "frames"}
@@ -12,8 +14,14 @@ frame wire format)::
 
 Errors are JSON ``{"error": "<what is wrong and what to do>"}``: 400 malformed request or URL, 401 missing or
 unknown token, 403 token not allowed to write that bucket namespace, 404 unknown episode (another robot's
-included), 409 dataset exists with other features, 413 body or episode too large, 422 bad frames or task,
-429 too many open episodes, 502 the bucket refused or failed the commit.
+included; one dropped for idleness says so), 408 a request body that stopped arriving for the idle timeout,
+409 dataset exists with other features, 413 body or episode too large, 422 bad frames or task, 429 too many open
+episodes, 502 the bucket refused or failed the commit.
+
+Idle episodes: an open episode without a request for ``capture.idle_timeout_s`` (``--idle-timeout-s``; its robot
+vanished, or stopped without closing it) is dropped by a reaper that looks four times per timeout (at most every
+minute): never committed, its encoder stopped, its frames and staging files freed, one line in the log, and counted
+as ``episodes_abandoned`` in ``/v1/stats``. Its robot's next request on it is a 404 saying why.
 
 Auth: robot tokens come from a tokens file in the bucket server's format, ``<token> <read|write> <namespace|*>``
 (parsed by :class:`TokenStore`, no second parser). The *namespace* is the bucket namespace the robot may record
@@ -117,13 +125,7 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async def sweep() -> None:  # idle episodes of vanished robots would hold their encoders forever
-            while True:
-                await asyncio.sleep(min(cfg.idle_timeout_s / 4, 60))
-                for eid in await run_in_threadpool(sessions.expire):
-                    log.warning("episode %s dropped after %g s idle", eid, cfg.idle_timeout_s)
-
-        task = asyncio.create_task(sweep())
+        task = asyncio.create_task(_reap_idle_episodes(sessions, cfg.idle_timeout_s))
         yield
         task.cancel()
 
@@ -135,6 +137,11 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
     @app.get("/v1/health")
     def health() -> dict[str, Any]:
         return {"status": "ok", "open_episodes": sessions.open_count()}
+
+    @app.get("/v1/stats")
+    def stats(request: Request) -> dict[str, Any]:
+        tokens.require(request.headers.get("authorization"), False, "stats need a robot token", "a robot token")
+        return sessions.stats()
 
     @app.post("/v1/episodes", status_code=201)
     def open_episode(body: OpenRequest, who: Caller) -> dict[str, Any]:
@@ -176,8 +183,22 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
 
     json_errors(app, validation_status=400)
 
-    app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes)
+    # A body that stops arriving mid-way (its robot gone without closing the connection) would hold its request and
+    # what it sent for as long as the connection lives; its episode is dropped after the same time.
+    app.add_middleware(BodyLimit, max_bytes=cfg.max_body_bytes, stall_s=cfg.idle_timeout_s)
     return app
+
+
+async def _reap_idle_episodes(sessions: EpisodeSessions, idle_timeout_s: float) -> None:
+    """Drop idle episodes (`EpisodeSessions.expire`, which logs each) until cancelled: episodes of vanished robots
+    would otherwise hold their encoders, frames and staging files forever. A failure is logged with its traceback
+    and the reaper goes on: it must not die of it, silently, for every later episode."""
+    while True:
+        await asyncio.sleep(min(idle_timeout_s / 4, 60))
+        try:
+            await run_in_threadpool(sessions.expire)
+        except Exception:  # a bug: in the log, with its traceback; the next round tries again
+            log.exception("dropping idle episodes failed")
 
 
 def serve(options: CaptureOptions, settings: Settings) -> None:
@@ -187,6 +208,9 @@ def serve(options: CaptureOptions, settings: Settings) -> None:
         ValueError: no tokens file: robots must have tokens (there is no open mode here).
         TokensFileError, FileNotFoundError: a malformed or missing tokens file. PortInUse: a busy port.
     """
+    if options.idle_timeout_s is not None:
+        capture = settings.capture.model_copy(update={"idle_timeout_s": options.idle_timeout_s})
+        settings = settings.model_copy(update={"capture": capture})
     cfg = settings.capture
     tokens_file = options.tokens or cfg.tokens_file
     if tokens_file is None:

@@ -48,8 +48,10 @@ class FileTable:
         """Files among ``paths`` that exist (missing ones are silently skipped, like the Hub).
 
         Raises:
-            BucketNotFound.
+            BucketNotFound. InvalidPath: a path that is not UTF-8 text (a lone surrogate).
         """
+        for path in paths:
+            _require_text("path", path)
         conn = self._db.conn()
         bucket_id = bucket_row_id(conn, namespace, name)
         out: list[FileRecord] = []
@@ -78,10 +80,7 @@ class FileTable:
             BucketNotFound. InvalidPath: ``prefix`` or ``after`` is not UTF-8 text (a lone surrogate).
         """
         for what, text in (("prefix", prefix), ("cursor", after or "")):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InvalidPath(f"{what} {text!r} is not valid UTF-8 text") from None
+            _require_text(what, text)
         conn = self._db.conn()
         bucket_id = bucket_row_id(conn, namespace, name)
         kind, after_path = (after[0], after[2:]) if after else ("f", None)
@@ -181,3 +180,11 @@ def tree_cursor(entry: FileRecord | FolderRecord) -> str:
     one are refused (`PathClash`), but a store written before that may hold one.
     """
     return ("d:" if isinstance(entry, FolderRecord) else "f:") + entry.path
+
+
+def _require_text(what: str, text: str) -> None:
+    """Raises InvalidPath when `text` cannot be UTF-8 (a lone surrogate): SQLite would fail on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPath(f"{what} {text!r} is not valid UTF-8 text") from None

@@ -197,9 +197,19 @@ class FetchUrlSigner:
 
     def check(self, xorb_hex: str, exp: str | None, sig: str | None) -> bool:
         """True if (exp, sig) is a valid, unexpired signature for this xorb."""
-        if not exp or not sig or not (exp.isascii() and exp.isdigit() and sig.isascii()) or int(exp) < time.time():
-            return False  # non-ASCII digits or signatures are no URL of ours (and compare_digest refuses them)
-        return hmac.compare_digest(sig, self._sign(xorb_hex, int(exp)))
+        expiry = _unix_seconds(exp)
+        if expiry is None or expiry < time.time() or not sig or not sig.isascii():
+            return False  # non-ASCII signatures are no URL of ours (and compare_digest refuses them)
+        return hmac.compare_digest(sig, self._sign(xorb_hex, expiry))
 
     def _sign(self, xorb_hex: str, exp: int) -> str:
         return hmac.new(self._key, f"{xorb_hex}.{exp}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _unix_seconds(text: str | None) -> int | None:
+    """The `exp` of a fetch URL of ours: Unix seconds in ASCII digits, at most 19 of them (what `url` writes: 10 until
+    the year 2286). Anything else is None: no URL of ours, read without ever converting a number of any length
+    (int() refuses over 4,300 digits)."""
+    if not text or len(text) > 19 or not (text.isascii() and text.isdigit()):
+        return None
+    return int(text)
