@@ -90,7 +90,7 @@ def check_task(task: str) -> None:
     """Raises BadValue naming the choices when `task` is not a sim task robotloop records (check it before
     touching a dataset: a wrong task is the caller's first mistake to hear about)."""
     if task not in TASK_TEXT:
-        raise BadValue(f"unknown sim task {task!r}; choose one of {sorted(TASK_TEXT)}")
+        raise BadValue(f"unknown sim task '{task}'; choose one of {', '.join(sorted(TASK_TEXT))}")
 
 
 def record_sim(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..capture import DatasetRecorder, DatasetSpec
-from ..capture.sim_record import TASK_TEXT, record_sim
+from ..capture.sim_record import check_task, record_sim
 from ..config import RobotSettings
 from ..deploy.client import DeployClient
 from ..deploy.envs import SimControlEnv
@@ -108,8 +108,7 @@ class LoopSettings:
 
     def __post_init__(self) -> None:
         """Raises ValueError (BadBucketUrl included) before anything starts: unknown task, bad bucket URL, ..."""
-        if self.task not in TASK_TEXT:
-            raise BadValue(f"unknown sim task {self.task!r}; choose one of {sorted(TASK_TEXT)}")
+        check_task(self.task)
         BucketUrl.parse(self.bucket)
         self.device = resolve_device(self.device)  # a missing GPU fails here, not after the recording stage
         if self.train_after is not None and self.train_after < 1:
@@ -144,7 +143,7 @@ class LoopSettings:
         )
         presets = {"cpu": {}, "h200": h200}
         if name not in presets:
-            raise BadValue(f"unknown loop preset {name!r}; choose one of {sorted(presets)}")
+            raise BadValue(f"unknown loop preset '{name}'; choose one of {', '.join(sorted(presets))}")
         per_task = H200_TASKS.get(overrides.get("task", cls.task), {}) if name == "h200" else {}
         return cls(**{**presets[name], **per_task, **overrides})
 
@@ -164,7 +163,8 @@ class LoopSettings:
         """
         unknown = set(self.policy) - {f.name for f in fields(ACTSettings)}
         if unknown:
-            raise BadValue(f"unknown policy setting(s) {sorted(unknown)}; see robotloop.train.policy.ACTSettings")
+            names = ", ".join(sorted(unknown))
+            raise BadValue(f"unknown policy setting(s) {names}; see robotloop.train.policy.ACTSettings")
         recipe = dict(self.policy)
         cuda = self.device.startswith("cuda")
         if not cuda:  # compile and CUDA graphs are GPU speed options: on a CPU a compile costs more than it saves
