@@ -118,8 +118,10 @@ def log_to_console(debug: bool = False, level: int = logging.WARNING) -> None:
     (logging.basicConfig), which any root handler prevents. Other handlers (a test's log capture) stay."""
     global _debug
     _debug = debug
+    if debug:
+        os.environ["ROBOTLOOP_DEBUG"] = "1"  # robotloop.workers.DEBUG_ENV: worker processes log as this one
     root = logging.getLogger()
-    for old in [h for h in root.handlers if isinstance(h, ConsoleLog)]:
+    for old in [h for h in root.handlers if isinstance(h, ConsoleLog) or _is_basic_config(h)]:
         root.removeHandler(old)
     root.addHandler(ConsoleLog(debug, level))
     root.setLevel(logging.DEBUG if debug else level)
@@ -132,6 +134,13 @@ def log_to_console(debug: bool = False, level: int = logging.WARNING) -> None:
         logging.getLogger("lerobot.utils.import_utils").setLevel(logging.ERROR)
     logging.captureWarnings(False)
     warnings.showwarning = _show_warning
+
+
+def _is_basic_config(handler: logging.Handler) -> bool:
+    """The handler `logging.basicConfig()` installs (lerobot's first `logging.debug` call does, in a process that
+    imported it before `log_to_console`): stderr, Python's `LEVEL:name:message` format."""
+    fmt = getattr(handler.formatter, "_fmt", None)
+    return type(handler) is logging.StreamHandler and fmt == logging.BASIC_FORMAT
 
 
 def log_for_service() -> None:

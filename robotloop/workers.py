@@ -6,9 +6,13 @@ for 90 minutes, ~280 MB each). Linux can deliver a signal to a process when its 
 SIGKILL on its first line. Written here rather than taken from a library: it is one prctl call, and the
 libraries that wrap it (python-prctl) build a C extension for it.
 
+`start_worker` is a worker's first call: it dies with its parent, and it reports as the command that started it
+does (`robotloop.output.log_to_console`): a spawned worker of `python -m robotloop.cli` imports only what its job
+needs, never the CLI's set-up, so lerobot's first logging call would give it Python's `WARNING:name:` format.
+
 Example:
     ```python
-    >>> ProcessPoolExecutor(4, mp_context=mp.get_context("spawn"), initializer=die_with_parent, initargs=(os.getpid(),))
+    >>> ProcessPoolExecutor(4, mp_context=mp.get_context("spawn"), initializer=start_worker, initargs=(os.getpid(),))
     ```
 """
 
@@ -36,3 +40,16 @@ def die_with_parent(parent_pid: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
     if os.getppid() != parent_pid:
         os._exit(1)
+
+
+def start_worker(parent_pid: int) -> None:
+    """A worker process's first call: die with the parent (`die_with_parent`), keep the libraries' bars and banners
+    quiet and log as the parent does (`robotloop.output`: one-line notes, `--debug` inherited)."""
+    from .output import log_to_console, quiet_libraries
+
+    die_with_parent(parent_pid)
+    quiet_libraries()
+    log_to_console(debug=os.environ.get(DEBUG_ENV) == "1")
+
+
+DEBUG_ENV = "ROBOTLOOP_DEBUG"  # set by `--debug`, so worker processes log as their parent

@@ -105,3 +105,21 @@ def test_piped_help_never_cuts_an_option_name():
     run = _robotloop("train", "--help")
     assert run.returncode == 0 and "…" not in run.stdout
     assert "--policy-image-size" in run.stdout and "--policy.chunk_size" in run.stdout
+
+
+def test_a_spawned_worker_notes_as_its_command_does():
+    """A worker of `python -m robotloop.cli` imports only what its job needs, never the CLI's set-up: `start_worker`
+    gives it the same one-line notes (lerobot's first `logging.debug` would have given it Python's format)."""
+    run = _python(
+        """
+        import logging, multiprocessing as mp, os
+        from concurrent.futures import ProcessPoolExecutor
+        from robotloop.workers import start_worker
+        with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=start_worker,
+                                 initargs=(os.getpid(),)) as pool:
+            pool.submit(logging.debug, "Detected scipy version").result()  # lerobot's import, in the worker
+            pool.submit(logging.getLogger("lerobot.datasets").warning, "a worker's note\\nmore").result()
+        """
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == ["warning: a worker's note"]

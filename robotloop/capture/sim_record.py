@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import BadValue
 from ..sim.tasks import TASKS
-from ..workers import die_with_parent
+from ..workers import start_worker
 from .recorder import CommitReport, DatasetRecorder, DatasetSpec, EpisodeWriter, WrittenEpisode, lerobot_frame
 
 TASK_TEXT = {name: spec.text for name, spec in TASKS.items()}  # the sim tasks recordable, by name
@@ -82,7 +82,7 @@ def _init_worker(parent_pid: int) -> None:
     moov atom ..." on every encode, printed once lerobot hands logging back to ffmpeg; errors still show)."""
     import av
 
-    die_with_parent(parent_pid)
+    start_worker(parent_pid)
     av.logging.set_libav_level(av.logging.ERROR)
 
 

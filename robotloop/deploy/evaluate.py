@@ -174,10 +174,10 @@ def _init_worker(job: _Job, runner: PolicyRunner | None = None, parent_pid: int 
     import torch
 
     from ..sim import AlohaSim
-    from ..workers import die_with_parent
+    from ..workers import start_worker
 
     if parent_pid is not None:  # a pool worker: it goes when the evaluating process goes, however that dies
-        die_with_parent(parent_pid)
+        start_worker(parent_pid)
     if runner is None:
         # N workers share the cores: without this each torch grabs all of them and they thrash.
         torch.set_num_threads(job.torch_threads)

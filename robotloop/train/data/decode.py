@@ -53,9 +53,9 @@ def _decode_worker(
 ) -> None:
     """Worker process: decode episodes until a None job arrives. Opens its own client (nothing is shared)."""
     from ...storage.cache import ReadCache
-    from ...workers import die_with_parent
+    from ...workers import start_worker
 
-    die_with_parent(parent_pid)  # a trainer killed with SIGKILL takes its decoders with it
+    start_worker(parent_pid)  # a trainer killed with SIGKILL takes its decoders with it
     torch.set_num_threads(1)  # one episode per process; the pool is the parallelism
     client = BucketClient(endpoint, token, ReadCache(Path(cache[0]), cache[1]) if cache else None)
     frames_at = _FRAME_READERS[backend]
