@@ -176,7 +176,8 @@ def resolve_video_backend(backend: str = "auto") -> str:
     try:
         from torchcodec.decoders import VideoDecoder  # noqa: F401 - loading it is the check
     except (ImportError, OSError, RuntimeError) as error:
-        log.warning("torchcodec cannot load (%s): decoding video with PyAV", str(error).splitlines()[0][:200])
+        log.warning("torchcodec cannot load FFmpeg's shared libraries here: decoding video with PyAV (--debug: why)")
+        log.debug("torchcodec: %s", error)
         return "pyav"
     return "torchcodec"
 
