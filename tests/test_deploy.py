@@ -797,7 +797,11 @@ def test_a_sim_robot_takes_its_camera_size_from_the_release_and_one_that_runs_no
 
     # The same from a shell, a robot that trusts another key: one error line, no logging format, no traceback.
     generate_keypair(tmp_path / "stranger.key")
-    argv = _robot_run(deploy, bucket_server, token, tmp_path / "other-store", "--robot-id", "cam1", "--duration-s", "3")
+    # 10 s: a fresh interpreter imports torch and lerobot and then fetches the manifest, within its run's duration
+    # (3 s were not always enough on a busy 2-core machine: "one was assigned, not ready yet").
+    argv = _robot_run(
+        deploy, bucket_server, token, tmp_path / "other-store", "--robot-id", "cam1", "--duration-s", "10"
+    )
     argv[argv.index("--trusted-key") + 1] = str(tmp_path / "stranger.pub")
     env = {**os.environ, "ROBOTLOOP_CONFIG": "/dev/null", "COLUMNS": "500"}
     run = subprocess.run([sys.executable, "-m", "robotloop.cli", *argv], capture_output=True, text=True, env=env)
