@@ -217,6 +217,22 @@ class RobotSettings(Section):
     keep_releases: int = Field(
         default=3, ge=2, description="Releases kept on disk (the running and previous never pruned)."
     )
+    # What the robot did, recorded for the next release to learn from (robotloop.fleet): its failures above all.
+    record: Literal["off", "failures", "all"] = Field(
+        default="off",
+        description="Episodes to record into the fleet dataset: off, failures (not successful; without a reward, "
+        "those the expert took over) or all.",
+    )
+    record_sample: float = Field(default=1.0, gt=0, le=1, description="Share of episodes recorded, chosen at random.")
+    record_to: str | None = Field(
+        default=None, description="Fleet dataset URL, hf://buckets/<ns>/<bucket>/datasets/<name> (needed to record)."
+    )
+    record_queue_frames: int = Field(
+        default=1000,
+        ge=1,
+        description="Frames the control loop may queue for the recorder; past that the episode is dropped, never a "
+        "tick.",
+    )
 
 
 class AgentSettings(Section):

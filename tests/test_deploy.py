@@ -778,7 +778,7 @@ def test_a_sim_robot_takes_its_camera_size_from_the_release_and_one_that_runs_no
     480x640), said so in a logging-format line and exited 0 after "ran 0 steps"."""
     token = deploy.ops().register_robot("cam1", channel="cam", rotate=True)
     deploy.release("cam-v1", "v1", channel="cam")
-    argv = _robot_run(deploy, bucket_server, token, tmp_path / "store", "--robot-id", "cam1", "--duration-s", "4")
+    argv = _robot_run(deploy, bucket_server, token, tmp_path / "store", "--robot-id", "cam1", "--duration-s", "8")
     with caplog.at_level(logging.INFO, logger="robotloop.deploy"):
         result = CliRunner().invoke(app, argv)
     said = _flat(result.output)
@@ -811,6 +811,39 @@ def test_a_sim_robot_takes_its_camera_size_from_the_release_and_one_that_runs_no
     assert errors[0].startswith("error: robot cam1 ran no release: cam-v1: BadSignature: signed by key"), lines
     assert "which this robot does not trust" in errors[0], lines
     assert not [line for line in lines if re.match(r"\d{4}-\d\d-\d\d |Traceback", line)], lines  # no logging format
+
+
+def test_a_sim_robot_records_what_it_runs_into_a_fleet_dataset_lerobot_reads(deploy, bucket_server, tmp_path):
+    """`robot run --record all --record-to URL`: every whole episode the robot runs is committed to the fleet
+    dataset with the action sent, the policy's own, no intervention, and its facts; the heartbeat counts them."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    token = deploy.ops().register_robot("rec1", channel="rec", rotate=True)
+    deploy.release("rec-v1", "v1", channel="rec")
+    fleet = BucketUrl.parse("hf://buckets/lab/fleet-cli/datasets/rec1")
+    argv = _robot_run(deploy, bucket_server, token, tmp_path / "store", "--robot-id", "rec1", "--duration-s", "10")
+    result = CliRunner().invoke(app, [*argv, "--record", "all", "--record-to", str(fleet)], env={"COLUMNS": "500"})
+    assert result.exit_code == 0, result.output
+    said = _flat(result.output)
+    recorded = int(re.search(r"recorded (\d+) episodes to", said).group(1))
+    assert recorded >= 1 and "0 dropped" in said, said  # the episode running when it stopped is unfinished
+    deploy.bucket.fetch(fleet, tmp_path / "fleet")
+    dataset = LeRobotDataset(fleet.bucket_id, root=tmp_path / "fleet")
+    assert dataset.meta.total_episodes == recorded and len(dataset) == 10 * recorded  # --episode-steps 10
+    frame = dataset[0]
+    assert not bool(frame["intervention"]) and frame["policy_action"].tolist() == frame["action"].tolist()
+    assert frame["task"] == "Pick up the cube with the right arm and transfer it to the left arm."
+    facts = [
+        json.loads(line) for line in (tmp_path / "fleet" / "meta" / "fleet_episodes.jsonl").read_text().splitlines()
+    ]
+    assert {(f["robot_id"], f["release"], f["kind"]) for f in facts} == {("rec1", "rec-v1", "autonomous")}
+    assert len({f["seed"] for f in facts}) == recorded  # each episode's own scene
+    robot = next(r for r in deploy.ops().status()["robots"] if r["id"] == "rec1")
+    assert robot["status"]["recording"]["recorded"] >= 1
+
+    argv = _robot_run(deploy, bucket_server, token, tmp_path / "store", "--robot-id", "rec1", "--duration-s", "1")
+    result = CliRunner().invoke(app, [*argv, "--record", "failures"])
+    assert result.exit_code == 2 and "record_to" in _flat(result.output), result.output
 
 
 def test_a_release_waits_for_the_robots_first_frame_to_warm_up_on(deploy, tmp_path):

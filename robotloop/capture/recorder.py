@@ -47,6 +47,10 @@ from .episode import BadEpisode, Episode, check_array
 
 log = logging.getLogger(__name__)
 STATE_KEY, ACTION_KEY, REWARD_KEY, SUCCESS_KEY = "observation.state", "action", "next.reward", "next.success"
+INTERVENTION_KEY, POLICY_ACTION_KEY = "intervention", "policy_action"  # a fleet dataset's (notes: fleet schema)
+# One JSON object per committed episode that came with facts of its own (a fleet robot's id, release, seed, kind):
+# beside lerobot's metadata, which has no place for them; lerobot's readers ignore the file.
+EPISODE_FACTS_FILE = "meta/fleet_episodes.jsonl"
 COMMIT_ATTEMPTS = 5  # syncs and appends again when another recorder committed meanwhile
 _DTYPES = {"video": np.uint8, "float32": np.float32, "bool": np.bool_}  # lerobot's dtype names -> numpy's
 
@@ -63,6 +67,9 @@ class DatasetSpec:
     vcodec: str = "libsvtav1"  # lerobot's default; "h264" encodes faster on CPU
     vpreset: int | str | None = None  # encoder speed preset (None: lerobot's default for the codec)
     with_reward: bool = True  # next.reward and next.success columns, as lerobot's sim datasets have
+    # A fleet dataset's per-frame `intervention` (bool: the expert's action) and `policy_action` (what the policy
+    # proposed) columns; a dataset without them is scripted demos, every frame the expert's.
+    fleet: bool = False
 
     def __post_init__(self) -> None:
         """Raises ValueError for a codec lerobot cannot encode with, here rather than after a recorded episode."""
@@ -87,6 +94,9 @@ class DatasetSpec:
         if self.with_reward:
             feats[REWARD_KEY] = {"dtype": "float32", "shape": (1,), "names": None}
             feats[SUCCESS_KEY] = {"dtype": "bool", "shape": (1,), "names": None}
+        if self.fleet:
+            feats[INTERVENTION_KEY] = {"dtype": "bool", "shape": (1,), "names": None}
+            feats[POLICY_ACTION_KEY] = {"dtype": "float32", "shape": (self.action_dim,), "names": None}
         return feats
 
 
@@ -213,10 +223,13 @@ class DatasetRecorder:
         path = self.root / "meta" / "info.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
-    def _push_episode(self, episode_root: Path, frames: int, keep_on_failure: bool = False) -> CommitReport:
+    def _push_episode(
+        self, episode_root: Path, frames: int, keep_on_failure: bool = False, facts: dict | None = None
+    ) -> CommitReport:
         """Append the encoded one-episode dataset at `episode_root` to the bucket's dataset; upload what changed.
         Its files go once committed; after a failure too, unless `keep_on_failure` (a live episode, whose frames
-        exist nowhere else, keeps them for another try)."""
+        exist nowhere else, keeps them for another try). `facts`: a line of `EPISODE_FACTS_FILE`, committed with
+        the episode (its index added)."""
         episode_bytes = sum(
             p.stat().st_size for sub in ("data", "videos") for p in (episode_root / sub).rglob("*") if p.is_file()
         )
@@ -225,7 +238,7 @@ class DatasetRecorder:
             with self._lock():
                 for attempt in range(1, COMMIT_ATTEMPTS + 1):
                     try:
-                        index, sent, paths = self._append_and_push(episode_root)
+                        index, sent, paths = self._append_and_push(episode_root, facts)
                         break
                     except _CommittedMeanwhile:
                         self._forget_local_copy()
@@ -245,7 +258,7 @@ class DatasetRecorder:
         shutil.rmtree(episode_root.parent, ignore_errors=True)
         return CommitReport(index, frames, episode_bytes, sent, 0.0, t2 - t1, paths)
 
-    def _append_and_push(self, episode_root: Path) -> tuple[int, int, list[str]]:
+    def _append_and_push(self, episode_root: Path, facts: dict | None = None) -> tuple[int, int, list[str]]:
         from .append import append_episode
 
         if self._sync_tail():
@@ -256,6 +269,9 @@ class DatasetRecorder:
             before = {}
             shutil.copytree(episode_root, self.root)
         index = self._read_info()["total_episodes"] - 1
+        if facts is not None:  # meta/ goes up after the data, whole: the line is visible with the episode
+            with (self.root / EPISODE_FACTS_FILE).open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"episode_index": index, **facts}) + "\n")
         changed = [
             p for p, stamp in _snapshot(self.root).items() if before.get(p) != stamp and not p.startswith("meta/")
         ]
@@ -367,9 +383,11 @@ class LiveEpisode:
         self.dataset.add_frame({**frame, "task": self.task or "-"})  # the task is set at commit when not known yet
         self.frames += 1
 
-    def commit(self, task: str | None = None) -> CommitReport:
+    def commit(self, task: str | None = None, facts: dict | None = None) -> CommitReport:
         """Finish the episode and commit it; the bucket's dataset then includes it. `task`: the instruction for
-        every frame, when it was not known at `begin` (the capture service learns it at close).
+        every frame, when it was not known at `begin` (the capture service learns it at close). `facts`: what the
+        dataset should say of this episode beside its frames (JSON values: a fleet robot's id, release, seed),
+        one line of `meta/fleet_episodes.jsonl` with the episode's index.
 
         A failed upload keeps the encoded episode: `commit()` may be called again, or `abort()`.
 
@@ -398,7 +416,7 @@ class LiveEpisode:
                 self.abort()
                 raise
             self._encode_s = time.perf_counter() - t0
-        report = self.recorder._push_episode(Path(self.dataset.root), self.frames, keep_on_failure=True)
+        report = self.recorder._push_episode(Path(self.dataset.root), self.frames, keep_on_failure=True, facts=facts)
         return dataclasses.replace(report, encode_s=self._encode_s)
 
     def dropped_frames(self) -> int:
@@ -453,7 +471,7 @@ def write_episode(spec: DatasetSpec, repo_id: str, staging: Path, episode: Episo
     Raises:
         BadEpisode: the episode does not fit `spec` (nothing is written).
     """
-    episode.validate(spec.cameras, spec.state_dim, spec.action_dim)
+    episode.validate(spec.cameras, spec.state_dim, spec.action_dim, spec.fleet)
     t0 = time.perf_counter()
     writer = EpisodeWriter(spec, repo_id, staging, max_frames=len(episode))
     for t in range(len(episode)):
@@ -547,8 +565,8 @@ def _flush(dataset, task: str | None = None) -> None:
 def episode_frame(spec: DatasetSpec, episode: Episode, t: int) -> dict:
     """Frame `t` of `episode` in lerobot's frame format (what `LiveEpisode.add_frame` takes). `episode` may be any
     frames with an Episode's arrays (images, state, action, reward, success), such as a capture batch; the frame
-    then has no task."""
-    return lerobot_frame(
+    then has no task. A fleet `spec`'s frames take the episode's intervention and policy action."""
+    frame = lerobot_frame(
         spec,
         {name: frames[t] for name, frames in episode.images.items()},
         episode.state[t],
@@ -557,6 +575,10 @@ def episode_frame(spec: DatasetSpec, episode: Episode, t: int) -> dict:
         episode.success is not None and bool(episode.success[t]),
         getattr(episode, "task", None),
     )
+    if spec.fleet:
+        frame[INTERVENTION_KEY] = np.array([bool(episode.intervention[t])])
+        frame[POLICY_ACTION_KEY] = np.asarray(episode.policy_action[t], np.float32)
+    return frame
 
 
 def lerobot_frame(

@@ -6,16 +6,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
+from pydantic import ValidationError
 
-from ..config import load_settings
+from ..config import RobotSettings, load_settings
 from ..errors import BadInput
 from ..sim.constants import format_image_size
-from .output import fail
+from .output import cli_console, fail, quiet_encoders
 from .record import CAMERAS_HELP, _image_size
 
 app = typer.Typer(no_args_is_help=True, help="The robot side: run released policies, hot-swap and roll back.")
-console = Console()
+console = cli_console()
 TOKEN_HELP = "This robot's token. Default: robot.token (ROBOTLOOP_ROBOT__TOKEN)."
 KEYS_HELP = "Public key file(s) of trusted release signers. Default: robot.trusted_keys."
 
@@ -54,6 +54,16 @@ def run(
         float | None, typer.Option(min=0.1, help="Stop after this long (default: run until ^C).")
     ] = None,
     device: Annotated[str | None, typer.Option(help="Where the policy runs. Default: robot.device.")] = None,
+    record: Annotated[
+        str | None,
+        typer.Option(help="Record episodes into the fleet dataset: off, failures or all. Default: robot.record."),
+    ] = None,
+    record_to: Annotated[
+        str | None, typer.Option(help="Fleet dataset URL (hf://buckets/.../datasets/<name>). Default: robot.record_to.")
+    ] = None,
+    record_sample: Annotated[
+        float | None, typer.Option(min=0.0, max=1.0, help="Share of episodes recorded. Default: robot.record_sample.")
+    ] = None,
 ) -> None:
     """Run the assigned release at the task's rate (50 Hz for ALOHA); pull, verify and hot-swap new releases."""
     from ..deploy.client import DeployClient
@@ -61,7 +71,8 @@ def run(
     from ..deploy.keys import load_public_keys
     from ..deploy.runtime import RobotRuntime
     from ..deploy.store import ReleaseStore
-    from ..storage import ensure_endpoint
+    from ..fleet import fleet_recorder
+    from ..storage import BucketClient, ensure_endpoint
 
     settings = ctx.obj or load_settings()
     cfg = settings.robot
@@ -76,7 +87,22 @@ def run(
     )
     endpoint, storage_token = ensure_endpoint(settings)
     env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, robot_cameras, fps, episode_time_s)
-    options = cfg.model_copy(update={"robot_id": robot_id, "device": device or cfg.device})
+    given = {"record": record, "record_to": record_to, "record_sample": record_sample}
+    try:  # the settings model checks the recording options as it checks a config file's
+        options = RobotSettings.model_validate(
+            {**cfg.model_dump(), "robot_id": robot_id, "device": device or cfg.device}
+            | {k: v for k, v in given.items() if v is not None}
+        )
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise typer.BadParameter(first["msg"], param_hint=f"--{str(first['loc'][0]).replace('_', '-')}") from None
+    try:
+        recording = fleet_recorder(options, BucketClient(endpoint, storage_token), fps=round(env.rate_hz))
+    except BadInput as error:  # recording asked for without its dataset, or a bad dataset URL
+        env.close()
+        raise typer.BadParameter(str(error), param_hint="--record-to") from None
+    if recording is not None:
+        quiet_encoders()  # ffmpeg's notes on every episode's video
     runtime = RobotRuntime(
         env,
         deploy,
@@ -84,6 +110,7 @@ def run(
         trusted,
         options,
         lambda bucket: XetFetcher(endpoint, storage_token, bucket),
+        recording=recording,
     )
     console.print(f"robot {robot_id}: {sim or robot_type} at {env.rate_hz:g} Hz{_camera(env)}, following {deploy.url}")
     try:
@@ -93,6 +120,8 @@ def run(
         stats = runtime.stats
     finally:
         env.close()
+        if recording is not None:
+            recording.close()
     pulled = sum(p.bytes_fetched for p in stats.pulls) / 1e6
     why = _why_nothing_ran(runtime)
     console.print(
@@ -100,7 +129,7 @@ def run(
         "whole episodes; "
         f"pulled {pulled:.1f} MB; swaps "
         f"{len(stats.swaps)}, rollbacks {len(stats.rollbacks)}, refused {len(stats.refused)}; running "
-        f"{runtime.running or _no_release(runtime, why)}"
+        f"{runtime.running or _no_release(runtime, why)}{_recorded(recording)}"
     )
     if why:  # a robot that could run nothing it was given has failed, whatever stopped it
         raise fail(f"robot {robot_id} ran no release: {why}")
@@ -123,6 +152,16 @@ def _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, ro
         raise typer.BadParameter(str(error), param_hint="--robot.type") from None
     robot.connect()
     return HardwareControlEnv(robot, fps, episode_time_s)
+
+
+def _recorded(recording) -> str:
+    if recording is None:
+        return ""
+    r = recording.stats
+    return (
+        f"; recorded {r.recorded} episodes to {recording.url} ({r.dropped} dropped, {r.not_kept} not kept, "
+        f"{r.unfinished} unfinished)"
+    )
 
 
 def _rate(reached: float | None, target: float) -> str:

@@ -52,7 +52,9 @@ class SimControlEnv:
     ) -> None:
         from ..sim import get_task
 
-        get_task(task)  # an unknown task fails now, not when the first policy arrives
+        # An unknown task fails now, not when the first policy arrives. Its instruction is what a recorded episode
+        # of it says (the scripted demos' `task`).
+        self.instruction = get_task(task).text
         self.task, self.episode_steps, self.seed = task, episode_steps, seed
         self.sim = None
         if image_size != FROM_POLICY:

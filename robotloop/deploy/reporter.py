@@ -68,6 +68,8 @@ class Reporter:
                 "unfetchable": self.ledger.unfetchable(),
                 "last_pull": asdict(self.stats.pulls[-1]) if self.stats.pulls else None,
             }
+            if self.stats.recording is not None:  # episodes recorded into the fleet dataset, and those dropped
+                status["recording"] = self.stats.recording.as_dict()
             last_steps, last_t = steps, now
             if running and not probation:
                 self.ledger.ran_well(running)

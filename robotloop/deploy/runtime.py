@@ -50,6 +50,7 @@ import numpy as np
 
 from ..config import RobotSettings
 from ..errors import BadValue
+from ..fleet import EpisodeFacts, FleetRecorder
 from .client import DeployClient, describe_event
 from .envs import StepResult
 from .fetch import XetFetcher
@@ -122,6 +123,7 @@ class RuntimeStats:
     ready_at: dict[str, float] = field(default_factory=dict)  # release -> loaded and warmed up, waiting to swap
     max_gap_s: float = 0.0  # longest interval between two actions within an episode
     control_hz: float | None = None  # the rate actually reached over the last window (RateWatch)
+    recording: Any = None  # the fleet recorder's RecordingStats, when the robot records its episodes
 
 
 @dataclass
@@ -187,11 +189,14 @@ class RobotRuntime:
         options: RobotSettings,
         fetcher_for: Callable[[str], XetFetcher],
         score: Callable[[EpisodeResult], float | None] = default_score,
+        recording: FleetRecorder | None = None,
     ) -> None:
         if not options.robot_id:
             raise BadValue("a robot runtime needs RobotSettings.robot_id (the id registered with the deploy service)")
         self.env, self.deploy, self.store, self.options, self.score = env, deploy, store, options, score
-        self.stats = RuntimeStats()
+        # Every episode run goes to the fleet recorder (which keeps what its RecordChoice says); it never waits.
+        self.recording = recording
+        self.stats = RuntimeStats(recording=recording.stats if recording is not None else None)
         self._stop = threading.Event()
         self._latest_obs: dict | None = None
         self._first_frame = threading.Event()  # set with the first observation: warm-ups wait for it
@@ -264,6 +269,7 @@ class RobotRuntime:
                 rate.restart()  # else the first window would count the wait, and warn of a rate never run at
                 tick = _sleep_until(tick + period)
                 continue
+            seen = obs
             try:
                 action = active.runner.act(obs)
                 obs, result = self.env.step(action)  # ValueError: an action the robot cannot take (shape, NaN)
@@ -282,7 +288,11 @@ class RobotRuntime:
             rate.tick()
             self.stats.control_hz = rate.last_hz
             episode.track(action, result)
+            if self.recording is not None:
+                self.recording.frame(seen, action, action, False, result.reward, result.success)
             if result.done:
+                if self.recording is not None:
+                    self.recording.end()
                 self._finish(episode)
                 obs, episode = self._new_episode()
                 last_action = None  # an episode reset is not a control gap
@@ -328,6 +338,10 @@ class RobotRuntime:
         active = self.slots.active
         if active is not None:
             active.runner.reset()
+        if self.recording is not None and active is not None:  # what a release does; not the wait for the first
+            task = getattr(self.env, "instruction", None) or getattr(self.env, "task", None) or "-"
+            seed = getattr(self.env, "seed", None)
+            self.recording.begin(EpisodeFacts(self.options.robot_id, active.release, task, seed))
         return obs, _EpisodeTally(active.release if active else None, mixed=active is None)
 
     def _finish(self, episode: _EpisodeTally) -> None:
