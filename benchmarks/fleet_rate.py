@@ -1,0 +1,165 @@
+"""A robot's control rate with fleet recording on against off (issue 29: within 5%), side by side in turns.
+
+Everything real, on localhost: the embedded bucket server (a temporary root), the deploy service, one signed release
+of a freshly built ACT (random weights: only timing matters), and sim robots (ALOHA TransferCube at 50 Hz) that run
+it. Each turn starts a robot with recording `off` or `all` (every episode streamed into a fleet dataset and
+committed), waits for its first action, then counts its actions for `--seconds`; the modes take turns, so drift is
+shared. Printed and written: per mode, the median control rate over turns, the longest gap between two actions, and
+the episodes recorded.
+
+    MUJOCO_GL=egl .venv/bin/python benchmarks/fleet_rate.py --tiny --image-size 48x64 --turns 3 --seconds 20
+    MUJOCO_GL=egl python3 benchmarks/fleet_rate.py --image-size 120x160 --device cuda   # the h200 preset's policy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from robotloop.capture.recorder import DatasetSpec
+from robotloop.config import RobotSettings
+from robotloop.deploy.client import DeployClient
+from robotloop.deploy.envs import SimControlEnv
+from robotloop.deploy.fetch import XetFetcher
+from robotloop.deploy.keys import generate_keypair, load_private_key, load_public_keys, public_path
+from robotloop.deploy.local import start_local_deploy_service
+from robotloop.deploy.publish import publish
+from robotloop.deploy.runtime import RobotRuntime
+from robotloop.deploy.store import ReleaseStore
+from robotloop.fleet import FleetRecorder, RecordChoice
+from robotloop.loop.pipeline import H200_RECIPE, TINY_ACT
+from robotloop.output import log_to_console, quiet_encoders
+from robotloop.sim.constants import START_ARM_POSE, parse_image_size
+from robotloop.sim.env import joint_state
+from robotloop.storage import BucketClient, BucketUrl
+from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
+from robotloop.train.policy import ACTSettings, build_policy
+
+OPS = "bench-ops"
+RUN = "hf://buckets/bench/fleet/models/act"
+
+
+def release(work: Path, bucket: BucketClient, ops: DeployClient, size, tiny: bool, device: str) -> None:
+    """One signed release on channel `bench`: the h200 recipe's acting (temporal ensembling: a model pass per step)."""
+    torch.manual_seed(0)
+    start = joint_state(START_ARM_POSE).astype(np.float32)
+    vec = {"mean": start, "std": np.full(14, 0.05, np.float32), "min": start - 1, "max": start + 1}
+    recipe = {k: H200_RECIPE[k] for k in ("n_action_steps", "temporal_ensemble_coeff")}
+    settings = ACTSettings(**{**(TINY_ACT if tiny else {}), **recipe, "image_size": size})
+    policy = build_policy(DatasetSpec.aloha(size).features(), {"observation.state": vec, "action": vec}, settings)
+    url = BucketUrl.parse(f"{RUN}/checkpoints/000001")
+    bucket.upload(policy.save_pretrained(work / "ckpt"), url / "pretrained_model")
+    generate_keypair(work / "deploy.key")
+    publish(bucket, str(url), "bench-v1", load_private_key(work / "deploy.key"), ops, "bench")
+
+
+def turn(work: Path, bucket, ops, mode: str, k: int, size, seconds: float, device: str, episode_steps: int) -> dict:
+    robot_id = f"{mode}-{k}"
+    token = ops.register_robot(robot_id, channel="bench")
+    recording = None
+    if mode != "off":
+        url = BucketUrl.parse(f"hf://buckets/bench/fleet/datasets/{robot_id}")
+        recording = FleetRecorder(bucket, url, RecordChoice(mode), vcodec="h264")
+    made: list[RobotRuntime] = []
+
+    def control() -> None:  # MuJoCo's EGL context belongs to this thread
+        env = SimControlEnv("transfer_cube", size, episode_steps=episode_steps)
+        made.append(
+            RobotRuntime(
+                env,
+                DeployClient(ops.url, token),
+                ReleaseStore(work / f"store-{robot_id}"),
+                load_public_keys([public_path(work / "deploy.key")]),
+                RobotSettings(robot_id=robot_id, device=device, poll_wait_s=5),
+                lambda b: XetFetcher(bucket.endpoint, bucket.token, b),
+                recording=recording,
+            )
+        )
+        made[0].run()
+        env.close()
+
+    thread = threading.Thread(target=control, daemon=True)
+    thread.start()
+    while not made or made[0].stats.steps == 0:
+        time.sleep(0.01)
+    robot = made[0]
+    steps0, t0, gap0 = robot.stats.steps, time.monotonic(), robot.stats.max_gap_s
+    time.sleep(seconds)
+    hz = (robot.stats.steps - steps0) / (time.monotonic() - t0)
+    robot.stop()
+    thread.join(30)
+    if recording is not None:
+        recording.close()
+    row = {
+        "mode": mode,
+        "turn": k,
+        "control_hz": round(hz, 2),
+        "max_gap_ms": round(1000 * max(robot.stats.max_gap_s, gap0), 1),
+        "episodes": len(robot.stats.episodes),
+        "recorded": recording.stats.recorded if recording else 0,
+        "dropped": recording.stats.dropped if recording else 0,
+    }
+    print(row, flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--image-size", default="48x64")
+    parser.add_argument("--tiny", action="store_true", help="the tiny ACT (CPU); default: lerobot's default size")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--episode-steps", type=int, default=100, help="short episodes: several commits per turn")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    quiet_encoders()
+    log_to_console()
+    size = parse_image_size(args.image_size)
+    work = Path(tempfile.mkdtemp(prefix="fleet-rate-"))
+    root = work / "buckets"
+    server = ensure_embedded_server(root)
+    endpoint, token = server.endpoint, server.token
+    service = start_local_deploy_service(work / "deploy", OPS)
+    try:
+        bucket, ops = BucketClient(endpoint, token), DeployClient(service.url, OPS)
+        bucket.create_bucket(BucketUrl.parse(RUN))
+        release(work, bucket, ops, size, args.tiny, args.device)
+        rows = [
+            turn(work, bucket, ops, mode, k, size, args.seconds, args.device, args.episode_steps)
+            for k in range(args.turns)
+            for mode in ("off", "all")
+        ]
+    finally:
+        service.stop()
+        stop_embedded_server(root, force=True)
+    summary = {}
+    for mode in ("off", "all"):
+        mine = [r for r in rows if r["mode"] == mode]
+        summary[mode] = {
+            "median_control_hz": statistics.median(r["control_hz"] for r in mine),
+            "max_gap_ms": max(r["max_gap_ms"] for r in mine),
+            "recorded": sum(r["recorded"] for r in mine),
+            "dropped": sum(r["dropped"] for r in mine),
+        }
+    ratio = summary["all"]["median_control_hz"] / summary["off"]["median_control_hz"]
+    print(f"recording on / off: {ratio:.3f} of the control rate; {json.dumps(summary)}")
+    if args.out:
+        args.out.write_text(
+            json.dumps(
+                {"args": vars(args) | {"out": str(args.out)}, "rows": rows, "summary": summary, "ratio": ratio},
+                indent=1,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
