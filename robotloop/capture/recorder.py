@@ -47,6 +47,7 @@ from .episode import BadEpisode, Episode, check_array
 
 log = logging.getLogger(__name__)
 STATE_KEY, ACTION_KEY, REWARD_KEY, SUCCESS_KEY = "observation.state", "action", "next.reward", "next.success"
+INTERVENTION_KEY, POLICY_ACTION_KEY = "intervention", "policy_action"  # a fleet dataset's (notes: fleet schema)
 COMMIT_ATTEMPTS = 5  # syncs and appends again when another recorder committed meanwhile
 _DTYPES = {"video": np.uint8, "float32": np.float32, "bool": np.bool_}  # lerobot's dtype names -> numpy's
 
@@ -63,6 +64,9 @@ class DatasetSpec:
     vcodec: str = "libsvtav1"  # lerobot's default; "h264" encodes faster on CPU
     vpreset: int | str | None = None  # encoder speed preset (None: lerobot's default for the codec)
     with_reward: bool = True  # next.reward and next.success columns, as lerobot's sim datasets have
+    # A fleet dataset's per-frame `intervention` (bool: the expert's action) and `policy_action` (what the policy
+    # proposed) columns; a dataset without them is scripted demos, every frame the expert's.
+    fleet: bool = False
 
     def __post_init__(self) -> None:
         """Raises ValueError for a codec lerobot cannot encode with, here rather than after a recorded episode."""
@@ -87,6 +91,9 @@ class DatasetSpec:
         if self.with_reward:
             feats[REWARD_KEY] = {"dtype": "float32", "shape": (1,), "names": None}
             feats[SUCCESS_KEY] = {"dtype": "bool", "shape": (1,), "names": None}
+        if self.fleet:
+            feats[INTERVENTION_KEY] = {"dtype": "bool", "shape": (1,), "names": None}
+            feats[POLICY_ACTION_KEY] = {"dtype": "float32", "shape": (self.action_dim,), "names": None}
         return feats
 
 
@@ -449,7 +456,7 @@ def write_episode(spec: DatasetSpec, repo_id: str, staging: Path, episode: Episo
     Raises:
         BadEpisode: the episode does not fit `spec` (nothing is written).
     """
-    episode.validate(spec.cameras, spec.state_dim, spec.action_dim)
+    episode.validate(spec.cameras, spec.state_dim, spec.action_dim, spec.fleet)
     t0 = time.perf_counter()
     writer = EpisodeWriter(spec, repo_id, staging, max_frames=len(episode))
     for t in range(len(episode)):
@@ -543,8 +550,8 @@ def _flush(dataset, task: str | None = None) -> None:
 def episode_frame(spec: DatasetSpec, episode: Episode, t: int) -> dict:
     """Frame `t` of `episode` in lerobot's frame format (what `LiveEpisode.add_frame` takes). `episode` may be any
     frames with an Episode's arrays (images, state, action, reward, success), such as a capture batch; the frame
-    then has no task."""
-    return lerobot_frame(
+    then has no task. A fleet `spec`'s frames take the episode's intervention and policy action."""
+    frame = lerobot_frame(
         spec,
         {name: frames[t] for name, frames in episode.images.items()},
         episode.state[t],
@@ -553,6 +560,10 @@ def episode_frame(spec: DatasetSpec, episode: Episode, t: int) -> dict:
         episode.success is not None and bool(episode.success[t]),
         getattr(episode, "task", None),
     )
+    if spec.fleet:
+        frame[INTERVENTION_KEY] = np.array([bool(episode.intervention[t])])
+        frame[POLICY_ACTION_KEY] = np.asarray(episode.policy_action[t], np.float32)
+    return frame
 
 
 def lerobot_frame(
