@@ -28,9 +28,15 @@ CHANGED: dict[str, Any] = {
     "batch_size": 3,
     "device": "cuda:1",
     "resume": True,
+    "init_from": "hf://buckets/lab/demos/models/run0/checkpoints/000500",
     "log_every": 2,
     "checkpoint_every": 5,
     "decode_workers": 2,
+    "demo_weight": 0.5,
+    "expert_weight": 3.0,
+    "success_weight": 0.75,
+    "failed_weight": 0.125,
+    "dataset_weights": [f"{URL}=0.25"],
     "seed": 11,
     "tiny": True,
     "fp8": "rowwise",
@@ -79,7 +85,13 @@ def test_bounds_and_checks_are_the_same_on_every_front_end():
     assert result.exit_code == 2 and "--steps" in result.output
     result = runner.invoke(app, ["train", "--dataset", "s3://lab/cube", "--output", RUN])
     assert result.exit_code == 2 and "hf://buckets/" in " ".join(result.output.split())
-    for bad in ({"steps": 0}, {"datasets": ["s3://lab/cube"]}, {"fp8": "fp4"}):
+    other = "hf://buckets/lab/demos/datasets/other"
+    result = runner.invoke(app, ["train", "--dataset", URL, "--output", RUN, "--dataset-weight", f"{other}=2"])
+    assert result.exit_code == 2 and "--dataset-weight" in result.output and "not a --dataset" in result.output
+    result = runner.invoke(app, ["train", "--dataset", URL, "--output", RUN, "--failed-weight", "-1"])
+    assert result.exit_code == 2 and "--failed-weight" in result.output
+    weights = ({"dataset_weights": [f"{other}=2"]}, {"dataset_weights": [URL]}, {"expert_weight": -1})
+    for bad in ({"steps": 0}, {"datasets": ["s3://lab/cube"]}, {"fp8": "fp4"}, *weights, {"init_from": "s3://x"}):
         with pytest.raises(ValidationError):
             JobSpec(**{**CHANGED, **bad})
     tool = RobotloopTools.start_training.tool_spec["inputSchema"]["json"]["properties"]

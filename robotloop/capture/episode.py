@@ -20,6 +20,8 @@ class Episode:
     `images` maps a camera name (e.g. "top") to uint8 [T, H, W, 3]; `state` and `action` are float32 [T, D];
     `reward` is float32 [T] and `success` bool [T] (task solved at that frame), both optional; a failed demo
     kept for the record has no True in `success`. `task` is the language instruction stored with each frame.
+    A fleet dataset's episode (`DatasetSpec(fleet=True)`) also has `intervention` bool [T] (True where the expert
+    drove) and `policy_action` float32 [T, A] (what the policy proposed).
     """
 
     images: dict[str, np.ndarray]
@@ -28,15 +30,21 @@ class Episode:
     task: str
     reward: np.ndarray | None = None
     success: np.ndarray | None = None
+    intervention: np.ndarray | None = None
+    policy_action: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.action)
 
-    def validate(self, image_shapes: dict[str, tuple[int, int, int]], state_dim: int, action_dim: int) -> None:
-        """Check shapes, dtypes and finiteness against the dataset's features.
+    def validate(
+        self, image_shapes: dict[str, tuple[int, int, int]], state_dim: int, action_dim: int, fleet: bool = False
+    ) -> None:
+        """Check shapes, dtypes and finiteness against the dataset's features (`fleet`: its intervention and policy
+        action too).
 
         Raises:
-            BadEpisode: empty episode, wrong shape or dtype, NaN/inf, or a camera missing or unknown.
+            BadEpisode: empty episode, wrong shape or dtype, NaN/inf, a camera missing or unknown, or a fleet
+                episode without its intervention or policy action.
         """
         n = len(self)
         if n == 0:
@@ -47,6 +55,9 @@ class Episode:
             check_array(self.reward, (n,), np.floating, "reward")
         if self.success is not None:
             check_array(self.success, (n,), np.bool_, "success")
+        if fleet:
+            check_array(self.intervention, (n,), np.bool_, "intervention")
+            check_array(self.policy_action, (n, action_dim), np.floating, "policy_action")
         if set(self.images) != set(image_shapes):
             raise BadEpisode(f"cameras {sorted(self.images)} do not match the dataset's {sorted(image_shapes)}")
         for name, frames in self.images.items():

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from .. import __version__
 from ..errors import Conflict
-from ..storage import BucketClient, BucketUrl
+from ..storage import BucketClient, BucketUrl, NotFound
 from .layout import checkpoint_url
 
 
@@ -100,12 +100,7 @@ def load_checkpoint(
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         client.fetch(checkpoint_url(output, step), root)
-        _check_same_model(json.loads((root / "pretrained_model" / "config.json").read_text()), policy, output, step)
-        weights = load_file(root / "pretrained_model" / "model.safetensors", device=str(policy.device))
-        # Saved without BatchNorm2d's num_batches_tracked (lerobot's frozen ACT has none): the counter stays ours.
-        own = policy.policy.state_dict()
-        weights |= {k: v for k, v in own.items() if k.endswith("num_batches_tracked") and k not in weights}
-        policy.policy.load_state_dict(weights)
+        _load_weights(root / "pretrained_model", policy, f"{output} step {step}", RESUME_HINT)
         _load_optimizer_state(optimizer, root / "training_state")
         _match_param_layouts(optimizer)
         load_rng_state(root / "training_state")
@@ -113,6 +108,49 @@ def load_checkpoint(
         losses = [(int(s), float(v)) for s, v in saved.get("losses", [])]  # none in checkpoints of older versions
         return _load_sampler_state(root / "training_state", rank), losses
 
+
+def init_weights(client: BucketClient, checkpoint: BucketUrl, policy) -> None:
+    """Load the weights of `checkpoint` (a step folder) into `policy`: a new run starting from another's, with its
+    own optimizer and step count. The normalization stays the new run's (its processors, from its data's stats).
+
+    Raises:
+        ModelMismatch (a ValueError): the checkpoint's model is not `policy`'s: say which options differ.
+        robotloop.storage.NotFound: the checkpoint has no model.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp)
+        for name in ("config.json", "model.safetensors"):
+            client.download(checkpoint / "pretrained_model" / name, model / name)
+        _load_weights(model, policy, str(checkpoint), INIT_HINT)
+
+
+def read_lineage(client: BucketClient, checkpoint: BucketUrl) -> dict:
+    """A checkpoint's lineage.json (`{}` when it has none: a checkpoint of another tool)."""
+    try:
+        entry = client.stat(checkpoint / "lineage.json")
+    except NotFound:
+        return {}
+    return json.loads(client.read_range(entry.url, 0, entry.size))
+
+
+def _load_weights(model: Path, policy, where: str, hint: str) -> None:
+    """The weights of the `pretrained_model` folder `model` into `policy`, through safetensors only.
+
+    Raises:
+        ModelMismatch: `model` was trained with another model than `policy` (`where` and `hint` say so).
+    """
+    _check_same_model(json.loads((model / "config.json").read_text()), policy, where, hint)
+    weights = load_file(model / "model.safetensors", device=str(policy.device))
+    # Saved without BatchNorm2d's num_batches_tracked (lerobot's frozen ACT has none): the counter stays ours.
+    own = policy.policy.state_dict()
+    weights |= {k: v for k, v in own.items() if k.endswith("num_batches_tracked") and k not in weights}
+    policy.policy.load_state_dict(weights)
+
+
+RESUME_HINT = (
+    "Resume with the run's own model options (e.g. --tiny if it was trained with it), or train into a new output"
+)
+INIT_HINT = "Give the model options it was trained with (e.g. --tiny, --chunk-size), or start without --init-from"
 
 # What makes two ACT models different models: a checkpoint of one cannot be resumed as the other.
 ARCHITECTURE = (
@@ -130,10 +168,11 @@ ARCHITECTURE = (
 
 
 class ModelMismatch(Conflict, ValueError):
-    """The checkpoint a run resumes from was trained with another model; the message names what differs."""
+    """The checkpoint a run resumes (or starts) from was trained with another model; the message names what
+    differs."""
 
 
-def _check_same_model(saved: dict, policy, output: BucketUrl, step: int) -> None:
+def _check_same_model(saved: dict, policy, where: str, hint: str) -> None:
     ours = policy.policy.config
     wanted = {name: getattr(ours, name) for name in ARCHITECTURE} | {
         "inputs": {k: list(v.shape) for k, v in ours.input_features.items()}
@@ -143,10 +182,7 @@ def _check_same_model(saved: dict, policy, output: BucketUrl, step: int) -> None
     }
     differ = [f"{k} {have[k]} (asked: {wanted[k]})" for k in wanted if have[k] != wanted[k]]
     if differ:
-        raise ModelMismatch(
-            f"{output} step {step} was trained with another model: {', '.join(differ)}. Resume with the run's own "
-            "model options (e.g. --tiny if it was trained with it), or train into a new output"
-        )
+        raise ModelMismatch(f"{where} was trained with another model: {', '.join(differ)}. {hint}")
 
 
 def _contiguous(state_dict: dict) -> dict:

@@ -89,6 +89,7 @@ def train(
         seed=o.seed,
         device=device,
         resume=o.resume,
+        init_from=o.init_from,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # the trainer polls it each step, then checkpoints
@@ -113,7 +114,7 @@ def train(
                 out,
                 settings,
                 act,
-                DataSettings(decode_workers=o.decode_workers),
+                DataSettings(decode_workers=o.decode_workers, weights=o.frame_weights()),
                 on_progress,
                 stop.is_set,
             )

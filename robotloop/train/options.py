@@ -18,15 +18,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..errors import BadValue
 from ..options import Flag, to_argv
 from ..storage import BucketUrl
+from .weights import FrameWeights, parse_dataset_weight
 
 # robotloop.train.fp8.FP8_MODES (which needs torch; this module must not): tests/test_fp8.py checks they agree.
 Fp8Mode = Literal["off", "auto", "tensorwise", "rowwise", "rowwise_with_gw_hp"]
 MAX_STEPS = 100_000_000
+MAX_WEIGHT = 1e6
 
 
 class TrainOptions(BaseModel):
@@ -47,11 +49,41 @@ class TrainOptions(BaseModel):
     batch_size: int = Field(default=8, ge=1, le=65536, description="Samples per step (per GPU under torchrun).")
     device: str = Field(default="auto", description="auto (cuda when there is a GPU, else cpu), cpu, cuda or cuda:N.")
     resume: bool = Field(default=False, description="Continue from the run's last checkpoint.")
+    init_from: str | None = Field(
+        default=None,
+        description="Start a new run from another's weights (how a round fine-tunes the last): a run URL (its last "
+        "checkpoint) or <run>/checkpoints/<step>; its optimizer and step count are not taken.",
+    )
     log_every: int = Field(default=50, ge=1, le=MAX_STEPS, description="Steps between progress reports.")
     checkpoint_every: int = Field(
         default=1000, ge=1, le=MAX_STEPS, description="Steps between checkpoints (the last step always writes one)."
     )
     decode_workers: int = Field(default=4, ge=1, le=64, description="Processes decoding video for the frame buffer.")
+    # How often each kind of frame is drawn (robotloop.train.weights.FrameWeights): a fleet dataset's frames by who
+    # drove them and whether the episode succeeded; a demo dataset's all alike. 0 drops a kind.
+    demo_weight: float = Field(
+        default=1.0, ge=0, le=MAX_WEIGHT, description="Weight of a demo dataset's frames (one without intervention)."
+    )
+    expert_weight: float = Field(
+        default=2.0, ge=0, le=MAX_WEIGHT, description="Weight of a fleet dataset's expert frames (intervention)."
+    )
+    success_weight: float = Field(
+        default=1.0,
+        ge=0,
+        le=MAX_WEIGHT,
+        description="Weight of a fleet dataset's autonomous frames in episodes that succeeded.",
+    )
+    failed_weight: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_WEIGHT,
+        description="Weight of a fleet dataset's autonomous frames in episodes that failed (0: dropped).",
+    )
+    dataset_weights: Annotated[list[str], Flag("--dataset-weight")] = Field(
+        default_factory=list,
+        max_length=64,
+        description="URL=W: multiply every frame weight of one --dataset by W (repeat it for several).",
+    )
     seed: int = Field(
         default=0, ge=0, le=2**32 - 1, description="Seed of the weights and the sampler."
     )  # torch seeds are 64-bit; numpy's 32
@@ -89,6 +121,31 @@ class TrainOptions(BaseModel):
     @classmethod
     def _output_url(cls, url: str) -> str:
         return str(BucketUrl.parse(url))
+
+    @field_validator("init_from")
+    @classmethod
+    def _init_url(cls, url: str | None) -> str | None:
+        return None if url is None else str(BucketUrl.parse(url))
+
+    @field_validator("dataset_weights")
+    @classmethod
+    def _dataset_weights(cls, items: list[str], info: ValidationInfo) -> list[str]:
+        pairs = [(str(BucketUrl.parse(url)), weight) for url, weight in map(parse_dataset_weight, items)]
+        datasets = info.data.get("datasets") or []  # validated before this field; absent when they were refused
+        unknown = [url for url, _ in pairs if datasets and url not in datasets]
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)} is not a --dataset of the run")
+        return [f"{url}={weight}" for url, weight in pairs]
+
+    def frame_weights(self) -> FrameWeights:
+        """The run's frame weights (`robotloop.train.weights.FrameWeights`)."""
+        return FrameWeights(
+            demo=self.demo_weight,
+            expert=self.expert_weight,
+            autonomous_success=self.success_weight,
+            autonomous_failed=self.failed_weight,
+            datasets=dict(parse_dataset_weight(item) for item in self.dataset_weights),
+        )
 
     @field_validator("image_size")
     @classmethod

@@ -9,7 +9,9 @@ what our run was in lerobot's terms, so the same commands work on our checkpoint
   `repo_id=<ns>/<bucket> repo_type=bucket streaming=true` (streamed from `HF_ENDPOINT`); one below a bucket's root
   names its path after the bucket (`<ns>/<bucket>/<path>`, lerobot streams `hf://buckets/<repo_id>`). A run on
   several datasets has no lerobot config: lerobot trains on one (its `DatasetConfig.repo_id` is one string, and
-  a list is read back as the list's text), so there is none rather than one naming a single dataset;
+  a list is read back as the list's text), so there is none rather than one naming a single dataset. Nor is
+  there one for a dataset whose frames weigh differently (a fleet dataset's failures dropped, its expert frames
+  drawn more often: `robotloop.train.weights`): lerobot draws every frame alike, and would train on the failures;
 * the policy: the checkpoint's own ACTConfig (config.json's content);
 * the run: steps, batch size, seed, log and checkpoint intervals, decode workers as DataLoader workers;
 * the optimizer: ACT's preset (AdamW at lr, weight decay, gradient clip) when the schedule is constant, else the
@@ -59,14 +61,15 @@ def lerobot_train_config(
     settings: TrainSettings,
     act: ACTSettings,
     data: DataSettings | None = None,
+    uniform: bool = True,
 ) -> TrainPipelineConfig | None:
-    """lerobot's TrainPipelineConfig for a run (see the module docstring); None for a run on several datasets.
-    `policy_config`: the run's ACTConfig."""
+    """lerobot's TrainPipelineConfig for a run (see the module docstring); None for a run on several datasets, or
+    one whose frames are not all drawn alike (`uniform` False). `policy_config`: the run's ACTConfig."""
     from lerobot.configs.default import DatasetConfig
     from lerobot.configs.train import TrainPipelineConfig
     from lerobot.optim.optimizers import AdamWConfig
 
-    if len(datasets) != 1:
+    if len(datasets) != 1 or not uniform:
         return None
     scheduler = _scheduler(act, settings.steps)
     return TrainPipelineConfig(

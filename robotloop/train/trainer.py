@@ -24,9 +24,9 @@ import torch.distributed as dist
 
 from ..errors import BadValue
 from ..storage import BucketClient, BucketUrl
-from .checkpoint import code_version, load_checkpoint, save_checkpoint
+from .checkpoint import code_version, init_weights, load_checkpoint, read_lineage, save_checkpoint
 from .data import DataSettings, StreamingSampler
-from .layout import latest_step
+from .layout import checkpoint_url, latest_step, resolve_checkpoint
 from .policy import ACTSettings, build_policy
 from .progress import Progress  # the wire type of on_progress (re-exported: callers import it from here)
 from .train_config import lerobot_train_config
@@ -45,6 +45,9 @@ class TrainSettings:
     seed: int = 0
     device: str = "cpu"
     resume: bool = False
+    # A new run starting from another's weights (not its optimizer or step count): a run URL (its last complete
+    # checkpoint) or a step folder. A resumed run has its own weights: there it is only the lineage's.
+    init_from: str | None = None
     # Wait until every episode is buffered before step 1 (when the data fits the buffer): the run is then
     # bit-for-bit reproducible and resumable. Off: training starts with the first decoded episodes.
     deterministic: bool = False
@@ -78,7 +81,9 @@ def train(
     """Train ACT on `datasets`, streaming from the bucket; checkpoints go to `output`.
 
     `should_stop()` is polled every step: when it turns true, a checkpoint is written and training ends
-    (how the training service cancels a job without losing work).
+    (how the training service cancels a job without losing work). `settings.init_from` starts the run from that
+    checkpoint's weights (a round fine-tuning the last); each checkpoint's lineage.json names it (`init_from`),
+    and what each dataset held of each kind of frame and how many weighed 0 (`sources`).
 
     Example:
         ```python
@@ -94,6 +99,9 @@ def train(
         reached, read or written. ValueError: bad settings or mismatched datasets, `output` holds a run and
         `resume` is off, or the run is already at `steps`; `Fp8Error` (a ValueError) when
         an FP8 recipe does not fit the device. robotloop.train.data.DataError: an episode could not be decoded.
+        robotloop.train.data.NothingToTrain (a BadInput): every frame weighs 0 (fleet data with no success and
+        no expert frame, and no demos). robotloop.storage.NotFound: `init_from` holds no checkpoint.
+        ModelMismatch (a ValueError): the checkpoint resumed or started from is of another model.
     """
     last = latest_step(client, output)
     if last is not None and not settings.resume:  # two runs' checkpoints in one folder: last.json would mix them
@@ -103,6 +111,9 @@ def train(
         )
     if last is not None and last >= settings.steps:
         raise BadValue(f"{output} is already at step {last}: ask for more steps than that to train on")
+    init = None  # resolved now: a wrong URL fails before the data streams in
+    if settings.init_from and last is None:
+        init = resolve_checkpoint(client, BucketUrl.parse(settings.init_from))
     rank, world, device = _distributed(settings.device)
     torch.manual_seed(settings.seed)  # the same initial weights on every rank
     act = act or ACTSettings()
@@ -115,18 +126,35 @@ def train(
         if world > 1:
             policy.grad_sync = _average_gradients
         start, losses = 0, []
+        origin = str(init) if init else None
         if last is not None:
             sampler_state, losses = load_checkpoint(client, output, last, policy, optimizer, rank)
             sampler.load_state_dict(sampler_state)
             start = last
+            origin = read_lineage(client, checkpoint_url(output, last)).get("init_from")
             log.info("resumed from step %d", last)
+        elif init is not None:
+            init_weights(client, init, policy)
+            log.info("starting from the weights of %s", init)
         if world > 1:  # dropout and VAE noise differ across ranks (one RNG state is saved: resume is not bitwise)
             torch.manual_seed(settings.seed + start + 1000 * rank)
         if settings.deterministic:
             sampler.wait_ready()
         with _automatic_gc(settings.gc_every is None):
             report = _loop(
-                client, sampler, policy, optimizer, output, settings, act, data, start, losses, on_progress, should_stop
+                client,
+                sampler,
+                policy,
+                optimizer,
+                output,
+                settings,
+                act,
+                data,
+                start,
+                losses,
+                on_progress,
+                should_stop,
+                origin,
             )
     return report
 
@@ -145,7 +173,7 @@ def _automatic_gc(on: bool) -> Iterator[None]:
 
 
 def _loop(
-    client, sampler, policy, optimizer, output, settings, act, data, start, losses, on_progress, should_stop
+    client, sampler, policy, optimizer, output, settings, act, data, start, losses, on_progress, should_stop, origin
 ) -> TrainReport:
     losses = list(losses)  # the run's history before `start` (a resume), then this session's
     checkpoints: list[str] = []
@@ -153,15 +181,21 @@ def _loop(
     t0, wait0, step = time.perf_counter(), sampler.wait_s, start
     gpu0 = sampler.blocked_s + sampler.gpu_s
     scheduled = act.lr_schedule != "constant" or act.warmup_steps > 0
-    # The run in lerobot's terms, saved in every checkpoint (train_config.json) for lerobot's own tools.
-    lerobot_config = lerobot_train_config(policy.policy.config, sampler_urls(sampler), output, settings, act, data)
+    # The run in lerobot's terms, saved in every checkpoint (train_config.json) for lerobot's own tools; none where
+    # lerobot would train on other frames (it draws every frame alike: it would learn the failures dropped here).
+    uniform = all(data.weights.uniform(source.role) for source in sampler.sources)
+    lerobot_config = lerobot_train_config(
+        policy.policy.config, sampler_urls(sampler), output, settings, act, data, uniform=uniform
+    )
 
     def checkpoint(at: int) -> None:
         world = sampler.world_size
         lineage = {
             "step": at,
             "datasets": [str(u) for u in sampler_urls(sampler)],
+            "init_from": origin,  # the checkpoint whose weights the run started from (None: from scratch)
             "world_size": world,
+            "sources": sampler.frame_kinds(all_ranks=world > 1),
             "episodes": sampler.episodes(all_ranks=world > 1),
             "train": asdict(settings),
             "act": asdict(act),

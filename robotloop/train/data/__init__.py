@@ -15,9 +15,11 @@ episodes share. One module per piece, composed by the sampler:
   events that keep copies into the arena off the trainer's stream.
 - `feed`: `BufferFeed`, the background thread that moves episodes from catalog to arena (schedule, decode,
   reorder, copy in) and publishes what is buffered; it owns the lock the trainer's thread samples under.
-- `sampler`: `StreamingSampler`, which composes them: `next_batch` is pure tensor indexing on the device, behind
-  a seeded generator; `state_dict`/`load_state_dict` resume it.
-- `settings` and `errors`: `DataSettings`, `DataError`, `DatasetMismatch`.
+- `sampler`: `StreamingSampler`, which composes them: `next_batch` is pure tensor indexing on the device (frames
+  drawn by weight), behind a seeded generator; `state_dict`/`load_state_dict` resume it.
+- `weighting`: `Weighting`, each frame's sampling weight from its dataset's role (demos, or fleet data with
+  `intervention`), its episode's success and who drove it (`robotloop.train.weights.FrameWeights`).
+- `settings` and `errors`: `DataSettings`, `DataError`, `DatasetMismatch`, `NothingToTrain`.
 
 Example:
     ```python
@@ -36,10 +38,11 @@ from .catalog import _combined_stats as _combined_stats  # tests check how stats
 from .decode import _FRAME_READERS as _FRAME_READERS  # tests compare the two video backends
 from .decode import DecodeOrder, DecodePool, FrameReader, resolve_video_backend
 from .decode import _decode_episode as _decode_episode
-from .errors import DataError, DatasetMismatch, NotBuffered, StaleState
+from .errors import DataError, DatasetMismatch, NotBuffered, NothingToTrain, StaleState
 from .feed import BufferFeed
 from .sampler import StreamingSampler
 from .settings import ACTION_KEY, STATE_KEY, DataSettings
+from .weighting import SourceFrames, Weighting
 
 __all__ = [
     "ACTION_KEY",
@@ -59,8 +62,11 @@ __all__ = [
     "FrameArena",
     "FrameReader",
     "NotBuffered",
+    "NothingToTrain",
     "StaleState",
+    "SourceFrames",
     "StreamingSampler",
+    "Weighting",
     "buffer_bytes",
     "resolve_video_backend",
 ]

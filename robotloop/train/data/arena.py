@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
@@ -44,26 +45,46 @@ class BufferView:
     rebuilt buffer samples the same frames wherever the episodes landed in the arena).
 
     The background thread publishes plain lists; the trainer's thread turns them into device tensors on its
-    own stream at the next batch (an async copy from pinned memory), so publishing never waits for the GPU.
+    own stream at the next batch (an async copy from pinned memory, then a gather and a cumulative sum over the
+    buffered frames' weights), so publishing never waits for the GPU. Sampling is then a search of `cumulative`:
+    a frame of weight 0 spans an empty interval and is never drawn.
     """
 
     keys: list[EpisodeKey] = field(default_factory=list)
     start_list: list[int] = field(default_factory=list)  # arena slot of each episode's first frame
     offset_list: list[int] = field(default_factory=lambda: [0])  # cumulative frame counts, [0, n0, n0+n1, ...]
-    starts: torch.Tensor | None = None
-    offsets: torch.Tensor | None = None
+    weight_list: list[float] = field(default_factory=list)  # each episode's summed frame weight
+    slots: torch.Tensor | None = None  # arena slot of each buffered frame, in canonical order [total]
+    cumulative: torch.Tensor | None = None  # float64 cumulative sum of those frames' weights [total]
+    last_kept: torch.Tensor | None = None  # canonical index of the last frame of positive weight (a 0-d tensor)
 
     @property
     def total(self) -> int:
         return self.offset_list[-1]
 
-    def materialize(self, device: torch.device) -> None:
+    @cached_property
+    def weight(self) -> float:
+        """The buffered frames' summed weight: 0 when there is nothing to draw."""
+        return sum(self.weight_list)
+
+    def materialize(self, device: torch.device, weights: torch.Tensor) -> None:
+        """The device tensors sampling reads, from the arena's per-slot `weights` (once per published view)."""
+        if self.slots is not None:
+            return
+
         def put(values: list[int]) -> torch.Tensor:
             t = torch.tensor(values, dtype=torch.long)
             return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
-        if self.starts is None:
-            self.starts, self.offsets = put(self.start_list), put(self.offset_list)
+        starts, offsets = put(self.start_list), put(self.offset_list)
+        # Frame i of the canonical order lies in episode e at slot starts[e] + (i - offsets[e]).
+        frame = torch.arange(self.total, device=device)
+        shift = torch.repeat_interleave(starts - offsets[:-1], offsets.diff(), output_size=self.total)
+        self.slots = frame + shift
+        kept = weights[self.slots].double()
+        self.cumulative = kept.cumsum(0)
+        # A draw that rounds up to the total weight lands past the end: it falls back on the last kept frame.
+        self.last_kept = self.total - 1 - torch.argmax((kept.flip(0) > 0).to(torch.int32))
 
 
 class FrameArena:
@@ -85,14 +106,16 @@ class FrameArena:
         self.tensors: dict[str, torch.Tensor] = {}
         self.last = torch.empty(0, dtype=torch.long, device=device)  # per slot: the slot of its episode's last frame
         self.slots: dict[EpisodeKey, tuple[int, int]] = {}  # episode key -> (start, length), insertion order
+        self.weights: dict[EpisodeKey, float] = {}  # buffered episode -> its summed frame weight
 
     def grows(self, length: int) -> bool:
         """Whether placing an episode of `length` frames reallocates the arena."""
         return self.write + length > self.capacity and self.capacity < self.bound
 
-    def place(self, key: EpisodeKey, length: int, hint: int) -> tuple[int, list[EpisodeKey]]:
-        """Reserve `length` slots for `key`; returns the start and the episodes evicted for it. A growth sizes the
-        arena for `hint` frames (the whole share) at once where the bound allows."""
+    def place(self, key: EpisodeKey, length: int, hint: int, weight: float = 1.0) -> tuple[int, list[EpisodeKey]]:
+        """Reserve `length` slots for `key`, whose frames weigh `weight` together; returns the start and the
+        episodes evicted for it. A growth sizes the arena for `hint` frames (the whole share) at once where the
+        bound allows."""
         if length > self.bound:
             raise DataError(
                 f"episode {key} has {length} frames, more than the buffer holds ({self.bound}); "
@@ -106,7 +129,9 @@ class FrameArena:
         evicted = [k for k, (s, n) in self.slots.items() if s < end and s + n > start]
         for k in evicted:
             del self.slots[k]
+            del self.weights[k]
         self.slots[key] = (start, length)
+        self.weights[key] = weight
         self.write = end
         return start, evicted
 
@@ -134,11 +159,12 @@ class FrameArena:
         offsets = [0]
         for k in keys:
             offsets.append(offsets[-1] + self.slots[k][1])
-        return BufferView(keys, [self.slots[k][0] for k in keys], offsets)
+        return BufferView(keys, [self.slots[k][0] for k in keys], offsets, [self.weights[k] for k in keys])
 
     def clear(self) -> None:
         """Forget every buffered episode (the tensors stay allocated): the next one is placed at slot 0."""
         self.slots.clear()
+        self.weights.clear()
         self.write = 0
 
     def free(self) -> None:

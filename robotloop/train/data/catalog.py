@@ -11,6 +11,7 @@ import io
 import json
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,12 +20,15 @@ import pyarrow.parquet as pq
 import torch
 
 from ...storage import BucketClient, BucketUrl, Entry, NotFound, StorageError
+from ..weights import INTERVENTION_KEY, SUCCESS_KEY, Role, role_of
 from .errors import DatasetMismatch
 from .settings import ACTION_KEY, STATE_KEY
 
 log = logging.getLogger(__name__)
 
 _DEFAULT_KEYS = {"timestamp", "frame_index", "episode_index", "index", "task_index"}
+# Of LeRobot's per-episode stats, the two that say what an episode's frames weigh before any is decoded.
+_SUCCESS_MAX, _INTERVENTION_MEAN = f"stats/{SUCCESS_KEY}/max", f"stats/{INTERVENTION_KEY}/mean"
 
 EpisodeKey = tuple[str, int]  # (dataset URL, episode index)
 
@@ -41,7 +45,8 @@ class FileRef:
 
 @dataclass(frozen=True)
 class EpisodeRef:
-    """One committed episode: where its rows and frames are."""
+    """One committed episode: where its rows and frames are, and (from its metadata's stats, None where they are
+    missing) whether it succeeded and how many of its frames the expert drove."""
 
     dataset: str
     index: int
@@ -50,6 +55,10 @@ class EpisodeRef:
     to_index: int
     data: FileRef
     videos: dict[str, tuple[FileRef, float]]  # video key -> (file, from_timestamp)
+    role: Role = "demo"
+    success: bool | None = None
+    expert_frames: int | None = None
+    flag_columns: tuple[str, ...] = ()  # the data columns that weigh its frames (next.success, intervention)
 
     @property
     def key(self) -> EpisodeKey:
@@ -111,6 +120,12 @@ class DatasetSource:
         if images:
             raise DatasetMismatch(f"{url}: features {images} are images stored in parquet; only video features stream.")
         self.video_keys = sorted(k for k, v in self.features.items() if v["dtype"] == "video")
+        self.role = role_of(self.features)
+        flags = {k: v for k, v in self.features.items() if k in (SUCCESS_KEY, INTERVENTION_KEY)}
+        for key, feature in flags.items():
+            if feature["dtype"] != "bool" or list(feature["shape"]) != [1]:
+                raise DatasetMismatch(f"{url}: '{key}' is {feature['dtype']} {feature['shape']}, expected bool [1]")
+        self.flag_columns = tuple(sorted(flags))
         self._meta_files: dict[str, tuple[str, list[dict]]] = {}  # episodes parquet path -> (xet hash, rows)
         self.episodes: list[EpisodeRef] = []
         self.refresh()
@@ -160,6 +175,7 @@ class DatasetSource:
         try:
             parquet = pq.ParquetFile(io.BytesIO(self.client.read_range(entry.url, 0, entry.size)))
             keep = [c for c in parquet.schema_arrow.names if not c.startswith("stats/")]
+            keep += [c for c in (_SUCCESS_MAX, _INTERVENTION_MEAN) if c in parquet.schema_arrow.names]
             return parquet.read(columns=keep, use_threads=False).to_pylist()
         except (pa.ArrowException, ValueError) as error:
             raise StorageError(f"{entry.url} changed while it was read ({error}); read again next time") from None
@@ -185,15 +201,36 @@ class DatasetSource:
                 return None
             files[key] = FileRef(str(entry.url), entry.xet_hash, entry.size, users[path] > 1)
         videos = {k: (files[k], float(row[f"videos/{k}/from_timestamp"])) for k in self.video_keys}
+        length = int(row["length"])
         return EpisodeRef(
             str(self.url),
             int(row["episode_index"]),
-            int(row["length"]),
+            length,
             int(row["dataset_from_index"]),
             int(row["dataset_to_index"]),
             files[""],
             videos,
+            self.role,
+            *self._outcome(row, length),
+            self.flag_columns,
         )
+
+    def _outcome(self, row: dict, length: int) -> tuple[bool | None, int | None]:
+        """(success, expert frames) of an episode from its metadata row: any `next.success` (a dataset without the
+        feature: never), frames with `intervention` (a demo's: all of them). None: the stats that say are missing."""
+
+        def stat(key: str) -> float | None:
+            value = row.get(key)
+            return None if value is None else float(np.asarray(value).reshape(-1)[0])
+
+        success: bool | None = False
+        if SUCCESS_KEY in self.features:
+            top = stat(_SUCCESS_MAX)
+            success = None if top is None else top > 0
+        if self.role == "demo":
+            return success, length
+        share = stat(_INTERVENTION_MEAN)
+        return success, None if share is None else round(share * length)
 
 
 class EpisodeCatalog:
@@ -203,7 +240,8 @@ class EpisodeCatalog:
     frames of every dataset), and says what a frame holds (`features`, `frame_shapes`). Rank `rank` of
     `world_size` takes episode i of the d-th dataset when (i + d) % world_size == rank: disjoint, balanced, and
     stable as episodes are appended. `known` keeps the order in which episodes became known, which the decode
-    schedule and the checkpoint rely on.
+    schedule and the checkpoint rely on. An episode `keep` refuses (its every frame weighs 0, as its metadata says)
+    is never known: it goes to `dropped`, never decoded nor buffered, only counted.
 
     Not thread-safe: the sampler changes `known` under its lock (a source's `refresh` reads the network and runs
     outside it).
@@ -213,8 +251,15 @@ class EpisodeCatalog:
         DatasetMismatch: datasets differ in features or fps, or lack `observation.state`/`action`.
     """
 
-    def __init__(self, client: BucketClient, urls: list[BucketUrl], rank: int, world_size: int) -> None:
-        self.rank, self.world_size = rank, world_size
+    def __init__(
+        self,
+        client: BucketClient,
+        urls: list[BucketUrl],
+        rank: int,
+        world_size: int,
+        keep: Callable[[EpisodeRef], bool] = lambda ref: True,
+    ) -> None:
+        self.rank, self.world_size, self.keep = rank, world_size, keep
         self.sources = [DatasetSource(client, url) for url in urls]
         self._check_features()
         first = self.sources[0]
@@ -223,6 +268,7 @@ class EpisodeCatalog:
         # would make ACT expect an input that no batch carries).
         self.features = {k: v for k, v in first.features.items() if k in (*first.video_keys, STATE_KEY, ACTION_KEY)}
         self.known: dict[EpisodeKey, EpisodeRef] = {}
+        self.dropped: dict[EpisodeKey, EpisodeRef] = {}  # this rank's episodes `keep` refused
 
     def frame_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Per feature streamed, the shape and dtype of one frame's value: images uint8 [3,H,W], vectors float32."""
@@ -233,24 +279,36 @@ class EpisodeCatalog:
         return shapes
 
     def take(self, refs: list[EpisodeRef], d: int) -> list[EpisodeKey]:
-        """Of `refs` (episodes of the d-th dataset), the keys of this rank's not known before; they are known now."""
-        mine = [r for r in refs if (r.index + d) % self.world_size == self.rank and r.key not in self.known]
+        """Of `refs` (episodes of the d-th dataset), the keys of this rank's not seen before that `keep` takes; they
+        are known now (the others dropped)."""
+        seen = self.known.keys() | self.dropped.keys()
+        mine = [r for r in refs if (r.index + d) % self.world_size == self.rank and r.key not in seen]
         for r in mine:
-            self.known[r.key] = r
-        return [r.key for r in mine]
+            (self.known if self.keep(r) else self.dropped)[r.key] = r
+        return [r.key for r in mine if r.key in self.known]
 
     def share_frames(self) -> int:
         """Frames in this rank's known episodes."""
         return sum(e.length for e in self.known.values())
 
-    def refs(self, all_ranks: bool = False) -> list[EpisodeRef]:
-        """This rank's known episodes (or, `all_ranks`, every rank's), sorted by dataset and index."""
-        known = [e for source in self.sources for e in source.episodes] if all_ranks else self.known.values()
-        return sorted(known, key=lambda e: (e.dataset, e.index))
+    def refs(self, all_ranks: bool = False, dropped: bool = False) -> list[EpisodeRef]:
+        """This rank's known episodes (or, `all_ranks`, every rank's; `dropped`, those `keep` refused too), sorted
+        by dataset and index."""
+        if all_ranks:
+            refs = [e for source in self.sources for e in source.episodes if dropped or self.keep(e)]
+        else:
+            refs = [*self.known.values(), *(self.dropped.values() if dropped else ())]
+        return sorted(refs, key=lambda e: (e.dataset, e.index))
 
     def _check_features(self) -> None:
+        # What a batch stacks must agree; the rest may differ (a fleet dataset's intervention, a demo's reward).
         def signature(src: DatasetSource) -> dict:
-            return {k: (v["dtype"], list(v["shape"])) for k, v in src.features.items()}
+            streamed = (STATE_KEY, ACTION_KEY)
+            return {
+                k: (v["dtype"], list(v["shape"]))
+                for k, v in src.features.items()
+                if k in streamed or v["dtype"] == "video"
+            }
 
         first = self.sources[0]
         for key in (STATE_KEY, ACTION_KEY):
@@ -260,7 +318,8 @@ class EpisodeCatalog:
             if signature(src) != signature(first) or src.fps != first.fps:
                 raise DatasetMismatch(
                     f"{src.url} differs from {first.url}: features {signature(src)} at {src.fps} fps vs "
-                    f"{signature(first)} at {first.fps} fps. Train on datasets recorded with one DatasetSpec."
+                    f"{signature(first)} at {first.fps} fps. Train on datasets recorded with one DatasetSpec's "
+                    "cameras, state and action."
                 )
 
 

@@ -84,8 +84,9 @@ def _decode_worker(
 def _decode_episode(
     client: BucketClient, ep: EpisodeRef, fps: int, scratch: Path, frames_at: FrameReader
 ) -> dict[str, torch.Tensor]:
-    """Rows and every video frame of one episode: state/action float32 [T,D], frames uint8 [T,3,H,W]."""
-    columns = [STATE_KEY, ACTION_KEY, "index", "timestamp"]
+    """Rows and every video frame of one episode: state/action float32 [T,D], frames uint8 [T,3,H,W], and the
+    columns that weigh its frames (`ep.flag_columns`: next.success, intervention) bool [T]."""
+    columns = [STATE_KEY, ACTION_KEY, "index", "timestamp", *ep.flag_columns]
     rows = (("index", ">=", ep.from_index), ("index", "<", ep.to_index))
     url = BucketUrl.parse(ep.data.url)
     if ep.data.shared:  # ranged reads: the footer, then only the row groups holding this episode
@@ -99,6 +100,7 @@ def _decode_episode(
     if table.num_rows != ep.length:
         raise DataError(f"{ep.data.url} holds {table.num_rows} rows of episode {ep.index}, metadata says {ep.length}")
     out = {STATE_KEY: _matrix(table[STATE_KEY]), ACTION_KEY: _matrix(table[ACTION_KEY])}
+    out |= {key: _flags(table[key]) for key in ep.flag_columns}
     timestamps = table["timestamp"].to_numpy()
     for key, (file, from_ts) in ep.videos.items():
         out[key] = _decode_video(client, file, [from_ts + float(ts) for ts in timestamps], scratch, frames_at)
@@ -108,6 +110,15 @@ def _decode_episode(
 def _matrix(column: pa.ChunkedArray) -> torch.Tensor:
     flat = column.combine_chunks().flatten().to_numpy(zero_copy_only=False)
     return torch.from_numpy(flat.reshape(len(column), -1).astype("float32"))  # a copy: arrow buffers are read-only
+
+
+def _flags(column: pa.ChunkedArray) -> torch.Tensor:
+    """A bool column (lerobot stores a bool of shape (1,) as a scalar; a list of one is read alike) as bool [T]."""
+    flat = column.combine_chunks()
+    if pa.types.is_list(flat.type) or pa.types.is_fixed_size_list(flat.type):
+        flat = flat.flatten()
+    values = flat.to_numpy(zero_copy_only=False).astype(bool)
+    return torch.from_numpy(values.reshape(len(column), -1).any(axis=1))
 
 
 def _decode_video(

@@ -17,3 +17,8 @@ class StaleState(NotFound, ValueError):
 
 class NotBuffered(Unavailable, TimeoutError):
     """The buffer did not fill in the time allowed (`StreamingSampler.wait_ready`)."""
+
+
+class NothingToTrain(BadInput, ValueError):
+    """No frame of the datasets has a positive weight (e.g. fleet data with no success and no expert frame, and no
+    demos): training would learn nothing, or the failures. The message says what the data holds."""

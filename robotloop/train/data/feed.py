@@ -17,7 +17,8 @@ from .arena import BufferView, FrameArena, GatherClock, IngestStream
 from .catalog import DecodeSchedule, EpisodeCatalog, EpisodeKey, EpisodeRef
 from .decode import DecodeOrder, DecodePool
 from .errors import DataError
-from .settings import ACTION_KEY, DataSettings
+from .settings import ACTION_KEY, WEIGHT_KEY, DataSettings
+from .weighting import Weighting
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +27,10 @@ class BufferFeed:
     """Decodes the catalog's episodes ahead, in schedule order, into the arena, and publishes what is buffered.
 
     The data thread submits decode jobs (at most `max_inflight` not yet buffered), takes results strictly in job
-    order, places each episode in the arena and copies it in outside the lock, then publishes a new `view`; every
-    `refresh_every_s` it refreshes the catalog. A failure (an episode that did not decode, a dead worker) is kept
-    in `error` and ends the thread; the trainer's thread raises it (`raise_if_failed`).
+    order, weighs each episode's frames (`Weighting`), places it in the arena and copies it in outside the lock,
+    then publishes a new `view`; every `refresh_every_s` it refreshes the catalog. A failure (an episode that did
+    not decode, a dead worker) is kept in `error` and ends the thread; the trainer's thread raises it
+    (`raise_if_failed`).
 
     `lock` (with the condition `ready`, notified on every change) guards `view`, `error`, the catalog's `known`,
     the schedule, the decode order and the arena's slots; the sampler holds it to sample and to checkpoint.
@@ -42,6 +44,7 @@ class BufferFeed:
         arena: FrameArena,
         clock: GatherClock,
         settings: DataSettings,
+        weighting: Weighting,
     ) -> None:
         self.catalog, self.arena, self.settings, self._clock = catalog, arena, settings, clock
         self.lock = threading.RLock()
@@ -49,6 +52,8 @@ class BufferFeed:
         self._refresh_lock = threading.Lock()
         self.schedule = DecodeSchedule(settings.seed)
         self.order = DecodeOrder()
+        self.weighting = weighting
+        self.decoded_weights: dict[EpisodeKey, float] = {}  # every episode decoded so far -> its summed weight
         self.view = BufferView()
         self.error: str | None = None
         self._generation = 0  # bumped by restart(): an ingest in progress across it is dropped
@@ -82,6 +87,19 @@ class BufferFeed:
                     new += self.add(found, d, fresh=True)
             self._last_refresh = time.monotonic()
         return new
+
+    def nothing_to_train(self) -> bool:
+        """Whether every episode of this rank's is known to weigh 0 (dropped for it, or as decoded where its
+        metadata could not say): no batch can ever be drawn from them. False while there is no episode at all (one
+        may be committed). Call under `lock`."""
+        known = self.catalog.known
+        if not known:
+            return bool(self.catalog.dropped)
+        for key, ref in known.items():
+            weight = self.decoded_weights.get(key, self.weighting.planned(ref))
+            if weight is None or weight > 0:
+                return False
+        return True
 
     def raise_if_failed(self) -> None:
         """Raises DataError: the data thread failed (the message says why), or the feed is closed."""
@@ -161,14 +179,15 @@ class BufferFeed:
                     self.error = error
                     self.ready.notify_all()
                     return
+                episode, weight = self._weighed(key, episode)
                 done, generation = self._clock.last_done, self._generation
                 length = len(episode[ACTION_KEY])
                 share = self.catalog.share_frames()
                 if self.arena.grows(length):  # a growth copies the arena: after, never under, the trainer's gathers
                     with self._ingest.after(done):
-                        start, _ = self.arena.place(key, length, share)
+                        start, _ = self.arena.place(key, length, share, weight)
                 else:  # the usual case: only bookkeeping under the lock, the trainer is never held up by the GPU
-                    start, _ = self.arena.place(key, length, share)
+                    start, _ = self.arena.place(key, length, share, weight)
                 self.view = self.arena.view(exclude=key)  # evicted slots and the new one leave it before they change
             self._ingest.fill(self.arena, start, episode, done)
             with self.lock:
@@ -178,3 +197,12 @@ class BufferFeed:
                 self.schedule.restored(key)
                 self.view = self.arena.view()
                 self.ready.notify_all()
+
+    def _weighed(self, key: EpisodeKey, episode: dict) -> tuple[dict, float]:
+        """The decoded episode as the arena holds it: its frames' weights in place of the columns they come from;
+        and their sum."""
+        ref = self.catalog.known[key]
+        weights = self.weighting.frames(ref, episode)
+        kept = {k: v for k, v in episode.items() if k not in ref.flag_columns}
+        self.decoded_weights[key] = total = float(weights.double().sum())
+        return {**kept, WEIGHT_KEY: weights}, total

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict
 
 import torch
 
@@ -18,15 +19,20 @@ from ...storage import BucketClient, BucketUrl
 from .arena import FrameArena, GatherClock, buffer_bytes, frame_bytes
 from .catalog import EpisodeCatalog, EpisodeKey
 from .decode import resolve_video_backend
-from .errors import NotBuffered, StaleState
+from .errors import NotBuffered, NothingToTrain, StaleState
 from .feed import BufferFeed
-from .settings import ACTION_KEY, STATE_KEY, DataSettings
+from .settings import ACTION_KEY, STATE_KEY, WEIGHT_KEY, DataSettings
+from .weighting import SourceFrames, Weighting
 
 log = logging.getLogger(__name__)
 
 
 class StreamingSampler:
     """Seeded, resumable batches of ACT training samples streamed from one or more bucket datasets.
+
+    Each frame is drawn with probability proportional to its weight (`settings.weights`: demo, expert, autonomous
+    frames of successful and of failed episodes, per dataset; `robotloop.train.weights`); a frame of weight 0 is
+    never drawn, though a drawn frame's action chunk reads the frames after it whatever they weigh.
 
     Rank `rank` of `world_size` takes episode i of the d-th dataset when (i + d) % world_size == rank: disjoint,
     balanced, and stable as episodes are appended. Decode order is a seeded permutation per pass over the
@@ -48,7 +54,9 @@ class StreamingSampler:
     Raises (on construction):
         BadValue: no dataset URL, a rank outside the world, or no episode for this rank with refresh off.
         NotFound: a dataset URL holds no committed dataset.
-        DatasetMismatch: datasets differ in features or fps, or lack `observation.state`/`action`.
+        DatasetMismatch: datasets differ in cameras, state, action or fps, or lack `observation.state`/`action`.
+        NothingToTrain (a BadInput): every frame of this rank's episodes weighs 0 (e.g. fleet data with no success
+            and no expert frame, and no demos).
     """
 
     def __init__(
@@ -66,10 +74,14 @@ class StreamingSampler:
         self.settings = s = settings or DataSettings()
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(s.device)
-        self.catalog = catalog = EpisodeCatalog(client, dataset_urls, rank, world_size)
+        # An episode whose every frame weighs 0 (as its metadata says) is never decoded nor buffered.
+        weighting = Weighting(s.weights)
+        self.catalog = catalog = EpisodeCatalog(
+            client, dataset_urls, rank, world_size, keep=lambda ref: weighting.planned(ref) != 0
+        )
         self.sources, self.fps, self.video_keys = catalog.sources, catalog.fps, catalog.video_keys
         self.stats, self.features = catalog.stats, catalog.features
-        shapes = catalog.frame_shapes()
+        shapes = catalog.frame_shapes() | {WEIGHT_KEY: ((), torch.float32)}
         bound = s.buffer_frames or max(1, buffer_bytes(s, self.device) // frame_bytes(shapes))
         self.arena = FrameArena(shapes, bound, self.device)
 
@@ -79,17 +91,23 @@ class StreamingSampler:
         self._generator = torch.Generator(device=self.device).manual_seed(s.seed)
         self._chunk = torch.arange(s.chunk_size, device=self.device)
         self._clock = GatherClock(self.device)
-        self._feed = feed = BufferFeed(client, catalog, self.arena, self._clock, s)
+        self._feed = feed = BufferFeed(client, catalog, self.arena, self._clock, s, weighting)
         for d, source in enumerate(self.sources):
             feed.add(source.episodes, d)
             if not source.episodes:
                 log.warning("%s holds no committed episode yet: batches wait for the first one", source.url)
+        if feed.nothing_to_train():  # before any decode: training would learn nothing, or the failures
+            raise self._nothing_to_train()
         if not catalog.known and s.refresh_every_s <= 0:  # nothing to sample, and nothing will ever come
             total = sum(len(src.episodes) for src in self.sources)
             raise BadValue(
                 f"rank {rank} of {world_size} has no episode to train on ({total} in the datasets) and "
                 "refresh is off: use fewer ranks, more episodes, or refresh_every_s > 0"
             )
+        if rank == 0:
+            for source in self._source_frames(all_ranks=True):
+                if source.dropped:
+                    log.warning("%s, not trained on", source.describe())
         self.video_backend = resolve_video_backend(s.video_backend)
         feed.start(self.video_backend)
 
@@ -109,18 +127,26 @@ class StreamingSampler:
         t0 = time.perf_counter()
         feed = self._feed
         with feed.lock:
-            if feed.schedule.restore or feed.view.total == 0:
+            if feed.schedule.restore or feed.view.weight <= 0:
                 feed.ready.wait_for(
-                    lambda: feed.error or feed.closed.is_set() or (not feed.schedule.restore and feed.view.total > 0)
+                    lambda: (
+                        feed.error
+                        or feed.closed.is_set()
+                        or feed.nothing_to_train()
+                        or (not feed.schedule.restore and feed.view.weight > 0)
+                    )
                 )
                 self.blocked_s += time.perf_counter() - t0
             feed.raise_if_failed()
+            if feed.view.weight <= 0:  # woken with nothing to draw: every episode turned out to weigh 0
+                raise self._nothing_to_train()
             view, arena = feed.view, self.arena
-            view.materialize(self.device)
+            view.materialize(self.device, arena.tensors[WEIGHT_KEY])
             start = self._clock.start()
-            u = torch.randint(view.total, (batch_size,), generator=self._generator, device=self.device)
-            episode = torch.searchsorted(view.offsets, u, right=True) - 1
-            slot = view.starts[episode] + (u - view.offsets[episode])
+            # Inverse-CDF over the buffered frames' weights: O(batch log frames), no host sync.
+            u = torch.rand(batch_size, generator=self._generator, device=self.device, dtype=torch.float64)
+            frame = torch.searchsorted(view.cumulative, u * view.cumulative[-1], right=True)
+            slot = view.slots[torch.minimum(frame, view.last_kept)]
             last = arena.last[slot]
             ahead = slot[:, None] + self._chunk
             batch = {k: arena.tensors[k][slot] for k in self.video_keys}
@@ -171,6 +197,25 @@ class StreamingSampler:
             if not ok:
                 raise NotBuffered(f"buffer holds {feed.view.total} frames after {timeout_s} s")
 
+    def frame_kinds(self, all_ranks: bool = False) -> list[dict]:
+        """Per dataset, what this rank's episodes (or, `all_ranks`, every rank's) hold of each kind of frame and how
+        many weigh 0, from the episodes' metadata (`robotloop.train.data.weighting.SourceFrames`)."""
+        return [asdict(s) for s in self._source_frames(all_ranks)]
+
+    def _source_frames(self, all_ranks: bool) -> list[SourceFrames]:
+        with self._feed.lock:
+            refs = self.catalog.refs(all_ranks, dropped=True)
+        return self._feed.weighting.sources(refs)
+
+    def _nothing_to_train(self) -> NothingToTrain:
+        where = f"rank {self.rank} of {self.world_size}'s episodes: " if self.world_size > 1 else ""
+        kinds = "; ".join(s.describe() for s in self._source_frames(all_ranks=False))
+        return NothingToTrain(
+            f"nothing to train on, every frame weighs 0: {where}{kinds}. Fleet data needs successful episodes or "
+            "expert frames (takeovers, re-demonstrations): add the demos (--dataset), or weigh failed frames "
+            "(--failed-weight)"
+        )
+
     def refresh(self) -> int:
         """Look for episodes committed since the last look (the live loop); schedule them first. Returns how many
         of them are this rank's.
@@ -178,7 +223,8 @@ class StreamingSampler:
         return self._feed.refresh()
 
     def episodes(self, all_ranks: bool = False) -> list[dict]:
-        """Lineage: this rank's known episodes (or, `all_ranks`, every rank's) with their files and Xet hashes."""
+        """Lineage: this rank's known episodes (or, `all_ranks`, every rank's) with their files and Xet hashes; not
+        those dropped because their every frame weighs 0 (`frame_kinds` counts them)."""
         with self._feed.lock:
             refs = self.catalog.refs(all_ranks)
         return [e.lineage() for e in refs]
@@ -226,9 +272,10 @@ class StreamingSampler:
                 f"state is for rank/world/seed {state['world']}, "
                 f"this sampler is {[self.rank, self.world_size, self.settings.seed]}"
             )
-        known = self.catalog.known
+        known, dropped = self.catalog.known, self.catalog.dropped
         for _ in range(2):  # the state may name episodes committed after this sampler last looked
-            missing = [tuple(k) for k in state["known"] if tuple(k) not in known]
+            # An episode this run's weights drop (resumed with other weights) is not missing: it is left out.
+            missing = [tuple(k) for k in state["known"] if tuple(k) not in known and tuple(k) not in dropped]
             if not missing:
                 break
             self.refresh()
@@ -237,10 +284,10 @@ class StreamingSampler:
         with self._feed.lock:
             self._generator.set_state(state["generator"])
             self._feed.schedule.passes, self.batches = state["pass"], state["batches"]
-            restore = [tuple(k) for k in state["buffered"]]
+            restore = [tuple(k) for k in state["buffered"] if tuple(k) in known]
             saved_known = {tuple(k) for k in state["known"]}
-            later = [k for k in known if k not in saved_known]  # committed after the save
-            rest = [tuple(k) for k in state["queue"] if tuple(k) not in set(restore)]
+            later = [k for k in known if k not in saved_known]  # committed after the save (or dropped then)
+            rest = [tuple(k) for k in state["queue"] if tuple(k) not in set(restore) and tuple(k) in known]
             # The saved composition is rebuilt from scratch, in its order, then new episodes, then the saved
             # schedule.
             self._feed.restart(restore, later + rest)

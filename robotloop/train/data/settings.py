@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ...errors import BadValue
+from ..weights import FrameWeights
 
 STATE_KEY, ACTION_KEY = "observation.state", "action"
+WEIGHT_KEY = "weight"  # not a dataset feature: each buffered frame's sampling weight (robotloop.train.weights)
 
 
 @dataclass
@@ -18,6 +20,9 @@ class DataSettings:
     (all cameras' uint8 images plus state and action). `buffer_bytes` None: on CUDA, `buffer_share` of the
     device's free memory when the sampler starts (on an H200 about 190 episodes of 480x640 frames, so nothing is
     evicted and decoded again); on CPU 8 GiB.
+
+    `weights`: how often each kind of frame is drawn (demo, expert, autonomous frames of successful and failed
+    episodes; per dataset), 0 dropping it: `robotloop.train.weights.FrameWeights`.
 
     Raises:
         ValueError: an unknown `video_backend`.
@@ -35,6 +40,7 @@ class DataSettings:
     retries: int = 3  # per episode, inside the worker: reads cross a network
     # "auto": torchcodec when its FFmpeg libraries load, else PyAV (whose wheel bundles FFmpeg), as lerobot does.
     video_backend: Literal["auto", "torchcodec", "pyav"] = "auto"
+    weights: FrameWeights = field(default_factory=FrameWeights)
 
     def __post_init__(self) -> None:
         if self.video_backend not in ("auto", "torchcodec", "pyav"):

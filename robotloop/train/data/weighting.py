@@ -1,0 +1,93 @@
+"""The run's frame weights (`robotloop.train.weights.FrameWeights`) applied to its episodes: each decoded frame's
+weight, each episode's summed weight from its metadata before any frame is decoded, and what each dataset holds
+of each kind of frame (the log line, the checkpoint's lineage, the refusal of a run with nothing to train on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..weights import INTERVENTION_KEY, SUCCESS_KEY, FrameWeights, Role
+from .catalog import EpisodeRef
+
+
+@dataclass
+class SourceFrames:
+    """What one dataset holds of each kind of frame (from its episodes' metadata), and how many weigh 0."""
+
+    dataset: str
+    role: Role
+    episodes: int = 0
+    frames: int = 0
+    expert: int = 0  # a demo's every frame; a fleet dataset's intervention frames
+    autonomous_success: int = 0
+    autonomous_failed: int = 0
+    dropped: int = 0
+    unknown_episodes: int = 0  # no stats in their metadata: known once decoded, not counted here
+
+    def describe(self) -> str:
+        """One line, e.g. `hf://.../fleet (40 expert, 50 autonomous in successful episodes, 30 in failed ones): 30 of
+        120 frames weigh 0`."""
+        if self.role == "demo":
+            kinds = f"{self.frames} demo frames"
+        else:
+            kinds = (
+                f"{self.expert} expert, {self.autonomous_success} autonomous in successful episodes, "
+                f"{self.autonomous_failed} in failed ones"
+            )
+        unknown = f" ({self.unknown_episodes} episodes without stats not counted)" if self.unknown_episodes else ""
+        return f"{self.dataset} ({kinds}): {self.dropped} of {self.frames} frames weigh 0{unknown}"
+
+
+class Weighting:
+    """`FrameWeights` over the run's episodes.
+
+    Example:
+        ```python
+        >>> w = Weighting(FrameWeights())
+        >>> w.frames(ref, {"intervention": torch.tensor([True, False]), "next.success": torch.tensor([False, True])})
+        tensor([2., 1.])
+        ```
+    """
+
+    def __init__(self, weights: FrameWeights) -> None:
+        self.weights = weights
+
+    def frames(self, ref: EpisodeRef, episode: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Each frame's weight, float32 [T], from the decoded episode's `next.success` and `intervention` columns
+        (those it has: see `EpisodeRef.flag_columns`)."""
+        w, length = self.weights, len(next(iter(episode.values())))
+        success = SUCCESS_KEY in episode and bool(episode[SUCCESS_KEY].any())
+        if ref.role == "demo":
+            return torch.full((length,), w.frame_weight("demo", success, True, ref.dataset), dtype=torch.float32)
+        expert = torch.tensor(w.frame_weight("fleet", success, True, ref.dataset), dtype=torch.float32)
+        autonomous = torch.tensor(w.frame_weight("fleet", success, False, ref.dataset), dtype=torch.float32)
+        return torch.where(episode[INTERVENTION_KEY], expert, autonomous)
+
+    def planned(self, ref: EpisodeRef) -> float | None:
+        """The episode's summed weight from its metadata; None where the stats that say are missing."""
+        if ref.success is None or ref.expert_frames is None:
+            return None
+        return self.weights.episode_weight(ref.role, ref.success, ref.expert_frames, ref.length, ref.dataset)
+
+    def sources(self, refs: list[EpisodeRef]) -> list[SourceFrames]:
+        """Per dataset (in the order first seen), what `refs` hold of each kind of frame and how many weigh 0."""
+        out: dict[str, SourceFrames] = {}
+        for ref in refs:
+            s = out.setdefault(ref.dataset, SourceFrames(ref.dataset, ref.role))
+            if ref.success is None or ref.expert_frames is None:
+                s.unknown_episodes += 1
+                continue
+            s.episodes += 1
+            s.frames += ref.length
+            s.expert += ref.expert_frames
+            autonomous = ref.length - ref.expert_frames
+            s.autonomous_success += autonomous if ref.success else 0
+            s.autonomous_failed += 0 if ref.success else autonomous
+            expert_weight = self.weights.frame_weight(ref.role, ref.success, True, ref.dataset)
+            autonomous_weight = self.weights.frame_weight(ref.role, ref.success, False, ref.dataset)
+            s.dropped += ref.expert_frames if expert_weight == 0 else 0
+            s.dropped += autonomous if autonomous_weight == 0 else 0
+        return list(out.values())
