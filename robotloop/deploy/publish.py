@@ -25,7 +25,8 @@ from pathlib import Path
 
 from ..errors import BadInput
 from ..storage import BucketClient, BucketUrl, Entry, NotFound
-from ..train.layout import checkpoint_url, latest_step
+from ..train import layout as train_layout
+from ..train.layout import checkpoint_url
 from .client import DeployClient, DeployError
 from .keys import Signer
 from .manifest import SignedManifest, build_manifest, check_release_name
@@ -46,17 +47,12 @@ def resolve_checkpoint(client: BucketClient, url: BucketUrl) -> BucketUrl:
         PublishError: no checkpoint there.
     """
     parts = url.path.split("/")
-    if parts[-1] == "pretrained_model":
+    if parts[-1] == "pretrained_model":  # whatever folder holds it is the step folder (an uploaded local one too)
         return BucketUrl(url.bucket_id, "/".join(parts[:-1]))
-    if len(parts) >= 2 and parts[-2] == "checkpoints" and parts[-1].isdigit():  # checkpoints/2000 = .../002000
-        return checkpoint_url(BucketUrl(url.bucket_id, "/".join(parts[:-2])), int(parts[-1]))
-    step = latest_step(client, url)
-    if step is None:
-        raise PublishError(
-            f"{url}: neither a checkpoint folder (<run>/checkpoints/<step>) nor a run with a complete "
-            "checkpoint (no checkpoints/last.json)"
-        )
-    return checkpoint_url(url, step)
+    try:  # a step folder (checkpoints/2000 = .../002000) or a run's latest: as the trainer's --init-from reads it
+        return train_layout.resolve_checkpoint(client, url)
+    except NotFound as error:
+        raise PublishError(str(error)) from None
 
 
 def upload_local_checkpoint(client: BucketClient, local: Path, to: BucketUrl) -> BucketUrl:
