@@ -1,7 +1,7 @@
 """The fleet's own experience as training data: what deployed robots do, recorded into fleet datasets.
 
 - `recording`: `FleetRecorder`, which a robot's control loop hands every frame it runs (observation, the action
-  sent, the policy's own action, whether the expert drove) without ever waiting: a writer thread streams them into
+  sent, the policy's own action, whether the expert drove) without ever waiting: a writer process streams them into
   a LeRobot v3 dataset in the bucket (`robotloop.capture.DatasetRecorder`), one commit per kept episode, with the
   episode's facts (robot, release, seed, success, expert frames) in `meta/fleet_episodes.jsonl`. What is kept is
   `RecordChoice` (`off`, `failures`, `all`, and a sampling rate).
