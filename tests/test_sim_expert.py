@@ -66,7 +66,8 @@ def test_redemonstration_replays_the_failed_episodes_scene() -> None:
 
 
 # benchmarks/expert_recovery.py measures these over 20 seeds: 20/20 early and mid freezes recover on both tasks.
-# Here 3 seeds per case keep the file fast; the threshold leaves room for one miss.
+# Here 5 seeds per case keep the file fast; the threshold, 80%, leaves room for one miss (MuJoCo on another CPU
+# may round differently, and contacts amplify it).
 @pytest.mark.parametrize(
     ("task", "at"),
     [("transfer_cube", 100), ("transfer_cube", 200), ("insertion", 100), ("insertion", 260)],
@@ -75,8 +76,8 @@ def test_redemonstration_replays_the_failed_episodes_scene() -> None:
 def test_scripted_expert_recovers_a_stalled_policy(task: str, at: int) -> None:
     """Stalled before the grasp (early) or with the object lifted (mid): the expert re-plans from that state and
     the sim, driven by its actions one per tick, reaches success."""
-    recovered = 0
-    for seed in range(3):
+    recovered, seeds = 0, range(5)
+    for seed in seeds:
         sim = stalled_sim(task, seed, "freeze", at)
         assert sim.reward() < 4  # the policy left the task undone
         expert = ScriptedExpert(task)
@@ -84,7 +85,7 @@ def test_scripted_expert_recovers_a_stalled_policy(task: str, at: int) -> None:
         frames = take_over(sim, expert)
         recovered += sim.reward() == 4
         assert 0 < frames <= len(expert.actions)
-    assert recovered >= 2
+    assert recovered >= 0.8 * len(seeds)
 
 
 def test_replan_starts_where_the_arms_are_and_leaves_the_sim_alone() -> None:
