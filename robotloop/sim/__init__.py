@@ -5,6 +5,7 @@
     >>> obs = sim.reset(seed=0)  # {"pixels": {"top": uint8 [480, 640, 3]}, "agent_pos": float64 [14]}
     >>> obs, reward, terminated, truncated, info = sim.step(obs["agent_pos"])
     >>> demo = record_demo("insertion", seed=0, image_size=(480, 640))  # demo.success, demo.frames, ...
+    >>> actions = replan("insertion", sim)  # the expert, from whatever state `sim` is in (robotloop.sim.expert)
 
 `MUJOCO_GL` defaults to `egl` (headless) when this package is imported before mujoco.
 """
@@ -22,6 +23,15 @@ _LAZY = {
     "AlohaSim": "env",
     "register_envs": "env",
     "Demo": "scripted",
+    "Expert": "expert",
+    "FailingPolicy": "failing",
+    "ScriptedExpert": "expert",
+    "StallTrigger": "expert",
+    "TeleopExpert": "expert",
+    "Unrecoverable": "expert",
+    "UserTrigger": "expert",
+    "redemonstrate": "expert",
+    "replan": "expert",
     "record_demo": "scripted",
     "rollout_mocap": "scripted",
     "TASKS": "tasks",
@@ -38,9 +48,18 @@ __all__ = [
     "AlohaGymEnv",
     "AlohaSim",
     "Demo",
+    "Expert",
+    "FailingPolicy",
+    "ScriptedExpert",
+    "StallTrigger",
     "TaskSpec",
+    "TeleopExpert",
+    "Unrecoverable",
+    "UserTrigger",
     "get_task",
     "record_demo",
+    "redemonstrate",
     "register_envs",
+    "replan",
     "rollout_mocap",
 ]

@@ -169,6 +169,27 @@ class AlohaSim:
         truncated = self.step_count >= self.max_episode_steps
         return self.observation(), float(reward), success, truncated, {"is_success": success}
 
+    # -- the whole physical state, to continue elsewhere ------------------------------------------
+    def physics_state(self) -> np.ndarray:
+        """Everything the next steps depend on (MuJoCo's `mjSTATE_INTEGRATION`: time, joints, velocities,
+        actuator targets, solver warm start): a sim of the same task given it steps on bit for bit alike."""
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        state = np.empty(mujoco.mj_stateSize(self.model, spec))
+        mujoco.mj_getState(self.model, self.data, state, spec)
+        return state
+
+    def set_physics_state(self, state: np.ndarray) -> None:
+        """Continue from `physics_state()` of a sim of the same task (step count and seed are not part of it).
+
+        Raises:
+            BadValue: `state` has the wrong size (another task's).
+        """
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        if np.shape(state) != (mujoco.mj_stateSize(self.model, spec),):
+            raise BadValue(f"a {self.task.name} physics state has {mujoco.mj_stateSize(self.model, spec)} values")
+        mujoco.mj_setState(self.model, self.data, np.asarray(state, dtype=np.float64), spec)
+        mujoco.mj_forward(self.model, self.data)
+
     # -- views -----------------------------------------------------------------------------------
     def reward(self) -> int:
         return self.reward_fn(self.data)

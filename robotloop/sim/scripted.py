@@ -21,6 +21,7 @@ from functools import lru_cache
 import mujoco
 import numpy as np
 
+from robotloop.errors import BadValue
 from robotloop.sim.constants import (
     MOCAP_LEFT_START,
     MOCAP_RIGHT_START,
@@ -187,6 +188,40 @@ class MocapScene:
         d.ctrl[:] = [c, -c, c, -c]
         d.qpos[16 : 16 + self.task.object_dim] = objects
         forward_without_actuation(m, d)
+
+    def sync(self, sim: AlohaSim) -> None:
+        """Put this scene in `sim`'s physical state (arm joints, fingers, objects, velocities, finger commands),
+        each mocap body where its weld already holds the gripper as it is: the first step moves nothing.
+
+        Raises:
+            BadValue: `sim` runs another task.
+        """
+        if sim.task.name != self.task.name:
+            raise BadValue(f"a {self.task.name} expert cannot take over a {sim.task.name} sim")
+        m, d = self.model, self.data
+        mujoco.mj_resetData(m, d)
+        d.qpos[:], d.qvel[:] = sim.data.qpos, sim.data.qvel
+        d.ctrl[:] = sim.data.ctrl[[6, 7, 14, 15]]  # the joint scene's finger targets: left pair, right pair
+        mujoco.mj_kinematics(m, d)
+        for k in range(2):
+            d.mocap_pos[k], d.mocap_quat[k] = self.weld_source(k)
+        forward_without_actuation(m, d)
+
+    def weld_source(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The mocap pose (xyz, quat) whose weld `k` (0 left, 1 right) is satisfied by the gripper's current
+        pose. The weld holds gripper = mocap * relpose (MuJoCo's `relpose`, here fixed by the model's qpos0)."""
+        m, d = self.model, self.data
+        gripper = m.eq_obj2id[k]
+        rel_pos, rel_quat = m.eq_data[k, 3:6], m.eq_data[k, 6:10]
+        inverse, quat, offset = np.zeros(4), np.zeros(4), np.zeros(3)
+        mujoco.mju_negQuat(inverse, rel_quat)
+        mujoco.mju_mulQuat(quat, d.xquat[gripper], inverse)
+        mujoco.mju_rotVecQuat(offset, rel_pos, quat)
+        return d.xpos[gripper] - offset, quat
+
+    def mocap_pose(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Mocap body `k`'s commanded pose (0 left, 1 right), the frame the waypoints are written in."""
+        return self.data.mocap_pos[k].copy(), self.data.mocap_quat[k].copy()
 
     def step(self, action: np.ndarray) -> None:
         d = self.data
