@@ -7,8 +7,9 @@ SIGKILL on its first line. Written here rather than taken from a library: it is 
 libraries that wrap it (python-prctl) build a C extension for it.
 
 `start_worker` is a worker's first call: it dies with its parent, and it reports as the command that started it
-does (`robotloop.output.log_to_console`): a spawned worker of `python -m robotloop.cli` imports only what its job
-needs, never the CLI's set-up, so lerobot's first logging call would give it Python's `WARNING:name:` format.
+does (`robotloop.output.log_to_console`). A worker spawned under `python -m <the CLI package>` imports only what
+its job needs, never the CLI's set-up, so lerobot's first logging call would give it Python's `WARNING:name:`
+format.
 
 Example:
     ```python

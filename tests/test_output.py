@@ -2,6 +2,7 @@
 logging format; piped output that never wraps or cuts; tracebacks only with --debug. Each check runs in a fresh
 interpreter, as a command does (logging's set-up is process-wide)."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -102,7 +103,11 @@ def test_a_usage_error_is_one_line_naming_the_help_and_exits_2():
 
 
 def test_piped_help_never_cuts_an_option_name():
-    run = _robotloop("train", "--help")
+    # As from a shell, where COLUMNS is not exported (pytest's own process has one in its real environment).
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    run = subprocess.run(
+        [sys.executable, "-m", "robotloop.cli", "train", "--help"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert run.returncode == 0 and "…" not in run.stdout
     assert "--policy-image-size" in run.stdout and "--policy.chunk_size" in run.stdout
 

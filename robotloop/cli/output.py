@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, redirect_stdout
@@ -69,10 +70,15 @@ class ReportErrors(TyperGroup):
             raise typer.Exit(2) from None
 
     def main(self, *args, **kwargs):
-        # Piped help (`robotloop train --help | less`) at rich's 80 columns would cut option names and URLs.
-        if not sys.stdout.isatty():
-            typer.rich_utils.MAX_WIDTH = 160
-        return super().main(*args, **kwargs)
+        # Piped help (`robotloop train --help | less`) at rich's 80 columns would cut option names and URLs; a
+        # width someone gave (COLUMNS, a test runner's terminal_width) is kept.
+        if sys.stdout.isatty() or "terminal_width" in kwargs or os.environ.get("COLUMNS"):
+            return super().main(*args, **kwargs)
+        before, typer.rich_utils.MAX_WIDTH = typer.rich_utils.MAX_WIDTH, 160
+        try:
+            return super().main(*args, **kwargs)
+        finally:
+            typer.rich_utils.MAX_WIDTH = before
 
 
 def show(result: Any, as_json: bool, text: Callable[[Any], str]) -> None:
