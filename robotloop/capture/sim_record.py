@@ -7,10 +7,11 @@ soon as it arrives. Failed demos are never kept (nor encoded): they are dropped,
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,10 +106,12 @@ def record_sim(
     keep_failed: bool = False,
     on_event: Callable[[str, int, CommitReport | None], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    seeds: Sequence[int] | None = None,
 ) -> RecordReport:
     """Record `episodes` successful scripted demos of `task` into `recorder`'s dataset.
 
-    Seeds run from `seed_start` upwards. A failed demo is reported in `failed_seeds` and dropped, or with
+    Seeds run from `seed_start` upwards; `seeds` instead gives the scenes to demonstrate, each tried once (the
+    re-demonstrations of a fleet's failed episodes). A failed demo is reported in `failed_seeds` and dropped, or with
     `keep_failed` committed marked as failed (`next.success` never true) and counted as an episode; the
     next seed is tried, up to `max_attempts` seeds (default 2 x episodes).
     `on_event(kind, seed, report)` is called with kind "committed" or "failed" (for progress bars).
@@ -119,9 +122,10 @@ def record_sim(
         BadValue: unknown task.
     """
     check_task(task)
-    max_attempts = max_attempts or 2 * episodes
+    max_attempts = len(seeds) if seeds is not None else max_attempts or 2 * episodes
     report, start = RecordReport(task), time.perf_counter()
-    next_seed = seed_start
+    candidates = iter(seeds) if seeds is not None else itertools.count(seed_start)
+    next_seed, tried = seed_start, 0
     target = _Target(recorder.spec, recorder.url.bucket_id, recorder.staging)
     # spawn, not fork: MuJoCo's EGL context must be created in the worker, never inherited.
     with ProcessPoolExecutor(
@@ -130,11 +134,12 @@ def record_sim(
         pending: set[Future] = set()
 
         def submit() -> None:
-            nonlocal next_seed
-            pending.add(pool.submit(_demo, task, next_seed, image_size, max_steps, target, keep_failed))
-            next_seed += 1
+            nonlocal next_seed, tried
+            seed = next(candidates)
+            pending.add(pool.submit(_demo, task, seed, image_size, max_steps, target, keep_failed))
+            next_seed, tried = max(next_seed, seed + 1), tried + 1
 
-        while len(pending) < workers and next_seed - seed_start < max_attempts:
+        while len(pending) < workers and tried < max_attempts:
             submit()
         while pending and len(report.committed) < episodes:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -152,7 +157,7 @@ def record_sim(
                     _notify(on_event, "committed", seed, report.committed[-1])
                 if should_stop():
                     pending = {f for f in pending if not f.cancel()}  # queued demos go; running ones finish
-                elif len(report.committed) + len(pending) < episodes and next_seed - seed_start < max_attempts:
+                elif len(report.committed) + len(pending) < episodes and tried < max_attempts:
                     submit()
         for future in pending:
             future.cancel()

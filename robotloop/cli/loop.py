@@ -5,26 +5,29 @@ from __future__ import annotations
 import typer
 
 from ..errors import BadInput
-from ..loop.options import LoopOptions
 from ..options import typer_command
+from ..rounds.options import RoundsOptions
 from ..storage import connect
 from .output import cli_console, quiet_encoders
 
 console = cli_console()
 
 
-@typer_command(LoopOptions)
-def loop(ctx: typer.Context, options: LoopOptions) -> None:
+@typer_command(RoundsOptions)
+def loop(ctx: typer.Context, options: RoundsOptions) -> None:
     """Record demos, train ACT streaming from the bucket, publish a signed release, let a sim robot pull and run
-    it, evaluate it, and write a report. With nothing configured, all of it goes through the embedded bucket
-    server on localhost."""
+    it, evaluate it, and write a report. With --rounds K, K rounds through a sim fleet follow: each records what
+    the robots do, the expert takes over their stalls and re-demonstrates their failures, and the next release is
+    promoted only if it beats stable. With nothing configured, all of it goes through the embedded bucket server
+    on localhost."""
     from ..loop.pipeline import run_loop
     from ..loop.report import upload_report, write_report
 
     quiet_encoders()
     try:
         settings = options.settings()
-    except BadInput as error:  # an unknown task, a missing GPU, a bad recipe
+        rounds = options.round_settings() if options.rounds else None
+    except BadInput as error:  # an unknown task, a missing GPU, a bad recipe, rounds with --live
         raise typer.BadParameter(str(error)) from None
     step = {"n": 0}
 
@@ -44,7 +47,23 @@ def loop(ctx: typer.Context, options: LoopOptions) -> None:
         console.print(f"   demos {report.episodes}{of} in the bucket{failed}  {report.recording_s:.0f} s")
 
     client = connect(ctx.obj)
-    report = run_loop(settings, client, on_stage, on_train, on_demo)
-    path = write_report(report)
+    if rounds is None:
+        report = run_loop(settings, client, on_stage, on_train, on_demo)
+        path = write_report(report)
+    else:
+        from ..rounds.report import write_rounds_report
+        from ..rounds.run import run_rounds
+
+        def on_round(r) -> None:
+            fleet = f", {r.fleet_episodes} fleet episodes, {r.takeovers} takeovers" if r.round else ""
+            verdict = "" if not r.round else " (promoted)" if r.promoted else " (stable kept)"
+            console.print(
+                f"   round {r.round}: {r.release} success {100 * r.success_rate:.0f}%{verdict}, "
+                f"{r.expert_frames} expert frames{fleet}, {r.minutes:.1f} min"
+            )
+
+        rounds_report = run_rounds(settings, rounds, client, on_stage, on_train, on_demo, on_round)
+        report = rounds_report.loop
+        path = write_rounds_report(rounds_report)
     console.print(path.read_text().split("![loss]")[0])
     console.print(f"report: {path} (and {upload_report(client, report)})")

@@ -41,14 +41,13 @@ class SimControlEnv:
     False until `fit(size)` builds the sim, in the thread that renders (MuJoCo's EGL context is that thread's).
     """
 
-    rate_hz = 50.0
-
     def __init__(
         self,
         task: str,
         image_size: tuple[int, int] | None | str = (96, 128),
         episode_steps: int = 400,
         seed: int = 0,
+        rate_hz: float = 50.0,
     ) -> None:
         from ..sim import get_task
 
@@ -56,6 +55,8 @@ class SimControlEnv:
         # of it says (the scripted demos' `task`).
         self.instruction = get_task(task).text
         self.task, self.episode_steps, self.seed = task, episode_steps, seed
+        # ALOHA's 50 Hz; `math.inf`: as fast as the machine runs (a simulated fleet's clock is its own).
+        self.rate_hz = rate_hz
         self.sim = None
         if image_size != FROM_POLICY:
             self.fit(image_size)

@@ -50,7 +50,7 @@ import numpy as np
 
 from ..config import RobotSettings
 from ..errors import BadValue
-from ..fleet import EpisodeFacts, FleetRecorder
+from ..fleet import EpisodeFacts, FleetRecorder, Takeovers
 from .client import DeployClient, describe_event
 from .envs import StepResult
 from .fetch import XetFetcher
@@ -124,6 +124,8 @@ class RuntimeStats:
     max_gap_s: float = 0.0  # longest interval between two actions within an episode
     control_hz: float | None = None  # the rate actually reached over the last window (RateWatch)
     recording: Any = None  # the fleet recorder's RecordingStats, when the robot records its episodes
+    takeovers: Any = None  # the expert's TakeoverStats, when an expert may take over
+    finished: int = 0  # episodes of a release run to their end (mixed ones and takeovers included)
 
 
 @dataclass
@@ -150,7 +152,8 @@ class RateWatch:
             return
         self.last_hz = self._steps / (now - self._t0)
         self._t0, self._steps = now, 0
-        if self.last_hz < 0.9 * self.target_hz and now - self._warned_at > 60.0:
+        slow = math.isfinite(self.target_hz) and self.last_hz < 0.9 * self.target_hz
+        if slow and now - self._warned_at > 60.0:
             self._warned_at = now
             log.warning(
                 "control runs at %.1f Hz, under the %g Hz it should: a tick (policy step and robot I/O) takes "
@@ -190,14 +193,21 @@ class RobotRuntime:
         fetcher_for: Callable[[str], XetFetcher],
         score: Callable[[EpisodeResult], float | None] = default_score,
         recording: FleetRecorder | None = None,
+        takeovers: Takeovers | None = None,
     ) -> None:
         if not options.robot_id:
             raise BadValue("a robot runtime needs RobotSettings.robot_id (the id registered with the deploy service)")
         self.env, self.deploy, self.store, self.options, self.score = env, deploy, store, options, score
         # Every episode run goes to the fleet recorder (which keeps what its RecordChoice says); it never waits.
         self.recording = recording
-        self.stats = RuntimeStats(recording=recording.stats if recording is not None else None)
+        # Who drives each tick: the policy, or the expert after a stall (its episodes count for no release's health).
+        self.takeovers = takeovers
+        self.stats = RuntimeStats(
+            recording=recording.stats if recording is not None else None,
+            takeovers=takeovers.stats if takeovers is not None else None,
+        )
         self._stop = threading.Event()
+        self._episodes_wanted: int | None = None
         self._latest_obs: dict | None = None
         self._first_frame = threading.Event()  # set with the first observation: warm-ups wait for it
         # A sim camera sized by the first policy (`SimControlEnv(image_size=FROM_POLICY)`): the updater asks for a
@@ -232,8 +242,10 @@ class RobotRuntime:
         are kept, so the next start resumes it)."""
         self._stop.set()
 
-    def run(self, duration_s: float | None = None) -> RuntimeStats:
-        """Run until `stop()` (or `duration_s`); starts and joins the updater and reporter threads."""
+    def run(self, duration_s: float | None = None, episodes: int | None = None) -> RuntimeStats:
+        """Run until `stop()` (or `duration_s`, or `episodes` finished episodes of a release: a sim robot's
+        share of a fleet round); starts and joins the updater and reporter threads."""
+        self._episodes_wanted = episodes
         threads = [
             threading.Thread(target=self._updater.run, name="robotloop-updater", daemon=True),
             threading.Thread(target=self._reporter.run, name="robotloop-reporter", daemon=True),
@@ -251,7 +263,8 @@ class RobotRuntime:
 
     # -- control thread --------------------------------------------------------------------------------------
     def _control(self, deadline: float | None) -> None:
-        period = 1.0 / self.env.rate_hz
+        period = 1.0 / self.env.rate_hz  # 0 for a sim run as fast as it goes (rate_hz inf)
+        idle = max(period, 0.02)  # holding still (nothing to run yet) never spins
         rate = RateWatch(self.env.rate_hz)
         obs, episode = self._new_episode() if _sized(self.env) else (None, None)
         tick, last_action = time.monotonic(), None
@@ -259,19 +272,23 @@ class RobotRuntime:
             if obs is None:  # a camera waiting for the first policy's size: nothing renders until it is asked for
                 obs, episode = self._fit_camera()
                 if obs is None:
-                    tick = _sleep_until(tick + period)
+                    tick = _sleep_until(tick + idle)
                     continue
             swapped = self._maybe_swap(last_action)
-            if swapped:
+            if swapped and episode.release is None and episode.steps == 0:
+                obs, episode = self._new_episode()  # the first release: its first episode starts with it, whole
+            elif swapped:
                 episode.mixed = True
             active = self.slots.active
             if active is None:  # nothing to run yet: hold still, keep the camera fresh for warm-ups
                 rate.restart()  # else the first window would count the wait, and warn of a rate never run at
-                tick = _sleep_until(tick + period)
+                tick = _sleep_until(tick + idle)
                 continue
-            seen = obs
+            seen, expert = obs, False
             try:
-                action = active.runner.act(obs)
+                policy_action = action = active.runner.act(obs)
+                if self.takeovers is not None:
+                    action, expert = self.takeovers.choose(policy_action, obs)
                 obs, result = self.env.step(action)  # ValueError: an action the robot cannot take (shape, NaN)
             except (RuntimeError, ValueError) as error:  # NonFiniteAction, or a policy that does not fit this robot
                 self._rollback(f"{type(error).__name__}: {error}")
@@ -288,12 +305,16 @@ class RobotRuntime:
             rate.tick()
             self.stats.control_hz = rate.last_hz
             episode.track(action, result)
+            episode.mixed |= expert  # the expert's success is not the release's
             if self.recording is not None:
-                self.recording.frame(seen, action, action, False, result.reward, result.success)
-            if result.done:
+                self.recording.frame(seen, action, policy_action, expert, result.reward, result.success)
+            over = self.takeovers is not None and self.takeovers.after(result.reward)
+            if result.done or over:
                 if self.recording is not None:
                     self.recording.end()
                 self._finish(episode)
+                if self._episodes_wanted is not None and self.stats.finished >= self._episodes_wanted:
+                    break
                 obs, episode = self._new_episode()
                 last_action = None  # an episode reset is not a control gap
                 tick = time.monotonic()
@@ -338,6 +359,8 @@ class RobotRuntime:
         active = self.slots.active
         if active is not None:
             active.runner.reset()
+        if self.takeovers is not None:
+            self.takeovers.begin()
         if self.recording is not None and active is not None:  # what a release does; not the wait for the first
             task = getattr(self.env, "instruction", None) or getattr(self.env, "task", None) or "-"
             seed = getattr(self.env, "seed", None)
@@ -345,6 +368,7 @@ class RobotRuntime:
         return obs, _EpisodeTally(active.release if active else None, mixed=active is None)
 
     def _finish(self, episode: _EpisodeTally) -> None:
+        self.stats.finished += episode.release is not None
         result = episode.result()
         if result is None:
             return

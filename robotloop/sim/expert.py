@@ -645,6 +645,10 @@ class UserTrigger:
     def request(self) -> None:
         self._flag = True
 
+    def reset(self, baseline: float = 0.0) -> None:
+        """A new episode or a hand-back: a request made before it is void."""
+        self._flag = False
+
     def update(self, reward: float | None = None) -> bool:
         fired = self._flag or bool(self.requested and self.requested())
         self._flag = False

@@ -1,0 +1,26 @@
+"""Rounds of the loop through the fleet (`robotloop loop --rounds K --fleet N`): after round 0 (`robotloop.loop`),
+each round a sim fleet runs the stable release and records what it does, the expert takes over its stalls and
+re-demonstrates its failures, and the next release trains on demos and fleet data together; it is promoted only
+when it beats stable on the same evaluation seeds.
+
+- `run`: `run_rounds`, `RoundSettings`, the per-round results and the same-expert-frames baseline;
+- `fleet`: the sim fleet of one round (a process per robot running `robotloop.deploy.RobotRuntime`);
+- `options`: `RoundsOptions`, the CLI's flags on top of the loop's;
+- `report`: the rounds in the loop's report (report.json's `rounds`, a table in report.md).
+"""
+
+# Lazy (PEP 562), as `robotloop.loop`: the CLI reads `robotloop.rounds.options` without loading torch.
+from robotloop.lazy import lazy_names
+
+_LAZY = {
+    "RoundResult": "run",
+    "RoundSettings": "run",
+    "RoundsReport": "run",
+    "run_rounds": "run",
+    "write_rounds_report": "report",
+    "RoundsOptions": "options",
+}
+
+__getattr__ = lazy_names(__name__, _LAZY)
+
+__all__ = ["RoundResult", "RoundSettings", "RoundsOptions", "RoundsReport", "run_rounds", "write_rounds_report"]

@@ -1,0 +1,195 @@
+"""A round's sim fleet: N robots, each its own process, registered on channel stable; each pulls the stable release
+through the deploy service and the bucket (signature and hashes checked, only changed bytes fetched), runs it on
+its own fresh seeds with the scripted expert taking over after a stall, and records every episode into its own
+fleet dataset (`robotloop.fleet`). Nothing passes through the driver but each robot's counts at the end: the
+episodes themselves are read back from the bucket (`fleet_episodes`), as a team's would be.
+
+Each robot is a process, not a thread: policy inference, MuJoCo and rendering would share one interpreter lock.
+
+Example:
+    ```python
+    >>> results = run_fleet([FleetRobot(...), FleetRobot(...)])     # blocks until every robot ran its episodes
+    >>> episodes = fleet_episodes(client, [r.record_to for r in robots], release="run-r0-3000")
+    ```
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import multiprocessing as mp
+import os
+import queue
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..capture.recorder import EPISODE_FACTS_FILE
+from ..storage import BucketClient, BucketUrl, NotFound
+from ..workers import start_worker
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FleetRobot:
+    """What one fleet robot's process needs (plain values: it crosses a spawn)."""
+
+    robot_id: str
+    token: str  # its robot token, from the deploy service's registration
+    deploy_url: str
+    endpoint: str  # the bucket server's (or the Hub's)
+    storage_token: str | None
+    task: str
+    image_size: tuple[int, int]
+    device: str
+    first_seed: int  # its episodes run the scenes first_seed + 1, + 2, ...
+    episodes: int
+    policy_steps: int  # the policy's ticks per episode; a takeover's steps come on top
+    stall_steps: int  # K: no new reward stage for K steps hands the robot to the expert
+    record_to: str  # its fleet dataset
+    vcodec: str
+    store: Path  # its release store (kept across rounds: a new release pulls only what changed)
+    trusted_key: Path
+    rate_hz: float = 50.0  # ALOHA's rate; math.inf runs as fast as the machine does
+
+
+@dataclass
+class FleetRobotResult:
+    robot_id: str
+    finished: int  # episodes run to their end
+    running: str | None  # the release it ran
+    recording: dict[str, Any]  # RecordingStats.as_dict()
+    takeovers: dict[str, Any]  # TakeoverStats.as_dict()
+    control_hz: float | None
+    bytes_pulled: int
+    error: str | None = None  # the robot failed: why
+
+
+def run_fleet(robots: list[FleetRobot], timeout_s: float = 3600.0) -> list[FleetRobotResult]:
+    """Run every robot in its own process until each has finished its episodes; their results, in order.
+
+    A robot that dies or runs past `timeout_s` is reported with its `error`; the others' results stand.
+    """
+    ctx = mp.get_context("spawn")  # MuJoCo's EGL context and CUDA must start fresh in each robot
+    results = ctx.Queue()
+    # Not daemons: each robot starts its recorder's writer process. `start_worker` ends a robot with its driver.
+    processes = [
+        ctx.Process(target=_robot_main, args=(r, results, os.getpid()), name=f"fleet-{r.robot_id}") for r in robots
+    ]
+    for process in processes:
+        process.start()
+    found: dict[str, FleetRobotResult] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(found) < len(robots) and time.monotonic() < deadline:
+        try:
+            result = results.get(timeout=1.0)
+            found[result.robot_id] = result
+        except queue.Empty:
+            if not any(p.is_alive() for p in processes) and results.empty():
+                break
+    for process in processes:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+    return [
+        found.get(r.robot_id) or FleetRobotResult(r.robot_id, 0, None, {}, {}, None, 0, error="the robot died")
+        for r in robots
+    ]
+
+
+def _robot_main(robot: FleetRobot, results: Any, parent_pid: int) -> None:
+    start_worker(parent_pid)
+    try:
+        results.put(_run_robot(robot))
+    except Exception as error:  # noqa: BLE001 - reported to the driver, which goes on with the other robots
+        log.warning("fleet robot %s failed: %s", robot.robot_id, error)
+        results.put(
+            FleetRobotResult(robot.robot_id, 0, None, {}, {}, None, 0, error=f"{type(error).__name__}: {error}")
+        )
+
+
+def _run_robot(robot: FleetRobot) -> FleetRobotResult:
+    import zlib
+
+    from ..config import RobotSettings
+    from ..deploy.client import DeployClient
+    from ..deploy.envs import SimControlEnv
+    from ..deploy.fetch import XetFetcher
+    from ..deploy.keys import load_public_keys
+    from ..deploy.runtime import RobotRuntime
+    from ..deploy.store import ReleaseStore
+    from ..fleet import FleetRecorder, RecordChoice, Takeovers
+    from ..sim.expert import MAX_REPLAN_STEPS, ScriptedExpert, StallTrigger
+
+    env = SimControlEnv(
+        robot.task,
+        robot.image_size,
+        episode_steps=robot.policy_steps + MAX_REPLAN_STEPS,
+        seed=robot.first_seed,
+        rate_hz=robot.rate_hz,
+    )
+    client = BucketClient(robot.endpoint, robot.storage_token)
+    fps = 50 if math.isinf(robot.rate_hz) else round(robot.rate_hz)  # a dataset's fps is the robot's real rate
+    recording = FleetRecorder(
+        client,
+        BucketUrl.parse(robot.record_to),
+        RecordChoice("all"),
+        fps=fps,
+        vcodec=robot.vcodec,
+        queue_frames=robot.policy_steps + MAX_REPLAN_STEPS + 100,  # a whole episode: a slow encode never drops one
+        seed=zlib.crc32(robot.robot_id.encode()),
+    )
+    takeovers = Takeovers(
+        ScriptedExpert(robot.task),
+        StallTrigger(robot.stall_steps),
+        sim=lambda: env.sim,
+        policy_steps=robot.policy_steps,
+    )
+    runtime = RobotRuntime(
+        env,
+        DeployClient(robot.deploy_url, robot.token),
+        ReleaseStore(robot.store),
+        load_public_keys([robot.trusted_key]),
+        RobotSettings(robot_id=robot.robot_id, device=robot.device, poll_wait_s=5, heartbeat_s=1.0),
+        lambda bucket: XetFetcher(robot.endpoint, robot.storage_token, bucket),
+        recording=recording,
+        takeovers=takeovers,
+    )
+    try:
+        stats = runtime.run(episodes=robot.episodes)
+    finally:
+        recording.close()  # the last episode's commit is waited for: the driver reads the bucket next
+        env.close()
+    return FleetRobotResult(
+        robot.robot_id,
+        stats.finished,
+        runtime.running,
+        recording.stats.as_dict(),
+        takeovers.stats.as_dict(),
+        stats.control_hz,
+        sum(p.bytes_fetched for p in stats.pulls),
+    )
+
+
+def fleet_episodes(client: BucketClient, datasets: list[str], release: str | None = None) -> list[dict[str, Any]]:
+    """The episode facts (`meta/fleet_episodes.jsonl`) of `datasets`, each with its `dataset`; only `release`'s
+    when given. A dataset not written yet (its robot recorded nothing) has none."""
+    found: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, url in enumerate(datasets):
+            try:
+                path = client.download(BucketUrl.parse(f"{url}/{EPISODE_FACTS_FILE}"), Path(tmp) / f"{i}.jsonl")
+            except NotFound:
+                continue
+            for line in path.read_text().splitlines():
+                facts = json.loads(line)
+                if release is None or facts.get("release") == release:
+                    found.append({**facts, "dataset": url})
+    return found
+
+
+__all__ = ["FleetRobot", "FleetRobotResult", "fleet_episodes", "run_fleet"]

@@ -1,0 +1,67 @@
+"""`robotloop loop`'s options for rounds through the fleet, on top of the loop's own (`LoopOptions`).
+
+Example:
+    ```python
+    >>> options = RoundsOptions(preset="cpu", rounds=2, fleet=2)
+    >>> options.round_settings().fleet_episodes     # the cpu preset's
+    2
+    ```
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ..loop.options import LoopOptions
+
+
+class RoundsOptions(LoopOptions):
+    """The loop's options, then how many rounds through the fleet follow it (0: the loop alone)."""
+
+    rounds: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="Rounds after the first: a sim fleet runs stable, its failures and the expert's takeovers "
+        "train the next release, promoted only if it beats stable.",
+    )
+    fleet: int | None = Field(default=None, ge=1, le=64, description="Sim robots per round (cpu 2, h200 10).")
+    fleet_episodes: int | None = Field(
+        default=None, ge=1, le=10_000, description="Episodes per robot per round (cpu 2, h200 6)."
+    )
+    round_steps: int | None = Field(
+        default=None, ge=1, le=100_000_000, description="Fine-tuning steps per round (default: --steps)."
+    )
+    stall_steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Steps without a new reward stage before the expert takes over (TransferCube 180, Insertion 230).",
+    )
+    redemonstrate: bool = Field(default=True, description="The expert re-demonstrates each failed fleet scene.")
+    baseline: bool = Field(
+        default=False,
+        description="Also train the fair baseline each round: the same expert frames as demos of random scenes.",
+    )
+
+    def round_settings(self):
+        """The rounds' `RoundSettings`: the preset's, then every option given.
+
+        Raises:
+            BadValue: rounds given with --live.
+        """
+        from ..errors import BadValue
+        from .run import RoundSettings
+
+        if self.rounds and self.live:
+            raise BadValue("--rounds and --live are two ways of running rounds: choose one")
+        given = {
+            "rounds": self.rounds or 1,
+            "fleet": self.fleet,
+            "fleet_episodes": self.fleet_episodes,
+            "steps": self.round_steps,
+            "stall_steps": self.stall_steps,
+            "redemonstrate": self.redemonstrate,
+            "baseline": self.baseline,
+        }
+        return RoundSettings.for_preset(self.preset, **{k: v for k, v in given.items() if v is not None})

@@ -1,0 +1,75 @@
+"""The rounds' report: round 0's loop report (`robotloop.loop.report`), with a `rounds` list in report.json and a
+table of rounds in report.md, where the dashboard's run view finds them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..loop.report import write_report
+from .run import RoundResult, RoundsReport
+
+
+def write_rounds_report(report: RoundsReport, directory: Path | None = None) -> Path:
+    """Round 0's report, then the rounds added to its report.json and report.md. Returns the Markdown file."""
+    path = write_report(report.loop, directory)
+    summary = json.loads((path.parent / "report.json").read_text())
+    summary["rounds"] = [round_row(r) for r in report.rounds]
+    summary["stable"] = report.stable
+    summary["rounds_settings"] = {k: v for k, v in vars(report.settings).items() if k != "weights"}
+    summary["rounds_settings"]["weights"] = vars(report.settings.weights)
+    (path.parent / "report.json").write_text(json.dumps(summary, indent=1, default=str))
+    head, _, plots = path.read_text().partition("![loss]")
+    path.write_text(head + "\n".join(rounds_markdown(report)) + "\n\n![loss]" + plots)
+    return path
+
+
+def round_row(r: RoundResult) -> dict[str, Any]:
+    """One round as plain JSON types (the dashboard's `rounds` rows)."""
+    row = r.as_dict()
+    row["ci95"] = list(r.ci95)
+    row["minutes"] = round(r.minutes, 2)
+    row["stage_s"] = {k: round(v, 1) for k, v in r.stage_s.items()}
+    if r.baseline is not None:
+        row["baseline"]["ci95"] = list(r.baseline.ci95)
+    return row
+
+
+def rounds_markdown(report: RoundsReport) -> list[str]:
+    lines = [
+        "## Rounds through the fleet",
+        "",
+        "| round | release | success (95% CI) | expert frames | fleet episodes (failed) | takeovers | minutes | "
+        "gain per 1,000 expert frames | baseline: same frames as demos |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report.rounds:
+        gain = "-" if r.gain_per_1000_expert_frames is None else f"{100 * r.gain_per_1000_expert_frames:+.2f} pts"
+        base = "-"
+        if r.baseline is not None:
+            b = r.baseline
+            base = f"{_pct(b.success_rate, b.ci95)} ({b.demos} demos)"
+        kept = "promoted" if r.promoted else "kept stable"
+        fleet = f"{r.fleet_episodes} ({r.fleet_failures})" if r.round else "-"
+        lines.append(
+            f"| {r.round} | `{r.release}` ({kept if r.round else 'stable'}) | {_pct(r.success_rate, r.ci95)} | "
+            f"{r.expert_frames} | {fleet} | {r.takeovers if r.round else '-'} | {r.minutes:.1f} | {gain} | {base} |"
+        )
+    lines.append("")
+    lines.append(f"Stable runs `{report.stable}`.{_versus_baseline(report)}")
+    return lines
+
+
+def _versus_baseline(report: RoundsReport) -> str:
+    baselines = [r.baseline.success_rate for r in report.rounds if r.baseline is not None]
+    if not baselines:
+        return ""
+    fleet, base = max(r.success_rate for r in report.rounds[1:]), max(baselines)  # each side's best round
+    if fleet > base:
+        return f" The fleet rounds beat the same-expert-frames baseline: {fleet:.0%} against {base:.0%}."
+    return f" The fleet rounds did **not** beat the same-expert-frames baseline: {fleet:.0%} against {base:.0%}."
+
+
+def _pct(rate: float, ci95: tuple[float, float]) -> str:
+    return f"{100 * rate:.0f}% ({100 * ci95[0]:.0f}-{100 * ci95[1]:.0f}%)"

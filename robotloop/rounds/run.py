@@ -1,0 +1,411 @@
+"""Rounds of the loop through the fleet: round 0 is `run_loop` (demos, train, publish to stable, evaluate); each
+further round runs a sim fleet on the stable release over fresh seeds, with the expert taking over stalls, re-
+demonstrates the scenes it failed, fine-tunes from the stable release's checkpoint on demos and fleet data
+together, publishes to canary, evaluates on the seeds stable was evaluated on, and promotes only what beats it.
+
+Each round's expert frames (takeovers plus re-demonstrations) are what the round cost a human on hardware. The fair
+baseline (`RoundSettings.baseline`) spends the same frames on more scripted demos of fresh random scenes, trained
+the same way from the same checkpoint, evaluated on the same seeds: what the fleet's data is worth beyond "more
+demos".
+
+Seeds: round 0's demos are 0 upwards (`LoopSettings.seed` * 1000), evaluations 1000 upwards (lerobot-eval's
+default start), fleet robots from `FLEET_SEEDS`, the baseline's demos from `BASELINE_SEEDS`: no scene is both
+trained on and evaluated.
+
+Example:
+    ```python
+    >>> report = run_rounds(LoopSettings.preset("cpu"), RoundSettings(rounds=2, fleet=2), connect())
+    >>> [(r.round, r.success_rate, r.expert_frames) for r in report.rounds]
+    ```
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..capture import DatasetRecorder, DatasetSpec
+from ..capture.sim_record import record_sim
+from ..deploy.client import DeployClient
+from ..deploy.evaluate import EvalReport, evaluate
+from ..deploy.keys import load_private_key, public_path
+from ..deploy.local import start_local_deploy_service
+from ..deploy.publish import publish
+from ..deploy.resolve import resolve_policy
+from ..errors import BadValue
+from ..loop.pipeline import LoopReport, LoopSettings, Stage, run_loop
+from ..sim.tasks import get_task
+from ..storage import BucketClient, BucketUrl, NotFound
+from ..train.data import DataSettings
+from ..train.layout import checkpoint_url
+from ..train.trainer import Progress, TrainReport, TrainSettings, train
+from ..train.weights import FrameWeights
+from .fleet import FleetRobot, FleetRobotResult, fleet_episodes, run_fleet
+
+FLEET_SEEDS = 100_000  # + 10,000 per round + 1,000 per robot: fresh scenes, never the evaluation's (1000+)
+BASELINE_SEEDS = 500_000
+# K per task: the scripted demos themselves go up to 162 (TransferCube) and 212 (Insertion) steps between new reward
+# stages (robotloop.sim.expert.StallTrigger), so a smaller K would take over from a policy doing what they do.
+STALL_STEPS = {"transfer_cube": 180, "insertion": 230}
+
+
+@dataclass
+class RoundSettings:
+    """The rounds after round 0 (see the module docstring). Defaults fit the cpu preset; `for_preset` the h200's."""
+
+    rounds: int = 1
+    fleet: int = 2  # sim robots, one process each
+    fleet_episodes: int = 2  # episodes per robot per round
+    steps: int | None = None  # fine-tuning steps per round (None: the loop's `steps`)
+    stall_steps: int | None = None  # K (None: STALL_STEPS of the task)
+    redemonstrate: bool = True  # the scripted expert re-demonstrates each failed episode's scene
+    baseline: bool = False  # also train the same-expert-frames baseline each round
+    fleet_rate_hz: float = 50.0  # the sim robots' control rate; math.inf: as fast as the machine runs
+    weights: FrameWeights = field(default_factory=FrameWeights)  # demo 1, expert 2, success 1, failed 0
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1 or self.fleet < 1 or self.fleet_episodes < 1:
+            raise BadValue("rounds, fleet and fleet episodes must each be at least 1")
+        if self.stall_steps is not None and self.stall_steps < 1:
+            raise BadValue(f"the stall trigger's K must be at least 1 step, not {self.stall_steps}")
+
+    @classmethod
+    def for_preset(cls, preset: str, **overrides: Any) -> RoundSettings:
+        """`cpu` (2 robots, 2 episodes each) or `h200` (10 robots, 6 episodes each, on 16 cores beside one GPU).
+
+        Raises:
+            BadValue: unknown preset.
+        """
+        presets: dict[str, dict[str, Any]] = {"cpu": {}, "h200": dict(fleet=10, fleet_episodes=6)}
+        if preset not in presets:
+            raise BadValue(f"unknown rounds preset '{preset}'; choose one of {', '.join(sorted(presets))}")
+        return cls(**{**presets[preset], **overrides})
+
+
+@dataclass
+class Baseline:
+    """The same expert frames as scripted demos of fresh scenes, trained the same way, on the same seeds."""
+
+    demos: int
+    expert_frames: int
+    success_rate: float
+    ci95: tuple[float, float]
+
+
+@dataclass
+class RoundResult:
+    """One round. Round 0's expert frames are its demos'."""
+
+    round: int
+    release: str
+    promoted: bool
+    success_rate: float
+    ci95: tuple[float, float]
+    eval_episodes: int
+    expert_frames: int = 0
+    takeover_frames: int = 0
+    redemo_frames: int = 0
+    fleet_episodes: int = 0
+    fleet_failures: int = 0  # fleet episodes that ended without success, takeovers and all
+    autonomous_successes: int = 0  # fleet episodes the policy finished alone
+    takeovers: int = 0
+    declined: int = 0  # stalls the expert found no way back from
+    dropped: int = 0  # fleet episodes lost by the robots' recorders
+    minutes: float = 0.0
+    gain_per_1000_expert_frames: float | None = None  # success gained over stable per 1,000 expert frames
+    robots: list[dict[str, Any]] = field(default_factory=list)
+    stage_s: dict[str, float] = field(default_factory=dict)
+    baseline: Baseline | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RoundsReport:
+    loop: LoopReport  # round 0
+    settings: RoundSettings
+    rounds: list[RoundResult] = field(default_factory=list)
+    stable: str | None = None  # the release stable runs at the end
+
+    @property
+    def wall_s(self) -> float:
+        return self.loop.wall_s + sum(60 * r.minutes for r in self.rounds[1:])
+
+
+Round = Callable[[RoundResult], None]  # each round's result as it is known
+
+
+def run_rounds(
+    loop: LoopSettings,
+    settings: RoundSettings,
+    client: BucketClient,
+    on_stage: Stage = lambda stage, msg: None,
+    on_train: Callable[[Progress], None] | None = None,
+    on_demo: Callable[[str, LoopReport], None] | None = None,
+    on_round: Round | None = None,
+) -> RoundsReport:
+    """Round 0 (`run_loop`), then `settings.rounds` rounds through the fleet (module docstring).
+
+    Raises:
+        BadValue: `loop.live` (live mode is its own kind of rounds).
+        robotloop.storage.StorageError: the bucket cannot be reached or written.
+        RuntimeError: the deploy service did not come up, or every fleet robot failed.
+    """
+    if loop.live:
+        raise BadValue("rounds through the fleet and --live are two ways of running rounds: choose one")
+    start = time.monotonic()
+    first = run_loop(loop, client, on_stage, on_train, on_demo)
+    report = RoundsReport(first, settings, stable=first.release)
+    zero = _round_zero(first, time.monotonic() - start)
+    report.rounds.append(zero)
+    if on_round is not None:
+        on_round(zero)
+    key = loop.report_dir / "keys" / "deploy.key"
+    service = start_local_deploy_service(loop.report_dir / "deploy", trusted_keys=(public_path(key),))
+    try:
+        run = _Rounds(loop, settings, client, DeployClient(service.url, service.token), key, report, on_stage, on_train)
+        for k in range(1, settings.rounds + 1):
+            result = run.round(k)
+            report.rounds.append(result)
+            if on_round is not None:
+                on_round(result)
+    finally:
+        service.stop()
+    return report
+
+
+def _round_zero(first: LoopReport, seconds: float) -> RoundResult:
+    e = first.eval
+    frames = first.episodes * get_task(first.settings.task).episode_length
+    return RoundResult(
+        0,
+        first.release or "",
+        True,
+        e.success_rate,
+        e.success_ci95,
+        len(e.episodes),
+        expert_frames=frames,
+        redemo_frames=0,
+        minutes=seconds / 60,
+        stage_s=dict(first.stage_s),
+    )
+
+
+class _Rounds:
+    """The state rounds share: the stable release, its checkpoint and score, the datasets so far."""
+
+    def __init__(self, loop, settings, client, deploy, key: Path, report: RoundsReport, on_stage, on_train) -> None:
+        self.loop, self.settings, self.client, self.deploy, self.key = loop, settings, client, deploy, key
+        self.report, self.on_stage, self.on_train = report, on_stage, on_train
+        first = report.loop
+        self.stable = first.release
+        self.stable_checkpoint = str(checkpoint_url(loop.run_url, first.train.steps))
+        self.stable_success = first.eval.success_rate
+        self.baseline_checkpoint = self.stable_checkpoint
+        self.fleet_datasets = [
+            f"{loop.bucket}/datasets/{loop.task}-{loop.run}-fleet-{i + 1}" for i in range(settings.fleet)
+        ]
+        self.redemos = BucketUrl.parse(f"{loop.bucket}/datasets/{loop.task}-{loop.run}-redemos")
+        self.baseline_demos = BucketUrl.parse(f"{loop.bucket}/datasets/{loop.task}-{loop.run}-baseline")
+        self.next_baseline_seed = BASELINE_SEEDS + 1000 * loop.seed
+
+    def round(self, k: int) -> RoundResult:
+        s, loop, t0 = self.settings, self.loop, time.monotonic()
+        stages: dict[str, float] = {}
+        with self._timed(
+            stages, "fleet", f"round {k}: {s.fleet} sim robots x {s.fleet_episodes} episodes on {self.stable}"
+        ):
+            robots = run_fleet(self._robots(k))
+        failed = [r for r in robots if r.error]
+        if len(failed) == len(robots):
+            raise RuntimeError(f"every fleet robot failed in round {k}: {failed[0].error}")
+        episodes = fleet_episodes(self.client, self.fleet_datasets, release=self.stable)
+        misses = [e for e in episodes if not e["success"]]
+        redemo_frames = 0
+        if s.redemonstrate and misses:
+            with self._timed(stages, "redemo", f"the expert re-demonstrates {len(misses)} failed scenes"):
+                redemo_frames = self._redemonstrate([e["seed"] for e in misses])
+        takeover_frames = sum(e["expert_frames"] for e in episodes)
+        datasets = [loop.dataset_url, *self._written_datasets(redemo_frames)]
+        name = f"{loop.run}-r{k}"
+        run_url = BucketUrl.parse(f"{loop.bucket}/models/{name}")
+        steps = s.steps or loop.steps
+        with self._timed(stages, "train", f"round {k}: {steps} steps from {self.stable} on {len(datasets)} datasets"):
+            trained = self._train(datasets, run_url, steps, self.stable_checkpoint)
+        release = f"{name}-{trained.steps}"
+        with self._timed(stages, "publish", f"{release} to canary"):
+            publish(self.client, str(run_url), release, load_private_key(self.key), self.deploy, channel="canary")
+        with self._timed(stages, "evaluate", f"{release} on the {loop.eval_episodes} seeds stable was evaluated on"):
+            result = self._evaluate(run_url, trained.steps, f"eval-r{k}")
+        expert_frames = takeover_frames + redemo_frames
+        gained = result.success_rate - self.stable_success
+        promoted = gained > 0
+        if promoted:
+            reason = f"round {k}: success {result.success_rate:.0%} beats {self.stable_success:.0%}"
+            self.deploy.promote("stable", release, reason=reason)
+            self.stable, self.stable_success = release, result.success_rate
+            self.stable_checkpoint = str(checkpoint_url(run_url, trained.steps))
+            self.report.stable = release
+        baseline = None
+        if s.baseline:
+            baseline = self._baseline(k, expert_frames, steps, stages)
+        return RoundResult(
+            k,
+            release,
+            promoted,
+            result.success_rate,
+            result.success_ci95,
+            len(result.episodes),
+            expert_frames=expert_frames,
+            takeover_frames=takeover_frames,
+            redemo_frames=redemo_frames,
+            fleet_episodes=len(episodes),
+            fleet_failures=len(misses),
+            autonomous_successes=sum(e["success"] and e["kind"] == "autonomous" for e in episodes),
+            takeovers=sum(r.takeovers.get("takeovers", 0) for r in robots),
+            declined=sum(r.takeovers.get("declined", 0) for r in robots),
+            dropped=sum(r.recording.get("dropped", 0) for r in robots),
+            minutes=(time.monotonic() - t0) / 60,
+            gain_per_1000_expert_frames=1000 * gained / expert_frames if expert_frames else None,
+            robots=[_robot_row(r) for r in robots],
+            stage_s=stages,
+            baseline=baseline,
+        )
+
+    # -- stages ------------------------------------------------------------------------------------------------
+    @contextmanager
+    def _timed(self, stages: dict[str, float], stage: str, what: str) -> Iterator[None]:
+        """Announce `stage`, run the block, add its seconds to this round's `stages`."""
+        self.on_stage(stage, what)
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            stages[stage] = stages.get(stage, 0.0) + time.monotonic() - t0
+
+    def _robots(self, k: int) -> list[FleetRobot]:
+        s, loop = self.settings, self.loop
+        robots = []
+        for i, record_to in enumerate(self.fleet_datasets):
+            robot_id = f"fleet-{i + 1}"
+            token = self.deploy.register_robot(robot_id, channel="stable", rotate=True)
+            robots.append(
+                FleetRobot(
+                    robot_id=robot_id,
+                    token=token,
+                    deploy_url=self.deploy.url,
+                    endpoint=self.client.endpoint,
+                    storage_token=self.client.token,
+                    task=loop.task,
+                    image_size=loop.image_size,
+                    device=loop.device,
+                    first_seed=FLEET_SEEDS + 10_000 * k + 1000 * i + 100_000 * loop.seed,
+                    episodes=s.fleet_episodes,
+                    policy_steps=loop.eval_max_steps or get_task(loop.task).episode_length,
+                    stall_steps=s.stall_steps or STALL_STEPS[loop.task],
+                    record_to=record_to,
+                    vcodec="h264",  # fast enough to keep up with a 50 Hz robot on one core (issue 29's rate figure)
+                    store=loop.report_dir / "fleet" / robot_id,
+                    trusted_key=public_path(self.key),
+                    rate_hz=s.fleet_rate_hz,
+                )
+            )
+        return robots
+
+    def _redemonstrate(self, seeds: list[int]) -> int:
+        """The scripted expert on each failed episode's scene, from its initial state; the frames committed."""
+        loop = self.loop
+        spec = DatasetSpec.aloha(loop.image_size, loop.vcodec)
+        recorder = DatasetRecorder(self.client, self.redemos, spec, staging=loop.report_dir / "staging-redemos")
+        rec = record_sim(recorder, loop.task, len(seeds), loop.record_workers, loop.image_size, seeds=seeds)
+        return sum(c.frames for c in rec.committed)
+
+    def _written_datasets(self, redemo_frames: int) -> list[BucketUrl]:
+        """The fleet datasets with episodes in them, and the re-demonstrations once there are any."""
+        written = {e["dataset"] for e in fleet_episodes(self.client, self.fleet_datasets)}
+        urls = [BucketUrl.parse(u) for u in self.fleet_datasets if u in written]
+        if redemo_frames or self._exists(self.redemos):
+            urls.append(self.redemos)
+        return urls
+
+    def _exists(self, url: BucketUrl) -> bool:
+        try:
+            self.client.stat(BucketUrl.parse(f"{url}/meta/info.json"))
+            return True
+        except NotFound:
+            return False
+
+    def _train(self, datasets: list[BucketUrl], run_url: BucketUrl, steps: int, init_from: str) -> TrainReport:
+        loop = self.loop
+        settings = TrainSettings(
+            steps=steps,
+            batch_size=loop.batch_size,
+            log_every=max(1, min(50, steps // 10)),
+            checkpoint_every=steps,
+            seed=loop.seed,
+            device=loop.device,
+            init_from=init_from,
+        )
+        data = DataSettings(decode_workers=loop.decode_workers, weights=self.settings.weights)
+        return train(self.client, datasets, run_url, settings, loop.act(), data, self.on_train)
+
+    def _evaluate(self, run_url: BucketUrl, steps: int, folder: str) -> EvalReport:
+        loop = self.loop
+        model = resolve_policy(
+            str(checkpoint_url(run_url, steps)), lambda: self.client, loop.report_dir / "checkpoints"
+        )
+        return evaluate(
+            model,
+            loop.task,
+            loop.eval_episodes,
+            loop.eval_workers,
+            max_steps=loop.eval_max_steps,
+            image_size=loop.image_size,
+            videos=0,
+            output_dir=loop.report_dir / folder,
+            device=loop.device,
+        )
+
+    def _baseline(self, k: int, expert_frames: int, steps: int, stages: dict[str, float]) -> Baseline:
+        """As many frames of scripted demos of fresh scenes as the round's expert spent, trained the same way."""
+        loop = self.loop
+        length = loop.eval_max_steps or get_task(loop.task).episode_length
+        demos = max(1, math.ceil(expert_frames / length))
+        spec = DatasetSpec.aloha(loop.image_size, loop.vcodec)
+        recorder = DatasetRecorder(self.client, self.baseline_demos, spec, staging=loop.report_dir / "staging-baseline")
+        with self._timed(
+            stages, "baseline", f"round {k}: {demos} more scripted demos ({expert_frames} frames), same training"
+        ):
+            rec = record_sim(
+                recorder, loop.task, demos, loop.record_workers, loop.image_size, seed_start=self.next_baseline_seed
+            )
+            self.next_baseline_seed = rec.next_seed
+            run_url = BucketUrl.parse(f"{loop.bucket}/models/{loop.run}-baseline-r{k}")
+            trained = self._train([loop.dataset_url, self.baseline_demos], run_url, steps, self.baseline_checkpoint)
+            self.baseline_checkpoint = str(checkpoint_url(run_url, trained.steps))
+            result = self._evaluate(run_url, trained.steps, f"eval-baseline-r{k}")
+        frames = sum(c.frames for c in rec.committed)
+        return Baseline(len(rec.committed), frames, result.success_rate, result.success_ci95)
+
+
+def _robot_row(r: FleetRobotResult) -> dict[str, Any]:
+    return {
+        "robot": r.robot_id,
+        "episodes": r.finished,
+        "recorded": r.recording.get("recorded", 0),
+        "dropped": r.recording.get("dropped", 0),
+        "takeovers": r.takeovers.get("takeovers", 0),
+        "expert_frames": r.takeovers.get("expert_frames", 0),
+        "control_hz": r.control_hz,
+        "bytes_pulled": r.bytes_pulled,
+        "error": r.error,
+    }
+
+
+__all__ = ["STALL_STEPS", "Baseline", "RoundResult", "RoundSettings", "RoundsReport", "run_rounds"]
