@@ -375,7 +375,7 @@ class _Rounds:
     def _baseline(self, k: int, expert_frames: int, steps: int, stages: dict[str, float]) -> Baseline:
         """As many frames of scripted demos of fresh scenes as the round's expert spent, trained the same way."""
         loop = self.loop
-        length = loop.eval_max_steps or get_task(loop.task).episode_length
+        length = get_task(loop.task).episode_length  # a scripted demo's: it runs the task's whole episode
         demos = max(1, math.ceil(expert_frames / length))
         spec = DatasetSpec.aloha(loop.image_size, loop.vcodec)
         recorder = DatasetRecorder(self.client, self.baseline_demos, spec, staging=loop.report_dir / "staging-baseline")
