@@ -1,0 +1,129 @@
+"""`robotloop loop --rounds K --fleet N`: round 0, then rounds through a sim fleet whose takeovers and failures
+train the next release, promoted only when it beats stable; the same-expert-frames baseline beside it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from robotloop.errors import BadValue
+from robotloop.fleet import Takeovers
+from robotloop.rounds.fleet import fleet_episodes
+from robotloop.rounds.options import RoundsOptions
+from robotloop.sim.expert import StallTrigger, UserTrigger
+from robotloop.storage import BucketClient
+from tests.conftest import WRITE_TOKEN
+
+
+@pytest.mark.timeout(900)  # the suite's heaviest test: three trainings, two fleets' takeovers, two baselines
+def test_two_rounds_through_a_fleet_record_takeovers_train_on_them_and_report_each_round(bucket_server, tmp_path):
+    bucket = "hf://buckets/lab/rounds"
+    cmd = [sys.executable, "-m", "robotloop.cli", "--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN]
+    cmd += ["loop", "--rounds", "2", "--fleet", "2", "--fleet-episodes", "1", "--stall-steps", "10", "--baseline"]
+    cmd += ["--episodes", "1", "--steps", "4", "--round-steps", "4", "--batch-size", "2", "--eval-episodes", "1"]
+    cmd += ["--eval-max-steps", "30", "--workers", "1", "--bucket", bucket, "--report-dir", "report"]
+    env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    rounds = report["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert rounds[0]["expert_frames"] == 400  # round 0's one scripted demo, the task's whole episode
+    for r in rounds[1:]:
+        # Each robot ran its episode on stable; the policy (4 steps of training) stalls at once: the expert took over.
+        assert r["fleet_episodes"] == 2 and r["dropped"] == 0, r
+        assert r["takeovers"] >= 2 and r["takeover_frames"] > 0, r
+        assert r["expert_frames"] == r["takeover_frames"] + r["redemo_frames"]
+        assert r["release"].endswith(f"-r{r['round']}-4") and r["eval_episodes"] == 1
+        assert set(r["stage_s"]) >= {"fleet", "train", "publish", "evaluate", "baseline"}
+        assert [row["robot"] for row in r["robots"]] == ["fleet-1", "fleet-2"]
+        assert all(row["episodes"] == 1 and row["error"] is None for row in r["robots"]), r["robots"]
+        # The baseline spent as many frames on scripted demos (whole episodes: rounded up to the next one).
+        assert r["baseline"]["expert_frames"] >= r["expert_frames"] and r["baseline"]["demos"] >= 1
+        # Promoted only when it beat stable (success 0 of 1 does not beat 0 of 1).
+        assert r["promoted"] == (
+            r["success_rate"] > max(x["success_rate"] for x in rounds[: r["round"]] if x["promoted"])
+        )
+    # The fleet's episodes are in the bucket, with their facts; later rounds pulled only what changed.
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    run_name = report["settings"]["run"]
+    datasets = [f"{bucket}/datasets/transfer_cube-{run_name}-fleet-{i}" for i in (1, 2)]
+    facts = fleet_episodes(client, datasets)
+    assert len(facts) == 4 and {f["robot_id"] for f in facts} == {"fleet-1", "fleet-2"}
+    assert all(f["kind"] in ("takeover", "expert") and f["expert_frames"] > 0 for f in facts), facts
+    assert len({f["seed"] for f in facts}) == 4 and all(f["seed"] > 100_000 for f in facts)  # fresh, unseen scenes
+    pulled = [[row["bytes_pulled"] for row in r["robots"]] for r in rounds[1:]]
+    assert all(b > 0 for b in pulled[0])
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## Rounds through the fleet" in text and "baseline" in text
+    assert "round 2:" in run.stdout
+
+
+def _stalling(trigger_k: int, policy_steps: int):
+    class Expert:  # a double: a teleoperator-like expert that drives 3 ticks and is done
+        def __init__(self):
+            self.started, self.ticks = 0, 0
+
+        def start(self, sim=None):
+            self.started += 1
+            self.ticks = 0
+
+        def act(self, obs, state=None):
+            self.ticks += 1
+            return np.full(14, 9.0, np.float32)
+
+        @property
+        def done(self):
+            return self.ticks >= 3
+
+    expert = Expert()
+    return expert, Takeovers(expert, StallTrigger(trigger_k), policy_steps=policy_steps)
+
+
+def test_a_stall_hands_over_to_the_expert_and_back_and_the_policy_share_sets_the_episode_length():
+    expert, takeovers = _stalling(trigger_k=2, policy_steps=5)
+    takeovers.begin()
+    policy = np.zeros(14, np.float32)
+    drivers, over = [], False
+    while not over:
+        action, by_expert = takeovers.choose(policy, {})
+        drivers.append(by_expert)
+        assert (action == 9.0).all() == by_expert
+        over = takeovers.after(0.0)  # never any progress
+    # 2 policy ticks, the stall fires, 3 expert ticks, hand-back, 2 more, it fires again: 3 more, then the 5th.
+    assert drivers == [False, False, True, True, True, False, False, True, True, True, False]
+    assert takeovers.stats.takeovers == 2 and takeovers.stats.expert_frames == 6 and expert.started == 2
+
+
+def test_an_expert_that_declines_leaves_the_policy_driving_and_is_counted():
+    from robotloop.sim.expert import Unrecoverable
+
+    class Declines:
+        done = True
+
+        def start(self, sim=None):
+            raise Unrecoverable("the cube fell off the table")
+
+        def act(self, obs, state=None):  # pragma: no cover - never asked
+            raise AssertionError
+
+    takeovers = Takeovers(Declines(), UserTrigger(), policy_steps=3)
+    takeovers.begin()
+    takeovers.trigger.request()
+    policy = np.zeros(14, np.float32)
+    assert takeovers.choose(policy, {}) == (policy, False)
+    assert not takeovers.after(None)
+    assert takeovers.stats.declined == 1 and "fell off" in takeovers.stats.last_declined
+    assert takeovers.choose(policy, {})[1] is False
+
+
+def test_rounds_options_refuse_live_mode_and_take_the_presets_values():
+    assert RoundsOptions(preset="h200", rounds=2, device="cpu").round_settings().fleet == 10
+    assert RoundsOptions(rounds=1, fleet=3).round_settings().fleet == 3
+    with pytest.raises(BadValue, match="--rounds and --live"):
+        RoundsOptions(rounds=1, live=True).round_settings()
