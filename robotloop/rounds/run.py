@@ -214,6 +214,7 @@ class _Rounds:
         self.redemos = BucketUrl.parse(f"{loop.bucket}/datasets/{loop.task}-{loop.run}-redemos")
         self.baseline_demos = BucketUrl.parse(f"{loop.bucket}/datasets/{loop.task}-{loop.run}-baseline")
         self.next_baseline_seed = BASELINE_SEEDS + 1000 * loop.seed
+        self.seen: set[tuple[str, int]] = set()  # (dataset, episode index) of the fleet episodes of earlier rounds
 
     def round(self, k: int) -> RoundResult:
         s, loop, t0 = self.settings, self.loop, time.monotonic()
@@ -225,7 +226,7 @@ class _Rounds:
         failed = [r for r in robots if r.error]
         if len(failed) == len(robots):
             raise RuntimeError(f"every fleet robot failed in round {k}: {failed[0].error}")
-        episodes = fleet_episodes(self.client, self.fleet_datasets, release=self.stable)
+        episodes = self._new_episodes()
         misses = [e for e in episodes if not e["success"]]
         redemo_frames = 0
         if s.redemonstrate and misses:
@@ -317,6 +318,16 @@ class _Rounds:
                 )
             )
         return robots
+
+    def _new_episodes(self) -> list[dict[str, Any]]:
+        """This round's fleet episodes, as the bucket has them (a stable kept from the last round ran those too)."""
+        new = [
+            e
+            for e in fleet_episodes(self.client, self.fleet_datasets)
+            if (e["dataset"], e["episode_index"]) not in self.seen
+        ]
+        self.seen |= {(e["dataset"], e["episode_index"]) for e in new}
+        return new
 
     def _redemonstrate(self, seeds: list[int]) -> int:
         """The scripted expert on each failed episode's scene, from its initial state; the frames committed."""
