@@ -2,6 +2,8 @@
 # Issue 29's rounds through the fleet on one GPU machine: `robotloop loop --preset h200 --rounds K` with the fair
 # baseline, every evaluation on the same $EVAL seeds (1000 upwards), from an empty cache. Then the final stable
 # release is evaluated again, independently, over 200 other seeds (5000-5199) by `robotloop eval`.
+# Last, lerobot's own `lerobot-eval` runs that release in gym-aloha's env ($LEROBOT_EVAL episodes, 0: not at all).
+# BASELINE=0 leaves the baseline out (it costs each round its own recording, training and evaluation again).
 # Start it detached and follow it (benchmarks/device_follow.sh $R): its plan.log ends with " done".
 #   TASK=transfer_cube ROUNDS=1 EVAL=200 setsid nohup bash benchmarks/h200_flywheel.sh /tmp/fw > /tmp/fw.log 2>&1 &
 set -u
@@ -9,24 +11,43 @@ R=${1:-/tmp/flywheel}
 TASK=${TASK:-transfer_cube}
 ROUNDS=${ROUNDS:-1}
 EVAL=${EVAL:-200}
+BASELINE=${BASELINE:-1}
+LEROBOT_EVAL=${LEROBOT_EVAL:-50}
 mkdir -p "$R"
+export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 export XDG_CACHE_HOME=$work/cache
 cd "$work"
-pack() { tar -czf "$R/results.tar.gz" -C "$R" --exclude results.tar.gz . 2>/dev/null; }
+pack() {  # the small files only: no weights, videos or bucket data
+  (cd "$R" && find . -name videos -prune -o -type f \( -name '*.log' -o -name '*.json' -o -name '*.md' \) -size -8M \
+    -print | tar czf results.tar.gz.part -T - && mv results.tar.gz.part results.tar.gz)
+}
+command -v nvidia-smi > /dev/null && { nvidia-smi dmon -s um -d 5 > "$R/dmon.log" 2>&1 & }
 echo "$(date -u +%FT%TZ) rounds start (main at $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))" >> "$R/plan.log"
 start=$(date +%s)
-python3 -m robotloop.cli loop --preset h200 --task "$TASK" --rounds "$ROUNDS" --baseline --eval-episodes "$EVAL" \
+baseline=$([ "$BASELINE" = 1 ] && echo --baseline)
+# shellcheck disable=SC2086  # $baseline is one flag or none
+python3 -m robotloop.cli loop --preset h200 --task "$TASK" --rounds "$ROUNDS" $baseline --eval-episodes "$EVAL" \
   > "$R/loop.log" 2>&1
 echo "$(date -u +%FT%TZ) rounds exit $? after $(( $(date +%s) - start )) s" >> "$R/plan.log"
 cp loop-report/report.json loop-report/report.md "$R/" 2>/dev/null
+for f in loop-report/eval-*/eval_report.json; do [ -f "$f" ] && cp "$f" "$R/$(basename "$(dirname "$f")").json"; done
 pack
 stable=$(python3 -c "import json; print(json.load(open('loop-report/report.json'))['stable'])" 2>/dev/null)
 if [ -n "$stable" ]; then  # the release's run: its name without the step
   python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/${stable%-*}" --sim "$TASK" --episodes 200 \
     --seed 5000 --workers 15 --videos 0 --output-dir "$R/eval-5000" > "$R/eval5000.log" 2>&1
   echo "$(date -u +%FT%TZ) eval of $stable over seeds 5000-5199 exit $?" >> "$R/plan.log"
+  pack
+  model=$(python3 -c "import json; print(json.load(open('$R/eval-5000/eval_report.json'))['policy'])" 2>/dev/null)
+  gym_task=$([ "$TASK" = insertion ] && echo AlohaInsertion-v0 || echo AlohaTransferCube-v0)
+  if [ "$LEROBOT_EVAL" -gt 0 ] && [ -n "$model" ]; then  # lerobot's own evaluation, in gym-aloha's env
+    python3 -m lerobot.scripts.lerobot_eval --policy.path="$model" --env.type=aloha --env.task="$gym_task" \
+      --eval.n_episodes="$LEROBOT_EVAL" --eval.batch_size=25 --eval.use_async_envs=true --policy.device=cuda \
+      --seed=7000 --output_dir="$R/lerobot-eval" > "$R/lerobot_eval.log" 2>&1
+    echo "$(date -u +%FT%TZ) lerobot-eval of $stable ($LEROBOT_EVAL episodes, seed 7000) exit $?" >> "$R/plan.log"
+  fi
 fi
 pack
 echo "$(date -u +%FT%TZ) done" >> "$R/plan.log"

@@ -366,7 +366,6 @@ def eval_worker(job: dict) -> None:
         image_size=size,
         device=job["device"],
         inference=job.get("inference"),
-        threads_per_worker=1,
     )
     report.save(Path(job["out"]))
 

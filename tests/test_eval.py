@@ -12,12 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from robotloop.config import Settings
 from robotloop.deploy.evaluate import evaluate, locate_and_evaluate, resolve_policy, wilson_interval
+from robotloop.deploy.lockstep import SimBatch, Slot
 from robotloop.deploy.runner import PolicyLoadError, make_tiny_checkpoint
 from robotloop.errors import BadInput
+from robotloop.sim.scripted import record_demo
 from robotloop.storage import BucketClient, BucketUrl
 
 from .conftest import WRITE_TOKEN
@@ -48,11 +51,12 @@ def test_wilson_interval() -> None:
 
 def test_parallel_eval_gives_a_sane_report(tiny: Path, tmp_path: Path) -> None:
     seen = []
-    report = evaluate(
+    report = evaluate(  # two waves: episodes 0-1 in lockstep, then 2 alone
         tiny,
         "transfer_cube",
         episodes=3,
         workers=2,
+        batch=2,
         max_steps=12,
         videos=1,
         seed=7,
@@ -77,6 +81,35 @@ def test_parallel_eval_gives_a_sane_report(tiny: Path, tmp_path: Path) -> None:
         hi,
     ]
     assert [e["seed"] for e in saved["episodes"]] == [7, 8, 9]
+
+
+def test_sims_in_lockstep_step_as_one_sim_does() -> None:
+    """Each sim of a batch, in whichever worker process holds it, renders and steps as a lone AlohaSim of its seed
+    does; an inactive sim holds still; a sim's error reaches the caller, and the batch still closes."""
+    seeds, steps = [3, 4, 5], 12
+    demos = [record_demo("transfer_cube", seed, SIZE, max_steps=steps) for seed in seeds]
+    with SimBatch("transfer_cube", size=3, workers=2, image_size=SIZE, max_steps=steps) as sims:
+        assert sims.rows == [(0, 2), (2, 3)]  # sims 0-1 in one process, sim 2 in the other
+        images, states = sims.reset([Slot(i, seed) for i, seed in enumerate(seeds)])
+        for j, demo in enumerate(demos):
+            np.testing.assert_array_equal(images[j], demo.frames[0])
+            np.testing.assert_array_equal(states[j], demo.states[0])
+        active = np.array([True, False, True])  # sim 1 holds still from the first step
+        held = images[1].copy()
+        for t in range(steps - 1):
+            actions = np.stack([d.actions[t] for d in demos])
+            images, states, rewards, successes = sims.step(actions, active)
+            for j in (0, 2):
+                np.testing.assert_array_equal(images[j], demos[j].frames[t + 1])
+                # 1e-9 apart: the demo's sim is one cached across seeds (its solver's warm start carries over)
+                np.testing.assert_allclose(states[j], demos[j].states[t + 1], atol=1e-6)
+                assert rewards[j] == demos[j].rewards[t]
+            np.testing.assert_array_equal(images[1], held)
+            assert rewards[1] == 0 and not successes[1]
+        bad = np.stack([d.actions[0] for d in demos])
+        bad[2, 0] = np.nan
+        with pytest.raises(ValueError, match="non-finite"):
+            sims.step(bad, np.ones(3, bool))
 
 
 def test_bad_arguments_are_refused(tiny: Path, tmp_path: Path) -> None:

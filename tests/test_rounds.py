@@ -45,6 +45,9 @@ def test_two_rounds_through_a_fleet_record_takeovers_train_on_them_and_report_ea
         assert all(row["episodes"] == 1 and row["error"] is None for row in r["robots"]), r["robots"]
         # The baseline spent as many frames on scripted demos (whole episodes: rounded up to the next one).
         assert r["baseline"]["expert_frames"] >= r["expert_frames"] and r["baseline"]["demos"] >= 1
+        # The baseline's minutes are its own, not the round's: the round's stages outlast the round without them.
+        assert r["baseline"]["minutes"] * 60 == pytest.approx(r["stage_s"]["baseline"], abs=0.2)
+        assert r["minutes"] * 60 < sum(r["stage_s"].values())
         # Promoted only when it beat stable (success 0 of 1 does not beat 0 of 1).
         assert r["promoted"] == (
             r["success_rate"] > max(x["success_rate"] for x in rounds[: r["round"]] if x["promoted"])
@@ -61,6 +64,7 @@ def test_two_rounds_through_a_fleet_record_takeovers_train_on_them_and_report_ea
     assert all(b > 0 for b in pulled[0])
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## Rounds through the fleet" in text and "baseline" in text
+    assert report["baseline_minutes"] > 0 and f"The rounds took {report['rounds_minutes']:.1f} min" in text
     assert "round 2:" in run.stdout
 
 
@@ -123,7 +127,8 @@ def test_an_expert_that_declines_leaves_the_policy_driving_and_is_counted():
 
 
 def test_rounds_options_refuse_live_mode_and_take_the_presets_values():
-    assert RoundsOptions(preset="h200", rounds=2, device="cpu").round_settings().fleet == 10
+    h200 = RoundsOptions(preset="h200", rounds=2, device="cpu").round_settings()
+    assert (h200.fleet, h200.steps) == (10, 3000)  # a round's fine-tune, not round 0's training from scratch
     assert RoundsOptions(rounds=1, fleet=3).round_settings().fleet == 3
     with pytest.raises(BadValue, match="--rounds and --live"):
         RoundsOptions(rounds=1, live=True).round_settings()

@@ -29,8 +29,12 @@ def eval_policy(
     episodes: Annotated[int, typer.Option(min=1, help="Episodes, seeded SEED, SEED+1, ...")] = 50,
     workers: Annotated[
         int,
-        typer.Option(min=1, help="Sim worker processes, each with its own copy of the policy."),
+        typer.Option(min=1, help="Sim worker processes (the policy runs once per step, on every episode at once)."),
     ] = 1,
+    batch: Annotated[
+        int | None,
+        typer.Option(min=1, help="Episodes run at once (default: all, up to 256); more run in waves of this size."),
+    ] = None,
     image_size: Annotated[str | None, typer.Option(help="Camera HxW; must be the policy's (the default).")] = None,
     seed: Annotated[
         int,
@@ -48,7 +52,7 @@ def eval_policy(
     device: Annotated[str, typer.Option(help="auto (cuda when there is a GPU, else cpu), cpu or cuda.")] = "auto",
     as_json: JsonOutput = False,
 ) -> dict:
-    """Evaluate a trained policy in the ALOHA sim: episodes run in parallel, seeded, with rollout videos."""
+    """Evaluate a trained policy in the ALOHA sim: episodes run in lockstep, seeded, with rollout videos."""
     from ..deploy.evaluate import REPORT_FILE, default_output_dir, locate_and_evaluate
     from ..sim.env import parse_image_size
     from ..sim.tasks import get_task
@@ -89,6 +93,7 @@ def eval_policy(
             videos=videos,
             device=resolve_device(device),
             on_episode=on_episode,
+            batch=batch,
         )
     console.print(_episode_table(report))
     lo, hi = report.success_ci95

@@ -1,6 +1,7 @@
 """Evaluate a saved policy in the ALOHA sim: success rate with a confidence interval, rewards, videos.
 
-Episodes run in parallel worker processes, each with its own `AlohaSim` and `PolicyRunner`. Episode `i`
+Episodes run in lockstep (`robotloop.deploy.lockstep`): worker processes step and render the sims, and this
+process runs the policy once per step on the whole batch. Episode `i`
 uses seed `seed + i` (lerobot-eval's scheme; its default start seed 1000 keeps evaluation clear of the
 seeds `robotloop record` starts its demos from, 0 upwards), so a report is reproducible and two policies
 evaluated with the same seed face the same object placements.
@@ -24,12 +25,9 @@ import contextlib
 import io
 import json
 import math
-import multiprocessing as mp
-import os
 import time
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +37,7 @@ from ..config import Settings
 from ..errors import BadValue
 from ..sim.constants import format_image_size
 from ..storage import BucketClient
+from .lockstep import SimBatch, Slot, write_video
 
 # Policy resolution lives in robotloop.deploy.resolve; pull_release_for, resolve_policy and resolve_release stay
 # importable from here.
@@ -48,6 +47,9 @@ from .runner import PolicyRunner
 DEFAULT_SEED = 1000  # lerobot-eval's default start seed
 REPORT_FILE = "eval_report.json"
 Z_95 = 1.959963984540054  # two-sided 95% normal quantile
+# Episodes in one wave (`evaluate`'s `batch`): 200 Insertion sims at 480x640 hold 184 MB of frames in shared memory
+# and one EGL context each.
+MAX_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -151,100 +153,62 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     return lo, hi
 
 
-# -- workers -------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Job:
-    """What every worker needs to build its sim and runner (picklable)."""
-
-    policy_dir: str
-    task: str
-    image_size: tuple[int, int] | None
-    max_steps: int
-    device: str
-    video_dir: str | None
-    torch_threads: int
-    inference: dict | None = None
-
-
-_worker: dict = {}  # per process: the job, its AlohaSim and PolicyRunner, built once
-
-
-def _init_worker(job: _Job, runner: PolicyRunner | None = None, parent_pid: int | None = None) -> None:
-    """Build this process's sim and runner; `runner` given: the caller's process, whose threads stay as set."""
-    import torch
-
-    from ..sim import AlohaSim
-    from ..workers import start_worker
-
-    if parent_pid is not None:  # a pool worker: it goes when the evaluating process goes, however that dies
-        start_worker(parent_pid)
-    if runner is None:
-        # N workers share the cores: without this each torch grabs all of them and they thrash.
-        torch.set_num_threads(job.torch_threads)
-        runner = _load_quietly(Path(job.policy_dir), job.device, job.inference)
-    sim = AlohaSim(job.task, image_size=job.image_size, max_episode_steps=job.max_steps)
-    _worker.update(job=job, runner=runner, sim=sim)
-
-
 def _load_quietly(path: Path, device: str, inference: dict | None = None) -> PolicyRunner:
-    """PolicyRunner.load without lerobot's "Loading weights" stdout line (once per worker, amid progress bars).
+    """PolicyRunner.load without lerobot's "Loading weights" stdout line (amid progress bars).
 
     Swapping sys.stdout is process-wide: fine in an evaluation, which runs nothing else meanwhile."""
     with contextlib.redirect_stdout(io.StringIO()):
         return PolicyRunner.load(path, device, inference)
 
 
-def _run_episode(index: int, seed: int, record: bool) -> EpisodeResult:
-    """One episode in this worker's sim. Raises NonFiniteAction (the policy is broken) to the caller."""
+# -- episodes in lockstep -----------------------------------------------------------------------------
+def _run_lockstep(runner: PolicyRunner, sims: SimBatch, slots: list[Slot], max_steps: int) -> Iterator[EpisodeResult]:
+    """Run `slots` in waves of the batch's size; yield each episode as it ends (a filmed one once its wave's videos
+    are written)."""
+    for first in range(0, len(slots), sims.size):
+        wave = slots[first : first + sims.size]
+        filmed = []
+        for result in _run_wave(runner, sims, wave, max_steps):
+            if wave[result.index - wave[0].index].record:
+                filmed.append(result)
+            else:
+                yield result
+        videos = sims.videos()
+        for result in filmed:
+            yield replace(result, video=videos.get(result.index))
+
+
+def _run_wave(runner: PolicyRunner, sims: SimBatch, wave: list[Slot], max_steps: int) -> Iterator[EpisodeResult]:
+    """One wave, one policy forward pass per step for all its episodes. An episode ends at success or after
+    `max_steps` steps; a finished episode's sim idles while the rest of its wave runs on."""
     import torch
 
-    job, runner, sim = _worker["job"], _worker["runner"], _worker["sim"]
-    # ACT's eval forward is deterministic; seeding covers policies that sample.
-    torch.manual_seed(seed)
-    # A state-only policy: the sim renders nothing, so there is nothing to film.
-    record = record and job.image_size is not None
-    start = time.perf_counter()
-    obs = sim.reset(seed=seed)
+    n = len(wave)
+    torch.manual_seed(wave[0].seed)  # ACT's eval forward is deterministic; this covers policies that sample
+    images, states = sims.reset(wave)
     runner.reset()
-    frames = [obs["pixels"]["top"]] if record else []
-    rewards: list[float] = []
-    success = False
-    while not success and len(rewards) < job.max_steps:
-        obs, reward, success, _, _ = sim.step(runner.act(obs))
-        rewards.append(reward)
-        if record:
-            frames.append(obs["pixels"]["top"])
-    video = None
-    if record and job.video_dir:
-        video = str(write_video(Path(job.video_dir) / f"episode_{index:03d}_seed{seed}.mp4", frames))
-    return EpisodeResult(
-        index,
-        seed,
-        bool(success),
-        max(rewards, default=0.0),
-        float(sum(rewards)),
-        len(rewards),
-        time.perf_counter() - start,
-        video,
-    )
+    start = time.perf_counter()
+    steps, sums, best, done = np.zeros(n, int), np.zeros(n), np.zeros(n), np.zeros(n, bool)
 
+    def result(j: int) -> EpisodeResult:
+        s = wave[j]
+        wall = time.perf_counter() - start
+        return EpisodeResult(s.index, s.seed, bool(done[j]), float(best[j]), float(sums[j]), int(steps[j]), wall)
 
-def write_video(path: Path, frames: list[np.ndarray], fps: int = 50) -> Path:
-    """Write uint8 [H, W, 3] RGB frames as an H.264 mp4 with PyAV (odd sizes are padded by one pixel)."""
-    import av
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    h, w = frames[0].shape[:2]
-    ph, pw = h + h % 2, w + w % 2  # yuv420p needs even sizes
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = pw, ph, "yuv420p"
-        for frame in frames:
-            if (ph, pw) != (h, w):
-                frame = np.pad(frame, ((0, ph - h), (0, pw - w), (0, 0)), mode="edge")
-            container.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")))
-        container.mux(stream.encode())
-    return path
+    for _ in range(max_steps):
+        active = ~done
+        actions = runner.act_batch({"top": images} if images is not None else {}, states)
+        images, states, rewards, successes = sims.step(actions, active)
+        steps[active] += 1
+        sums[active] += rewards[active]
+        best[active] = np.maximum(best[active], rewards[active])
+        for j in np.flatnonzero(active & successes):
+            done[j] = True
+            yield result(j)
+        if done.all():
+            return
+    for j in np.flatnonzero(~done):
+        yield result(j)
 
 
 # -- evaluation ----------------------------------------------------------------------------------------
@@ -264,7 +228,7 @@ def evaluate(
     source: str | None = None,
     checkpoint: str | None = None,
     inference: dict | None = None,
-    threads_per_worker: int | None = None,
+    batch: int | None = None,
 ) -> EvalReport:
     """Run `episodes` sim episodes of `task` with the policy in `policy_dir`, `workers` processes in parallel.
 
@@ -279,8 +243,9 @@ def evaluate(
         source: recorded in the report: where `policy_dir` came from (e.g. the run's bucket URL).
         checkpoint: for the report: the checkpoint `policy_dir` is (`robotloop.deploy.resolve.ResolvedPolicy`).
         inference: overrides of how the policy acts (`PolicyRunner.load`), e.g. temporal ensembling; in the report.
-        threads_per_worker: torch threads of each worker (default: the cores shared out among `workers`; less when
-            other evaluations run beside this one).
+        workers: processes stepping and rendering the sims; the policy runs in this process, on the whole batch.
+        batch: episodes run at once, one policy forward pass per step for all of them (default: all of them, up to
+            `MAX_BATCH`); more episodes run in waves of this size.
 
     Raises:
         ValueError: bad arguments, unknown task, or an image size the policy was not trained on.
@@ -289,8 +254,10 @@ def evaluate(
     from ..sim import get_task
 
     spec = get_task(task)  # KeyError/ValueError for an unknown task
-    if episodes < 1 or workers < 1 or videos < 0:
-        raise BadValue(f"episodes and workers must be >= 1 and videos >= 0, got {episodes}, {workers}, {videos}")
+    if episodes < 1 or workers < 1 or videos < 0 or (batch is not None and batch < 1):
+        raise BadValue(
+            f"episodes, workers and batch must be >= 1 and videos >= 0, got {episodes}, {workers}, {batch}, {videos}"
+        )
     if videos and output_dir is None:
         raise BadValue("videos need an output_dir to be written to")
     # Load once here: a broken checkpoint fails now, with its own error, not as a broken worker pool.
@@ -304,18 +271,9 @@ def evaluate(
             f"{format_image_size(image_size)}"
         )
     steps = max_steps or spec.episode_length
-    workers = min(workers, episodes)
+    size = min(episodes, batch or MAX_BATCH)
+    workers = min(workers, size)
     video_dir = str(Path(output_dir) / "videos") if videos else None
-    job = _Job(
-        str(policy_dir),
-        spec.name,
-        trained,
-        steps,
-        device,
-        video_dir,
-        threads_per_worker or max(1, (os.cpu_count() or 1) // workers),
-        inference,
-    )
     report = EvalReport(
         str(policy_dir),
         spec.name,
@@ -328,11 +286,14 @@ def evaluate(
         inference=_acting(runner),
     )
     start = time.perf_counter()
-    args = [(i, seed + i, i < videos) for i in range(episodes)]
-    for result in _run_all(job, args, workers, runner):
-        report.episodes.append(result)
-        if on_episode is not None:
-            on_episode(result)
+    # A state-only policy: the sim renders nothing, so there is nothing to film.
+    film = videos if trained is not None else 0
+    slots = [Slot(i, seed + i, i < film) for i in range(episodes)]
+    with SimBatch(spec.name, size, workers, trained, steps, video_dir) as sims:
+        for result in _run_lockstep(runner, sims, slots, steps):
+            report.episodes.append(result)
+            if on_episode is not None:
+                on_episode(result)
     report.episodes.sort(key=lambda e: e.index)
     report.wall_s = time.perf_counter() - start
     if output_dir is not None:
@@ -385,33 +346,6 @@ def locate_and_evaluate(
         checkpoint=found.checkpoint,
         **options,
     )
-
-
-def _run_all(job: _Job, args: list[tuple[int, int, bool]], workers: int, runner: PolicyRunner):
-    """Yield EpisodeResults as they finish: in this process (with `runner`) for one worker, else in a spawn pool."""
-    if workers == 1:
-        _init_worker(job, runner)
-        try:
-            for a in args:
-                yield _run_episode(*a)
-        finally:
-            _worker.pop("sim").close()
-            _worker.clear()
-        return
-    # spawn, not fork: MuJoCo's EGL context must be created in the worker, never inherited.
-    with ProcessPoolExecutor(
-        workers,
-        mp_context=mp.get_context("spawn"),
-        initializer=_init_worker,
-        initargs=(job, None, os.getpid()),
-    ) as pool:
-        futures = [pool.submit(_run_episode, *a) for a in args]
-        try:
-            for future in as_completed(futures):
-                yield future.result()
-        finally:
-            for future in futures:
-                future.cancel()
 
 
 def _acting(runner: PolicyRunner) -> dict:

@@ -193,6 +193,35 @@ class PolicyRunner:
             self._queue.extend(chunk[: self.policy.config.n_action_steps])
         return self._queue.popleft()
 
+    def act_batch(self, images: dict[str, np.ndarray], states: np.ndarray | None) -> np.ndarray:
+        """The actions of B episodes stepped in lockstep, float32 [B, action_dim]: one forward pass for all.
+
+        `images` maps camera name to uint8 [B, H, W, 3] frames, `states` is [B, state_dim]. The episodes share the
+        runner's queue (or ensemble): `reset()` starts a new batch, and B must stay the same until then. Frames
+        go to the device as uint8 and become floats there (a quarter of the bytes to copy).
+
+        Raises:
+            ValueError: a camera is missing or has the wrong shape or dtype, or the state has the wrong shape.
+            NonFiniteAction: the model produced NaN/inf.
+        """
+        batch: dict[str, torch.Tensor] = {}
+        for key, (c, h, w) in self.image_shapes.items():
+            frames = images.get(key.removeprefix(IMAGE_PREFIX))
+            if frames is None or frames.dtype != np.uint8 or frames.shape[1:] != (h, w, c):
+                got = "none" if frames is None else f"{frames.dtype} {'x'.join(map(str, frames.shape))}"
+                raise BadValue(f"camera {key!r}: the policy takes uint8 [B, {h}, {w}, {c}] frames, got {got}")
+            on_device = torch.from_numpy(np.ascontiguousarray(frames)).to(self.device)
+            batch[key] = on_device.permute(0, 3, 1, 2).float().div_(255.0)
+        if self.state_dim is not None:
+            if states is None or states.shape[1:] != (self.state_dim,):
+                raise BadValue(
+                    f"the policy reads states of {self.state_dim} values, got {getattr(states, 'shape', None)}"
+                )
+            batch[STATE_KEY] = torch.from_numpy(np.asarray(states, np.float32)).to(self.device)
+        with torch.inference_mode():
+            actions = self.postprocessor(self.policy.select_action(self.preprocessor(batch)))
+        return _finite(actions.float().cpu().numpy())
+
     def _predict_chunk(self, batch: dict[str, torch.Tensor]) -> np.ndarray:
         """Unnormalized float32 [chunk_size, action_dim] for one observation, checked finite."""
         with torch.inference_mode():

@@ -17,6 +17,8 @@ def write_rounds_report(report: RoundsReport, directory: Path | None = None) -> 
     summary = json.loads((path.parent / "report.json").read_text())
     summary["rounds"] = [round_row(r) for r in report.rounds]
     summary["stable"] = report.stable
+    summary["rounds_minutes"] = round(report.wall_s / 60, 2)  # round 0 and the fleet rounds, the baselines apart
+    summary["baseline_minutes"] = round(report.baseline_s / 60, 2)
     summary["rounds_settings"] = {k: v for k, v in vars(report.settings).items() if k != "weights"}
     summary["rounds_settings"]["weights"] = vars(report.settings.weights)
     (path.parent / "report.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -57,7 +59,9 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
             f"{r.expert_frames} | {fleet} | {r.takeovers if r.round else '-'} | {r.minutes:.1f} | {gain} | {base} |"
         )
     lines.append("")
-    lines.append(f"Stable runs `{report.stable}`.{_versus_baseline(report)}")
+    took = f" The rounds took {report.wall_s / 60:.1f} min"
+    took += f" (the baselines {report.baseline_s / 60:.1f} min more)." if report.baseline_s else "."
+    lines.append(f"Stable runs `{report.stable}`.{took}{_versus_baseline(report)}")
     return lines
 
 

@@ -52,6 +52,9 @@ BASELINE_SEEDS = 500_000
 # K per task: the scripted demos themselves go up to 162 (TransferCube) and 212 (Insertion) steps between new reward
 # stages (robotloop.sim.expert.StallTrigger), so a smaller K would take over from a policy doing what they do.
 STALL_STEPS = {"transfer_cube": 180, "insertion": 230}
+# A round's fine-tune on the h200 preset: ~80 s at batch 64 on one H200, so that a round (fleet, re-demos, training,
+# evaluation) fits its 5 minutes; round 0 trained Insertion from scratch for 15,000.
+H200_ROUND_STEPS = 3000
 
 
 @dataclass
@@ -76,12 +79,16 @@ class RoundSettings:
 
     @classmethod
     def for_preset(cls, preset: str, **overrides: Any) -> RoundSettings:
-        """`cpu` (2 robots, 2 episodes each) or `h200` (10 robots, 6 episodes each, on 16 cores beside one GPU).
+        """`cpu` (2 robots, 2 episodes each) or `h200` (10 robots, 6 episodes each, on 16 cores beside one GPU, and
+        `H200_ROUND_STEPS` fine-tuning steps a round).
 
         Raises:
             BadValue: unknown preset.
         """
-        presets: dict[str, dict[str, Any]] = {"cpu": {}, "h200": dict(fleet=10, fleet_episodes=6)}
+        presets: dict[str, dict[str, Any]] = {
+            "cpu": {},
+            "h200": dict(fleet=10, fleet_episodes=6, steps=H200_ROUND_STEPS),
+        }
         if preset not in presets:
             raise BadValue(f"unknown rounds preset '{preset}'; choose one of {', '.join(sorted(presets))}")
         return cls(**{**presets[preset], **overrides})
@@ -95,6 +102,7 @@ class Baseline:
     expert_frames: int
     success_rate: float
     ci95: tuple[float, float]
+    minutes: float = 0.0  # recording, training and evaluating it: apart from its round's minutes
 
 
 @dataclass
@@ -116,7 +124,7 @@ class RoundResult:
     takeovers: int = 0
     declined: int = 0  # stalls the expert found no way back from
     dropped: int = 0  # fleet episodes lost by the robots' recorders
-    minutes: float = 0.0
+    minutes: float = 0.0  # the round's own: its baseline's minutes are apart (`Baseline.minutes`)
     gain_per_1000_expert_frames: float | None = None  # success gained over stable per 1,000 expert frames
     robots: list[dict[str, Any]] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=dict)
@@ -135,7 +143,12 @@ class RoundsReport:
 
     @property
     def wall_s(self) -> float:
+        """The rounds' seconds, round 0's included, the baselines' not (they are the benchmark's, not the loop's)."""
         return self.loop.wall_s + sum(60 * r.minutes for r in self.rounds[1:])
+
+    @property
+    def baseline_s(self) -> float:
+        return sum(60 * r.baseline.minutes for r in self.rounds if r.baseline is not None)
 
 
 Round = Callable[[RoundResult], None]  # each round's result as it is known
@@ -253,9 +266,8 @@ class _Rounds:
             self.stable, self.stable_success = release, result.success_rate
             self.stable_checkpoint = str(checkpoint_url(run_url, trained.steps))
             self.report.stable = release
-        baseline = None
-        if s.baseline:
-            baseline = self._baseline(k, expert_frames, steps, stages)
+        minutes = (time.monotonic() - t0) / 60
+        baseline = self._baseline(k, expert_frames, steps, stages) if s.baseline else None
         return RoundResult(
             k,
             release,
@@ -272,7 +284,7 @@ class _Rounds:
             takeovers=sum(r.takeovers.get("takeovers", 0) for r in robots),
             declined=sum(r.takeovers.get("declined", 0) for r in robots),
             dropped=sum(r.recording.get("dropped", 0) for r in robots),
-            minutes=(time.monotonic() - t0) / 60,
+            minutes=minutes,
             gain_per_1000_expert_frames=1000 * gained / expert_frames if expert_frames else None,
             robots=[_robot_row(r) for r in robots],
             stage_s=stages,
@@ -402,7 +414,8 @@ class _Rounds:
             self.baseline_checkpoint = str(checkpoint_url(run_url, trained.steps))
             result = self._evaluate(run_url, trained.steps, f"eval-baseline-r{k}")
         frames = sum(c.frames for c in rec.committed)
-        return Baseline(len(rec.committed), frames, result.success_rate, result.success_ci95)
+        minutes = stages["baseline"] / 60
+        return Baseline(len(rec.committed), frames, result.success_rate, result.success_ci95, minutes)
 
 
 def _robot_row(r: FleetRobotResult) -> dict[str, Any]:
