@@ -104,6 +104,21 @@ def test_a_stall_hands_over_to_the_expert_and_back_and_the_policy_share_sets_the
     assert takeovers.stats.takeovers == 2 and takeovers.stats.expert_frames == 6 and expert.started == 2
 
 
+def test_a_late_failure_goes_to_the_expert_at_the_end_once_and_a_success_does_not():
+    expert, takeovers = _stalling(trigger_k=100, policy_steps=4)  # K never reached within the episode
+    takeovers.at_end = True
+    policy = np.zeros(14, np.float32)
+    for success, want in ((False, [False] * 4 + [True] * 3 + [False]), (True, [False] * 4)):
+        takeovers.begin()
+        drivers, over = [], False
+        while not over:
+            drivers.append(takeovers.choose(policy, {})[1])
+            over = takeovers.after(1.0, success=success and len(drivers) == 4)
+        # The 4 policy ticks spent without success: the expert drives its 3, hands back, and the episode ends.
+        assert drivers == want, (success, drivers)
+    assert takeovers.stats.takeovers == 1 and expert.started == 1
+
+
 def test_an_expert_that_declines_leaves_the_policy_driving_and_is_counted():
     from robotloop.sim.expert import Unrecoverable
 

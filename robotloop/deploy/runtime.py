@@ -115,7 +115,8 @@ class RuntimeStats:
 
     steps: int = 0
     episodes: list[EpisodeResult] = field(default_factory=list)
-    swaps: list[dict[str, Any]] = field(default_factory=list)  # release, previous, at (monotonic), gap_s, mid_episode
+    # release, previous, at (monotonic), gap_s, mid_episode, max_gap_before_s
+    swaps: list[dict[str, Any]] = field(default_factory=list)
     rollbacks: list[dict[str, Any]] = field(default_factory=list)  # release (back to), previous, reason
     refused: list[dict[str, Any]] = field(default_factory=list)  # release, reason
     pulls: list[PullReport] = field(default_factory=list)
@@ -308,7 +309,7 @@ class RobotRuntime:
             episode.mixed |= expert  # the expert's success is not the release's
             if self.recording is not None:
                 self.recording.frame(seen, action, policy_action, expert, result.reward, result.success)
-            over = self.takeovers is not None and self.takeovers.after(result.reward)
+            over = self.takeovers is not None and self.takeovers.after(result.reward, result.success)
             if result.done or over:
                 if self.recording is not None:
                     self.recording.end()
@@ -388,6 +389,7 @@ class RobotRuntime:
                     "at": time.monotonic(),
                     "gap_s": None,
                     "mid_episode": last_action is not None,
+                    "max_gap_before_s": self.stats.max_gap_s,  # the worst the loop had done before, to judge by
                 }
             )
 

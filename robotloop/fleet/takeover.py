@@ -5,14 +5,17 @@ The policy keeps running beside the expert (its action is what a fleet dataset r
 temporal ensemble stays fed, so the hand-back is smooth). Only the policy's own ticks count towards the episode's
 length: an episode the expert took over lasts as long as the policy would have run plus the expert's steps, so a
 recovery near the end of an episode is not cut off. The sim for that must allow the longer episode
-(`SimControlEnv(episode_steps=policy_steps + MAX_REPLAN_STEPS)`): `Takeovers.over` ends it at the policy's share.
+(`SimControlEnv(episode_steps=policy_steps + MAX_REPLAN_STEPS)`): `Takeovers.after` ends it at the policy's share.
+With `at_end`, an episode whose policy ticks run out without success is handed to the expert before it ends, once:
+a policy that made progress and then stalled late (Insertion's failures reach stage 2 or 3 after ~170 steps and
+sit there) never fires a stall trigger of K = 230 within 400 steps, and its failure would reach no expert.
 
 Example:
     ```python
     >>> takeovers = Takeovers(ScriptedExpert("insertion"), StallTrigger(230), sim=lambda: env.sim, policy_steps=400)
     >>> takeovers.begin()                                         # at each episode's start
     >>> action, expert = takeovers.choose(policy_action, obs)     # each tick, before the step
-    >>> over = takeovers.after(result.reward)                     # after it: whether the episode ends here
+    >>> over = takeovers.after(result.reward, result.success)     # after it: whether the episode ends here
     ```
 """
 
@@ -51,7 +54,8 @@ class Takeovers:
 
     `sim()` gives the state the expert re-plans from (the sim robot's `AlohaSim`; None on hardware, where a
     teleoperator expert needs none). `policy_steps`: the policy's ticks after which the episode ends (None: the
-    environment alone ends it).
+    environment alone ends it). `at_end`: hand an episode whose policy ticks are spent without success to the
+    expert, once, before it ends (module docstring).
     """
 
     def __init__(
@@ -60,15 +64,17 @@ class Takeovers:
         trigger: StallTrigger | UserTrigger,
         sim: Callable[[], Any] = lambda: None,
         policy_steps: int | None = None,
+        at_end: bool = False,
     ) -> None:
         self.expert, self.trigger, self.sim, self.policy_steps = expert, trigger, sim, policy_steps
+        self.at_end = at_end
         self.stats = TakeoverStats()
         self.active = False
-        self._policy_ticks = 0
+        self._policy_ticks, self._end_taken = 0, False
 
     def begin(self) -> None:
         """A new episode: the policy drives, the trigger starts over."""
-        self.active, self._policy_ticks = False, 0
+        self.active, self._policy_ticks, self._end_taken = False, 0, False
         self.trigger.reset()
 
     def choose(self, policy_action: np.ndarray, obs: dict[str, Any]) -> tuple[np.ndarray, bool]:
@@ -81,11 +87,15 @@ class Takeovers:
         self._policy_ticks += 1
         return policy_action, False
 
-    def after(self, reward: float | None) -> bool:
+    def after(self, reward: float | None, success: bool = False) -> bool:
         """After the tick's step: maybe hand over; whether the episode is over (the policy's ticks are spent)."""
-        if not self.active and self.trigger.update(reward):
-            self._take_over()
         spent = self.policy_steps is not None and self._policy_ticks >= self.policy_steps
+        if not self.active:
+            fired = self.trigger.update(reward)
+            last_chance = self.at_end and spent and not success and not self._end_taken
+            if fired or last_chance:
+                self._end_taken |= last_chance
+                self._take_over()
         return spent and not self.active
 
     def _take_over(self) -> None:

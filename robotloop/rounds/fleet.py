@@ -148,6 +148,7 @@ def _run_robot(robot: FleetRobot) -> FleetRobotResult:
         StallTrigger(robot.stall_steps),
         sim=lambda: env.sim,
         policy_steps=robot.policy_steps,
+        at_end=True,  # a late stall never fires the trigger: the episode's failure goes to the expert all the same
     )
     runtime = RobotRuntime(
         env,
