@@ -4,6 +4,7 @@ pulls only the bytes it lacks, verifies, hot-swaps between action chunks and rol
 Modules, one concern each: `keys` (ed25519 deploy keys), `manifest` (signed release manifests), `fetch`
 (ranged hf_xet reads), `store` (the robot's local release store), `registry` (the service's SQLite state),
 `client` (HTTP client of the service), `publish`, `runtime` (the robot's control loop), `ledger` (what a robot
-knows of each release it was assigned), `reporter` (the robot's heartbeats and events) and `runner` (a loaded
-policy).
+knows of each release it was assigned), `reporter` (the robot's heartbeats and events), `runner` (a loaded
+policy), `onnx_export` (a checkpoint to ONNX, with its resize and normalization) and `onnx_runner` (an exported
+policy on ONNX Runtime: numpy only, no torch).
 """

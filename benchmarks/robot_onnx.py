@@ -1,0 +1,164 @@
+"""The robot's policy on ONNX Runtime against torch: action parity and per-step latency, on this machine's CPU.
+
+Run:  MUJOCO_GL=egl .venv/bin/python benchmarks/robot_onnx.py [--steps 200] [--passes 3] [--threads 2]
+          [--out benchmarks/results/robot_onnx_cpu.json]
+Smoke (the tiny ACT at 48x64, seconds):  ... benchmarks/robot_onnx.py --quick
+
+The policy is the h200 preset's (`robotloop.loop.pipeline.H200_RECIPE`): lerobot 0.6.1's default-size ACT (51.6M
+parameters, random weights: only parity and time matter here) seeing the 480x640 camera at 120x160 (its
+preprocessor's resize), acting with ACT's temporal ensembling (coefficient 0.01, n_action_steps 1: one inference
+per control step). It is exported with `robotloop.deploy.onnx_export.export_onnx` (the resize, normalization and
+un-normalization in the graph) and run by `OnnxRunner` (numpy + onnxruntime) against `PolicyRunner` (torch eager).
+
+1. Parity: TransferCube (MuJoCo, 480x640 frames) stepped `--steps` times with the torch policy's actions; both
+   policies see the same observations. Max |ONNX - torch| over every action (after ensembling) and over every
+   predicted chunk. Target: <= 1e-4 (fp32).
+2. Latency: one control step = `runner.act(obs)` (frame and state in, ensembled action out: what the robot's control
+   loop pays), over the same observations, `--passes` passes per backend, alternating torch and ONNX, each pass
+   after a reset and 5 untimed steps. p50/p99/max per backend. Target: p99 <= 20 ms (50 Hz) on 2 CPU cores.
+   The load average is recorded before and after: other work on the machine shows in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import torch
+
+from robotloop.deploy.onnx_export import export_onnx
+from robotloop.deploy.onnx_runner import ONNX_DATA_FILE, OnnxRunner
+from robotloop.deploy.runner import PolicyRunner, make_tiny_checkpoint
+from robotloop.loop.pipeline import H200_RECIPE
+from robotloop.sim import AlohaSim
+from robotloop.train.policy import TINY_ACT, ACTSettings
+
+WARMUP_STEPS = 5
+ACTING = ("image_size", "n_action_steps", "temporal_ensemble_coeff", "backbone_norm")
+
+
+def build_checkpoint(directory: Path, quick: bool) -> tuple[Path, tuple[int, int]]:
+    """The h200 preset's policy (or, `quick`, the tiny ACT at 48x64 seen at 24x32), random weights."""
+    acting = {k: H200_RECIPE[k] for k in ACTING}
+    if quick:
+        settings = ACTSettings(**{**TINY_ACT, **acting, "image_size": (24, 32), "n_action_steps": 1, "dropout": 0.0})
+        return make_tiny_checkpoint(directory, (48, 64), settings=settings), (48, 64)
+    return make_tiny_checkpoint(directory, (480, 640), settings=ACTSettings(**acting, dropout=0.0)), (480, 640)
+
+
+def record_observations(runner: PolicyRunner, camera: tuple[int, int], steps: int) -> list[dict]:
+    """`steps` TransferCube observations, the sim stepped with the torch policy's actions."""
+    out = []
+    with AlohaSim("transfer_cube", image_size=camera) as sim:
+        obs = sim.reset(seed=0)
+        runner.reset()
+        for _ in range(steps):
+            out.append({"pixels": {"top": obs["pixels"]["top"].copy()}, "agent_pos": obs["agent_pos"].copy()})
+            obs, *_ = sim.step(runner.act(obs))
+    return out
+
+
+def parity(torch_runner: PolicyRunner, onnx_runner: OnnxRunner, observations: list[dict]) -> dict:
+    torch_runner.reset()
+    onnx_runner.reset()
+    actions, chunks = 0.0, 0.0
+    for obs in observations:
+        want_chunk = torch_runner._predict_chunk(torch_runner.to_batch(obs))
+        got_chunk = onnx_runner.predict_chunk(onnx_runner.to_inputs(obs))[0]
+        chunks = max(chunks, float(np.abs(got_chunk - want_chunk).max()))
+        actions = max(actions, float(np.abs(onnx_runner.act(obs) - torch_runner.act(obs)).max()))
+    return {"observations": len(observations), "max_abs_diff_actions": actions, "max_abs_diff_chunks": chunks}
+
+
+def time_pass(runner, observations: list[dict]) -> list[float]:
+    """ms per `act` over `observations`, after a reset and WARMUP_STEPS untimed steps."""
+    runner.reset()
+    for obs in observations[:WARMUP_STEPS]:
+        runner.act(obs)
+    times = []
+    for obs in observations:
+        start = time.perf_counter()
+        runner.act(obs)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def summary(times: list[float]) -> dict:
+    array = np.asarray(times)
+    return {
+        "steps": len(times),
+        "p50_ms": round(float(np.percentile(array, 50)), 2),
+        "p99_ms": round(float(np.percentile(array, 99)), 2),
+        "max_ms": round(float(array.max()), 2),
+        "mean_ms": round(float(array.mean()), 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt, camera = build_checkpoint(Path(tmp) / "pretrained_model", args.quick)
+        start = time.perf_counter()
+        export = export_onnx(ckpt, Path(tmp) / "onnx")
+        export_s = time.perf_counter() - start
+        start = time.perf_counter()
+        torch_runner = PolicyRunner.load(ckpt)
+        torch_load_s = time.perf_counter() - start
+        start = time.perf_counter()
+        onnx_runner = OnnxRunner.load(export.directory, threads=args.threads)
+        onnx_load_s = time.perf_counter() - start
+        assert torch_runner.ensembling and onnx_runner.ensembling  # one inference per step, on both
+        observations = record_observations(torch_runner, camera, args.steps)
+        matched = parity(torch_runner, onnx_runner, observations)
+        times: dict[str, list[float]] = {"torch_eager_cpu": [], "onnxruntime_cpu": []}
+        for _ in range(args.passes):  # alternating, so a burst of other load hits both
+            times["torch_eager_cpu"] += time_pass(torch_runner, observations)
+            times["onnxruntime_cpu"] += time_pass(onnx_runner, observations)
+        onnx_mb = (export.directory / ONNX_DATA_FILE).stat().st_size / 1e6
+    latency = {name: summary(t) for name, t in times.items()}
+    results = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.processor() or platform.machine()}",
+        "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__},
+        "threads": {"torch": torch.get_num_threads(), "onnxruntime": args.threads or "default"},
+        "policy": {
+            "quick": args.quick,
+            "camera": list(camera),
+            "policy_image_size": list(export.meta.policy_image_size or ()),
+            "chunk_size": export.meta.chunk_size,
+            "temporal_ensemble_coeff": export.meta.temporal_ensemble_coeff,
+            "parameters_m": round(sum(p.numel() for p in torch_runner.policy.parameters()) / 1e6, 1),
+            "onnx_weights_mb": round(onnx_mb, 1),
+            "opset": export.meta.opset,
+        },
+        "export_s": round(export_s, 1),
+        "load_s": {"torch": round(torch_load_s, 2), "onnxruntime": round(onnx_load_s, 2)},
+        "parity": matched,
+        "latency": latency,
+        "speedup_p50": round(latency["torch_eager_cpu"]["p50_ms"] / latency["onnxruntime_cpu"]["p50_ms"], 2),
+        "target_p99_ms": 20.0,
+        "loadavg_before": [round(v, 2) for v in load_before],
+        "loadavg_after": [round(v, 2) for v in os.getloadavg()],
+    }
+    print(json.dumps(results, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

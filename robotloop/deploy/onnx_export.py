@@ -1,0 +1,377 @@
+"""Export a saved LeRobot ACT checkpoint to ONNX, for robots that run it without torch (`onnx_runner.OnnxRunner`).
+
+`export_onnx(pretrained_dir)` loads the checkpoint as the robot runtime does (`PolicyRunner.load`: lerobot's
+`ACTPolicy` and its saved pre/post processors) and exports one graph around them:
+
+    raw uint8 frames [B, H, W, 3] -> float [0, 1] NCHW -> the saved preprocessor (its resize to the size the policy
+    sees, lerobot's ImageCropResizeProcessorStep, and its normalization) -> ACT -> the saved postprocessor
+    (un-normalization) -> the action chunk float32 [B, chunk_size, action_dim]
+
+The processors are traced as lerobot runs them, not rewritten, so the graph does what the torch runner does. The
+batch is dynamic; the frame size is the camera's (`robotloop_inputs.json`, as the runner reads it). The weights are
+ONNX external data (`ONNX_DATA_FILE`: the raw tensors one after another, as safetensors holds them), so Xet's
+chunking finds the bytes of the tensors a fine-tune did not change; node metadata (the exporter's stack traces,
+with this machine's paths) is dropped, so the same checkpoint exports to the same bytes anywhere.
+
+Before anything is written, ONNX Runtime runs the graph on a check batch and its actions are compared with torch's:
+an export that does not agree within `atol` is refused. A layer that cannot be exported (an op with no ONNX
+translation, data-dependent control flow) is an `OnnxExportError` naming it.
+
+Example:
+    ```python
+    >>> export = export_onnx(Path("run1/checkpoints/002000/pretrained_model"))
+    >>> export.files, export.max_abs_diff
+    ```
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import Unprocessable
+from ..train.policy import INPUTS_FILE
+from .onnx_runner import (
+    ACTION_KEY,
+    ONNX_DATA_FILE,
+    ONNX_FILE,
+    ONNX_META_FILE,
+    STATE_KEY,
+    OnnxMeta,
+)
+from .runner import REQUIRED_FILES, PolicyRunner
+
+log = logging.getLogger(__name__)
+
+# The largest |ONNX - torch| action accepted at export, in the actions' own units (radians, gripper): fp32 graphs of
+# ACT agree to ~1e-6; a mis-export is off by far more.
+DEFAULT_ATOL = 1e-4
+CHECK_BATCH = 2  # the example batch: above 1, so the exporter keeps the batch dimension dynamic
+
+
+class OnnxExportError(Unprocessable, RuntimeError):
+    """The policy cannot be exported to ONNX (the message names the layer and the op), or the export does not
+    agree with torch."""
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    """What `export_onnx` wrote: `files` (in `directory`), the metadata, and the export's check."""
+
+    directory: Path
+    files: tuple[str, ...]
+    meta: OnnxMeta
+    max_abs_diff: float
+    seconds: float
+
+
+class _ActGraph(torch.nn.Module):
+    """The exported computation: raw frames and state in, un-normalized action chunk out, through lerobot's own
+    processors and ACTPolicy.predict_action_chunk."""
+
+    def __init__(self, runner: PolicyRunner) -> None:
+        super().__init__()
+        self.policy = runner.policy
+        self.preprocessor = runner.preprocessor
+        self.postprocessor = runner.postprocessor
+        self.image_keys = runner.image_keys
+        self.has_state = runner.state_dim is not None
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        # The runner's `to_batch`, batched: uint8 NHWC -> float32 NCHW in [0, 1], as lerobot's datasets give frames.
+        batch = {
+            k: x.permute(0, 3, 1, 2).to(torch.float32) / 255.0 for k, x in zip(self.image_keys, inputs, strict=False)
+        }
+        if self.has_state:
+            batch[STATE_KEY] = inputs[-1]
+        return self.postprocessor(self.policy.predict_action_chunk(self.preprocessor(batch)))
+
+
+def export_onnx(
+    pretrained_dir: str | Path,
+    out_dir: str | Path | None = None,
+    *,
+    atol: float = DEFAULT_ATOL,
+    opset: int | None = None,
+) -> OnnxExport:
+    """Export the ACT checkpoint in `pretrained_dir` to `out_dir` (default: beside it, in `pretrained_dir`):
+    `ONNX_FILE`, `ONNX_DATA_FILE` and `ONNX_META_FILE`, replacing an earlier export there. Runs on the CPU.
+
+    `opset`: the ONNX opset (default: the exporter's, 18 or later; the antialiased resize needs 18).
+
+    Raises:
+        PolicyLoadError: the checkpoint cannot be loaded (see `PolicyRunner.load`).
+        OnnxExportError: a layer cannot be exported (named), the graph does not load in ONNX Runtime, or its
+            actions differ from torch's by more than `atol` on the check batch. Nothing is written then.
+    """
+    source = Path(pretrained_dir)
+    runner = PolicyRunner.load(source, "cpu")
+    return export_runner(runner, out_dir if out_dir is not None else source, atol=atol, opset=opset)
+
+
+def export_runner(
+    runner: PolicyRunner, out_dir: str | Path, *, atol: float = DEFAULT_ATOL, opset: int | None = None
+) -> OnnxExport:
+    """`export_onnx` of a policy already loaded on the CPU (its checkpoint: `runner.path`, for the sha256s).
+
+    Raises:
+        OnnxExportError: as `export_onnx`, or the runner is not on the CPU.
+    """
+    start = time.perf_counter()
+    source = runner.path
+    cfg = runner.policy.config
+    if runner.device.type != "cpu":  # the check batch and the traced constants live on the CPU
+        raise OnnxExportError(f"{source}: export a policy loaded on the CPU, not on {runner.device}")
+    if cfg.env_state_feature is not None:
+        raise OnnxExportError(
+            f"{source}: the policy reads an environment state; the exported graph takes cameras "
+            "and the robot's state only"
+        )
+    graph = _ActGraph(runner).eval()
+    inputs = _check_inputs(runner)
+    names = [*runner.image_keys, *([STATE_KEY] if runner.state_dim is not None else [])]
+    with torch.inference_mode():
+        expected = graph(*inputs).numpy()
+    program = _export(graph, inputs, names, opset)
+    _drop_node_metadata(program)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".onnx-export-") as tmp:
+        staged = Path(tmp)
+        # Saved under its final name: the graph refers to its weights file by that name.
+        program.save(str(staged / ONNX_FILE), external_data=True)
+        diff = _compare(staged, names, inputs, expected, atol)
+        meta = OnnxMeta(
+            cameras={k: (h, w, c) for k, (c, h, w) in runner.image_shapes.items()},
+            policy_image_size=tuple(cfg.image_features[runner.image_keys[0]].shape[1:]) if runner.image_keys else None,
+            state_dim=runner.state_dim,
+            action_dim=runner.action_dim,
+            chunk_size=cfg.chunk_size,
+            n_action_steps=cfg.n_action_steps,
+            temporal_ensemble_coeff=cfg.temporal_ensemble_coeff,
+            opset=_opset(program),
+            source=_sha256s(source),
+            max_abs_diff=diff,
+        )
+        (staged / ONNX_META_FILE).write_text(json.dumps(meta.to_dict(), indent=1) + "\n")
+        files = (ONNX_FILE, ONNX_DATA_FILE, ONNX_META_FILE)
+        for name in files:  # the metadata last: a reader that sees it sees the graph it describes
+            os.replace(staged / name, out / name)
+    return OnnxExport(out, files, meta, diff, time.perf_counter() - start)
+
+
+def _check_inputs(runner: PolicyRunner) -> tuple[torch.Tensor, ...]:
+    """A fixed batch of frames and states near the state's mean: what the export is checked on."""
+    rng = np.random.default_rng(0)
+    frames = [
+        torch.from_numpy(rng.integers(0, 256, (CHECK_BATCH, h, w, c), dtype=np.uint8))
+        for c, h, w in runner.image_shapes.values()
+    ]
+    if runner.state_dim is None:
+        return tuple(frames)
+    state = rng.normal(0.0, 0.05, (CHECK_BATCH, runner.state_dim)).astype(np.float32)
+    mean = _state_mean(runner)
+    return (*frames, torch.from_numpy(state + mean))
+
+
+def _state_mean(runner: PolicyRunner) -> np.ndarray:
+    """The state's mean in the saved normalizer (0 without one): check states the policy could see."""
+    from lerobot.processor import NormalizerProcessorStep
+
+    from ..compat import normalizer_tensor_stats
+
+    for step in runner.preprocessor.steps:
+        if isinstance(step, NormalizerProcessorStep):
+            mean = normalizer_tensor_stats(step).get(STATE_KEY, {}).get("mean")
+            if mean is not None:
+                return mean.cpu().numpy().astype(np.float32)
+    return np.zeros(runner.state_dim or 0, np.float32)
+
+
+def _export(graph: _ActGraph, inputs: tuple[torch.Tensor, ...], names: list[str], opset: int | None):
+    """torch.export, then the ONNX translation; each failure named by the layer it is in.
+
+    Raises:
+        OnnxExportError: either step failed.
+    """
+    batch = torch.export.Dim("batch", min=1)
+    dynamic = (tuple({0: batch} for _ in inputs),)  # forward(*inputs): one argument, a tuple
+    # Under no_grad: ACTPolicy.predict_action_chunk is itself decorated with it, which traced with grad on becomes
+    # a higher-order op around a sub-graph instead of plain nodes.
+    with _quiet_exporter(), torch.no_grad():
+        # A failed trace prints its partial graph (thousands of lines) to stderr, always: held back here, and
+        # written out only when the trace succeeds (then it is whatever else was written meanwhile).
+        held = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(held):
+                exported = torch.export.export(graph, inputs, dynamic_shapes=dynamic, strict=False)
+            sys.stderr.write(held.getvalue())
+        except Exception as error:  # torch's tracing errors have no common base
+            layer = _layer_in_traceback(error, graph)
+            raise OnnxExportError(
+                f"the policy cannot be traced for ONNX export{f' in layer {layer}' if layer else ''}: "
+                f"{type(error).__name__}: {_first_line(error)}"
+            ) from error
+        try:
+            return torch.onnx.export(
+                exported,
+                inputs,
+                input_names=names,
+                output_names=[ACTION_KEY],
+                opset_version=opset,
+                dynamo=True,
+                external_data=True,
+                optimize=True,
+                verbose=False,
+            )
+        except Exception as error:  # torch.onnx's ConversionError, DispatchError, ...
+            node, op, layer = _layer_of_failed_node(error, exported)
+            where = f"layer {layer}" if layer else "the policy"
+            raise OnnxExportError(
+                f"{where} cannot be exported to ONNX: op {op or '?'} (node {node or '?'}) has no ONNX translation: "
+                f"{_root_cause(error)}"
+            ) from error
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """The exporter's warnings (deprecations, constant folding it skips, graph dumps of a failed trace) say nothing
+    to the user of an export: its error does."""
+    loggers = [logging.getLogger(name) for name in ("onnxscript", "onnx_ir", "torch.onnx", "torch.export", "torch.fx")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def _layer_in_traceback(error: BaseException, graph: torch.nn.Module) -> str | None:
+    """The innermost module of `graph` whose forward the error went through: `policy.model.backbone.layer1`."""
+    names = {id(module): name for name, module in graph.named_modules() if name}
+    found = None
+    tb = error.__traceback__
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if id(owner) in names:
+            found = f"{names[id(owner)]} ({type(owner).__name__})"
+        tb = tb.tb_next
+    return found
+
+
+_FAILED_NODE = re.compile(r"translating node %(\S+) : .*?target=(\S+?)\]")
+
+
+def _layer_of_failed_node(error: BaseException, exported) -> tuple[str | None, str | None, str | None]:
+    """(node, op, layer) of the node the ONNX translation failed on, found from its error message in the exported
+    program (the layer: the innermost module in the node's `nn_module_stack`)."""
+    text = "\n".join(str(e) for e in _chain(error))
+    match = _FAILED_NODE.search(text)
+    if match is None:
+        return None, None, None
+    node_name, target = match.groups()
+    graphs = [m.graph for m in exported.graph_module.modules() if isinstance(m, torch.fx.GraphModule)]
+    nodes = [n for graph in graphs for n in graph.nodes if n.op == "call_function"]
+    # Decompositions rename nodes before translation; an op without a translation is seldom decomposed, so its
+    # target finds it when its name does not.
+    node = next((n for n in nodes if n.name == node_name), None) or next(
+        (n for n in nodes if f"torch.ops.{n.target}" == target or str(n.target) == target), None
+    )
+    stack = (node.meta.get("nn_module_stack") or {}) if node is not None else {}
+    layers = [(path, kind) for path, kind in stack.values() if path]
+    layer = f"{layers[-1][0]} ({layers[-1][1].rsplit('.', 1)[-1]})" if layers else None
+    return node_name, target.removeprefix("torch.ops."), layer
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _root_cause(error: BaseException) -> str:
+    return _first_line(list(_chain(error))[-1])
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _drop_node_metadata(program) -> None:
+    """Node metadata holds the exporter's stack traces (this machine's file paths) and fx node dumps: not for a
+    release, and it would make two exports of one checkpoint differ in bytes."""
+    import onnx_ir
+
+    for node in onnx_ir.traversal.RecursiveGraphIterator(program.model.graph):
+        node.metadata_props.clear()
+
+
+def _compare(
+    staged: Path, names: list[str], inputs: tuple[torch.Tensor, ...], expected: np.ndarray, atol: float
+) -> float:
+    """Run the saved graph in ONNX Runtime on `inputs`; answers max |ONNX - torch|.
+
+    Raises:
+        OnnxExportError: ONNX Runtime cannot load or run it, or the difference is over `atol`.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(staged / ONNX_FILE), options, providers=["CPUExecutionProvider"])
+        (got,) = session.run([ACTION_KEY], {n: x.numpy() for n, x in zip(names, inputs, strict=True)})
+    except Exception as error:  # onnxruntime's own exception types
+        raise OnnxExportError(f"the exported graph does not run in ONNX Runtime: {error}") from error
+    diff = float(np.max(np.abs(got - expected))) if expected.size else 0.0
+    if not diff <= atol:  # NaN fails too
+        raise OnnxExportError(
+            f"the exported graph's actions differ from torch's by up to {diff:.3g} on the check batch "
+            f"(at most {atol:g})"
+        )
+    return diff
+
+
+def _opset(program) -> int:
+    return int(program.model.opset_imports.get("", 0))
+
+
+def _sha256s(source: Path) -> dict[str, str]:
+    """sha256 of the checkpoint files that decide the graph: which checkpoint an export belongs to."""
+    out = {}
+    names = {*REQUIRED_FILES, *(p.name for p in source.glob("*.safetensors"))}
+    if (source / INPUTS_FILE).is_file():  # the camera sizes: the graph's input shapes
+        names.add(INPUTS_FILE)
+    for name in sorted(names):
+        digest = hashlib.sha256()
+        with (source / name).open("rb") as file:
+            for block in iter(lambda f=file: f.read(1 << 20), b""):
+                digest.update(block)
+        out[name] = digest.hexdigest()
+    return out
+
+
+__all__ = ["DEFAULT_ATOL", "OnnxExport", "OnnxExportError", "export_onnx", "export_runner"]

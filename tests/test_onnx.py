@@ -1,0 +1,290 @@
+"""robotloop.deploy.onnx_export / onnx_runner: an ACT exported to ONNX acts as the torch runner does, without torch.
+
+CPU only: the tiny random-weight ACT (dim 64, chunk 10) of a 48x64 camera, seen at 24x32, so the exported graph
+resizes as the saved preprocessor does. One export for the module (about 15 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from lerobot.policies.act.modeling_act import ACTTemporalEnsembler
+
+from robotloop.deploy.onnx_export import OnnxExportError, export_onnx, export_runner
+from robotloop.deploy.onnx_runner import (
+    ONNX_DATA_FILE,
+    ONNX_FILE,
+    ONNX_META_FILE,
+    OnnxRunner,
+    TemporalEnsembler,
+)
+from robotloop.deploy.runner import NonFiniteAction, PolicyLoadError, PolicyRunner, make_tiny_checkpoint
+from robotloop.errors import BadValue
+from robotloop.sim import AlohaSim
+from robotloop.train.policy import TINY_ACT, ACTSettings
+
+CAMERA, SEEN, CHUNK = (48, 64), (24, 32), 10
+ENSEMBLE = {"n_action_steps": 1, "temporal_ensemble_coeff": 0.01}
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    settings = ACTSettings(
+        **{**TINY_ACT, "chunk_size": CHUNK, "n_action_steps": CHUNK, "dropout": 0.0}, image_size=SEEN
+    )
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("policy") / "pretrained_model", CAMERA, settings=settings)
+
+
+@pytest.fixture(scope="module")
+def exported(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("onnx")
+    export_onnx(tiny, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sim() -> AlohaSim:
+    with AlohaSim("transfer_cube", image_size=CAMERA, shadows=False) as s:
+        yield s
+
+
+def test_export_writes_a_graph_with_external_weights_and_its_description(tiny: Path, exported: Path) -> None:
+    assert sorted(p.name for p in exported.iterdir()) == sorted([ONNX_FILE, ONNX_DATA_FILE, ONNX_META_FILE])
+    meta = json.loads((exported / ONNX_META_FILE).read_text())
+    assert meta["inputs"] == [
+        {"name": "observation.images.top", "dtype": "uint8", "shape": ["batch", *CAMERA, 3], "layout": "NHWC"},
+        {"name": "observation.state", "dtype": "float32", "shape": ["batch", 14]},
+    ]
+    assert meta["outputs"][0]["shape"] == ["batch", CHUNK, 14] and meta["policy_image_size"] == list(SEEN)
+    assert (meta["chunk_size"], meta["n_action_steps"], meta["temporal_ensemble_coeff"]) == (CHUNK, CHUNK, None)
+    assert meta["opset"] >= 18 and meta["max_abs_diff"] <= 1e-4
+    import hashlib
+
+    assert meta["source"]["model.safetensors"] == hashlib.sha256((tiny / "model.safetensors").read_bytes()).hexdigest()
+    graph = onnx.load(str(exported / ONNX_FILE), load_external_data=False)
+    external = [t for t in graph.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    # The weights are raw tensors in the data file, under their state_dict names (Xet finds unchanged ones)...
+    assert "policy.model.backbone.conv1.weight" in {t.name for t in external}
+    weights = (tiny / "model.safetensors").stat().st_size
+    assert 0.9 * weights < (exported / ONNX_DATA_FILE).stat().st_size < 1.1 * weights
+    # ... the graph file is small, and holds no path of this machine (the exporter's stack traces are dropped).
+    assert (exported / ONNX_FILE).stat().st_size < 1 << 20
+    assert b"robotloop/deploy" not in (exported / ONNX_FILE).read_bytes()
+    assert {n.op_type for n in graph.graph.node} >= {"Resize", "Conv", "Softmax"}  # resize and model in one graph
+
+
+def _run_both(torch_runner: PolicyRunner, onnx_runner: OnnxRunner, sim: AlohaSim, steps: int, seed: int) -> float:
+    """Step the sim with the torch policy's actions, feeding both policies the same observations: max |diff|."""
+    obs = sim.reset(seed=seed)
+    torch_runner.reset()
+    onnx_runner.reset()
+    worst = 0.0
+    for _ in range(steps):
+        assert onnx_runner.at_chunk_boundary == torch_runner.at_chunk_boundary
+        want, got = torch_runner.act(obs), onnx_runner.act(obs)
+        assert got.shape == (14,) and got.dtype == np.float32
+        worst = max(worst, float(np.abs(got - want).max()))
+        obs, *_ = sim.step(want)
+    return worst
+
+
+def test_onnx_actions_match_torch_chunk_by_chunk_and_ensembled(tiny: Path, exported: Path, sim: AlohaSim) -> None:
+    assert _run_both(PolicyRunner.load(tiny), OnnxRunner.load(exported), sim, 50, seed=0) <= 1e-4
+    ensembled = OnnxRunner.load(exported, inference=ENSEMBLE)
+    assert ensembled.ensembling and ensembled.n_action_steps == 1
+    assert _run_both(PolicyRunner.load(tiny, inference=ENSEMBLE), ensembled, sim, 50, seed=1) <= 1e-4
+
+
+def test_batch_of_episodes_matches_torch(tiny: Path, exported: Path) -> None:
+    rng = np.random.default_rng(3)
+    torch_runner, onnx_runner = (
+        PolicyRunner.load(tiny, inference=ENSEMBLE),
+        OnnxRunner.load(exported, inference=ENSEMBLE),
+    )
+    for _ in range(5):  # three episodes in lockstep: the batch dimension is dynamic in the graph
+        frames = rng.integers(0, 256, (3, *CAMERA, 3), dtype=np.uint8)
+        states = rng.normal(0, 0.05, (3, 14)).astype(np.float32)
+        want = torch_runner.act_batch({"top": frames}, states)
+        got = onnx_runner.act_batch({"top": frames}, states)
+        assert got.shape == (3, 14) and np.abs(got - want).max() <= 1e-4
+    with pytest.raises(BadValue, match="a batch of 2 episodes after 3: reset"):
+        onnx_runner.act_batch({"top": frames[:2]}, states[:2])
+    onnx_runner.reset()
+    with pytest.raises(NonFiniteAction, match="non-finite action"):
+        onnx_runner.act_batch({"top": frames}, np.full((3, 14), np.nan, np.float32))
+
+
+def test_chunk_boundaries_and_warmup(exported: Path, sim: AlohaSim) -> None:
+    runner = OnnxRunner.load(exported)
+    obs = sim.reset(seed=2)
+    runner.warmup(obs)
+    boundaries = []
+    for _ in range(2 * CHUNK + 1):
+        boundaries.append(runner.at_chunk_boundary)
+        runner.act(obs)
+    assert [i for i, b in enumerate(boundaries) if b] == [0, CHUNK, 2 * CHUNK]
+    assert not runner.at_chunk_boundary
+    runner.warmup(obs)  # leaves the queue alone
+    assert not runner.at_chunk_boundary
+    runner.reset()
+    assert runner.at_chunk_boundary
+
+
+def test_temporal_ensembler_matches_lerobots() -> None:
+    rng = np.random.default_rng(4)
+    ours, theirs = TemporalEnsembler(0.01, CHUNK), ACTTemporalEnsembler(0.01, CHUNK)
+    for _ in range(3 * CHUNK):  # past the point where every step's average holds chunk_size predictions
+        chunk = rng.normal(0, 1, (2, CHUNK, 14)).astype(np.float32)
+        want = theirs.update(torch.from_numpy(chunk)).numpy()
+        np.testing.assert_allclose(ours.update(chunk), want, rtol=0, atol=1e-6)
+    ours.reset()
+    theirs.reset()
+    first = rng.normal(0, 1, (2, CHUNK, 14)).astype(np.float32)
+    np.testing.assert_array_equal(ours.update(first), first[:, 0])  # a new episode: its first chunk's first action
+
+
+def test_bad_observations_are_refused_with_what_the_policy_takes(exported: Path, sim: AlohaSim) -> None:
+    runner = OnnxRunner.load(exported)
+    obs = sim.reset(seed=0)
+    small = {**obs, "pixels": {"top": obs["pixels"]["top"][:24, :32]}}
+    with pytest.raises(BadValue, match=r"uint8 48x64x3 images, got uint8 24x32x3 .*--image-size 48x64"):
+        runner.act(small)
+    with pytest.raises(BadValue, match="camera 'top'; the observation's cameras: wrist"):
+        runner.act({**obs, "pixels": {"wrist": obs["pixels"]["top"]}})
+    with pytest.raises(BadValue, match="a state of 14 values; the robot's has 7"):
+        runner.act({**obs, "agent_pos": obs["agent_pos"][:7]})
+    with pytest.raises(BadValue, match=r"uint8 \[B, 48, 64, 3\] frames, got float32 2x48x64x3"):
+        runner.act_batch({"top": np.zeros((2, *CAMERA, 3), np.float32)}, np.zeros((2, 14), np.float32))
+    assert runner.at_chunk_boundary  # nothing ran
+
+
+def test_load_refuses_what_does_not_fit(exported: Path, tmp_path: Path) -> None:
+    with pytest.raises(PolicyLoadError, match="no exported ONNX policy"):
+        OnnxRunner.load(tmp_path)
+    with pytest.raises(PolicyLoadError, match="needs n_action_steps=1"):
+        OnnxRunner.load(exported, inference={"temporal_ensemble_coeff": 0.01})
+    with pytest.raises(PolicyLoadError, match="CUDAExecutionProvider"):
+        OnnxRunner.load(exported, device="cuda")  # this machine's onnxruntime is the CPU build
+    copy = Path(shutil.copytree(exported, tmp_path / "other"))
+    meta = json.loads((copy / ONNX_META_FILE).read_text())
+    meta["chunk_size"] = meta["outputs"][0]["shape"][1] = 20
+    (copy / ONNX_META_FILE).write_text(json.dumps(meta))
+    with pytest.raises(PolicyLoadError, match="not of one export"):
+        OnnxRunner.load(copy)
+    (copy / ONNX_DATA_FILE).write_bytes(b"truncated")
+    (copy / ONNX_META_FILE).write_text((exported / ONNX_META_FILE).read_text())
+    with pytest.raises(PolicyLoadError, match="ONNX Runtime cannot load it"):
+        OnnxRunner.load(copy)
+
+
+# A robot without torch: every import of torch (or of what needs it) fails, as on a slim install.
+NO_TORCH = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is blocked: not on this robot")
+        return None
+BLOCKED = set(sys.argv[2].split(","))
+sys.meta_path.insert(0, Block())
+try:
+    import torch
+except ImportError:
+    pass
+else:
+    raise SystemExit("torch imported")
+import json
+import numpy as np
+from robotloop.deploy.onnx_runner import OnnxRunner
+from robotloop.deploy.errors import PolicyLoadError
+try:
+    runner = OnnxRunner.load(sys.argv[1], inference={"n_action_steps": 1, "temporal_ensemble_coeff": 0.01})
+except PolicyLoadError as error:
+    print(json.dumps({"error": str(error)}))
+    raise SystemExit(0)
+obs = {"pixels": {"top": np.full((48, 64, 3), 128, np.uint8)}, "agent_pos": np.zeros(14)}
+actions = [runner.act(obs).tolist() for _ in range(3)]
+print(json.dumps({"actions": actions, "modules": sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)}))
+"""
+
+
+def _without(blocked: str, exported: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, str(exported), blocked], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_onnx_runner_needs_neither_torch_nor_lerobot(exported: Path) -> None:
+    robot = _without("torch,torchvision,lerobot,safetensors", exported)
+    assert robot["modules"] == []
+    local = OnnxRunner.load(exported, inference=ENSEMBLE)
+    obs = {"pixels": {"top": np.full((48, 64, 3), 128, np.uint8)}, "agent_pos": np.zeros(14)}
+    np.testing.assert_allclose(robot["actions"], [local.act(obs) for _ in range(3)], rtol=0, atol=1e-6)
+    # and without onnxruntime either, the release is unloadable with the reason
+    assert "onnxruntime is not installed" in _without("torch,onnxruntime", exported)["error"]
+
+
+@torch.library.custom_op("robotloop_test::mystery_conv", mutates_args=())
+def _mystery(x: torch.Tensor) -> torch.Tensor:
+    """An op with no ONNX translation, as a custom kernel would be."""
+    return x.clone()
+
+
+@_mystery.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class _CustomBackbone(torch.nn.Module):
+    """Stands in for ResNet18 (its output's shape, from a pooled input) through the custom op."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        pooled = torch.nn.functional.adaptive_avg_pool2d(x, (1, 1))
+        return {"feature_map": _mystery(pooled.repeat(1, 171, 1, 1)[:, :512])}
+
+
+class _Branchy(torch.nn.Module):
+    """A layer whose control flow depends on the data: it cannot be traced into one graph."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) if x.sum() > 0 else -self.inner(x)
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        (
+            lambda model: setattr(model, "backbone", _CustomBackbone()),
+            r"layer policy\.model\.backbone \(_CustomBackbone\) cannot be exported to ONNX: op "
+            r"robotloop_test\.mystery_conv\.default .*no ONNX translation",
+        ),
+        (
+            lambda model: setattr(model, "encoder_img_feat_input_proj", _Branchy(model.encoder_img_feat_input_proj)),
+            r"cannot be traced for ONNX export in layer policy\.model\.encoder_img_feat_input_proj \(_Branchy\)",
+        ),
+    ],
+    ids=["op-without-translation", "data-dependent-branch"],
+)
+def test_a_layer_that_cannot_be_exported_is_named(tiny: Path, tmp_path: Path, breakage, message: str) -> None:
+    runner = PolicyRunner.load(tiny)
+    breakage(runner.policy.model)
+    with pytest.raises(OnnxExportError, match=message):
+        export_runner(runner, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # nothing written
