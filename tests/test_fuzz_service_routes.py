@@ -29,7 +29,12 @@ from .test_capture_service import ROBOT_A, capture  # noqa: F401 - the real capt
 from .test_train_service import DATASET as TRAIN_DATASET
 from .test_train_service import trainer  # noqa: F401 - the dashboard's training service, as a fixture
 from .test_ui import DATASET as UI_DATASET
-from .test_ui import UI_WRITE, ui  # noqa: F401 - the dashboard over real services, as a fixture
+from .test_ui import (
+    FLEET_DATASET,
+    UI_WRITE,
+    fleet_views,  # noqa: F401 - a fleet dataset and a rounds report beside the dashboard's
+    ui,  # noqa: F401 - the dashboard over real services, as a fixture
+)
 
 OPS = "rl_ops_fuzz"
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -137,6 +142,7 @@ def test_every_capture_route_answers_below_500(capture, tmp_path_factory, data):
 bucket_urls = names | st.sampled_from(
     [
         UI_DATASET,
+        FLEET_DATASET,
         TRAIN_DATASET,
         f"{UI_DATASET}/videos/observation.images.top/chunk-000/file-000.mp4",
         f"{UI_DATASET}/meta/info.json",
@@ -162,14 +168,15 @@ ranges = (
 
 
 @pytest.fixture(scope="module")
-def dashboard(ui):  # noqa: F811
-    """The dashboard, its /api and /media routes as (method, path, query parameter names), and a report's id."""
+def dashboard(ui, fleet_views):  # noqa: F811
+    """The dashboard, its /api and /media routes as (method, path, query parameter names), and its reports' ids
+    (a loop's, and a rounds report's)."""
     from robotloop.ui.runs import report_id
     from services.ui.app import create_app
 
     app = create_app(load_settings(), ui.reports.parent / "ui.tokens")
     routes = [route for route in _routes(app) if route[1].startswith(("/api/", "/media/"))]
-    return ui, routes, report_id((ui.reports / "loop").resolve())
+    return ui, routes, [report_id((ui.reports / "loop").resolve()), fleet_views]
 
 
 def _dashboard_request(
@@ -177,10 +184,10 @@ def _dashboard_request(
 ) -> tuple[str, str, httpx.Response]:
     """A request to one of the dashboard's routes; `slashes=False`: no "/" in path parameters (a "/" or "%2F"
     there, or a "." or "..", is another path, which may match no route)."""
-    board, routes, report_id = dashboard
+    board, routes, report_ids = dashboard
     method, template, params = data.draw(st.sampled_from(routes))
     one_segment = names.filter(lambda n: "/" not in n and n not in (".", ".."))
-    segments = (names if slashes else one_segment) | st.just(report_id)
+    segments = (names if slashes else one_segment) | st.sampled_from(report_ids)
     path = re.sub(r"\{[^}]+\}", lambda _: _url("", "{x}", data.draw(segments)), template)
     query = _query(data, params, bucket_urls)
     if range_header := (data.draw(ranges) or "").strip():  # a header value cannot start or end with a space

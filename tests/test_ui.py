@@ -8,7 +8,9 @@ the same origin; markup from robots, datasets and reports stays text; an episode
 segment of a shared mp4 (its first frame is the episode's, its `currentTime` advances, it stops at its end); a
 loop report uploaded beside its run (`upload_report`) shows on its release's page, with its figures and rollout
 video served by name only, and a broken or missing one is an unknown item; a training job's loss curve grows while
-the page is open. Each test writes screenshots under its tmp folder.
+the page is open; a fleet dataset's episode shows its robot, release, kind and expert frames, and its takeovers
+marked on its timeline; a rounds report shows its table of rounds; a robot's heartbeat shows its recorded and
+dropped episodes and its last recording error. Each test writes screenshots under its tmp folder.
 
 Skipped, saying why, when Chromium (`apt-get install chromium`) or Playwright (the `dev` extra) is missing.
 """
@@ -16,13 +18,15 @@ Skipped, saying why, when Chromium (`apt-get install chromium`) or Playwright (t
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -61,7 +65,9 @@ pytestmark = pytest.mark.skipif(
 UI_WRITE, UI_READ, UI_SCOPED = "rl_ui_write", "rl_ui_read", "rl_ui_lab_only"
 OPS = "rl_ui_ops"
 DATASET = "hf://buckets/lab/ui/datasets/colours"
+FLEET_DATASET = "hf://buckets/lab/ui/datasets/fleet-cube"  # fleet_views's: two episodes of two robots
 RUN = "hf://buckets/lab/ui/models/ui-run"  # the loop report of _reports names this run
+LIVE_RUN = "hf://buckets/lab/trainsvc/models/ui-live"  # the loss curve's training job; fleet_views's rounds report
 XSS = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 1">'
 FPS, FRAMES = 10, 30  # 3 s per episode: long enough to watch it play and stop
 IMAGE = (48, 64)
@@ -366,6 +372,7 @@ def _publish(
 
 def test_fleet_shows_the_robot_running_its_release_and_a_rollback_with_its_reason(ui, robot, browser, tmp_path):
     from robotloop.deploy.runner import make_tiny_checkpoint
+    from robotloop.fleet import RecordingStats
     from robotloop.train.data.catalog import DatasetSource
 
     source = DatasetSource(ui.bucket, BucketUrl.parse(DATASET))
@@ -398,10 +405,20 @@ def test_fleet_shows_the_robot_running_its_release_and_a_rollback_with_its_reaso
     assert event["kind"] == "rollback" and event["detail"].startswith("gripper slips")
     page.screenshot(path=tmp_path / "fleet-rollback.png", full_page=True)
 
-    # A robot's own heartbeat figures with markup in them are shown as text too.
+    # A robot's own heartbeat figures with markup in them are shown as text too; this one records its episodes
+    # (robotloop.fleet's recorder): its recorded and dropped episodes and its last recording error.
+    stats = RecordingStats(multiprocessing.get_context("spawn"))
+    for outcome in ("recorded", "recorded", "dropped"):
+        stats.add(outcome, f"StorageError: {XSS}" if outcome == "dropped" else None)
     bot = DeployClient(ui.deploy.url, ui.ops().register_robot("xss-bot", channel="other"))
-    bot.heartbeat("xss-bot", None, {"control_hz": 49.5, "health": {XSS: 1.0}})
+    bot.heartbeat("xss-bot", None, {"control_hz": 49.5, "health": {XSS: 1.0}, "recording": stats.as_dict()})
+    cells = page.locator('#robots tr[data-robot="xss-bot"] td')
     expect(page.locator('#robots tr[data-robot="xss-bot"]')).to_contain_text(XSS)
+    expect(page.locator("#robots thead th").nth(8)).to_have_text("recorded")
+    expect(cells.nth(8)).to_have_text("2")
+    expect(cells.nth(9)).to_have_text("1")
+    expect(cells.nth(10)).to_have_text(f"StorageError: {XSS}")
+    expect(running.locator("td").nth(8)).to_have_text("—")  # ui-bot records nothing
     assert page.evaluate("() => window.__pwned") is None and page.locator("#robots img").count() == 0
 
     # The release page: lineage down to the episodes and their Xet hashes, the evaluation, and links along it.
@@ -423,7 +440,7 @@ def test_fleet_shows_the_robot_running_its_release_and_a_rollback_with_its_reaso
 
 
 # -- datasets --------------------------------------------------------------------------------------------------
-def test_an_episode_plays_its_own_segment_of_the_shared_video(ui, browser, tmp_path):
+def test_an_episode_plays_its_own_segment_of_the_shared_video(ui, fleet_views, browser, tmp_path):
     page = signed_in(browser, ui, UI_READ)
     page.goto(f"{ui.url}/datasets?bucket=hf://buckets/lab/ui")
     expect(page.locator("#buckets")).to_contain_text("hf://buckets/lab/ui")  # --namespace lab
@@ -467,10 +484,149 @@ def test_an_episode_plays_its_own_segment_of_the_shared_video(ui, browser, tmp_p
     )
     assert past.status_code == 416
     assert ui.call("GET", f"/media/bucket?url={DATASET}/meta/info.json", cookies=cookies).status_code == 400
+
+    # A fleet dataset: each episode's robot, release, kind and expert frames, its takeovers on its timeline.
+    shown = ui.call("GET", "/api/dataset", params={"url": FLEET_DATASET}, cookies=cookies).json()
+    demos = ui.call("GET", "/api/dataset", params={"url": DATASET}, cookies=cookies).json()
+    assert shown["role"] == "fleet" and demos["role"] == "demo" and "takeovers" not in demos["episodes"][0]
+    assert [(e["fleet"]["robot"], e["fleet"]["kind"], e["success"], e["takeovers"]) for e in shown["episodes"]] == [
+        ("fleet-r1", "takeover", True, [[TAKEOVER.start, TAKEOVER.stop]]),
+        ("fleet-r2", "autonomous", False, []),
+    ]
+    page.goto(f"{ui.url}/datasets?url={quote(FLEET_DATASET)}&episode=0")
+    rows = page.locator("#episodes tbody tr")
+    expect(rows).to_have_count(2)
+    expect(page.locator("#dataset-facts")).to_contain_text("8 expert frames in 1 takeovers, robots fleet-r1, fleet-r2")
+    expect(page.locator("#episodes thead th")).to_have_text(
+        ["episode", "frames", "task", "success", "robot", "release", "kind", "expert frames", "takeovers"]
+    )
+    expect(rows.nth(0).locator("td")).to_have_text(
+        ["episode 0", "20", "transfer the cube", "yes", "fleet-r1", "ui-v1", "takeover", "8", "1"]
+    )
+    # Frames 5 to 12 of 20 taken over: a mark from 25% of the timeline's width, 40% of it wide.
+    mark = page.locator("#timeline .takeover")
+    expect(mark).to_have_count(1)
+    expect(mark).to_have_attribute("data-start", "5")
+    bar, box = page.locator("#timeline").bounding_box(), mark.bounding_box()
+    assert abs((box["x"] - bar["x"]) / bar["width"] - 0.25) < 0.01 and abs(box["width"] / bar["width"] - 0.4) < 0.01
+    expect(page.locator("#takeovers")).to_have_text("Takeovers (the expert drove): frames 5–12 (0.50 s to 1.30 s)")
+    page.evaluate("() => { const v = document.getElementById('video'); v.pause(); v.currentTime = 0; }")
+    mark.click()  # plays from the takeover's first frame
+    page.wait_for_function(
+        "() => { const v = document.getElementById('video'); return !v.paused && v.currentTime >= 0.5; }"
+    )
+    page.screenshot(path=tmp_path / "fleet-dataset.png", full_page=True)
+    rows.nth(1).click()
+    expect(page.locator("#takeovers")).to_have_text("No takeover: the policy drove every frame.")
+    expect(page.locator("#timeline .takeover")).to_have_count(0)
     page.context.close()
 
 
-def test_a_report_renders_with_its_markup_escaped(ui, browser, tmp_path):
+TAKEOVER = range(5, 13)  # fleet-r1's episode: the expert drove frames 5 to 12
+
+
+def _record_fleet(bucket: BucketClient, staging: Path) -> None:
+    """A fleet dataset as robots' recorders commit it (`DatasetSpec(fleet=True)`: frames with `intervention` and
+    `policy_action`, a facts line per episode; here through the capture path, in this process): fleet-r1's episode,
+    taken over at TAKEOVER, then solved; fleet-r2's, autonomous and failed."""
+    from robotloop.capture.recorder import episode_frame
+    from robotloop.fleet import EpisodeFacts
+
+    spec = DatasetSpec({"top": (24, 32, 3)}, 14, 14, fps=FPS, vcodec="h264", fleet=True)
+    recorder = DatasetRecorder(bucket, BucketUrl.parse(FLEET_DATASET), spec, staging=staging)
+    n, task = 20, "transfer the cube"
+    for k, (robot, expert) in enumerate((("fleet-r1", TAKEOVER), ("fleet-r2", range(0)))):
+        intervention = np.isin(np.arange(n), list(expert))
+        reward = np.linspace(0, 4 if k == 0 else 2, n, dtype=np.float32)
+        action = np.zeros((n, 14), np.float32)
+        images = {"top": np.full((n, 24, 32, 3), colour(k), np.uint8)}
+        episode = Episode(images, action.copy(), action, task, reward, reward >= 4, intervention, action + 1)
+        live = recorder.begin(task)
+        live.add_frames([episode_frame(spec, episode, t) for t in range(n)])
+        kind = "takeover" if intervention.any() else "autonomous"
+        outcome = {"success": k == 0, "max_reward": float(reward.max()), "frames": n, "kind": kind}
+        facts = {**asdict(EpisodeFacts(robot, "ui-v1", task, seed=100 + k)), **outcome}
+        live.commit(facts={**facts, "expert_frames": int(intervention.sum())})
+
+
+def _write_rounds_report(folder: Path) -> None:
+    """A rounds report as `robotloop rounds` writes it (`write_rounds_report`): round 0 and one round through the
+    fleet, promoted, with the same-expert-frames baseline beside it."""
+    from robotloop.loop.pipeline import LoopReport, LoopSettings
+    from robotloop.rounds.report import write_rounds_report
+    from robotloop.rounds.run import Baseline, RoundResult, RoundSettings, RoundsReport
+
+    bucket, run = LIVE_RUN.split("/models/")
+    settings = LoopSettings(bucket=bucket, run=run, report_dir=folder)
+    loop = LoopReport(settings, {"record": 1.0, "train": 2.0}, episodes=4)
+    loop.release, loop.robot_running_after_s = "ui-r0", 1.5
+    rounds = [
+        RoundResult(0, "ui-r0", True, 0.25, (0.1, 0.5), 8, expert_frames=1600, minutes=3.5),
+        RoundResult(
+            1,
+            "ui-r1",
+            True,
+            0.5,
+            (0.25, 0.75),
+            8,
+            expert_frames=400,
+            fleet_episodes=4,
+            fleet_failures=3,
+            takeovers=3,
+            minutes=2.5,
+            gain_per_1000_expert_frames=0.625,
+            baseline=Baseline(5, 400, 0.375, (0.14, 0.69), minutes=1.5),
+        ),
+    ]
+    report = RoundsReport(loop, RoundSettings(baseline=True), rounds, stable="ui-r1")
+    write_rounds_report(report, folder)
+
+
+@pytest.fixture(scope="module")
+def fleet_views(ui, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """FLEET_DATASET in the bucket and a rounds report in the dashboard's report folder; the report's id."""
+    from robotloop.ui.runs import report_id
+
+    if ui.bucket.ls(BucketUrl.parse(FLEET_DATASET)):  # another module's instance recorded it before
+        ui.bucket.delete(BucketUrl.parse(FLEET_DATASET), recursive=True)
+    _record_fleet(ui.bucket, tmp_path_factory.mktemp("fleet-stage"))
+    _write_rounds_report(ui.reports / "rounds")
+    return report_id((ui.reports / "rounds").resolve())
+
+
+def test_fleet_figures_from_a_robot_or_a_report_that_are_not_what_they_should_be_show_as_nothing():
+    """What pages get from a facts line, a report.json or a heartbeat that is torn or of the wrong types (robots
+    write their own heartbeats and facts), and takeovers at an episode's edges (the pages show the good ones)."""
+    from robotloop.ui.datasets import fleet_facts, takeover_segments
+    from robotloop.ui.fleet import recording_row
+    from robotloop.ui.runs import rounds_rows
+
+    assert takeover_segments([]) == takeover_segments([False] * 3) == []
+    assert takeover_segments([True, False, True, True]) == [(0, 1), (2, 4)]  # a single frame; one to the end
+    lines = [
+        '{"episode_index": 4, "robot_id": "r2"',  # torn
+        json.dumps({"episode_index": "5", "robot_id": "r3"}),  # no integer index
+        json.dumps({"episode_index": True, "robot_id": "r4"}),
+        json.dumps({"episode_index": 6, "robot_id": {"nested": [1]}, "seed": None}),
+        "[1, 2]",
+    ]
+    facts = fleet_facts("\n".join(lines))
+    assert list(facts) == [6] and facts[6]["robot"] == '{"nested": [1]}' and facts[6]["kind"] is None  # as text
+    assert rounds_rows({}) == rounds_rows({"rounds": "many"}) == rounds_rows({"rounds": None}) == []
+    broken = {"round": True, "release": ["x"], "promoted": "yes", "success_rate": float("nan"), "ci95": [0.1]}
+    (row,) = rounds_rows({"rounds": [{**broken, "expert_frames": 10**400, "baseline": "none"}, "not a round", 7]})
+    assert [row[k] for k in ("round", "release", "promoted", "decision", "success_rate", "ci95", "baseline")] == [
+        None
+    ] * 7
+    assert row["expert_frames"] == 10**400  # a number, however large
+    json.dumps(row, allow_nan=False)
+    assert recording_row({"control_hz": 50.0}) is None and recording_row(None) is None  # it records nothing
+    assert recording_row({"recording": ["recorded"]}) is None
+    odd = recording_row({"recording": {"recorded": "3", "dropped": True, "unfinished": -1, "last_error": 5}})
+    assert odd == dict.fromkeys(("recorded", "dropped", "unfinished", "not_kept", "not_sampled", "last_error"))
+
+
+def test_a_report_renders_with_its_markup_escaped(ui, fleet_views, browser, tmp_path):
     page = signed_in(browser, ui, UI_READ)
     page.goto(f"{ui.url}/reports")
     page.get_by_role("link", name="ui-run").click()
@@ -486,7 +642,29 @@ def test_a_report_renders_with_its_markup_escaped(ui, browser, tmp_path):
     for name in ("loss.png", "%0Aloss.png"):  # no session: refused, whatever the name (a newline included)
         assert ui.call("GET", f"/media/report/{report_id}/{name}").status_code == 401, name
     page.screenshot(path=tmp_path / "report.png", full_page=True)
+    expect(page.locator("#rounds-section")).to_be_hidden()  # a loop's report: no rounds
+
+    # A rounds report: listed with its rounds, and its page shows their table above report.md's.
+    listed = {r["id"]: r["rounds"] for r in ui.call("GET", "/api/reports", cookies=cookies).json()["reports"]}
+    assert listed[fleet_views] == 2 and listed[report_id] == 0
+    page.goto(f"{ui.url}/reports/{fleet_views}")
+    _expect_rounds(page)
+    expect(page.locator("#report")).to_contain_text("Rounds through the fleet")
     page.context.close()
+
+
+def _expect_rounds(page: Page) -> None:
+    """The table of `_write_rounds_report`'s rounds, as the run and report pages show it."""
+    rounds = page.locator("#rounds tbody tr")
+    expect(rounds).to_have_count(2)
+    expect(page.locator("#rounds-stable")).to_have_text(
+        "stable runs ui-r1; the rounds took 2.5 min (the baselines 1.5 min more)"
+    )
+    expect(rounds.nth(0).locator("td")).to_have_text(
+        ["0", "ui-r0", "start", "25.0% (10.0% to 50.0%)", "1600", "—", "—", "3.5", "—", "—"]
+    )
+    second = ["1", "ui-r1", "promoted", "50.0% (25.0% to 75.0%)", "400", "4 (3)", "3", "2.5", "+62.50 pts"]
+    expect(rounds.nth(1).locator("td")).to_have_text([*second, "37.5% (14.0% to 69.0%), 5 demos"])
 
 
 BUCKET_RUN = "hf://buckets/lab/ui/models/ui-bucket-run"  # its loop report is only in the bucket
@@ -599,9 +777,9 @@ def test_a_broken_or_missing_bucket_report_is_an_unknown_item(ui, tmp_path):
 
 
 # -- training --------------------------------------------------------------------------------------------------
-def test_a_training_jobs_loss_curve_grows(ui, browser, tmp_path):
+def test_a_training_jobs_loss_curve_grows(ui, fleet_views, browser, tmp_path):
     client = TrainerClient(ui.trainer_url, TRAINER_WRITER)
-    job = client.submit(job_spec("hf://buckets/lab/trainsvc/models/ui-live", 100_000, checkpoint_every=1000))
+    job = client.submit(job_spec(LIVE_RUN, 100_000, checkpoint_every=1000))
     try:
         page = signed_in(browser, ui, UI_READ)
         page.goto(f"{ui.url}/runs")
@@ -612,7 +790,8 @@ def test_a_training_jobs_loss_curve_grows(ui, browser, tmp_path):
         page.wait_for_function(f"() => window.__robotloop.lossPoints > {before}", timeout=30_000)  # no reload
         expect(page.locator("#job-facts")).to_contain_text("running")
         expect(page.locator("#job-facts")).to_contain_text(TRAIN_DATASET)
-        expect(page.locator("#job-facts dd").last).to_have_text("none found")  # no loop report: no loop trained it
+        expect(page.locator("#job-facts dd").last).to_have_text(LIVE_RUN.rsplit("/", 1)[1])  # the rounds report
+        _expect_rounds(page)  # ... and its rounds, on the run's page
         page.screenshot(path=tmp_path / "run.png", full_page=True)
         page.context.close()
     finally:

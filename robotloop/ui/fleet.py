@@ -1,5 +1,7 @@
 """The fleet and releases pages: robots, channels, releases with their lineage, and the two writes (promote, roll
-back), all read from the deploy service as `robotloop deploy status` and `deploy history` do."""
+back), all read from the deploy service as `robotloop deploy status` and `deploy history` do. A robot that records
+its episodes into a fleet dataset says in its heartbeat how many it recorded and dropped, and its last recording
+error (`status["recording"]`: `robotloop.fleet.RecordingStats.as_dict()`, sent by `robotloop.deploy.reporter`)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ class FleetViews:
         return {
             "channels": state["channels"],
             "releases": [r["name"] for r in state["releases"]],
-            "robots": [robot_row(r, now) for r in state["robots"]],
+            "robots": [{**robot_row(r, now), "recording": recording_row(r.get("status"))} for r in state["robots"]],
             "events": deploy.history(limit=history),
         }
 
@@ -74,6 +76,25 @@ class FleetViews:
         if channel is not None:
             return self.clients.deploy.rollback_channel(path_name("channel", channel), reason)
         return self.clients.deploy.rollback_robot(path_name("robot", robot or ""), reason)
+
+
+RECORDING_COUNTS = ("recorded", "dropped", "unfinished", "not_kept", "not_sampled")  # RecordingStats.FIELDS
+MAX_ERROR_CHARS = 400  # RecordingStats keeps 399 bytes of it
+
+
+def recording_row(status: Any) -> dict[str, Any] | None:
+    """A robot's recording, from its last heartbeat's `status`: episodes by outcome (`RECORDING_COUNTS`: a
+    count, None where the robot sent no count) and its last error; None when the robot records nothing. A robot
+    writes its own heartbeat, so anything else there is shown as nothing rather than failing the page."""
+    found = status.get("recording") if isinstance(status, dict) else None
+    if not isinstance(found, dict):
+        return None
+    counts = {k: found.get(k) for k in RECORDING_COUNTS}
+    error = found.get("last_error")
+    return {
+        **{k: v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None for k, v in counts.items()},
+        "last_error": error[:MAX_ERROR_CHARS] if isinstance(error, str) and error else None,
+    }
 
 
 def lineage_summary(lineage: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,14 @@
 """The runs and reports pages: training jobs and their progress (from the training service, as `robotloop trainer
 watch` reads them), a run's checkpoints in its bucket, and the loop reports and evaluations: those `robotloop loop`
 uploaded beside the runs the dashboard knows (`<run>/report/` in the bucket; `bucket_reports.py`) and those in the
-report folders on this machine."""
+report folders on this machine. A rounds report (`robotloop.rounds.report`: report.json with `rounds`) also gives
+its table of rounds (`rounds_rows`)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -85,6 +87,7 @@ class RunViews:
                     "run": settings.get("run"),
                     "run_url": loop_run_url(settings),
                     "release": summary.get("release"),
+                    "rounds": len(rounds_rows(summary)),
                     "modified": path.stat().st_mtime,
                 }
             )
@@ -93,7 +96,9 @@ class RunViews:
         return sorted(out, key=lambda r: -(r["modified"] or 0))
 
     def report(self, report_id: str) -> dict[str, Any]:
-        """A loop report's Markdown, its figures' names and its summary.
+        """A loop report's Markdown, its figures' names, its summary and its rounds (`rounds_rows`; [] for a
+        report of one loop) with the release stable ran at their end, the rounds' minutes (round 0's included) and
+        their baselines' (apart: the benchmark's, not the loop's); None where the report says none.
 
         Raises:
             UnknownItem: no report with that id, or it holds no `report.md` (an evaluation alone).
@@ -107,7 +112,17 @@ class RunViews:
             where, summary = str(folder), _read_json(folder / "report.json")
         if markdown is None:
             raise UnknownItem(f"report {report_id} has no report.md (an evaluation alone: see the reports page)")
-        return {"id": report_id, "dir": where, "markdown": markdown, "summary": summary}
+        stable = summary.get("stable")
+        return {
+            "id": report_id,
+            "dir": where,
+            "markdown": markdown,
+            "summary": summary,
+            "rounds": rounds_rows(summary),
+            "stable": stable if isinstance(stable, str) else None,
+            "rounds_minutes": _number(summary.get("rounds_minutes")),
+            "baseline_minutes": _number(summary.get("baseline_minutes")),
+        }
 
     def report_file(self, report_id: str, name: str) -> Path:
         """A PNG or MP4 a report or evaluation shows: only names listed in its folder, never a path.
@@ -148,6 +163,7 @@ class RunViews:
             "run": (summary.get("settings") or {}).get("run") or BucketUrl.parse(found.run_url).name,
             "run_url": found.run_url,
             "release": summary.get("release"),
+            "rounds": len(rounds_rows(summary)),
             "modified": found.modified,
         }
 
@@ -176,6 +192,65 @@ def job_row(state: dict[str, Any]) -> dict[str, Any]:
         "output": spec.get("output"),
         "datasets": spec.get("datasets") or [],
     }
+
+
+def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rounds of a rounds report's summary (report.json's `rounds`, `robotloop.rounds.report.round_row`'s
+    rows) as the run view's table shows them: round, release, what became of it (`decision`: "start" for round 0,
+    which is stable by construction, else "promoted" or "kept stable"), success with its 95% interval, expert
+    frames, the fleet's episodes, failures and takeovers (None for round 0, which ran no fleet), minutes, the gain
+    per 1,000 expert frames (success points, a share) and the same-expert-frames baseline's success and minutes
+    when it ran.
+    A row that is not an object, or a figure of the wrong type, shows as nothing rather than failing the page."""
+    found = summary.get("rounds")
+    rows = []
+    for r in found if isinstance(found, list) else []:
+        if not isinstance(r, dict):
+            continue
+        number, promoted = _number(r.get("round")), r.get("promoted")
+        fleet = number != 0  # round 0 is the loop's own: demos, no fleet
+        baseline = r.get("baseline") if isinstance(r.get("baseline"), dict) else None
+        rows.append(
+            {
+                "round": number,
+                "release": r.get("release") if isinstance(r.get("release"), str) else None,
+                "promoted": promoted if isinstance(promoted, bool) else None,
+                "decision": "start" if not fleet else {True: "promoted", False: "kept stable"}.get(promoted),
+                "success_rate": _number(r.get("success_rate")),
+                "ci95": _interval(r.get("ci95")),
+                "eval_episodes": _number(r.get("eval_episodes")),
+                "expert_frames": _number(r.get("expert_frames")),
+                "fleet_episodes": _number(r.get("fleet_episodes")) if fleet else None,
+                "fleet_failures": _number(r.get("fleet_failures")) if fleet else None,
+                "takeovers": _number(r.get("takeovers")) if fleet else None,
+                "minutes": _number(r.get("minutes")),
+                "gain_per_1000_expert_frames": _number(r.get("gain_per_1000_expert_frames")),
+                "baseline": None
+                if baseline is None
+                else {
+                    "demos": _number(baseline.get("demos")),
+                    "expert_frames": _number(baseline.get("expert_frames")),
+                    "success_rate": _number(baseline.get("success_rate")),
+                    "ci95": _interval(baseline.get("ci95")),
+                    "minutes": _number(baseline.get("minutes")),
+                },
+            }
+        )
+    return rows
+
+
+def _number(value: Any) -> int | float | None:
+    """A figure of a report, or None when it is not a finite number (a bool is no figure)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if isinstance(value, int) or math.isfinite(value) else None  # an int of any size is finite
+
+
+def _interval(value: Any) -> list[float] | None:
+    if not isinstance(value, list) or len(value) != 2:
+        return None
+    low, high = _number(value[0]), _number(value[1])
+    return None if low is None or high is None else [low, high]
 
 
 def loop_run_url(settings: dict[str, Any]) -> str | None:

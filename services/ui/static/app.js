@@ -173,6 +173,9 @@
           el("td", {}, num(r.max_gap_ms)),
           el("td", {}, health(r.health)),
           el("td", {}, r.episodes ?? "—"),
+          el("td", { class: "recorded" }, r.recording ? r.recording.recorded ?? "—" : "—"),
+          el("td", { class: `dropped${r.recording?.dropped ? " error" : ""}` }, r.recording ? r.recording.dropped ?? "—" : "—"),
+          el("td", { class: "detail recording-error" }, r.recording?.last_error || ""),
           el("td", {}, ago(r.last_seen_s_ago)),
           el(
             "td",
@@ -286,13 +289,47 @@
     );
   }
 
+  // A rounds report's table (robotloop.ui.runs.rounds_rows): on its report's page and on its training run's.
+  const interval = (ci) => (ci ? ` (${pct(ci[0])} to ${pct(ci[1])})` : "");
+  function showRounds(data) {
+    $("#rounds-section").hidden = !data.rounds.length;
+    const took = data.rounds_minutes === null ? "" : `; the rounds took ${num(data.rounds_minutes)} min`;
+    const base = data.baseline_minutes ? ` (the baselines ${num(data.baseline_minutes)} min more)` : "";
+    $("#rounds-stable").textContent = data.stable ? `stable runs ${data.stable}${took}${base}` : "";
+    fill(
+      "#rounds",
+      data.rounds.map((r) => {
+        const gain = r.gain_per_1000_expert_frames;
+        const base = r.baseline;
+        return el(
+          "tr",
+          { "data-round": r.round ?? "" },
+          el("td", {}, r.round ?? "—"),
+          el("td", {}, releaseLink(r.release)),
+          el("td", { class: `decision-${(r.decision || "").replace(" ", "-")}` }, r.decision || "—"),
+          el("td", {}, `${pct(r.success_rate)}${interval(r.ci95)}`),
+          el("td", {}, r.expert_frames ?? "—"),
+          el("td", {}, r.fleet_episodes === null ? "—" : `${r.fleet_episodes} (${r.fleet_failures ?? "?"})`),
+          el("td", {}, r.takeovers ?? "—"),
+          el("td", {}, num(r.minutes)),
+          el("td", {}, gain === null ? "—" : `${gain >= 0 ? "+" : ""}${(100 * gain).toFixed(2)} pts`),
+          el("td", {}, base ? `${pct(base.success_rate)}${interval(base.ci95)}, ${base.demos ?? "?"} demos` : "—"),
+        );
+      }),
+    );
+  }
+
   const reportLinks = (found) => (found.length ? found.flatMap((r) => [link(`/reports/${enc(r.id)}`, r.run || r.id), " "]) : "none found");
   const run = { steps: [], losses: [], plot: null, last: -1, checkpointsAt: 0, reports: null };
   async function runPage() {
     const id = document.body.dataset.item;
     const data = await api(`/api/runs/${enc(id)}?after=${run.last}`);
     const j = data.job;
-    if (run.reports === null && j.output) run.reports = (await api(`/api/reports?run=${enc(j.output)}`)).reports; // once: the folders are searched
+    if (run.reports === null && j.output) {
+      run.reports = (await api(`/api/reports?run=${enc(j.output)}`)).reports; // once: the folders are searched
+      const rounds = run.reports.find((r) => r.rounds > 0);
+      if (rounds) showRounds(await api(`/api/reports/${enc(rounds.id)}`));
+    }
     const facts = [
       ["status", `${j.status}${j.message ? `: ${j.message}` : ""}`],
       ["step", `${j.step ?? 0} of ${j.steps ?? "?"}`],
@@ -359,7 +396,17 @@
     $("#dataset").hidden = false;
     $("#dataset-title").textContent = url;
     const frames = data.episodes.reduce((n, e) => n + e.length, 0);
-    $("#dataset-facts").textContent = `${data.episodes.length} episodes, ${frames} frames at ${data.fps} fps; cameras ${data.video_keys.join(", ") || "none"}`;
+    const fleet = data.role === "fleet";
+    let facts = `${data.episodes.length} episodes, ${frames} frames at ${data.fps} fps; cameras ${data.video_keys.join(", ") || "none"}`;
+    if (fleet) {
+      const expert = data.episodes.reduce((n, e) => n + e.takeovers.reduce((m, [a, b]) => m + b - a, 0), 0);
+      const robots = [...new Set(data.episodes.map((e) => e.fleet?.robot).filter((r) => r !== null && r !== undefined))];
+      facts += `; a fleet dataset: ${expert} expert frames in ${data.episodes.reduce((n, e) => n + e.takeovers.length, 0)} takeovers, robots ${robots.join(", ") || "unknown"}`;
+    }
+    $("#dataset-facts").textContent = facts;
+    const heads = ["episode", "frames", "task", "success", ...(fleet ? ["robot", "release", "kind", "expert frames", "takeovers"] : [])];
+    $("#episodes thead").replaceChildren(el("tr", {}, ...heads.map((h) => el("th", {}, h))));
+    const yesNo = (v) => (v === null || v === undefined ? "—" : v ? "yes" : "no");
     fill(
       "#episodes",
       data.episodes.map((e) =>
@@ -369,7 +416,16 @@
           el("td", {}, el("button", { type: "button", class: "linkish" }, `episode ${e.index}`)),
           el("td", {}, e.length),
           el("td", {}, e.task),
-          el("td", {}, e.success === null || e.success === undefined ? "—" : e.success ? "yes" : "no"),
+          el("td", {}, yesNo(e.success)),
+          ...(fleet
+            ? [
+                el("td", {}, e.fleet?.robot ?? "—"),
+                el("td", {}, releaseLink(e.fleet?.release)),
+                el("td", {}, e.fleet?.kind ?? "—"),
+                el("td", {}, e.fleet?.expert_frames ?? e.takeovers.reduce((m, [a, b]) => m + b - a, 0)),
+                el("td", {}, e.takeovers.length),
+              ]
+            : []),
         ),
       ),
     );
@@ -395,7 +451,41 @@
       $("#segment").textContent = `${key}: ${segment.from_s.toFixed(2)} s to ${segment.to_s.toFixed(2)} s of a shared video file`;
       playSegment($("#video"), `/media/bucket?url=${enc(segment.url)}`, segment);
     }
+    showTakeovers(e, data.fps, key ? e.video[key] : null);
     plotEpisode(data.url, e.index);
+  }
+
+  // A fleet episode's timeline: its frames end to end, the takeovers (frames the expert drove) marked; a click on
+  // one plays the video from its first frame.
+  function showTakeovers(e, fps, segment) {
+    const fleet = Array.isArray(e.takeovers);
+    $("#timeline").hidden = !fleet;
+    $("#takeovers").hidden = !fleet;
+    if (!fleet) return;
+    const n = Math.max(1, e.length);
+    const seek = (frame) => {
+      if (!segment) return;
+      const video = $("#video");
+      video.currentTime = segment.from_s + frame / fps;
+      video.play().catch((error) => say(`video: ${error.message}`));
+    };
+    const marks = e.takeovers.map(([start, end]) => {
+      const mark = el("span", {
+        class: "takeover",
+        "data-start": start,
+        "data-end": end,
+        title: `expert: frames ${start} to ${end - 1}`,
+        onclick: () => seek(start),
+      });
+      mark.style.left = `${(100 * start) / n}%`; // CSSOM, not a style attribute: the CSP allows no inline style
+      mark.style.width = `${(100 * (end - start)) / n}%`;
+      return mark;
+    });
+    $("#timeline").replaceChildren(...marks, $("#playhead"));
+    const seconds = (frame) => (frame / fps).toFixed(2);
+    $("#takeovers").textContent = e.takeovers.length
+      ? `Takeovers (the expert drove): ${e.takeovers.map(([a, b]) => `frames ${a}–${b - 1} (${seconds(a)} s to ${seconds(b)} s)`).join(", ")}`
+      : "No takeover: the policy drove every frame.";
   }
 
   // Episodes share mp4 files: seek to the episode's first frame, stop at its last.
@@ -431,6 +521,7 @@
         video.currentTime = Math.max(from, to - 1e-3);
       }
       if (!video.paused && t < from - 0.05) video.currentTime = from; // a seek before the episode: back to it
+      if (to > from) $("#playhead").style.left = `${(100 * Math.min(1, Math.max(0, (t - from) / (to - from))))}%`;
       if (frame) video.requestVideoFrameCallback(check); // one chain of frame callbacks; timeupdate is the backup
     };
     video.addEventListener("seeked", () => delete video.dataset.seeking);
@@ -476,6 +567,7 @@
   async function report() {
     const data = await api(`/api/reports/${enc(document.body.dataset.item)}`);
     $("#report-dir").textContent = data.dir;
+    showRounds(data);
     // Rendered on the server by markdown-it with html=False: raw HTML in the report arrives escaped.
     $("#report").innerHTML = data.html;
   }
