@@ -1,11 +1,11 @@
 #!/bin/bash
 # Follow a detached benchmarks/h200_loop.sh run from a device call: wait until its plan says "done" or `$2` seconds
-# pass (default 560, under the call's 10 minutes), copying its results tarball and plan into $OUT every 15 s, so a
-# call cut short still brings back everything packed so far.
+# pass (default 560, under the call's 10 minutes), copying its results tarball, plan and logs into $OUT every 15 s,
+# so a call cut short (or a run the lease cuts) still brings back everything packed or printed so far.
 #   bash benchmarks/device_follow.sh /tmp/r 560
 R=${1:-/tmp/h200-loop}
 end=$((SECONDS + ${2:-560}))
-copy() { cp -f "$R/results.tar.gz" "$R/plan.log" "$OUT/" 2>/dev/null; }
+copy() { cp -f "$R/results.tar.gz" "$R/plan.log" "$R/loop.log" "$R/dmon.log" "$OUT/" 2>/dev/null; }
 while [ $SECONDS -lt $end ] && ! grep -q " done$" "$R/plan.log" 2>/dev/null; do
   copy
   sleep 15

@@ -29,7 +29,7 @@ def loop(ctx: typer.Context, options: RoundsOptions) -> None:
         rounds = options.round_settings() if options.rounds else None
     except BadInput as error:  # an unknown task, a missing GPU, a bad recipe, rounds with --live
         raise typer.BadParameter(str(error)) from None
-    step = {"n": 0}
+    step = {"n": 0, "of": settings.steps}  # "of": the steps of the training under way (a round's fine-tune: fewer)
 
     def on_stage(stage: str, what: str) -> None:
         step["n"] += 1
@@ -37,7 +37,7 @@ def loop(ctx: typer.Context, options: RoundsOptions) -> None:
 
     def on_train(p) -> None:
         console.print(
-            f"   step {p.step}/{settings.steps}  loss {p.loss:.3f}  {p.samples_per_s:.0f} samples/s  "
+            f"   step {p.step}/{step['of']}  loss {p.loss:.3f}  {p.samples_per_s:.0f} samples/s  "
             f"data wait {100 * p.data_wait_share:.1f}%"
         )
 
@@ -57,10 +57,14 @@ def loop(ctx: typer.Context, options: RoundsOptions) -> None:
         def on_round(r) -> None:
             fleet = f", {r.fleet_episodes} fleet episodes, {r.takeovers} takeovers" if r.round else ""
             verdict = "" if not r.round else " (promoted)" if r.promoted else " (stable kept)"
+            low, high = r.ci95
+            stages = ", ".join(f"{name} {s:.0f} s" for name, s in r.stage_s.items())
             console.print(
-                f"   round {r.round}: {r.release} success {100 * r.success_rate:.0f}%{verdict}, "
-                f"{r.expert_frames} expert frames{fleet}, {r.minutes:.1f} min"
+                f"   round {r.round}: {r.release} success {100 * r.success_rate:.1f}% of {r.eval_episodes} "
+                f"(CI {100 * low:.1f}-{100 * high:.1f}%){verdict}, {r.expert_frames} expert frames{fleet}, "
+                f"{r.minutes:.1f} min ({stages})"
             )
+            step["of"] = rounds.steps or settings.steps
 
         rounds_report = run_rounds(settings, rounds, client, on_stage, on_train, on_demo, on_round)
         report = rounds_report.loop
