@@ -64,6 +64,12 @@ def loop(ctx: typer.Context, options: RoundsOptions) -> None:
                 f"(CI {100 * low:.1f}-{100 * high:.1f}%){verdict}, {r.expert_frames} expert frames{fleet}, "
                 f"{r.minutes:.1f} min ({stages})"
             )
+            if r.baseline is not None:  # printed as it is known: a run cut short still has it in its log
+                b, (low, high) = r.baseline, r.baseline.ci95
+                console.print(
+                    f"   round {r.round} baseline: {b.demos} more scripted demos ({b.expert_frames} frames) "
+                    f"success {100 * b.success_rate:.1f}% (CI {100 * low:.1f}-{100 * high:.1f}%), {b.minutes:.1f} min"
+                )
             step["of"] = rounds.steps or settings.steps
 
         rounds_report = run_rounds(settings, rounds, client, on_stage, on_train, on_demo, on_round)
