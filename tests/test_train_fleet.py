@@ -22,7 +22,9 @@ from robotloop.capture import DatasetRecorder, DatasetSpec, Episode
 from robotloop.errors import BadInput
 from robotloop.storage import BucketClient, BucketUrl, NotFound
 from robotloop.train.data import NothingToTrain, StreamingSampler, Weighting
-from robotloop.train.weights import FrameWeights
+from robotloop.train.weights import INTERVENTION_KEY as INTERVENTION
+from robotloop.train.weights import SUCCESS_KEY as SUCCESS
+from robotloop.train.weights import FrameWeights, autonomous_outcome
 
 from .conftest import WRITE_TOKEN
 from .test_train_data import CHUNK, LENGTHS, known_episode, record, settings, where
@@ -170,8 +172,8 @@ def test_demos_and_fleet_data_mix_by_role_and_dataset_weight(bucket_server, flee
     # The fleet's failures are said to be left out (demos drop nothing: no line for them).
     notes = [r.getMessage() for r in caplog.records if "not trained on" in r.getMessage()]
     assert notes == [
-        f"{fleet} (4 expert, 10 autonomous in successful episodes, 18 in failed ones): 18 of 32 frames weigh 0, "
-        "not trained on"
+        f"{fleet} (4 expert, 10 autonomous in successful episodes, 18 in failed or taken-over episodes): "
+        "18 of 32 frames weigh 0, not trained on"
     ]
 
 
@@ -180,8 +182,9 @@ def test_fleet_data_with_no_success_and_no_expert_frame_is_refused(bucket_server
     with pytest.raises(NothingToTrain, match="nothing to train on") as refused:
         StreamingSampler(client, [failures], settings())  # before any frame is decoded
     assert isinstance(refused.value, BadInput)
-    assert f"{failures} (0 expert, 0 autonomous in successful episodes, 20 in failed ones): 20 of 20" in str(
-        refused.value
+    assert (
+        f"{failures} (0 expert, 0 autonomous in successful episodes, 20 in failed or taken-over episodes): 20 of 20"
+        in str(refused.value)
     )
     # Given the demos too, it trains on them, and says what it left out.
     with caplog.at_level(logging.WARNING), StreamingSampler(client, [demos, failures], settings()) as sampler:
@@ -314,3 +317,28 @@ def test_lerobots_train_config_is_kept_only_where_lerobot_would_draw_the_same_fr
         report = _train(client, [dataset], out, steps=1)
         model = client.ls(BucketUrl.parse(report.checkpoints[-1]) / "pretrained_model")
         assert ("train_config.json" in {e.url.name for e in model}) == kept, dataset
+
+
+def test_policy_frames_that_led_to_a_takeover_weigh_as_failed_even_when_the_expert_then_succeeded():
+    """A takeover episode the expert saved: the policy's frames before it are its failure (weight 0 by default),
+    its frames after a hand-back that reached success on their own are successful ones; from the totals alone (before
+    decoding) the episode's policy frames count as failed."""
+    from types import SimpleNamespace
+
+    # policy 0-2, expert 3-5 (stalled, taken over), handed back 6-9, success at 9
+    intervention = np.isin(np.arange(10), [3, 4, 5])
+    success = np.arange(10) == 9
+    assert autonomous_outcome(intervention, success).tolist() == [False] * 6 + [True] * 4
+    # the run-out-of-ticks takeover of the rounds' fleet: policy 0-5, then the expert to success at 9
+    at_end = np.arange(10) >= 6
+    assert not autonomous_outcome(at_end, success).any()
+    # an untouched success: every frame; a failure: none
+    assert autonomous_outcome(np.zeros(10, bool), success).all()
+    assert not autonomous_outcome(np.zeros(10, bool), np.zeros(10, bool)).any()
+
+    w = Weighting(FrameWeights())
+    ref = SimpleNamespace(role="fleet", dataset="hf://buckets/lab/fleet/datasets/saved")
+    weights = w.frames(ref, {INTERVENTION: torch.from_numpy(intervention), SUCCESS: torch.from_numpy(success)})
+    assert weights.tolist() == [0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0]
+    assert FrameWeights().episode_weight("fleet", True, expert_frames=3, length=10) == 6.0  # a lower bound
+    assert FrameWeights().episode_weight("fleet", True, expert_frames=0, length=10) == 10.0

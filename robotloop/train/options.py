@@ -71,13 +71,13 @@ class TrainOptions(BaseModel):
         default=1.0,
         ge=0,
         le=MAX_WEIGHT,
-        description="Weight of a fleet dataset's autonomous frames in episodes that succeeded.",
+        description="Weight of a fleet dataset's autonomous frames from which the policy reached success on its own.",
     )
     failed_weight: float = Field(
         default=0.0,
         ge=0,
         le=MAX_WEIGHT,
-        description="Weight of a fleet dataset's autonomous frames in episodes that failed (0: dropped).",
+        description="Weight of a fleet dataset's autonomous frames in failed episodes or before a takeover (0: drop).",
     )
     dataset_weights: Annotated[list[str], Flag("--dataset-weight")] = Field(
         default_factory=list,

@@ -4,8 +4,10 @@ sampling weight from its role, its episode's success and whether the expert drov
 - A dataset without an `intervention` feature is scripted demos (role "demo"): every frame is the expert's and
   weighs `demo`.
 - A fleet dataset (it has `intervention`: the notes' fleet schema) weighs each frame by who drove it: `expert` where
-  intervention is True (a takeover, a re-demonstration), else `autonomous_success` when the episode succeeded (any
-  `next.success`; none recorded: it did not) and `autonomous_failed` when it did not.
+  intervention is True (a takeover, a re-demonstration), else `autonomous_success` when the policy went on from that
+  frame to success on its own (a `next.success` comes before the next intervention) and `autonomous_failed` when it
+  did not: an episode that never succeeded, and the frames that led up to a takeover even where the expert then
+  succeeded (they are what the policy did wrong; an episode counted successful whole would train on them).
 - `datasets` multiplies every frame of one dataset (by URL) by a factor.
 
 A frame is drawn with probability proportional to its weight; 0 drops it (it is never a sample, though a kept
@@ -28,6 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Literal
+
+import numpy as np
 
 from ..errors import BadValue
 
@@ -74,11 +78,15 @@ class FrameWeights:
         return weight * self.factor(dataset)
 
     def episode_weight(self, role: Role, success: bool, expert_frames: int, length: int, dataset: str = "") -> float:
-        """The summed weight of an episode's frames: what it counts for when episodes are drawn."""
+        """The summed weight of an episode's frames from its totals alone: what it counts for when episodes are
+        drawn, before its frames are decoded. Exact but for a successful episode with expert frames, whose policy
+        frames may have led to the takeover or on from a hand-back: they count as failed here (a lower bound; the
+        decoded frames say which, `autonomous_outcome`)."""
         if role == "demo":
             return length * self.frame_weight(role, success, True, dataset)
         expert = expert_frames * self.frame_weight(role, success, True, dataset)
-        return expert + (length - expert_frames) * self.frame_weight(role, success, False, dataset)
+        on_its_own = success and expert_frames == 0
+        return expert + (length - expert_frames) * self.frame_weight(role, on_its_own, False, dataset)
 
     def uniform(self, role: Role) -> bool:
         """Whether every frame of a dataset of `role` weighs the same (and is kept): what lerobot's own trainer,
@@ -86,6 +94,27 @@ class FrameWeights:
         if role == "demo":
             return self.demo > 0
         return self.expert == self.autonomous_success == self.autonomous_failed > 0
+
+
+def autonomous_outcome(intervention: np.ndarray, success: np.ndarray) -> np.ndarray:
+    """Per frame of a fleet episode, whether the policy went on from it to success on its own: a success flag
+    comes before the next intervention frame. Expert frames get False (their weight does not depend on it).
+
+    Example:
+        ```python
+        >>> autonomous_outcome(np.array([0, 0, 1, 1, 0, 0], bool), np.array([0, 0, 0, 0, 0, 1], bool))
+        array([False, False, False, False,  True,  True])
+        ```
+    """
+    out = np.zeros(len(intervention), bool)
+    succeeds = False  # scanning back from the end: does the policy's run from here reach success untouched?
+    for t in range(len(intervention) - 1, -1, -1):
+        if intervention[t]:
+            succeeds = False
+        else:
+            succeeds = succeeds or bool(success[t])
+            out[t] = succeeds
+    return out
 
 
 def parse_dataset_weight(text: str) -> tuple[str, float]:
@@ -104,4 +133,12 @@ def parse_dataset_weight(text: str) -> tuple[str, float]:
     return url, weight
 
 
-__all__ = ["INTERVENTION_KEY", "SUCCESS_KEY", "FrameWeights", "Role", "parse_dataset_weight", "role_of"]
+__all__ = [
+    "INTERVENTION_KEY",
+    "SUCCESS_KEY",
+    "FrameWeights",
+    "Role",
+    "autonomous_outcome",
+    "parse_dataset_weight",
+    "role_of",
+]

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from ..weights import INTERVENTION_KEY, SUCCESS_KEY, FrameWeights, Role
+from ..weights import INTERVENTION_KEY, SUCCESS_KEY, FrameWeights, Role, autonomous_outcome
 from .catalog import EpisodeRef
 
 
@@ -23,19 +24,19 @@ class SourceFrames:
     frames: int = 0
     expert: int = 0  # a demo's every frame; a fleet dataset's intervention frames
     autonomous_success: int = 0
-    autonomous_failed: int = 0
+    autonomous_failed: int = 0  # in failed episodes, and in successful ones the expert took over
     dropped: int = 0
     unknown_episodes: int = 0  # no stats in their metadata: known once decoded, not counted here
 
     def describe(self) -> str:
-        """One line, e.g. `hf://.../fleet (40 expert, 50 autonomous in successful episodes, 30 in failed ones): 30 of
-        120 frames weigh 0`."""
+        """One line, e.g. `hf://.../fleet (40 expert, 50 autonomous in successful episodes, 30 in failed or
+        taken-over episodes): 30 of 120 frames weigh 0`."""
         if self.role == "demo":
             kinds = f"{self.frames} demo frames"
         else:
             kinds = (
                 f"{self.expert} expert, {self.autonomous_success} autonomous in successful episodes, "
-                f"{self.autonomous_failed} in failed ones"
+                f"{self.autonomous_failed} in failed or taken-over episodes"
             )
         unknown = f" ({self.unknown_episodes} episodes without stats not counted)" if self.unknown_episodes else ""
         return f"{self.dataset} ({kinds}): {self.dropped} of {self.frames} frames weigh 0{unknown}"
@@ -62,9 +63,13 @@ class Weighting:
         success = SUCCESS_KEY in episode and bool(episode[SUCCESS_KEY].any())
         if ref.role == "demo":
             return torch.full((length,), w.frame_weight("demo", success, True, ref.dataset), dtype=torch.float32)
+        intervention = episode[INTERVENTION_KEY].numpy().astype(bool)
+        flags = episode[SUCCESS_KEY].numpy().astype(bool) if SUCCESS_KEY in episode else np.zeros(length, bool)
+        on_its_own = torch.from_numpy(autonomous_outcome(intervention, flags))
         expert = torch.tensor(w.frame_weight("fleet", success, True, ref.dataset), dtype=torch.float32)
-        autonomous = torch.tensor(w.frame_weight("fleet", success, False, ref.dataset), dtype=torch.float32)
-        return torch.where(episode[INTERVENTION_KEY], expert, autonomous)
+        good = torch.tensor(w.frame_weight("fleet", True, False, ref.dataset), dtype=torch.float32)
+        bad = torch.tensor(w.frame_weight("fleet", False, False, ref.dataset), dtype=torch.float32)
+        return torch.where(torch.from_numpy(intervention), expert, torch.where(on_its_own, good, bad))
 
     def planned(self, ref: EpisodeRef) -> float | None:
         """The episode's summed weight from its metadata; None where the stats that say are missing."""
@@ -84,10 +89,12 @@ class Weighting:
             s.frames += ref.length
             s.expert += ref.expert_frames
             autonomous = ref.length - ref.expert_frames
-            s.autonomous_success += autonomous if ref.success else 0
-            s.autonomous_failed += 0 if ref.success else autonomous
+            # A successful takeover episode's policy frames count as failed here, as `episode_weight` counts them.
+            on_its_own = ref.success and ref.expert_frames == 0
+            s.autonomous_success += autonomous if on_its_own else 0
+            s.autonomous_failed += 0 if on_its_own else autonomous
             expert_weight = self.weights.frame_weight(ref.role, ref.success, True, ref.dataset)
-            autonomous_weight = self.weights.frame_weight(ref.role, ref.success, False, ref.dataset)
+            autonomous_weight = self.weights.frame_weight(ref.role, on_its_own, False, ref.dataset)
             s.dropped += ref.expert_frames if expert_weight == 0 else 0
             s.dropped += autonomous if autonomous_weight == 0 else 0
         return list(out.values())
