@@ -1,11 +1,8 @@
 """`robotloop loop`: record, train, publish, a sim robot runs the release, evaluate, report; and its live mode.
 Real bucket server, real deploy service, real MuJoCo, tiny sizes."""
 
-import json
-import os
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -21,36 +18,13 @@ TINY = dict(
 )
 
 
-def test_the_loop_command_goes_from_nothing_to_a_report(bucket_server, tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "robotloop.cli",
-        "--endpoint",
-        bucket_server.endpoint,
-        "--token",
-        WRITE_TOKEN,
-        "loop",
-        "--episodes",
-        "1",
-        "--steps",
-        "4",
-        "--batch-size",
-        "2",
-        "--eval-episodes",
-        "1",
-        "--eval-max-steps",
-        "10",
-        "--workers",
-        "1",
-        "--bucket",
-        "hf://buckets/lab/loop-cli",
-        "--report-dir",
-        "report",  # relative, as the default `loop-report` is: `make demo` runs it so from the clone's root
-    ]
-    env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+# The loop command itself, from nothing to a report, over a CLI subprocess: round 0 of
+# tests/test_rounds.py's two rounds (the suite's one run of it), with `assert_loop_report` below; `make demo` runs
+# the plain command in CI.
+
+
+def assert_loop_report(run: subprocess.CompletedProcess, report: dict, report_dir, client: BucketClient, bucket: str):
+    """What a `robotloop loop` run with one demo, 4 training steps and one evaluation episode left (round 0's)."""
     # One style for everything a person sees: the stages, progress lines, `warning: ...` lines (each once), no
     # logging format, no library prints, no Python values; piped, nothing wraps mid-sentence.
     seen = run.stdout + run.stderr
@@ -59,7 +33,6 @@ def test_the_loop_command_goes_from_nothing_to_a_report(bucket_server, tmp_path)
     for bad in (r"^(WARNING|INFO|ERROR|DEBUG):", r"^\d{4}-\d\d-\d\d \d\d:\d\d", r"Loading weights", r"\(\d+, \d+\)"):
         assert not re.search(bad, seen, re.M), (bad, seen)
     assert any(len(line) > 100 for line in run.stdout.splitlines())  # the report's sentences stay whole
-    report = json.loads((tmp_path / "report" / "report.json").read_text())
     assert report["episodes"] == 1 and report["bytes_uploaded"] > 0
     assert report["train"]["steps"] == 4 and report["release"].endswith("-4")
     assert report["robot_running_after_s"] < 60 and report["bytes_pulled"] > 0
@@ -69,14 +42,15 @@ def test_the_loop_command_goes_from_nothing_to_a_report(bucket_server, tmp_path)
     assert report["wall_s"] >= max(report["stage_s"].values())
     assert report["eval"]["verdict"].startswith(("Not usable", "Not reliable", "Good"))
     # The report beside the run in the bucket, for the team and the dashboard; nothing else of the report folder.
-    run = BucketUrl.parse(f"hf://buckets/lab/loop-cli/models/{report['settings']['run']}/report")
-    listed = BucketClient(bucket_server.endpoint, WRITE_TOKEN).ls(run, recursive=True)
-    names = {e.url.path.removeprefix(run.path + "/") for e in listed if isinstance(e, Entry)}
+    run_url = BucketUrl.parse(f"{bucket}/models/{report['settings']['run']}/report")
+    names = {
+        e.url.path.removeprefix(run_url.path + "/") for e in client.ls(run_url, recursive=True) if isinstance(e, Entry)
+    }
     assert {"report.md", "report.json", "loss.png", "stages.png", "eval/eval_report.json"} <= names
     assert not any(n.startswith(("keys", "robot-store", "staging", "deploy")) for n in names), names
     for name in ("report.md", "loss.png", "stages.png"):
-        assert (tmp_path / "report" / name).stat().st_size > 0
-    assert "not expected to succeed" in (tmp_path / "report" / "report.md").read_text()
+        assert (report_dir / name).stat().st_size > 0
+    assert "not expected to succeed" in (report_dir / "report.md").read_text()
 
 
 def test_live_mode_folds_in_new_episodes_and_promotes_only_improvements(bucket_server, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ from robotloop.rounds.options import RoundsOptions
 from robotloop.sim.expert import StallTrigger, UserTrigger
 from robotloop.storage import BucketClient
 from tests.conftest import WRITE_TOKEN
+from tests.test_loop import assert_loop_report
 
 
 @pytest.mark.timeout(900)  # the suite's heaviest test: three trainings, two fleets' takeovers, two baselines
@@ -31,6 +33,8 @@ def test_two_rounds_through_a_fleet_record_takeovers_train_on_them_and_report_ea
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads((tmp_path / "report" / "report.json").read_text())
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    assert_loop_report(run, report, tmp_path / "report", client, bucket)  # round 0 is the loop, from nothing
     rounds = report["rounds"]
     assert [r["round"] for r in rounds] == [0, 1, 2]
     assert rounds[0]["expert_frames"] == 400  # round 0's one scripted demo, the task's whole episode
@@ -53,7 +57,6 @@ def test_two_rounds_through_a_fleet_record_takeovers_train_on_them_and_report_ea
             r["success_rate"] > max(x["success_rate"] for x in rounds[: r["round"]] if x["promoted"])
         )
     # The fleet's episodes are in the bucket, with their facts; later rounds pulled only what changed.
-    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     run_name = report["settings"]["run"]
     datasets = [f"{bucket}/datasets/transfer_cube-{run_name}-fleet-{i}" for i in (1, 2)]
     facts = fleet_episodes(client, datasets)
@@ -64,7 +67,9 @@ def test_two_rounds_through_a_fleet_record_takeovers_train_on_them_and_report_ea
     assert all(b > 0 for b in pulled[0])
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## Rounds through the fleet" in text and "baseline" in text
-    assert report["baseline_minutes"] > 0 and f"The rounds took {report['rounds_minutes']:.1f} min" in text
+    took = re.search(r"The rounds took (\d+\.\d) min", text)
+    assert report["baseline_minutes"] > 0 and took, text
+    assert float(took[1]) == pytest.approx(report["rounds_minutes"], abs=0.051)  # 1 decimal here, 2 in the JSON
     assert "round 2:" in run.stdout
 
 
