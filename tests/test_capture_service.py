@@ -6,6 +6,7 @@ Every refused request must be a 4xx with a clear message and leave nothing in th
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -13,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httpx
@@ -22,7 +23,7 @@ import pytest
 
 from robotloop.capture.client import CaptureClient, CaptureError
 from robotloop.capture.episode import BadEpisode
-from robotloop.capture.recorder import DatasetSpec
+from robotloop.capture.recorder import EPISODE_FACTS_FILE, DatasetSpec
 from robotloop.capture.sessions import (
     EpisodeExpired,
     EpisodeSessions,
@@ -508,3 +509,197 @@ def _with_nan_state(body: bytes, row: int) -> Frames:
     batch = decode_frames(body, DatasetSpec(cameras=CAMERAS, state_dim=STATE, action_dim=ACTION))
     batch.state[row, 0] = np.nan
     return batch
+
+
+# -- fleet datasets (issue 29): intervention flags, policy actions and facts through the service ------------------
+FLEET, DEMOS = "hf://buckets/lab/capture/datasets/fleet", "hf://buckets/lab/capture/datasets/fleet-demos"
+FLEET_TASK, ROBOT_FACTS = "hand the cube over", {"robot_id": "r1", "release": "v7", "seed": 12}
+EXPERT = (2, 3)  # the frames the expert drove in the committed fleet episode
+
+
+def fleet_frames(n: int, start: int = 0) -> dict:
+    """`frames`, plus what a fleet robot sends: the expert drives `EXPERT` (no policy action there: zeros), the
+    policy proposes its frame number / 10 elsewhere; reward 0.5 per frame, 1.0 at frame 5, never a success."""
+    i = np.arange(start, start + n)
+    expert = np.isin(i, EXPERT)
+    policy = np.where(expert[:, None], 0.0, np.repeat(i[:, None] / 10, ACTION, 1)).astype(np.float32)
+    reward, success = np.where(i == 5, 1.0, 0.5), np.zeros(n, bool)
+    return {**frames(n, start), "intervention": expert, "policy_action": policy, "reward": reward, "success": success}
+
+
+def _fleet_raw(n: int = 3, start: int = 0, fleet: bool = True, **change) -> bytes:
+    """A batch in the wire format: a fleet one (or, `fleet=False`, a demo one), its fields replaced by `change`
+    (None: left out); a field given as a string is written into the JSON line as is (a wrong JSON type)."""
+    fields = {**(fleet_frames(n, start) if fleet else frames(n, start)), **change}
+    wire = {k: v for k, v in fields.items() if v is not None and not isinstance(v, str)}
+    line, _, images = encode_frames(**wire).partition(b"\n")
+    json_line = json.loads(line) | {k: json.loads(v) for k, v in fields.items() if isinstance(v, str)}
+    return json.dumps(json_line).encode() + b"\n" + images
+
+
+def _committed(capture: Capture, dataset: str) -> dict[str, str]:
+    """Every file of the dataset and its Xet hash: equal hashes, equal bytes."""
+    listing = capture.bucket.ls(BucketUrl.parse(dataset), recursive=True)
+    return {e.url.path: e.xet_hash for e in listing if isinstance(e, Entry)}
+
+
+@pytest.fixture(scope="module")
+def fleet_datasets(capture) -> dict[str, dict[str, str]]:
+    """A fleet dataset with one episode (6 frames, the expert on `EXPERT`) and a demo dataset with one, committed
+    through the service; what each holds (`_committed`)."""
+    with CaptureClient(capture.endpoint, ROBOT_A) as robot:
+        eid = robot.open(FLEET, CAMERAS, STATE, ACTION, robot_type="test-arm", fleet=True)
+        robot.send_frames(eid, **fleet_frames(4))
+        robot.send_frames(eid, **fleet_frames(2, 4))
+        assert robot.close(eid, FLEET_TASK, facts=ROBOT_FACTS)["episode_index"] == 0
+        eid = robot.open(DEMOS, CAMERAS, STATE, ACTION, robot_type="test-arm")
+        robot.send_frames(eid, **frames(3))
+        robot.close(eid, "demonstrate")
+    return {url: _committed(capture, url) for url in (FLEET, DEMOS)}
+
+
+def test_a_fleet_episode_through_the_service_is_what_the_fleet_recorder_writes(capture, fleet_datasets, tmp_path):
+    from robotloop.fleet import EpisodeFacts
+
+    ds = read_dataset(capture, FLEET, tmp_path / "ds")
+    spec = DatasetSpec(CAMERAS, STATE, ACTION, robot_type="test-arm", fleet=True)  # what FleetRecorder records
+    assert {k: (f["dtype"], tuple(f["shape"])) for k, f in ds.features.items() if k in spec.features()} == {
+        k: (f["dtype"], tuple(f["shape"])) for k, f in spec.features().items()
+    }
+    rows = ds.hf_dataset  # the parquet's columns: no video decoded
+    assert [bool(flag) for flag in rows["intervention"]] == [i in EXPERT for i in range(6)]
+    assert [row.tolist() for row in rows["policy_action"]] == fleet_frames(6)["policy_action"].tolist()
+    assert ds[3]["intervention"].item() and ds[3]["policy_action"].tolist() == [0.0] * ACTION  # through lerobot
+    (line,) = (tmp_path / "ds" / EPISODE_FACTS_FILE).read_text().splitlines()
+    # FleetRecorder's line: the episode's index, EpisodeFacts, then what the frames say.
+    in_process = {"episode_index": 0, **asdict(EpisodeFacts("r1", "v7", FLEET_TASK, seed=12))}
+    said = {"success": False, "max_reward": 1.0, "frames": 6, "expert_frames": 2, "kind": "takeover"}
+    assert json.loads(line) == in_process | said
+
+
+# Each refused request: the dataset of the episode it tries to spoil, the request, and the answer. The request gets
+# the robot, the episode (open, with good frames) and the frame to send next.
+FLEET_REFUSALS = {
+    "a frame without intervention": (
+        FLEET,
+        lambda robot, eid, t: robot.send_raw(eid, _fleet_raw(start=t, intervention=None)),
+        422,
+        "'intervention' is missing",
+    ),
+    "a frame without policy_action": (
+        FLEET,
+        lambda robot, eid, t: robot.send_raw(eid, _fleet_raw(start=t, policy_action=None)),
+        422,
+        "'policy_action' is missing",
+    ),
+    "a policy_action of another length": (
+        FLEET,
+        lambda robot, eid, t: robot.send_raw(eid, _fleet_raw(start=t, policy_action=np.zeros((3, ACTION + 1)))),
+        422,
+        f"policy_action of frame 0 has {ACTION + 1} values, the dataset's policy_action has {ACTION}",
+    ),
+    "a policy_action of another type": (
+        FLEET,
+        lambda robot, eid, t: robot.send_raw(eid, _fleet_raw(start=t, policy_action='[["0.5"], [true], [1]]')),
+        422,
+        "policy_action.0.0",
+    ),
+    "an intervention of another type": (
+        FLEET,
+        lambda robot, eid, t: robot.send_raw(eid, _fleet_raw(start=t, intervention="[0, 1, 0]")),
+        422,
+        "intervention.0",
+    ),
+    "intervention sent to a demo dataset": (
+        DEMOS,
+        lambda robot, eid, t: robot.send_raw(eid, _fleet_raw(start=t, fleet=False, intervention=np.zeros(3, bool))),
+        422,
+        "'intervention' is a fleet dataset's feature",
+    ),
+    "policy_action sent to a demo dataset": (
+        DEMOS,
+        lambda robot, eid, t: robot.send_raw(eid, _fleet_raw(start=t, fleet=False, policy_action=np.zeros((3, 4)))),
+        422,
+        "'policy_action' is a fleet dataset's feature",
+    ),
+    "facts for a demo episode": (
+        DEMOS,
+        lambda robot, eid, t: robot.close(eid, "demonstrate", facts=ROBOT_FACTS),
+        422,
+        "facts are a fleet dataset's",
+    ),
+    "facts the service counts itself": (
+        FLEET,
+        lambda robot, eid, t: robot.close(eid, FLEET_TASK, facts={**ROBOT_FACTS, "kind": "expert"}),
+        422,
+        "facts ['kind'] are the service's to write",
+    ),
+    "a fact that is no flat value": (
+        FLEET,
+        lambda robot, eid, t: robot.close(eid, FLEET_TASK, facts={"robot_id": ["r1"]}),
+        400,
+        "facts.robot_id: Value error, a fact is a string, a number, true, false or null",
+    ),
+    "a fleet dataset opened without fleet": (
+        FLEET,
+        lambda robot, eid, t: robot.open(FLEET, CAMERAS, STATE, ACTION, robot_type="test-arm"),
+        409,
+        "fleet columns 'intervention' and 'policy_action'; this episode asks for",
+    ),
+    "a demo dataset opened as a fleet dataset": (
+        DEMOS,
+        lambda robot, eid, t: robot.open(DEMOS, CAMERAS, STATE, ACTION, robot_type="test-arm", fleet=True),
+        409,
+        "fleet columns 'intervention' and 'policy_action'. Use the same features",
+    ),
+}
+
+
+@dataclass
+class OpenEpisode:
+    robot: CaptureClient
+    id: str
+    frames: int  # accepted so far: the next batch starts there
+
+
+@pytest.fixture(scope="module")
+def open_episodes(capture, fleet_datasets) -> Iterator[dict[str, OpenEpisode]]:
+    """An open episode with good frames in each of `FLEET` and `DEMOS`, for every refusal to try to spoil: one each
+    for all the cases, since dropping an episode waits a second for its encoder thread (lerobot's, polling its
+    queue each second)."""
+    with CaptureClient(capture.endpoint, ROBOT_A) as robot:
+        episodes = {}
+        for dataset, good in ((FLEET, fleet_frames), (DEMOS, frames)):
+            eid = robot.open(dataset, CAMERAS, STATE, ACTION, robot_type="test-arm", fleet=dataset == FLEET)
+            episodes[dataset] = OpenEpisode(robot, eid, robot.send_frames(eid, **good(3)))
+        yield episodes
+        for episode in episodes.values():
+            robot.abort(episode.id)
+
+
+@pytest.mark.parametrize("case", FLEET_REFUSALS)
+def test_fleet_features_that_do_not_fit_are_refused_and_nothing_committed_changes(
+    capture, fleet_datasets, open_episodes, case
+):
+    dataset, request, status, message = FLEET_REFUSALS[case]
+    episode = open_episodes[dataset]
+    with pytest.raises(CaptureError) as refused:
+        request(episode.robot, episode.id, episode.frames)
+    assert refused.value.status == status and message in refused.value.message, refused.value
+    good = fleet_frames(2, episode.frames) if dataset == FLEET else frames(2, episode.frames)
+    sent = episode.robot.send_frames(episode.id, **good)  # the episode is intact, still open, and took nothing
+    episode.frames, before = sent, episode.frames
+    assert sent == before + 2
+    assert _committed(capture, FLEET) == fleet_datasets[FLEET]  # byte for byte: nothing committed changed
+    assert _committed(capture, DEMOS) == fleet_datasets[DEMOS]
+
+
+@pytest.mark.parametrize(("dataset", "fleet"), [(FLEET, False), (DEMOS, True)])
+def test_a_restarted_service_refuses_the_other_kind_of_dataset_at_open(
+    capture, fleet_datasets, tmp_path, dataset, fleet
+):
+    """A service that never opened the dataset reads its kind from the bucket's meta/info.json."""
+    fresh = EpisodeSessions(capture.bucket, vcodec="h264", staging=tmp_path / "fresh")
+    with pytest.raises(SpecConflict, match="'intervention' and 'policy_action' are a fleet dataset's"):
+        fresh.open("robot-x", BucketUrl.parse(dataset), CAMERAS, STATE, ACTION, robot_type="test-arm", fleet=fleet)
+    assert _committed(capture, dataset) == fleet_datasets[dataset]

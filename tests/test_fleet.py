@@ -5,12 +5,21 @@ the control thread never waits on it. A real bucket server, lerobot's own writer
 from __future__ import annotations
 
 import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from robotloop.fleet import EpisodeFacts, FleetRecorder, RecordChoice
+from robotloop.fleet import EpisodeFacts, FleetRecorder, RecordChoice, RecordingStats
 from robotloop.storage import BucketClient, BucketUrl
 
 from .conftest import WRITE_TOKEN
@@ -40,15 +49,34 @@ def _read(client: BucketClient, url: BucketUrl, dest):
     return LeRobotDataset(url.bucket_id, root=dest)
 
 
-def test_a_robot_records_its_failures_with_their_facts_and_intervention_flags(bucket_server, tmp_path):
+@dataclass
+class Recorded:
+    client: BucketClient
+    url: BucketUrl
+    stats: RecordingStats
+
+
+@pytest.fixture(scope="module")
+def failures(bucket_server, tmp_path_factory: pytest.TempPathFactory) -> Recorded:
+    """A fleet dataset FleetRecorder wrote once, in `failures` mode, for the tests that read it: a success (not
+    kept), a takeover that still failed (8 frames, the expert on 3 to 5), an autonomous failure (5 frames)."""
+    base = tmp_path_factory.mktemp("fleet-failures")
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     url = BucketUrl.parse("hf://buckets/lab/fleet/datasets/failures")
-    fleet = FleetRecorder(client, url, RecordChoice("failures"), queue_frames=100)
-    _episode(fleet, seed=1, frames=6, success=True)  # a success: not kept
-    _episode(fleet, seed=2, frames=8, success=False, expert=range(3, 6))  # a takeover that still failed
-    _episode(fleet, seed=3, frames=5, success=False)
-    fleet.close()
-    assert (fleet.stats.recorded, fleet.stats.not_kept, fleet.stats.dropped) == (2, 1, 0)
+    with pytest.MonkeyPatch.context() as patch:  # the writer process's caches: this module's, not the user's
+        patch.setenv("HF_HOME", str(base / "hf-home"))
+        patch.setenv("XDG_CACHE_HOME", str(base / "cache"))
+        fleet = FleetRecorder(client, url, RecordChoice("failures"), queue_frames=100, staging=base / "staging")
+        _episode(fleet, seed=1, frames=6, success=True)  # a success: not kept
+        _episode(fleet, seed=2, frames=8, success=False, expert=range(3, 6))  # a takeover that still failed
+        _episode(fleet, seed=3, frames=5, success=False)
+        fleet.close()
+    return Recorded(client, url, fleet.stats)
+
+
+def test_a_robot_records_its_failures_with_their_facts_and_intervention_flags(failures, tmp_path):
+    client, url = failures.client, failures.url
+    assert (failures.stats.recorded, failures.stats.not_kept, failures.stats.dropped) == (2, 1, 0)
 
     dataset = _read(client, url, tmp_path / "read")
     assert dataset.meta.total_episodes == 2 and len(dataset) == 13
@@ -123,3 +151,199 @@ def test_an_episode_whose_end_never_came_is_dropped_and_nothing_half_is_committe
     assert (fleet.stats.recorded, fleet.stats.unfinished, fleet.stats.dropped) == (1, 2, 0)
     dataset = _read(client, url, tmp_path / "read")
     assert dataset.meta.total_episodes == 1 and len(dataset) == 3
+
+
+STREAM = textwrap.dedent(
+    """
+    import json, sys
+    from lerobot.datasets.streaming_dataset import StreamingLeRobotDataset
+    ds = StreamingLeRobotDataset(sys.argv[1], repo_type="bucket", shuffle=False)
+    for item in ds:
+        print(json.dumps({
+            "episode": int(item["episode_index"]), "t": int(item["frame_index"]),
+            "intervention": bool(item["intervention"]), "policy": float(item["policy_action"][0]),
+            "action": float(item["action"][0]), "pixel": float(item["observation.images.top"].mean()),
+        }))
+    """
+)
+
+
+def test_lerobot_streams_a_fleet_dataset_with_its_intervention_and_policy_action_columns(
+    bucket_server, failures, tmp_path
+):
+    """lerobot's own StreamingLeRobotDataset(repo_type="bucket") reads the dataset FleetRecorder committed (h264, as
+    robots record), in its own process as a user's would: each frame's intervention flag and policy action as the
+    control loop gave them, and its image at the frame's time."""
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": bucket_server.endpoint,
+        "HF_TOKEN": WRITE_TOKEN,
+        "HF_LEROBOT_HOME": str(tmp_path / "lerobot"),
+    }
+    repo = failures.url.bucket_id + "/" + failures.url.path
+    read = subprocess.run([sys.executable, "-c", STREAM, repo], env=env, capture_output=True, text=True, timeout=240)
+    assert read.returncode == 0, read.stderr[-4000:]
+    frames = {(f["episode"], f["t"]): f for f in map(json.loads, read.stdout.splitlines())}
+    assert sorted(frames) == [(0, t) for t in range(8)] + [(1, t) for t in range(5)]
+    for (episode, t), frame in frames.items():
+        expert = episode == 0 and 3 <= t < 6
+        seed = 2 if episode == 0 else 3
+        assert frame["intervention"] == expert
+        assert frame["action"] == pytest.approx(seed + t / 100)
+        assert frame["policy"] == pytest.approx(0.0 if expert else seed + t / 100)  # the expert drove: no policy
+        assert frame["pixel"] == pytest.approx(10 * t / 255, abs=0.03)  # the frame of its own time, decoded
+
+
+ROBOT = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    import numpy as np
+    from robotloop.fleet import EpisodeFacts, FleetRecorder, RecordChoice
+    from robotloop.storage import BucketClient, BucketUrl
+
+    endpoint, token, url, staging, whole = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4]), int(sys.argv[5])
+    fleet = FleetRecorder(BucketClient(endpoint, token), BucketUrl.parse(url), RecordChoice("all"), staging=staging)
+    print("writer", fleet._process.pid, flush=True)
+
+    def tick(t):
+        obs = {"pixels": {"top": np.full((24, 32, 3), 10 * t % 255, np.uint8)}, "agent_pos": np.full(14, t, float)}
+        fleet.frame(obs, np.full(14, t, np.float32), np.full(14, t, np.float32), False, 0.0, False)
+
+    for seed in range(whole):
+        fleet.begin(EpisodeFacts("r1", "v7", "transfer the cube", seed))
+        for t in range(6):
+            tick(t)
+        fleet.end()
+    fleet.begin(EpisodeFacts("r1", "v7", "transfer the cube", whole))  # the one it is killed in
+    t, said = 0, False
+    while True:  # a control loop at 50 Hz, until it is killed
+        tick(t)
+        t += 1
+        time.sleep(0.02)
+        # Once every whole episode is committed and the writer streams this one (its files are in staging):
+        if not said and fleet.stats.recorded == whole and any(staging.glob("episode-*/dataset")):
+            print("mid-episode", flush=True)
+            said = True
+    """
+)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes `pid` started and that still run (its writer, multiprocessing's resource tracker)."""
+    kids = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids += [int(k) for k in (task / "children").read_text().split()]
+    return kids
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")  # a zombie has died (a container's init may never reap it)
+
+
+def _line(proc: subprocess.Popen, want: str, timeout_s: float) -> str:
+    """The first line of `proc`'s stdout that starts with `want`, read within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if select.select([proc.stdout], [], [], 0.2)[0]:
+            line = proc.stdout.readline()
+            if line.startswith(want):
+                return line
+            assert line, f"the robot exited ({proc.poll()}) before saying {want!r}"
+    raise AssertionError(f"the robot did not say {want!r} within {timeout_s} s")
+
+
+def test_a_robot_killed_mid_episode_loses_that_episode_only_and_its_writer_dies_with_it(bucket_server, tmp_path):
+    """A real process records with FleetRecorder (a stand-in for `robotloop robot run --record all`, whose sim and
+    policy would cost a minute here: the recorder is the same) and is SIGKILLed while it streams its third
+    episode. The two committed episodes are all lerobot's LeRobotDataset reads, nothing of the third is visible,
+    and the writer process does not outlive the robot."""
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/fleet/datasets/killed")
+    staging = tmp_path / "staging"
+    args = [bucket_server.endpoint, WRITE_TOKEN, str(url), str(staging), "2"]
+    robot = subprocess.Popen([sys.executable, "-c", ROBOT, *args], stdout=subprocess.PIPE, text=True)
+    try:
+        writer = int(_line(robot, "writer", 60).split()[1])
+        _line(robot, "mid-episode", 120)
+        started = _children(robot.pid)
+        assert writer in started
+        robot.send_signal(signal.SIGKILL)
+        assert robot.wait(10) == -signal.SIGKILL
+    finally:
+        robot.kill()
+        robot.wait()
+    deadline = time.monotonic() + 10
+    while any(map(_running, started)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in started if _running(pid)], "a process the robot started outlived it"
+
+    dataset = _read(client, url, tmp_path / "read")
+    facts = (tmp_path / "read" / "meta" / "fleet_episodes.jsonl").read_text().splitlines()
+    assert dataset.meta.total_episodes == len(facts) == 2
+    assert [json.loads(line)["seed"] for line in facts] == [0, 1]
+    assert len(dataset) == dataset.hf_dataset.num_rows == 12  # no rows of the killed episode in the data files
+    assert [int(dataset[i]["episode_index"]) for i in (0, 6, 11)] == [0, 1, 1]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path) -> Iterator[Path]:
+    """A 1 MB tmpfs (mounting one needs root; skipped where it cannot be mounted)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a tmpfs cannot be mounted here: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+def _fill(disk: Path, leave: int = 0) -> Path:
+    """Fill `disk` with a ballast file until the kernel says ENOSPC, then free `leave` bytes of it."""
+    ballast = disk / "ballast"
+    with ballast.open("wb", buffering=0) as f, pytest.raises(OSError, match="No space left"):
+        while True:
+            f.write(bytes(4096))
+    os.truncate(ballast, ballast.stat().st_size - leave)
+    return ballast
+
+
+def test_a_full_disk_drops_the_episode_with_its_reason_and_recording_resumes_once_space_returns(
+    bucket_server, tiny_disk, tmp_path
+):
+    """The writer's staging folder is on a real tmpfs filled by a ballast file (the kernel's own ENOSPC, not a
+    stand-in), with one page left: lerobot's writer starts the episode, then its video encoder thread cannot write
+    the mp4. The control loop keeps ticking and never waits nor sees an error; the episode is dropped and counted
+    with the disk's reason and nothing of it stays in staging; once the ballast is deleted the next episode is
+    recorded by the same writer."""
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/fleet/datasets/full-disk")
+    staging = tiny_disk / "staging"
+    fleet = FleetRecorder(client, url, RecordChoice("all"), queue_frames=2000, staging=staging)  # 40 s at 50 Hz
+    ballast = _fill(tiny_disk, leave=4096)
+    fleet.begin(EpisodeFacts("r1", "v7", TASK, 1))
+    slowest, t, deadline = 0.0, 0, time.monotonic() + 60
+    while fleet.stats.dropped == 0 and time.monotonic() < deadline:  # a robot's loop goes on while the disk is full
+        t0 = time.perf_counter()
+        fleet.frame(_obs(t), np.zeros(14, np.float32), None, False, 0.0, False)
+        slowest, t = max(slowest, time.perf_counter() - t0), t + 1
+        time.sleep(0.02)
+    fleet.end()
+    assert slowest < 0.05  # the control loop never waited for the writer
+    assert fleet.stats.dropped == 1, fleet.stats.as_dict()
+    assert "No space left on device" in fleet.stats.last_error
+
+    ballast.unlink()  # space is back
+    _episode(fleet, seed=2, frames=4, success=False)
+    fleet.close()
+    assert (fleet.stats.recorded, fleet.stats.dropped) == (1, 1), fleet.stats.as_dict()
+    assert not list(staging.glob("episode-*"))  # nothing of the dropped episode stays on the full disk
+    dataset = _read(client, url, tmp_path / "read")  # the dataset holds the later episode only
+    facts = (tmp_path / "read" / "meta" / "fleet_episodes.jsonl").read_text().splitlines()
+    assert dataset.meta.total_episodes == 1 and [json.loads(line)["seed"] for line in facts] == [2]

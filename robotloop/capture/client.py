@@ -7,17 +7,30 @@ Example:
     >>> capture.send_frames(eid, timestamp=t, state=q, action=a, images={"top": frames})   # any number of times
     >>> capture.close(eid, task="pick up the cube")["episode_index"]
     ```
+
+A fleet dataset (`DatasetSpec(fleet=True)`, what `FleetRecorder` writes in-process): each frame also says whether
+the expert drove and what the policy proposed, and the close gives the episode's facts; the service adds what the
+frames say (success, max_reward, frames, expert_frames, kind) to its line of `meta/fleet_episodes.jsonl`:
+
+    ```python
+    >>> eid = capture.open("hf://buckets/lab/fleet/datasets/cube", {"top": (480, 640, 3)}, 14, 14, fleet=True)
+    >>> capture.send_frames(eid, timestamp=t, state=q, action=a, images={"top": frames}, reward=r, success=s,
+    ...                     intervention=expert_drove, policy_action=proposed)
+    >>> capture.close(eid, "pick up the cube", facts={"robot_id": "r1", "release": "v7", "seed": 12})
+    ```
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..service_client import ServiceClient, ServiceError
-from .sessions import encode_frames
+from .sessions import Fact, encode_frames
 
 
 class CaptureError(ServiceError):
@@ -53,11 +66,14 @@ class CaptureClient(ServiceClient):
         action_dim: int,
         fps: int = 50,
         robot_type: str | None = None,
+        fleet: bool = False,
     ) -> str:
-        """Open an episode in the dataset at `dataset` (an hf://buckets/... URL); returns its id.
+        """Open an episode in the dataset at `dataset` (an hf://buckets/... URL); returns its id. `fleet`: a fleet
+        dataset (its frames also have `intervention` and `policy_action`; its episodes, facts).
 
         Raises:
-            CaptureError: refused (bad URL or shapes 400/422, token 401/403, other features 409, too many open 429).
+            CaptureError: refused (bad URL or shapes 400/422, token 401/403, other features 409, a fleet dataset
+                opened without `fleet` or the reverse 409, too many open 429).
         """
         body = {
             "dataset": dataset,
@@ -66,18 +82,31 @@ class CaptureClient(ServiceClient):
             "action_dim": action_dim,
             "fps": fps,
             "robot_type": robot_type,
+            "fleet": fleet,
         }
         return self._call("POST", "/v1/episodes", json=body)["episode_id"]
 
     def send_frames(
-        self, episode_id: str, timestamp, state, action, images: dict[str, np.ndarray], reward=None, success=None
+        self,
+        episode_id: str,
+        timestamp: ArrayLike,
+        state: ArrayLike,
+        action: ArrayLike,
+        images: dict[str, np.ndarray],
+        reward: ArrayLike | None = None,
+        success: ArrayLike | None = None,
+        intervention: ArrayLike | None = None,
+        policy_action: ArrayLike | None = None,
     ) -> int:
-        """Send N frames (timestamps in seconds from the episode start); returns the episode's frame count.
+        """Send N frames (timestamps in seconds from the episode start); returns the episode's frame count. A fleet
+        episode's frames also need `intervention` (N bools: the expert drove) and `policy_action` (N x action_dim:
+        what the policy proposed); a demo episode's have neither.
 
         Raises:
-            CaptureError: refused (bad frames 422, unknown episode 404, too large 413); the episode is unchanged.
+            CaptureError: refused (bad frames 422, a fleet column missing or sent to a demo episode 422, unknown
+                episode 404, too large 413); the episode is unchanged.
         """
-        body = encode_frames(timestamp, state, action, images, reward, success)
+        body = encode_frames(timestamp, state, action, images, reward, success, intervention, policy_action)
         return self.send_raw(episode_id, body)["frames"]
 
     def send_raw(self, episode_id: str, body: bytes) -> dict[str, Any]:
@@ -85,15 +114,21 @@ class CaptureClient(ServiceClient):
         headers = {"content-type": "application/octet-stream"}
         return self._call("POST", f"/v1/episodes/{episode_id}/frames", content=body, headers=headers)
 
-    def close(self, episode_id: str, task: str) -> dict[str, Any]:
-        """Commit the episode; returns the commit report (episode_index, frames, bytes_sent, ...).
+    def close(self, episode_id: str, task: str, facts: Mapping[str, Fact] | None = None) -> dict[str, Any]:
+        """Commit the episode; returns the commit report (episode_index, frames, bytes_sent, ...). `facts`: a fleet
+        episode's (its robot, release, seed...: names to flat JSON values), written with the task and what its
+        frames say as its line of `meta/fleet_episodes.jsonl`.
 
         Raises:
-            CaptureError: refused or the commit failed. A bad task, an episode with no frames, or a failed upload
-                leave the episode open on the service (close it again, or `abort` it); an episode the recorder
-                refuses (features that do not fit the dataset) is dropped.
+            CaptureError: refused or the commit failed. A bad task or facts (400/422: facts for a demo episode, or
+                naming what the service counts), an episode with no frames, or a failed upload leave the episode
+                open on the service (close it again, or `abort` it); an episode the recorder refuses (features that
+                do not fit the dataset) is dropped.
         """
-        return self._call("POST", f"/v1/episodes/{episode_id}/close", json={"task": task})
+        body: dict[str, Any] = {"task": task}
+        if facts is not None:
+            body["facts"] = dict(facts)
+        return self._call("POST", f"/v1/episodes/{episode_id}/close", json=body)
 
     def abort(self, episode_id: str) -> None:
         """Drop an open episode without committing it."""

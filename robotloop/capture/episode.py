@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..errors import Unprocessable
 
@@ -78,3 +80,44 @@ def check_array(array: np.ndarray, shape: tuple[int, ...], kind: type, name: str
         raise BadEpisode(f"{name} has dtype {array.dtype}, expected {kind.__name__}")
     if np.issubdtype(kind, np.floating) and not np.isfinite(array).all():
         raise BadEpisode(f"{name} holds NaN or infinite values")
+
+
+@dataclass
+class FleetTally:
+    """What a fleet episode's frames say of it, counted as they come (a tick or a batch at a time): the facts of its
+    `meta/fleet_episodes.jsonl` line that come from its frames. The in-process `FleetRecorder` and the capture
+    service both count with it, so an episode's line says the same whichever way it was recorded.
+
+    `success` and `max_reward` stay None while no frame said (a robot without a reward signal).
+    """
+
+    frames: int = 0
+    expert_frames: int = 0  # frames the expert drove (`intervention`)
+    success: bool | None = None
+    max_reward: float | None = None
+
+    # The facts it counts; a robot may not give them itself (they would contradict its frames).
+    COUNTED = ("success", "max_reward", "frames", "expert_frames", "kind")
+
+    def add(self, intervention: ArrayLike, reward: ArrayLike | None = None, success: ArrayLike | None = None) -> None:
+        """Count one frame (scalars) or a batch (arrays of one value per frame); None: the frames did not say."""
+        flags = np.atleast_1d(np.asarray(intervention, bool))
+        self.frames += len(flags)
+        self.expert_frames += int(np.count_nonzero(flags))
+        if reward is not None and np.size(reward):
+            # A float, not a numpy scalar: the line is JSON. Rewards never above 0 count as 0, as they always did.
+            self.max_reward = max(self.max_reward or 0.0, float(np.max(reward)))
+        if success is not None:
+            self.success = bool(self.success) or bool(np.any(success))
+
+    def kind(self) -> str:
+        """`expert` (every frame the expert's), `takeover` (some), or `autonomous` (none)."""
+        if self.frames and self.expert_frames == self.frames:
+            return "expert"
+        return "takeover" if self.expert_frames else "autonomous"
+
+    def facts(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The episode's line (less its index, which the recorder adds): `given` (the robot's id, release, task,
+        seed...), then what the frames say."""
+        counted = {"success": self.success, "max_reward": self.max_reward, "frames": self.frames}
+        return {**(given or {}), **counted, "expert_frames": self.expert_frames, "kind": self.kind()}

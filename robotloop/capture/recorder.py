@@ -613,7 +613,10 @@ def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
             "robot type (lerobot refuses to mix them)"
         )
     if have != want or info.get("fps") != spec.fps:
-        return f"holds a dataset with features {have} at {info.get('fps')} fps; episodes here have {want} at {spec.fps}"
+        return (
+            f"holds a dataset with features {have} at {info.get('fps')} fps; episodes here have {want} at "
+            f"{spec.fps} fps{_feature_differences(have, want)}"
+        )
     cameras = [k for k in spec.features() if k.startswith(f"{OBS_IMAGES}.")]
     stored = {(info["features"][k].get("info") or {}).get("video.codec") for k in cameras}
     stored.discard(None)
@@ -624,6 +627,20 @@ def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
             "one codec (lerobot refuses to mix them), so record with the dataset's codec or into a new dataset"
         )
     return None
+
+
+def _feature_differences(have: dict[str, list], want: dict[str, list]) -> str:
+    """Which features differ, named (the whole lists are long): " (only the dataset has [...]; ...)", or ""."""
+    parts = []
+    if only := sorted(set(have) - set(want)):
+        parts.append(f"only the dataset has {only}")
+    if only := sorted(set(want) - set(have)):
+        parts.append(f"only these episodes have {only}")
+    if other := sorted(k for k in set(have) & set(want) if have[k] != want[k]):
+        parts.append(f"{other} have other shapes")
+    if {INTERVENTION_KEY, POLICY_ACTION_KEY} & (set(have) ^ set(want)):
+        parts.append(f"{INTERVENTION_KEY!r} and {POLICY_ACTION_KEY!r} are a fleet dataset's columns (fleet=True)")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def stream_codec(vcodec: str) -> str | None:

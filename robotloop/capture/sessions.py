@@ -14,7 +14,10 @@ headers, so a robot in any language can write it):
 
 * The JSON line holds the small per-frame fields of N frames (N >= 1):
   `{"timestamp": [N floats], "state": [N x state_dim floats], "action": [N x action_dim floats],
-    "reward": [N floats] (optional, default 0), "success": [N bools] (optional, default false)}`.
+    "reward": [N floats] (optional, default 0), "success": [N bools] (optional, default false)}`;
+  a fleet dataset's frames (opened with `fleet`: `DatasetSpec(fleet=True)`) also have, and only they,
+  `"intervention": [N bools]` (the expert drove) and `"policy_action": [N x action_dim floats]` (what the policy
+  proposed).
   Timestamps are seconds from the episode start: >= 0 and strictly increasing across the whole episode
   (they catch reordered or repeated frames; the dataset stores frame_index / fps, as lerobot's recorder does).
 * The raw bytes are the images as uint8 RGB, H x W x 3 in C order: frame 0's cameras in sorted name order,
@@ -28,6 +31,10 @@ Example:
     >>> eid = sessions.open("robot-1", url, {"top": (480, 640, 3)}, state_dim=14, action_dim=14)
     >>> sessions.add_frames("robot-1", eid, encode_frames(timestamp, state, action, images))
     >>> sessions.close("robot-1", eid, "pick up the cube").episode_index
+    >>> fleet = sessions.open("robot-1", fleet_url, {"top": (480, 640, 3)}, 14, 14, fleet=True)   # a fleet dataset
+    >>> sessions.add_frames("robot-1", fleet, encode_frames(timestamp, state, action, images,
+    ...                     intervention=expert_drove, policy_action=proposed))
+    >>> sessions.close("robot-1", fleet, "pick up the cube", facts={"robot_id": "r1", "release": "v7", "seed": 3})
     ```
 """
 
@@ -45,17 +52,20 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import errors
 from ..errors import Busy, Conflict
 from ..storage import BucketClient, BucketUrl, NotFound, StorageError
-from .episode import BadEpisode
+from .episode import BadEpisode, FleetTally
 from .recorder import CommitReport, DatasetRecorder, DatasetSpec, LiveEpisode, episode_frame, spec_mismatch
 
 MAX_TASK_CHARS = 1000
+Fact = str | int | float | bool | None  # a fleet episode's fact: flat JSON values (the service refuses others)
 log = logging.getLogger("robotloop.capture")  # the capture service's log
 
 
@@ -110,14 +120,18 @@ class Limits:
 
 @dataclass
 class Frames:
-    """One decoded batch of N frames: `images[name]` uint8 [N, H, W, 3], the rest float32/bool with N rows."""
+    """One decoded batch of N frames: `images[name]` uint8 [N, H, W, 3], the rest float32/bool with N rows
+    (`reward` float64 as sent: the dataset stores it as float32, a fleet episode's facts its value). `reward` and
+    `success` are None when the batch did not say; `intervention` and `policy_action` are a fleet dataset's."""
 
     timestamp: np.ndarray
     state: np.ndarray
     action: np.ndarray
     images: dict[str, np.ndarray]
-    reward: np.ndarray
-    success: np.ndarray
+    reward: np.ndarray | None = None
+    success: np.ndarray | None = None
+    intervention: np.ndarray | None = None
+    policy_action: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.timestamp)
@@ -136,6 +150,8 @@ class _FramesJson(BaseModel):
     action: list[list[float]]
     reward: list[float] | None = None
     success: list[bool] | None = None
+    intervention: list[bool] | None = None
+    policy_action: list[list[float]] | None = None
 
 
 def frame_bytes(spec: DatasetSpec) -> int:
@@ -143,8 +159,18 @@ def frame_bytes(spec: DatasetSpec) -> int:
     return sum(h * w * c for h, w, c in spec.cameras.values())
 
 
-def encode_frames(timestamp, state, action, images: dict[str, np.ndarray], reward=None, success=None) -> bytes:
+def encode_frames(
+    timestamp: ArrayLike,
+    state: ArrayLike,
+    action: ArrayLike,
+    images: dict[str, np.ndarray],
+    reward: ArrayLike | None = None,
+    success: ArrayLike | None = None,
+    intervention: ArrayLike | None = None,
+    policy_action: ArrayLike | None = None,
+) -> bytes:
     """Write a batch of N frames in the wire format (see the module docstring); `images[name]` is [N, H, W, 3].
+    `intervention` and `policy_action` are for a fleet dataset's episode (and required there).
 
     Arrays are converted, not checked: the service checks them, so a robot learns exactly what was wrong.
     """
@@ -157,6 +183,10 @@ def encode_frames(timestamp, state, action, images: dict[str, np.ndarray], rewar
         fields["reward"] = np.asarray(reward, np.float64).tolist()
     if success is not None:
         fields["success"] = np.asarray(success, bool).tolist()
+    if intervention is not None:
+        fields["intervention"] = np.asarray(intervention, bool).tolist()
+    if policy_action is not None:
+        fields["policy_action"] = np.asarray(policy_action, np.float64).tolist()
     n = len(fields["timestamp"])
     # Frame-major: frame t's cameras, in sorted name order, then frame t+1's.
     per_frame = [np.ascontiguousarray(images[name]).reshape(n, -1) for name in sorted(images)]
@@ -169,7 +199,9 @@ def decode_frames(body: bytes, spec: DatasetSpec) -> Frames:
 
     Raises:
         BadEpisode: no JSON line, malformed JSON or fields, wrong row counts or sizes, NaN/inf,
-            timestamps not strictly increasing or negative, or image bytes that do not add up to N frames.
+            timestamps not strictly increasing or negative, image bytes that do not add up to N frames, or a
+            fleet dataset's batch without its fleet columns (a demo dataset's with them); the message names the
+            field.
     """
     line_end = body.find(b"\n")
     if line_end < 0:
@@ -182,18 +214,54 @@ def decode_frames(body: bytes, spec: DatasetSpec) -> Frames:
     timestamp = np.asarray(meta.timestamp, np.float64)
     state = _rows(meta.state, n, spec.state_dim, "state")
     action = _rows(meta.action, n, spec.action_dim, "action")
-    reward = np.zeros(n, np.float32) if meta.reward is None else _rows([[r] for r in meta.reward], n, 1, "reward")[:, 0]
-    if meta.success is not None and len(meta.success) != n:
-        raise BadEpisode(f"success has {len(meta.success)} values for {n} timestamps")
-    success = np.zeros(n, bool) if meta.success is None else np.asarray(meta.success, bool)
+    reward = None if meta.reward is None else _rows([[r] for r in meta.reward], n, 1, "reward", np.float64)[:, 0]
+    success = _flags(meta.success, n, "success")
+    intervention = _flags(meta.intervention, n, "intervention")
+    policy_action = None
+    if meta.policy_action is not None:
+        policy_action = _rows(meta.policy_action, n, spec.action_dim, "policy_action")
     _check_finite(timestamp, "timestamp")
     if timestamp[0] < 0 or (np.diff(timestamp) <= 0).any():
         raise BadEpisode(f"timestamps must be >= 0 and strictly increasing; got {timestamp[:8].tolist()}...")
-    return Frames(timestamp, state, action, _images(memoryview(body)[line_end + 1 :], n, spec), reward, success)
+    batch = Frames(timestamp, state, action, {}, reward, success, intervention, policy_action)
+    _check_fleet_columns(batch, spec)  # before the images are copied out
+    batch.images = _images(memoryview(body)[line_end + 1 :], n, spec)
+    return batch
 
 
-def _rows(values: list[list[float]], n: int, dim: int, name: str) -> np.ndarray:
-    """`values` as float32 [n, dim], finite. Raises BadEpisode naming the first bad row."""
+def _check_fleet_columns(batch: Frames, spec: DatasetSpec) -> None:
+    """A fleet dataset's frames carry `intervention` and `policy_action`, a demo dataset's neither: without them a
+    fleet frame would be stored with made-up flags, and with them a demo frame would silently lose them.
+
+    Raises:
+        BadEpisode: naming the column missing, or sent to a dataset opened without fleet.
+    """
+    for name in ("intervention", "policy_action"):
+        sent = getattr(batch, name) is not None
+        if spec.fleet and not sent:
+            raise BadEpisode(
+                f"{name!r} is missing: this episode's dataset is a fleet dataset, whose every frame has "
+                "'intervention' (N bools: the expert drove) and 'policy_action' (N x action_dim floats)"
+            )
+        if sent and not spec.fleet:
+            raise BadEpisode(
+                f"{name!r} is a fleet dataset's feature, and this episode's dataset was opened without fleet: "
+                "leave it out, or record into a fleet dataset (open with fleet)"
+            )
+
+
+def _flags(values: list[bool] | None, n: int, name: str) -> np.ndarray | None:
+    """`values` as bool [n] (None: not sent). Raises BadEpisode when there are not `n`."""
+    if values is None:
+        return None
+    if len(values) != n:
+        raise BadEpisode(f"{name} has {len(values)} values for {n} timestamps")
+    return np.asarray(values, bool)
+
+
+def _rows(values: list[list[float]], n: int, dim: int, name: str, dtype: type = np.float32) -> np.ndarray:
+    """`values` as `dtype` [n, dim], finite and within float32's range (the dataset's). Raises BadEpisode naming
+    the first bad row."""
     if len(values) != n:
         raise BadEpisode(f"{name} has {len(values)} rows for {n} timestamps")
     for i, row in enumerate(values):
@@ -203,7 +271,7 @@ def _rows(values: list[list[float]], n: int, dim: int, name: str) -> np.ndarray:
     _check_finite(array, name)
     if (np.abs(array) > np.finfo(np.float32).max).any():  # would turn into inf in the float32 dataset
         raise BadEpisode(f"{name} holds values too large for float32")
-    return array.astype(np.float32)
+    return array.astype(dtype)
 
 
 def _check_finite(array: np.ndarray, name: str) -> None:
@@ -252,6 +320,7 @@ class _Session:
     image_bytes: int = 0
     last_timestamp: float = -1.0
     committing: bool = False  # encoded for a close whose upload failed: only another close or an abort now
+    tally: FleetTally | None = None  # a fleet episode's: what its accepted frames say, for its facts line
 
 
 @dataclass
@@ -293,20 +362,23 @@ class EpisodeSessions:
         action_dim: int,
         fps: int = 50,
         robot_type: str | None = None,
+        fleet: bool = False,
     ) -> str:
-        """Open an episode of `robot` in the dataset at `url`; returns its id.
+        """Open an episode of `robot` in the dataset at `url`; returns its id. `fleet`: the dataset is a fleet
+        dataset (`DatasetSpec(fleet=True)`: every frame also has `intervention` and `policy_action`, and each
+        episode a line of facts).
 
         Raises:
             BadEpisode: no camera, or an image shape that is not (H, W, 3).
             TooManyEpisodes: `robot` already has `limits.max_open_per_robot` episodes open.
-            SpecConflict: the dataset exists with other cameras, dims or fps.
+            SpecConflict: the dataset exists with other cameras, dims or fps, or is a fleet dataset and `fleet` is
+                not asked for (or the reverse).
             robotloop.storage.StorageError: the service cannot create or read the bucket.
         """
         if not cameras or any(len(s) != 3 or s[2] != 3 or min(s) < 1 for s in cameras.values()):
             raise BadEpisode(f"cameras must map names to (height, width, 3) RGB shapes; got {cameras}")
-        spec = DatasetSpec(
-            {k: tuple(v) for k, v in cameras.items()}, state_dim, action_dim, fps, robot_type, self.vcodec
-        )
+        cameras = {k: tuple(v) for k, v in cameras.items()}
+        spec = DatasetSpec(cameras, state_dim, action_dim, fps, robot_type, self.vcodec, fleet=fleet)
         self.expire()
         recorder = self._dataset(url, spec).recorder  # outside the lock: it may talk to the bucket
         episode_id = secrets.token_hex(16)  # unguessable: ids are never a capability, but need not leak either
@@ -314,7 +386,8 @@ class EpisodeSessions:
         with self._lock:  # count and insert in one step, so concurrent opens cannot pass the cap
             mine = sum(s.robot == robot for s in self._sessions.values())
             if mine < self.limits.max_open_per_robot:
-                self._sessions[episode_id] = _Session(robot, url, spec, self.clock(), live)
+                tally = FleetTally() if fleet else None
+                self._sessions[episode_id] = _Session(robot, url, spec, self.clock(), live, tally=tally)
                 return episode_id
         live.abort()
         raise TooManyEpisodes(f"robot {robot} already has {mine} open episodes (the limit); close or abort one first")
@@ -332,7 +405,11 @@ class EpisodeSessions:
             Conflict: the episode's close failed to upload: close it again or abort it.
         """
         session = self._get(robot, episode_id)
-        batch = decode_frames(frames, session.spec) if isinstance(frames, bytes | bytearray) else frames
+        if isinstance(frames, bytes | bytearray):
+            batch = decode_frames(frames, session.spec)
+        else:
+            batch = frames
+            _check_fleet_columns(batch, session.spec)  # decode_frames checks its own
         with self._held(session, robot, episode_id):  # continuity, caps and feeding in one step per episode
             if session.committing:
                 raise Conflict(
@@ -356,20 +433,27 @@ class EpisodeSessions:
                     f"is {self.limits.max_bytes}. Close it and open another"
                 )
             session.live.add_frames([episode_frame(session.spec, batch, t) for t in range(len(batch))])
+            if session.tally is not None:
+                session.tally.add(batch.intervention, batch.reward, batch.success)
             session.frames += len(batch)
             session.image_bytes += batch.image_bytes
             session.last_timestamp = float(batch.timestamp[-1])
             self._touch(session)
             return session.frames
 
-    def close(self, robot: str, episode_id: str, task: str) -> CommitReport:
+    def close(self, robot: str, episode_id: str, task: str, facts: dict[str, Fact] | None = None) -> CommitReport:
         """Commit the episode to its dataset: the encoder's tail, then the append and upload. Bad input (an empty
-        or too long task, no frames) leaves the episode open, to be closed again; so does a failed upload (its
-        encoded files are kept). Once committed, or refused by the recorder, it is gone.
+        or too long task, no frames, facts it cannot take) leaves the episode open, to be closed again; so does a
+        failed upload (its encoded files are kept). Once committed, or refused by the recorder, it is gone.
+
+        A fleet episode is committed with its line of `meta/fleet_episodes.jsonl`, as `FleetRecorder` writes it:
+        `facts` (JSON values: the robot's id, release, seed...), the task, then what its frames say
+        (`FleetTally`: success, max_reward, frames, expert_frames, kind), which the robot may not give itself.
 
         Raises:
             UnknownEpisode: no such open episode for `robot`.
-            BadEpisode: no frames or a bad task (the episode stays open), or, from the recorder, an episode it
+            BadEpisode: no frames, a bad task, facts for a demo (non-fleet) episode, or facts naming what the frames
+                say or the line's index or task (the episode stays open); or, from the recorder, an episode it
                 refuses (dropped).
             robotloop.storage.StorageError: the upload failed; the bucket still holds its previous commit and the
                 episode stays open: close it again.
@@ -385,10 +469,11 @@ class EpisodeSessions:
                 )
             if not session.frames:
                 raise BadEpisode("the episode has no frames; nothing was committed and it is still open")
+            line = _facts_line(session, task, facts)
             session.committing = True
             try:
                 with self._datasets[str(session.url)].lock:  # the recorder's file lock covers processes; threads too
-                    report = session.live.commit(task)
+                    report = session.live.commit(task, facts=line)
             except (StorageError, OSError):
                 self._touch(session)  # transient: the encoded episode is kept for another close
                 raise
@@ -550,10 +635,32 @@ def _check_frame_rate(timestamps: np.ndarray, previous: float | None, fps: int) 
         )
 
 
+def _facts_line(session: _Session, task: str, facts: dict[str, Fact] | None) -> dict[str, Any] | None:
+    """The episode's line of `meta/fleet_episodes.jsonl` (None: a demo episode has none).
+
+    Raises:
+        BadEpisode: facts for a demo episode, or facts naming what the service says itself (the episode is open).
+    """
+    if session.tally is None:
+        if facts is not None:
+            raise BadEpisode(
+                "facts are a fleet dataset's (meta/fleet_episodes.jsonl), and this episode's dataset was opened "
+                "without fleet: close it without facts; the episode is still open"
+            )
+        return None
+    if taken := sorted(set(facts or {}) & {"episode_index", "task", *FleetTally.COUNTED}):
+        raise BadEpisode(
+            f"facts {taken} are the service's to write: the episode's index, the close's task, and what its frames "
+            "say (intervention, reward, success); leave them out. The episode is still open"
+        )
+    return session.tally.facts({**(facts or {}), "task": task})
+
+
 def _describe(spec: DatasetSpec) -> str:
+    fleet = "fleet columns 'intervention' and 'policy_action'" if spec.fleet else "no fleet columns (not fleet)"
     return (
         f"cameras {spec.cameras}, state_dim {spec.state_dim}, action_dim {spec.action_dim}, fps {spec.fps}, "
-        f"robot type {spec.robot_type!r}"
+        f"robot type {spec.robot_type!r}, {fleet}"
     )
 
 

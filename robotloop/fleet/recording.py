@@ -30,12 +30,14 @@ import os
 import queue
 import random
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from ..capture import DatasetRecorder, DatasetSpec
+from ..capture.episode import FleetTally
 from ..capture.recorder import INTERVENTION_KEY, POLICY_ACTION_KEY, lerobot_frame
 from ..config import RobotSettings
 from ..errors import BadValue, RobotloopError
@@ -123,10 +125,7 @@ class _Open:
     episode: int
     facts: EpisodeFacts
     live: Any = None  # robotloop.capture.LiveEpisode, begun at the episode's first frame
-    expert_frames: int = 0
-    max_reward: float | None = None
-    success: bool | None = None
-    frames: int = 0
+    tally: FleetTally = field(default_factory=FleetTally)
 
 
 @dataclass
@@ -150,6 +149,7 @@ class _Target:
     fps: int
     robot_type: str | None
     vcodec: str
+    staging: Path | None = None
 
 
 class FleetRecorder:
@@ -157,7 +157,8 @@ class FleetRecorder:
     work (lerobot's writer, the encoder, the commits and uploads), fed by a queue of `queue_frames`: a thread of the
     robot's own process would share its interpreter lock with the control loop, and on one H200 it cut a 50 Hz
     loop to 38 Hz with 0.5 s gaps at each commit. The dataset is `fps`, `robot_type` and `vcodec`, its features
-    the first frame's.
+    the first frame's. `staging`: the writer's local folder (the dataset's meta/ and growing files, each episode's
+    files while it records; default the recorder's own under the cache, `DatasetRecorder`).
 
     Raises (on construction):
         BadValue: `queue_frames` under 1.
@@ -173,6 +174,7 @@ class FleetRecorder:
         vcodec: str = "h264",
         queue_frames: int = 1000,
         seed: int = 0,
+        staging: Path | None = None,
     ) -> None:
         if queue_frames < 1:
             raise BadValue(f"the recording queue holds at least 1 frame, not {queue_frames}")
@@ -184,7 +186,7 @@ class FleetRecorder:
         self._rng = random.Random(seed)
         self._episode = 0  # the control thread's current episode number
         self._streaming = False  # whether the control thread's current episode goes to the writer
-        target = _Target(client.endpoint, client.token, str(url), choice, fps, robot_type, vcodec)
+        target = _Target(client.endpoint, client.token, str(url), choice, fps, robot_type, vcodec, staging)
         self._process = ctx.Process(
             target=_writer_main,
             args=(target, self._queue, self.stats, self._given_up, os.getpid()),
@@ -275,12 +277,18 @@ class _Writer:
                 continue
             try:
                 current = self._handle(current, episode, kind, payload)
-            except (RobotloopError, OSError) as error:  # a frame that does not fit, the bucket, the disk
+            # Any error, not only ours and OSError (a frame that does not fit, the bucket, the disk): lerobot
+            # reports its video encoder thread crashing (the disk full under it, ENOSPC) as a RuntimeError from
+            # add_frame. Caught as (RobotloopError, OSError) only, that killed this process: every later episode
+            # was lost, counted only once the queue filled, with no word of the disk (issue 29's disk-full test).
+            # One episode's failure must cost that episode only; an error of an unexpected kind is logged whole.
+            except Exception as error:
                 why = f"{type(error).__name__}: {error}"
                 self.stats.add("dropped", why)
-                log.warning("fleet recording: an episode was dropped (%s); the robot goes on", why)
-                if current is not None and current.live is not None:
-                    current.live.abort()
+                unexpected = not isinstance(error, (RobotloopError, OSError))
+                log.warning("fleet recording: an episode was dropped (%s); the robot goes on", why, exc_info=unexpected)
+                if current is not None:
+                    _drop(current.live)
                 current = None
         if current is not None:
             self._abort(current)
@@ -294,21 +302,16 @@ class _Writer:
             if current.live is None:
                 current.live = self._recorder_for(payload).begin(current.facts.task)
             current.live.add_frame(self._lerobot_frame(payload))
-            current.frames += 1
-            current.expert_frames += int(payload.intervention)
-            if payload.reward is not None:
-                current.max_reward = max(current.max_reward or 0.0, payload.reward)
-            if payload.success is not None:
-                current.success = bool(current.success) or payload.success
+            current.tally.add(payload.intervention, payload.reward, payload.success)
             return current
         # end
         if current.live is None:  # an episode of no frames
             return None
-        if not self.target.choice.keeps(current.success, current.expert_frames):
+        if not self.target.choice.keeps(current.tally.success, current.tally.expert_frames):
             current.live.abort()
             self.stats.add("not_kept")
             return None
-        current.live.commit(facts=_facts(current))
+        current.live.commit(facts=current.tally.facts(asdict(current.facts)))
         self.stats.add("recorded")
         return None
 
@@ -320,7 +323,7 @@ class _Writer:
             spec = DatasetSpec(
                 cameras, len(tick.obs["agent_pos"]), len(tick.action), t.fps, t.robot_type, t.vcodec, fleet=True
             )
-            self.recorder = DatasetRecorder(self.client, BucketUrl.parse(t.url), spec)
+            self.recorder = DatasetRecorder(self.client, BucketUrl.parse(t.url), spec, t.staging)
             self.recorder.committed_episodes()  # BadEpisode now if the bucket's dataset has other features
         return self.recorder
 
@@ -336,25 +339,19 @@ class _Writer:
     def _abort(self, episode: _Open) -> None:
         """Drop an episode whose end never came: the robot stopped or began another (unfinished), or the control
         thread gave it up (dropped, counted there)."""
-        if episode.live is not None:
-            episode.live.abort()
+        _drop(episode.live)
         if episode.episode > self.given_up.value:
             self.stats.add("unfinished")
         return None
 
 
-def _facts(episode: _Open) -> dict[str, Any]:
-    kind = "takeover" if 0 < episode.expert_frames < episode.frames else "autonomous"
-    if episode.frames and episode.expert_frames == episode.frames:
-        kind = "expert"
-    return {
-        **asdict(episode.facts),
-        "success": episode.success,
-        "max_reward": episode.max_reward,
-        "frames": episode.frames,
-        "expert_frames": episode.expert_frames,
-        "kind": kind,
-    }
+def _drop(live: Any) -> None:
+    """Abort a live episode (None: it had not begun). Its files go whatever happens (`LiveEpisode.abort` removes them
+    in a `finally`); an encoder that already failed may fail again as it is stopped, and must not take the writer
+    process down with it."""
+    if live is not None:
+        with contextlib.suppress(Exception):
+            live.abort()
 
 
 def fleet_recorder(

@@ -7,16 +7,26 @@ frame wire format)::
     GET    /v1/stats                       what open episodes hold and how episodes ended (`EpisodeSessions.stats`);
                                            any robot token, read-only ones too
     POST   /v1/episodes                    JSON {"dataset", "cameras": {name: [H, W, 3]}, "state_dim", "action_dim",
-                                           "fps"?, "robot_type"?} -> 201 {"episode_id", "cameras" (byte order), ...}
+                                           "fps"?, "robot_type"?, "fleet"? (default false)} -> 201 {"episode_id",
+                                           "cameras" (byte order), "fleet", ...}
     POST   /v1/episodes/{id}/frames        a frame batch (application/octet-stream) -> {"episode_id", "frames"}
-    POST   /v1/episodes/{id}/close         JSON {"task"} -> the CommitReport's fields, plus "dataset"
+    POST   /v1/episodes/{id}/close         JSON {"task", "facts"? (fleet only)} -> the CommitReport's fields, plus
+                                           "episode_id"
     DELETE /v1/episodes/{id}               drop the episode -> {"aborted": id}
 
-Errors are JSON ``{"error": "<what is wrong and what to do>"}``: 400 malformed request or URL, 401 missing or
-unknown token, 403 token not allowed to write that bucket namespace, 404 unknown episode (another robot's
-included; one dropped for idleness says so), 408 a request body that stopped arriving for the idle timeout,
-409 dataset exists with other features, 413 body or episode too large, 422 bad frames or task, 429 too many open
-episodes, 502 the bucket refused or failed the commit.
+Fleet datasets (``"fleet": true`` at open; `DatasetSpec(fleet=True)`): every frame of the batch also has
+``intervention`` and ``policy_action`` (see `robotloop.capture.sessions`), and the close may give the episode's
+facts, a flat JSON object of names to strings, numbers, booleans or nulls (the robot's id, release, seed...). The
+service commits them as the in-process `FleetRecorder` does: one line of ``meta/fleet_episodes.jsonl`` with the
+episode's index, the facts, the task, and what its frames say (success, max_reward, frames, expert_frames, kind).
+
+Errors are JSON ``{"error": "<what is wrong and what to do>"}``: 400 malformed request or URL (bad facts
+included), 401 missing or unknown token, 403 token not allowed to write that bucket namespace, 404 unknown episode
+(another robot's included; one dropped for idleness says so), 408 a request body that stopped arriving for the idle
+timeout, 409 dataset exists with other features (a fleet dataset opened without fleet, or the reverse, included),
+413 body or episode too large, 422 bad frames, task or facts (a fleet column missing, of the wrong size or type, or
+sent to a dataset opened without fleet; facts for a demo episode or naming what the service counts), 429 too many
+open episodes, 502 the bucket refused or failed the commit.
 
 Idle episodes: an open episode without a request for ``capture.idle_timeout_s`` (``--idle-timeout-s``; its robot
 vanished, or stopped without closing it) is dropped by a reaper that looks four times per timeout (at most every
@@ -42,17 +52,18 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from robotloop.auth import TokenStore
-from robotloop.capture.sessions import EpisodeSessions, Limits
+from robotloop.capture.sessions import EpisodeSessions, Fact, Limits
 from robotloop.config import Settings
 from robotloop.errors import BadValue
 from robotloop.output import quiet_encoders
@@ -69,6 +80,39 @@ Side = Annotated[int, Field(ge=1, le=4096)]
 Channels = Annotated[int, Field(ge=3, le=3)]  # RGB: what lerobot's video features hold
 
 
+MAX_FACT_CHARS = 200
+
+
+def _fact(value: object) -> Fact:
+    """A fact as given, if it is one: flat values only, since a line of meta/fleet_episodes.jsonl is a row of a table
+    (the dashboard shows each fact as a column). One check with one message, rather than pydantic's union of four
+    types, which would answer four errors for one value.
+
+    Raises:
+        ValueError: anything else (pydantic makes it the 400's message, naming the fact).
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:  # what readers keep in an int64 column
+            raise ValueError("a fact's integer must fit in 64 bits")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):  # JSON has no NaN or infinity, though Python's parser takes them
+            raise ValueError("a fact's number must be finite")
+        return value
+    if isinstance(value, str):
+        # Text only: control characters and lone surrogates would travel in JSON and break a reader printing them.
+        if len(value) > MAX_FACT_CHARS or not value.isprintable():
+            raise ValueError(f"a fact's text must be up to {MAX_FACT_CHARS} printable characters")
+        return value
+    raise ValueError("a fact is a string, a number, true, false or null")
+
+
+FactName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
+FactValue = Annotated[Fact, PlainValidator(_fact, json_schema_input_type=Fact)]
+
+
 class OpenRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     dataset: str = Field(description="hf://buckets/<namespace>/<bucket>/<path> of the LeRobot dataset")
@@ -77,11 +121,15 @@ class OpenRequest(BaseModel):
     action_dim: int = Field(ge=1, le=4096)
     fps: int = Field(default=50, ge=1, le=1000)
     robot_type: str | None = Field(default=None, max_length=100)
+    fleet: bool = Field(default=False, description="a fleet dataset: frames also have intervention, policy_action")
 
 
 class CloseRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task: str = Field(description="the language instruction stored with every frame")
+    facts: dict[FactName, FactValue] | None = Field(
+        default=None, max_length=32, description="a fleet episode's facts (its robot, release, seed...)"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,12 +195,14 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
     def open_episode(body: OpenRequest, who: Caller) -> dict[str, Any]:
         url = BucketUrl.parse(body.dataset)
         tokens.authorize(who.token, url.namespace, write=True, bucket_public=False)  # the robot's scope, not ours
-        eid = sessions.open(who.id, url, dict(body.cameras), body.state_dim, body.action_dim, body.fps, body.robot_type)
-        log.info("%s opened episode %s in %s", who.id, eid, url)
+        shape = (dict(body.cameras), body.state_dim, body.action_dim, body.fps, body.robot_type)
+        eid = sessions.open(who.id, url, *shape, fleet=body.fleet)
+        log.info("%s opened %sepisode %s in %s", who.id, "a fleet " if body.fleet else "", eid, url)
         per_frame = sum(h * w * c for h, w, c in body.cameras.values())  # the raw image bytes of one frame
         return {
             "episode_id": eid,
             "dataset": str(url),
+            "fleet": body.fleet,
             "cameras": sorted(body.cameras),
             "frame_bytes": per_frame,
             "max_frames": limits.max_frames,
@@ -172,7 +222,8 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
 
     @app.post("/v1/episodes/{episode_id}/close")
     def close_episode(episode_id: str, body: CloseRequest, who: Caller) -> dict[str, Any]:
-        report = sessions.close(who.id, episode_id, body.task)  # sync route: the encode's tail and upload, in a thread
+        # A sync route: the encode's tail and the upload run in a thread.
+        report = sessions.close(who.id, episode_id, body.task, body.facts)
         log.info("%s committed episode %s as index %d", who.id, episode_id, report.episode_index)
         return {"episode_id": episode_id, **dataclasses.asdict(report)}
 
