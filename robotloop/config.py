@@ -33,6 +33,11 @@ from services.ports import CAPTURE_PORT, DEPLOY_PORT, TRAINER_PORT, UI_PORT
 
 from .errors import BadInput
 
+# The choices of two settings, named once: the settings fields below and the library (`robotloop.deploy.policy`,
+# `robotloop.deploy.publish`) take them from here.
+Backend = Literal["auto", "onnx", "torch"]
+OnnxMode = Literal["required", "optional", "off"]
+
 
 def cache_home() -> Path:
     """robotloop's cache folder: ``$XDG_CACHE_HOME/robotloop``, else ``~/.cache/robotloop``.
@@ -174,6 +179,14 @@ class DeploySettings(ServiceSection):
         description="Register releases signed by any key when no trusted_keys are given (say it: "
         "operators then see releases listed that robots may refuse).",
     )
+    # required by default: a release is what robots without torch run too, so a policy that cannot be exported is
+    # found at publish, by the person who can fix it, not by a robot that has nothing to run. optional is the way out
+    # when that person decides torch robots are enough for this one.
+    onnx: OnnxMode = Field(
+        default="required",
+        description="ONNX export at publish: required (a policy that cannot be exported is an error naming the layer, "
+        "and nothing is published), optional (it is then released without ONNX, and publish says why) or off.",
+    )
 
 
 class UiSettings(ServiceSection):
@@ -202,7 +215,20 @@ class RobotSettings(Section):
     store_dir: Path = Field(
         default_factory=in_cache("robot"), description="Local release store (verified releases, staging)."
     )
-    device: str = Field(default="cpu", description="Where the policy runs.")
+    device: str = Field(
+        default="auto",
+        description="Where the policy runs: auto (the machine's accelerator when it has one: ONNX Runtime's TensorRT "
+        "or CUDA provider, torch's CUDA; else the CPU), cpu, cuda, cuda:N, or tensorrt (ONNX Runtime's TensorRT "
+        "provider; a torch policy runs on the same GPU).",
+    )
+    # A robot computer may have torch, onnxruntime or both: the release carries both formats (publish exports ONNX),
+    # and each robot runs what it can, the fast portable one first.
+    backend: Backend = Field(
+        default="auto",
+        description="What runs a release's policy: auto (its ONNX export on ONNX Runtime where the release has one "
+        "and onnxruntime here runs on robot.device, else torch), onnx (ONNX only: a release without an export, or a "
+        "robot without onnxruntime, is refused with the reason) or torch (the checkpoint through lerobot).",
+    )
     poll_wait_s: float = Field(default=30.0, gt=0, le=60, description="Long-poll length for assignment changes.")
     heartbeat_s: float = Field(default=2.0, gt=0, description="Seconds between heartbeats.")
     health_window: int = Field(

@@ -99,7 +99,8 @@ def services(bucket_server, trainer, tmp_path_factory: pytest.TempPathFactory) -
     settings = Settings(
         storage={"endpoint": bucket_server.endpoint, "token": WRITE_TOKEN, "cache_dir": base / "cache" / "read"},
         trainer={"url": trainer.endpoint, "token": WRITER},
-        deploy={"url": deploy_url, "token": OPS, "key_file": base / "deploy.key"},
+        # publish_release without the ONNX export (~8 s a release on 2 cores): the agent's tools are the subject here
+        deploy={"url": deploy_url, "token": OPS, "key_file": base / "deploy.key", "onnx": "off"},
     )
     with pytest.MonkeyPatch.context() as patch:  # recordings stage under this test's cache, not the user's
         patch.setenv("XDG_CACHE_HOME", str(base / "xdg"))

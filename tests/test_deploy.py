@@ -11,6 +11,7 @@ running, rollback by command and automatically (non-finite actions, failed healt
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -22,8 +23,9 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import httpx
 import numpy as np
@@ -48,11 +50,14 @@ from robotloop.deploy.keys import (
 )
 from robotloop.deploy.local import start_local_deploy_service
 from robotloop.deploy.manifest import BadManifest, Manifest, SignedManifest
-from robotloop.deploy.publish import publish
+from robotloop.deploy.onnx_runner import ONNX_DATA_FILE, ONNX_FILE, ONNX_FILES, OnnxRunner
+from robotloop.deploy.policy import load_policy
+from robotloop.deploy.publish import PublishedRelease, publish
 from robotloop.deploy.runner import make_tiny_checkpoint
 from robotloop.deploy.runtime import RobotRuntime
 from robotloop.deploy.store import IntegrityError, PullCancelled, ReleaseStore
-from robotloop.storage import BucketClient, BucketUrl, Entry, NotFound
+from robotloop.storage import BucketClient, BucketUrl, Entry, NotFound, StorageError
+from robotloop.train.policy import TINY_ACT, ACTSettings
 
 from .conftest import WRITE_TOKEN, free_port
 from .fakealoha import FakeAloha
@@ -75,12 +80,16 @@ class Deploy:
     def ops(self, token: str = OPS) -> DeployClient:
         return DeployClient(self.url, token)
 
-    def release(self, name: str, ckpt: str, channel: str | None = "stable", step: int | None = None) -> SignedManifest:
-        """Upload checkpoint `ckpt` as a LeRobot step folder and publish it as release `name`."""
+    def release(
+        self, name: str, ckpt: str, channel: str | None = "stable", step: int | None = None, onnx: str = "off"
+    ) -> PublishedRelease:
+        """Upload checkpoint `ckpt` as a LeRobot step folder and publish it as release `name`. Without its ONNX
+        export unless asked (`onnx="required"`): an export takes ~8 s on 2 cores, and most tests here are about
+        releases whatever they hold."""
         step = step or len(self.ckpts) * 100 + hash(name) % 97
         url = BucketUrl.parse(f"{RUN}/{name}/checkpoints/{step:06d}")
         self.bucket.upload(self.ckpts[ckpt], url / "pretrained_model")
-        return publish(self.bucket, str(url), name, load_private_key(self.key), self.ops(), channel)
+        return publish(self.bucket, str(url), name, load_private_key(self.key), self.ops(), channel, onnx=onnx)
 
 
 def _perturbed(src: Path, dst: Path, keep: tuple[str, ...] = (), scale: float = 1e-3, nan: bool = False) -> Path:
@@ -262,10 +271,10 @@ def test_a_service_with_trusted_keys_refuses_releases_signed_by_others(deploy, t
         step = BucketUrl.parse(f"{RUN}/strict/checkpoints/000100")
         deploy.bucket.upload(deploy.ckpts["v1"], step / "pretrained_model")
         with pytest.raises(DeployError, match="does not trust"):
-            publish(deploy.bucket, str(step), "strict-rogue", load_private_key(tmp_path / "rogue.key"), ops)
+            publish(deploy.bucket, str(step), "strict-rogue", load_private_key(tmp_path / "rogue.key"), ops, onnx="off")
         releases = BucketUrl(step.bucket_id, "releases")
         assert not [p for p in _files(deploy.bucket, releases) if "/strict-rogue/" in p]
-        publish(deploy.bucket, str(step), "strict-ours", load_private_key(tmp_path / "ours.key"), ops)
+        publish(deploy.bucket, str(step), "strict-ours", load_private_key(tmp_path / "ours.key"), ops, onnx="off")
         assert "releases/strict-ours/manifest.json" in _files(deploy.bucket, releases)
     finally:
         proc.terminate()
@@ -386,7 +395,8 @@ def test_update_moves_only_changed_tensors_and_tampered_content_is_refused(deplo
     store = ReleaseStore(tmp_path / "store")
     fetch = XetFetcher(bucket_server.endpoint, WRITE_TOKEN, v1.manifest.bucket)
     first = store.pull(v1, deploy.trusted, fetch)
-    assert first.bytes_fetched == v1.manifest.total_bytes and first.bytes_reused == 0
+    # Every byte fetched once: the few that recur within the release (the processors' equal stats) are copied.
+    assert first.bytes_fetched + first.bytes_reused == v1.manifest.total_bytes and first.bytes_reused < 10_000
 
     old = {s.sha256 for f in v1.manifest.files for s in f.segments}
     changed = sum(s.length for f in ft.manifest.files for s in f.segments if s.sha256 not in old)
@@ -462,7 +472,8 @@ def test_pull_killed_mid_download_resumes_and_never_exposes_a_partial_release(de
     assert store.installed() == [] and any((root / "staging" / "crash-v1" / "parts").iterdir())
     report = store.pull(signed, deploy.trusted, XetFetcher(bucket_server.endpoint, WRITE_TOKEN, signed.manifest.bucket))
     before = 4 * 2**20 + next(f.size for f in signed.manifest.files if f.path == "config.json")  # files go in order
-    assert report.bytes_resumed == before and report.bytes_fetched == signed.manifest.total_bytes - before
+    assert report.bytes_resumed == before
+    assert report.bytes_fetched + report.bytes_reused == signed.manifest.total_bytes - before
     assert store.installed() == ["crash-v1"] and not (root / "staging" / "crash-v1").exists()
     store.verify("crash-v1", deploy.trusted)
 
@@ -494,8 +505,17 @@ def _wait(predicate, timeout_s: float, what: str) -> float:
 def robot(deploy, tmp_path) -> Iterator[RobotRuntime]:
     """Robot `r1` on channel `e2e`, in a thread: ALOHA TransferCube at 48x64, 15-step episodes. Its health score is
     smoothness (minus the mean action change), so a jerky release fails the check deterministically."""
-    token = deploy.ops().register_robot("r1", channel="e2e", rotate=True)  # a fresh token for each test's robot
-    options = RobotSettings(robot_id="r1", poll_wait_s=10, heartbeat_s=0.5, health_window=2)
+    with _running_robot(deploy, tmp_path, "r1", "e2e") as runtime:
+        yield runtime
+
+
+@contextmanager
+def _running_robot(deploy: Deploy, tmp_path: Path, robot_id: str, channel: str, **options) -> Iterator[RobotRuntime]:
+    """`robot`'s robot, as `robot_id` on `channel`, with `options` (RobotSettings fields) over the fixture's."""
+    token = deploy.ops().register_robot(robot_id, channel=channel, rotate=True)  # a fresh token for each robot
+    settings = RobotSettings(
+        **{"robot_id": robot_id, "poll_wait_s": 10, "heartbeat_s": 0.5, "health_window": 2, **options}
+    )
     made: list[RobotRuntime] = []
 
     def control_thread() -> None:  # MuJoCo's EGL context belongs to the thread that made it
@@ -506,7 +526,7 @@ def robot(deploy, tmp_path) -> Iterator[RobotRuntime]:
                 DeployClient(deploy.url, token),
                 ReleaseStore(tmp_path / "store"),
                 deploy.trusted,
-                options,
+                settings,
                 _fetcher(deploy),
                 score=lambda episode: -episode.action_jerk,
             )
@@ -519,9 +539,11 @@ def robot(deploy, tmp_path) -> Iterator[RobotRuntime]:
     thread = threading.Thread(target=control_thread, daemon=True)
     thread.start()
     _wait(lambda: made, 30, "the robot to start")
-    yield made[0]
-    made[0].stop()
-    thread.join(10)
+    try:
+        yield made[0]
+    finally:
+        made[0].stop()
+        thread.join(10)
 
 
 def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot, tmp_path):
@@ -649,11 +671,14 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
             "hw",
             "--key",
             str(key),
+            "--no-onnx",  # the torch path end to end (and no export's seconds: the ONNX tests export)
             *ops,
         ],
     )
     assert result.exit_code == 0, result.output
     assert "checkpoints/000300" in deploy.ops()._call("GET", "/v1/releases/cli-v1")["checkpoint"]
+    listed = deploy.ops().release("cli-v1")["manifest"]["manifest"]["files"]
+    assert not [f["path"] for f in listed if f["path"].startswith("policy.onnx")]
     result = cli.invoke(
         app, ["deploy", "publish", "--checkpoint", f"{RUN}/nothing", "--name", "x", "--key", str(key), *ops]
     )
@@ -693,7 +718,7 @@ def test_cli_publishes_the_latest_checkpoint_and_a_hardware_robot_runs_it(deploy
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "pulled 45.4 MB; swaps 1, rollbacks 0, refused 0; running cli-v1" in _flat(result.output)
+    assert "pulled 45.4 MB; swaps 1, rollbacks 0, refused 0; running cli-v1 on torch (cpu)" in _flat(result.output)
     assert FakeAloha.sent > 20  # commands reached the (double of the) hardware
     # The same robot id on the sim, restarted: the release is already in its store (verified again, not fetched).
     result = cli.invoke(
@@ -909,6 +934,7 @@ def test_a_checkpoint_copied_out_of_its_bucket_is_published_at_its_step(deploy, 
     (ckpt / "training_state").mkdir()
     (ckpt / "training_state" / "training_step.json").write_text(json.dumps({"step": 250, "losses": []}))
     base = ["--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN, "deploy", "publish", "--key", str(deploy.key)]
+    base.append("--no-onnx")  # about where the checkpoint goes, not what the release holds
     ops = ["--deploy-url", deploy.url, "--deploy-token", OPS]
     to = f"{RUN}/copied"
     argv = [*base, "--checkpoint", str(ckpt / "pretrained_model"), "--to", to, "--name", "copied-v1", *ops]
@@ -983,7 +1009,7 @@ def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_or
     from robotloop.deploy.swap import Loaded
 
     class Runner:
-        at_chunk_boundary = True
+        at_chunk_boundary, backend, runs_on = True, "torch", "cpu"
 
         def reset(self) -> None:
             pass
@@ -1047,8 +1073,8 @@ def test_the_control_rate_is_measured_from_the_first_action_not_from_start(tmp_p
         def step(self, action):
             return {}, StepResult(0.0, False, False)
 
-    class Runner:
-        at_chunk_boundary = True
+    class Runner:  # a `Policy`, as the runtime and its heartbeats use one
+        at_chunk_boundary, backend, runs_on = True, "torch", "cpu"
 
         def reset(self) -> None:
             pass
@@ -1153,13 +1179,14 @@ def test_the_reporter_sends_events_in_order_then_a_heartbeat_the_service_shows(d
     from robotloop.deploy.ledger import ReleaseLedger
     from robotloop.deploy.reporter import Reporter
     from robotloop.deploy.runtime import RuntimeStats
+    from robotloop.deploy.swap import Snapshot
 
     token = deploy.ops().register_robot("r-report", channel="reports", rotate=True)
     ledger = ReleaseLedger.load(tmp_path / "runtime.json", health_window=2)
     ledger.refuse("rep-bad")
     stop = threading.Event()
     options = RobotSettings(robot_id="r-report", heartbeat_s=0.1)
-    snapshot = lambda: ("rep-v0", False, {"rep-v0": 1.5})  # noqa: E731 - running, on probation, health
+    snapshot = lambda: Snapshot("rep-v0", False, {"rep-v0": 1.5}, "onnx", "CPUExecutionProvider")  # noqa: E731
     reporter = Reporter(DeployClient(deploy.url, token), options, RuntimeStats(), ledger, snapshot, stop)
     reporter.event("refused", "rep-bad", None, "BadSignature: does not trust")
     reporter.event("rollback", "rep-v0", "rep-jerky", "health check")
@@ -1174,6 +1201,8 @@ def test_the_reporter_sends_events_in_order_then_a_heartbeat_the_service_shows(d
     seen = deploy.ops().robot("r-report")
     assert seen["running"] == "rep-v0"
     assert set(seen["status"]) == {
+        "backend",
+        "runs_on",
         "control_hz",
         "max_gap_ms",
         "episodes",
@@ -1184,6 +1213,7 @@ def test_the_reporter_sends_events_in_order_then_a_heartbeat_the_service_shows(d
         "last_pull",
     }
     assert seen["status"]["health"] == {"rep-v0": 1.5} and seen["status"]["refused"] == ["rep-bad"]
+    assert (seen["status"]["backend"], seen["status"]["runs_on"]) == ("onnx", "CPUExecutionProvider")
     assert ledger.last_good == "rep-v0"  # it ran off probation: the release to start with next time
 
 
@@ -1272,7 +1302,8 @@ def test_a_release_survives_later_writes_to_its_run_folder(deploy, bucket_server
     )
     store = ReleaseStore(tmp_path / "store")
     report = store.pull(signed, deploy.trusted, XetFetcher(bucket_server.endpoint, WRITE_TOKEN, signed.manifest.bucket))
-    assert report.bytes_fetched == signed.manifest.total_bytes  # the signed bytes, still there for robots
+    # the signed bytes, still there for robots (a few recur within the release: copied, not fetched twice)
+    assert report.bytes_fetched + report.bytes_reused == signed.manifest.total_bytes
     store.verify("overwritten-v1", deploy.trusted)
 
 
@@ -1298,3 +1329,290 @@ def test_a_robot_that_cannot_fetch_its_release_backs_off_and_says_why(deploy, ro
     assert "gone-v1" not in status()["refused"]  # not bad: it could not be fetched, it may be fetched later
     assert "cannot read" in status()["unfetchable"]["gone-v1"]["error"] and robot.running != "gone-v1"
     assert time.monotonic() - t0 < 10
+
+
+# -- ONNX releases: exported at publish, run on ONNX Runtime by robots ---------------------------------------------
+# One tiny ACT with ACT's temporal ensembling (one inference per step), exported once for the module (~8 s on 2
+# cores) as release `onnx-v1`; the robot test exports two more (a jerky and a NaN variant).
+ENSEMBLED = ACTSettings(
+    **{**TINY_ACT, "chunk_size": 10, "n_action_steps": 1, "temporal_ensemble_coeff": 0.01, "dropout": 0.0}
+)
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def onnx_release(deploy, bucket_server) -> tuple[dict, SignedManifest]:
+    """Release `onnx-v1` published through the CLI, its ONNX export included: what `--json` said, and its manifest."""
+    deploy.ckpts["ens"] = make_tiny_checkpoint(deploy.key.parent.parent / "ckpt" / "ens", IMAGE, settings=ENSEMBLED)
+    url = BucketUrl.parse(f"{RUN}/onnx/checkpoints/000100")
+    deploy.bucket.upload(deploy.ckpts["ens"], url / "pretrained_model")
+    argv = [*("--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN), "deploy", "publish"]
+    argv += [*("--checkpoint", str(url), "--name", "onnx-v1", "--key", str(deploy.key)), "--json"]
+    result = CliRunner().invoke(app, [*argv, "--deploy-url", deploy.url, "--deploy-token", OPS])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout), SignedManifest.from_dict(deploy.ops().release("onnx-v1")["manifest"])
+
+
+def test_publish_exports_onnx_into_the_release_signed_and_robots_pull_its_weights_once(
+    deploy, onnx_release, bucket_server, tmp_path
+):
+    said, signed = onnx_release
+    files = {f.path: f for f in signed.manifest.files}
+    assert said["onnx"]["files"] == list(ONNX_FILES) and set(ONNX_FILES) <= set(files)
+    assert said["onnx"]["seconds"] > 0 and said["onnx"]["max_abs_diff"] <= 1e-4 and said["files"] == len(files)
+    weights = files["model.safetensors"].size
+    # Its weights are the tensors' raw bytes: Xet dedup found them in the safetensors file already in the bucket.
+    assert files[ONNX_DATA_FILE].size > 0.9 * weights and said["onnx"]["bytes_new"] < 0.1 * weights, said
+    # Signed as every file, each tensor of the weights its own segment (a fine-tune moves only what changed).
+    assert "policy.model.backbone.conv1.weight" in {s.name for s in files[ONNX_DATA_FILE].segments}
+    signed.verify(deploy.trusted)
+    # In the release's own folder; the run's checkpoint folder is left as training wrote it.
+    listed = deploy.bucket.ls(BucketUrl(signed.manifest.bucket, "releases/onnx-v1"), recursive=True)
+    held = {e.url.path: e.xet_hash for e in listed if isinstance(e, Entry)}
+    for name in ONNX_FILES:
+        assert held[f"releases/onnx-v1/files/{name}"] == files[name].xet_hash
+    checkpoint = _files(deploy.bucket, BucketUrl.parse(signed.manifest.checkpoint))
+    assert checkpoint and not [p for p in checkpoint if "policy.onnx" in p]
+
+    # A robot pulls the ONNX weights from the safetensors it just fetched, not a second time over the network.
+    store = ReleaseStore(tmp_path / "store")
+    report = store.pull(signed, deploy.trusted, XetFetcher(bucket_server.endpoint, WRITE_TOKEN, signed.manifest.bucket))
+    assert report.bytes_fetched < weights + 1_000_000 < report.bytes_total, report
+    model = store.model_dir("onnx-v1")
+    policy = load_policy(model, backend="auto", device="auto")
+    assert isinstance(policy, OnnxRunner) and (policy.backend, policy.runs_on) == ("onnx", "CPUExecutionProvider")
+    assert policy.ensembling and policy.temporal_ensemble_coeff == 0.01  # the checkpoint's own acting
+    assert load_policy(model, backend="torch").backend == "torch"  # the same release on torch
+
+    # The same checkpoint under the same name again: the first release is kept, export and all (none runs again).
+    again = publish(deploy.bucket, signed.manifest.checkpoint, "onnx-v1", load_private_key(deploy.key), deploy.ops())
+    assert again.onnx is None and again.signature == signed.signature
+
+
+class _Branchy(torch.nn.Module):
+    """A layer whose control flow depends on the data: it cannot be traced into one graph (nor exported)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) if x.sum() > 0 else -self.inner(x)
+
+
+def test_a_policy_that_cannot_be_exported_is_refused_naming_its_layer_unless_onnx_is_optional(
+    deploy, bucket_server, monkeypatch
+):
+    # Test double, said plainly: ACT itself exports, so `PolicyRunner.load` (what the export loads the checkpoint
+    # with) is patched to put a data-dependent branch around one layer. The export, its failure and the layer it
+    # names are the real exporter's (torch.export cannot trace the branch).
+    from robotloop.deploy.runner import PolicyRunner
+
+    load = PolicyRunner.load.__func__
+
+    def with_a_branchy_layer(cls, *args, **kwargs):
+        runner = load(cls, *args, **kwargs)
+        model = runner.policy.model
+        model.encoder_img_feat_input_proj = _Branchy(model.encoder_img_feat_input_proj)
+        return runner
+
+    monkeypatch.setattr(PolicyRunner, "load", classmethod(with_a_branchy_layer))
+    url = BucketUrl.parse(f"{RUN}/unexportable/checkpoints/000100")
+    deploy.bucket.upload(deploy.ckpts["v1"], url / "pretrained_model")
+    argv = [*("--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN), "deploy", "publish"]
+    argv += [*("--checkpoint", str(url), "--key", str(deploy.key), "--deploy-url", deploy.url, "--deploy-token", OPS)]
+
+    result = CliRunner().invoke(app, [*argv, "--name", "branchy-v1"], env={"COLUMNS": "500"})
+    said = _flat(result.output)
+    assert result.exit_code == 1 and said.startswith("error: release 'branchy-v1' not published"), said
+    assert "layer policy.model.encoder_img_feat_input_proj (_Branchy)" in said, said
+    assert said.endswith("To release it for torch robots only: --onnx optional (or --no-onnx)"), said
+    assert not _files(deploy.bucket, BucketUrl(url.bucket_id, "releases/branchy-v1"))  # nothing published
+    with pytest.raises(DeployError, match="no release"):
+        deploy.ops().release("branchy-v1")
+
+    result = CliRunner().invoke(app, [*argv, "--name", "branchy-v1", "--onnx", "optional", "--json"])
+    assert result.exit_code == 0, result.output
+    published = json.loads(result.stdout)
+    assert "layer policy.model.encoder_img_feat_input_proj (_Branchy)" in published["onnx"]["error"]
+    assert published["onnx"]["files"] == [] and published["onnx"]["seconds"] > 0
+    listed = deploy.ops().release("branchy-v1")["manifest"]["manifest"]["files"]
+    assert not [f["path"] for f in listed if f["path"] in ONNX_FILES]  # out without ONNX: torch robots run it
+
+    result = CliRunner().invoke(app, [*argv, "--name", "branchy-v2", "--no-onnx", "--onnx", "required"])
+    assert result.exit_code == 2 and "--no-onnx is --onnx off" in _flat(result.output), result.output
+
+
+def test_onnx_files_that_do_not_match_the_signed_manifest_are_never_installed(
+    deploy, onnx_release, bucket_server, tmp_path
+):
+    _, signed = onnx_release
+    fetch = XetFetcher(bucket_server.endpoint, WRITE_TOKEN, signed.manifest.bucket)
+    trusted, key = deploy.trusted, load_private_key(deploy.key)
+    store = ReleaseStore(tmp_path / "store")
+    store.pull(signed, trusted, fetch)
+    model = store.model_dir("onnx-v1")
+    raw = json.loads(signed.to_json())
+    files = {f["path"]: f for f in raw["manifest"]["files"]}
+
+    # Someone with write access to the bucket (not the deploy key) replaces the release's ONNX weights and graph.
+    tampered = tmp_path / "tampered"
+    tampered.mkdir()
+    data = bytearray((model / ONNX_DATA_FILE).read_bytes())
+    data[files[ONNX_DATA_FILE]["segments"][0]["length"] // 2] ^= 0xFF  # one weight of the first tensor
+    (tampered / ONNX_DATA_FILE).write_bytes(bytes(data))
+    (tampered / ONNX_FILE).write_bytes((model / ONNX_FILE).read_bytes().replace(b"policy.model", b"policy.mOdel", 1))
+    folder = BucketUrl(signed.manifest.bucket, "releases/onnx-v1/files")
+    uploaded = {PurePosixPath(f.path).name: f for f in deploy.bucket.upload(tampered, folder).files}
+    try:
+        # 1. The release as signed: a robot fetches by the signed Xet hash, never what a path now holds. No path of
+        # the bucket holds the signed weights any more (the bucket serves bytes only to readers of a bucket that
+        # holds them), so the pull fails, to be retried, and nothing is installed.
+        with pytest.raises(StorageError, match="cannot read"):
+            ReleaseStore(tmp_path / "fresh").pull(signed, trusted, fetch)
+        assert not ReleaseStore(tmp_path / "fresh").installed()
+
+        # 2. The manifest edited to name the new weights, its signature kept: refused before anything is fetched.
+        edited = json.loads(signed.to_json())
+        for entry in edited["manifest"]["files"]:
+            if entry["path"] == ONNX_DATA_FILE:
+                entry["xet_hash"] = uploaded[ONNX_DATA_FILE].xet_hash
+                entry["sha256"] = hashlib.sha256(data).hexdigest()
+        with pytest.raises(BadSignature, match="altered"):
+            ReleaseStore(tmp_path / "sig").pull(SignedManifest.from_dict(edited), trusted, fetch)
+        assert not any((tmp_path / "sig" / "staging").iterdir())
+
+        # 3. Signed by a trusted key, but the graph's bytes behind the name are not the ones whose SHA-256 it signs.
+        forged = raw["manifest"] | {"name": "onnx-forged"}
+        forged["files"] = [
+            dict(f, xet_hash=uploaded[ONNX_FILE].xet_hash) if f["path"] == ONNX_FILE else f for f in forged["files"]
+        ]
+        forged = SignedManifest.sign(Manifest.from_dict(forged), key)
+        with pytest.raises(IntegrityError, match=f"{ONNX_FILE}: segment .* does not match the signed manifest"):
+            ReleaseStore(tmp_path / "forged").pull(forged, trusted, fetch)  # the fetched bytes are checked
+        with pytest.raises(IntegrityError, match=f"{ONNX_FILE}: Xet hash .* differs from the signed manifest"):
+            store.pull(forged, trusted, fetch)  # every segment at hand: the Xet hash recomputed here catches it
+        assert store.installed() == ["onnx-v1"] and not ReleaseStore(tmp_path / "forged").installed()
+    finally:  # the release's own paths back to its signed files, for the module's other tests
+        root = BucketUrl(signed.manifest.bucket, "")
+        deploy.bucket.point_back(
+            root, {f"{folder.path}/{n}": files[n]["xet_hash"] for n in (ONNX_FILE, ONNX_DATA_FILE)}
+        )
+
+    # 4. The installed copy changed on disk: checked again before loading, and pulled again rather than loaded.
+    with open(model / ONNX_DATA_FILE, "r+b") as f:
+        f.seek(100)
+        f.write(b"\x00\x01\x02\x03")
+    with pytest.raises(IntegrityError, match=f"{ONNX_DATA_FILE} changed on disk"):
+        store.verify("onnx-v1", trusted)
+    store.pull(signed, trusted, fetch)
+    store.verify("onnx-v1", trusted)
+
+
+def test_a_robot_runs_onnx_releases_ensembled_hot_swaps_and_rolls_back(deploy, onnx_release, tmp_path):
+    ops = deploy.ops()
+    deploy.ckpts["ens-jerky"] = _jerky(deploy.ckpts["ens"], tmp_path / "ens-jerky")
+    deploy.ckpts["ens-nan"] = _perturbed(deploy.ckpts["ens"], tmp_path / "ens-nan", keep=("",), nan=True)
+    # Exported before the robot starts: the CPU's two cores to the exporter (promoted to the robot's channel below).
+    jerky = deploy.release("onnx-jerky", "ens-jerky", channel=None, onnx="required")
+    assert jerky.onnx is not None and jerky.onnx.files == ONNX_FILES
+    # NaN weights: exported as they are (ONNX agrees with torch: NaN where it gives NaN).
+    assert deploy.release("onnx-nan", "ens-nan", channel=None, onnx="required").onnx.files == ONNX_FILES
+    with _running_robot(deploy, tmp_path, "onnx1", "onnx") as robot:  # robot.backend auto, robot.device auto
+        ops.promote("onnx", "onnx-v1")
+        _wait(lambda: robot.running == "onnx-v1", 60, "onnx-v1 to run")
+        runner = robot.slots.active.runner
+        assert isinstance(runner, OnnxRunner) and robot.backend == "onnx (CPUExecutionProvider)"
+        assert runner.ensembling and runner.n_action_steps == 1  # one inference per step, ACT's ensembling
+        _wait(lambda: len(robot.ledger.scores["onnx-v1"]) >= 2, 20, "onnx-v1 to finish two episodes")
+        status = lambda: ops.robot("onnx1")["status"] or {}  # noqa: E731
+        _wait(lambda: status().get("backend") == "onnx", 5, "the heartbeat to say what runs")
+        assert status()["runs_on"] == "CPUExecutionProvider"
+
+        # Hot-swapped in at a chunk boundary (every step, ensembled), run, judged and rolled back by the health check.
+        ops.promote("onnx", "onnx-jerky")
+        _wait(lambda: any(r["release"] == "onnx-jerky" for r in robot.stats.rollbacks), 30, "the health rollback")
+        assert any(s["release"] == "onnx-jerky" for s in robot.stats.swaps)
+        assert "health check" in robot.stats.rollbacks[-1]["reason"] and robot.running == "onnx-v1"
+
+        # A signed release whose graph ONNX Runtime cannot load (a broken export): rolled back from at its load.
+        raw = json.loads(onnx_release[1].to_json())["manifest"] | {"name": "onnx-broken"}
+        broken = tmp_path / "broken" / ONNX_FILE
+        broken.parent.mkdir()
+        broken.write_bytes(b"not an ONNX graph")
+        where = BucketUrl(raw["bucket"], f"releases/onnx-broken/files/{ONNX_FILE}")
+        (uploaded,) = deploy.bucket.upload(broken, where).files
+        sha, size = hashlib.sha256(broken.read_bytes()).hexdigest(), broken.stat().st_size
+        segment = {"name": "__file__", "offset": 0, "length": size, "sha256": sha}
+        raw["files"] = [
+            dict(f, size=size, xet_hash=uploaded.xet_hash, sha256=sha, segments=[segment])
+            if f["path"] == ONNX_FILE
+            else f
+            for f in raw["files"]
+        ]
+        ops.publish(SignedManifest.sign(Manifest.from_dict(raw), load_private_key(deploy.key)), "onnx")
+        _wait(lambda: any(r["release"] == "onnx-broken" for r in robot.stats.rollbacks), 20, "the broken rollback")
+        assert "ONNX Runtime cannot load it" in robot.stats.rollbacks[-1]["reason"] and robot.running == "onnx-v1"
+
+        # NaN weights: caught in the warm-up, before they ever drive the robot.
+        ops.promote("onnx", "onnx-nan")
+        _wait(lambda: any(r["release"] == "onnx-nan" for r in robot.stats.rollbacks), 20, "the NaN rollback")
+        assert "NonFiniteAction" in robot.stats.rollbacks[-1]["reason"]
+        assert robot.running == "onnx-v1" and isinstance(robot.slots.active.runner, OnnxRunner)
+        steps = robot.stats.steps
+        _wait(lambda: robot.stats.steps > steps + 10, 10, "onnx-v1 to keep running")
+
+
+# A robot without onnxruntime, simulated in the robot's own process: None in sys.modules makes `import onnxruntime`
+# raise ModuleNotFoundError and importlib.util.find_spec answer None, as where it is not installed (lerobot's and
+# transformers' own checks for it ask find_spec).
+NO_ONNXRUNTIME = """
+import sys
+sys.modules["onnxruntime"] = None
+from robotloop.cli import run
+run(sys.argv[1:])
+"""
+
+
+def test_a_robot_without_onnxruntime_runs_torch_and_refuses_an_onnx_only_release(
+    deploy, onnx_release, bucket_server, tmp_path
+):
+    ops = deploy.ops()
+    _, signed = onnx_release
+    raw = json.loads(signed.to_json())["manifest"]  # the same release's ONNX files alone, signed as a release
+    only = [f for f in raw["files"] if f["path"] in ONNX_FILES]
+    ops.publish(
+        SignedManifest.sign(
+            Manifest.from_dict(raw | {"name": "onnx-only", "files": only}), load_private_key(deploy.key)
+        )
+    )
+    token = ops.register_robot("noort", channel="noort", rotate=True)
+    ops.promote("noort", "onnx-v1")
+    argv = _robot_run(deploy, bucket_server, token, tmp_path / "store", "--robot-id", "noort", "--duration-s", "120")
+    env = {**os.environ, "ROBOTLOOP_CONFIG": "/dev/null", "COLUMNS": "500"}
+    robot = subprocess.Popen(
+        [sys.executable, "-c", NO_ONNXRUNTIME, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    try:
+        seen = lambda: ops.robot("noort")  # noqa: E731
+        _wait(lambda: seen()["running"] == "onnx-v1" and (seen()["status"] or {}).get("backend"), 90, "onnx-v1 to run")
+        assert seen()["status"]["backend"] == "torch"  # auto: the release has ONNX, this robot no onnxruntime
+        ops.promote("noort", "onnx-only")
+        refused = lambda: [e for e in ops.history(robot="noort") if e["kind"] == "refused"]  # noqa: E731
+        _wait(refused, 30, "the ONNX-only release to be refused")
+        assert refused()[0]["release"] == "onnx-only", refused()
+        assert "onnxruntime is not installed on this machine" in refused()[0]["detail"], refused()
+        steps = seen()["status"]["episodes"]
+        _wait(lambda: seen()["status"]["episodes"] > steps, 10, "onnx-v1 to keep running")
+    finally:
+        robot.send_signal(signal.SIGINT)
+        output, _ = robot.communicate(timeout=60)
+    said = _flat(output)
+    assert robot.returncode == 0, output
+    assert "refused 1; running onnx-v1 on torch (cpu)" in said, said
+    assert seen()["running"] == "onnx-v1"

@@ -101,6 +101,7 @@ def test_a_lerobot_train_checkpoint_is_published_as_a_release_robots_pull(record
     from robotloop.deploy.fetch import XetFetcher
     from robotloop.deploy.keys import generate_keypair, load_public_keys, public_path
     from robotloop.deploy.manifest import SignedManifest
+    from robotloop.deploy.onnx_runner import ONNX_FILES
     from robotloop.deploy.store import ReleaseStore
 
     client, _, tmp = recorded
@@ -127,7 +128,12 @@ def test_a_lerobot_train_checkpoint_is_published_as_a_release_robots_pull(record
     )
     pulled = store.model_dir("lerobot-v1")
     files = sorted(p.relative_to(model).as_posix() for p in model.rglob("*") if p.is_file())
-    assert files and sorted(p.relative_to(pulled).as_posix() for p in pulled.rglob("*") if p.is_file()) == files
+    # lerobot's checkpoint byte for byte, and beside it the policy exported to ONNX at publish
+    exported = sorted(ONNX_FILES)
+    assert result["onnx"]["files"] == list(ONNX_FILES) and result["onnx"]["max_abs_diff"] <= 1e-4, result["onnx"]
+    assert files and sorted(p.relative_to(pulled).as_posix() for p in pulled.rglob("*") if p.is_file()) == sorted(
+        files + exported
+    )
     assert all((pulled / f).read_bytes() == (model / f).read_bytes() for f in files)
 
     again = publish(theirs, "--to", to)  # the output folder itself: its checkpoints/last, the same files

@@ -19,6 +19,7 @@ import pytest
 import torch
 from lerobot.policies.act.modeling_act import ACTTemporalEnsembler
 
+from robotloop.deploy.errors import BackendUnavailable
 from robotloop.deploy.onnx_export import OnnxExportError, export_onnx, export_runner
 from robotloop.deploy.onnx_runner import (
     ONNX_DATA_FILE,
@@ -187,6 +188,38 @@ def test_load_refuses_what_does_not_fit(exported: Path, tmp_path: Path) -> None:
         OnnxRunner.load(copy)
 
 
+def test_auto_takes_the_best_execution_provider_that_starts(exported: Path) -> None:
+    # Test double for ONNX Runtime's sessions (this machine's onnxruntime is the CPU build): a GPU machine whose
+    # onnxruntime lists TensorRT and CUDA, where TensorRT's libraries are missing, so that ONNX Runtime falls back
+    # from it silently (as it does), and CUDA starts.
+    from robotloop.deploy import onnx_runner
+
+    trt, cuda, cpu = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"
+    tried: list[list[str]] = []
+
+    class Session:
+        def __init__(self, path: str, options: object, providers: list) -> None:
+            names = [p if isinstance(p, str) else p[0] for p in providers]
+            tried.append(names)
+            self.started = names[1:] if names[0] == trt else names
+
+        def get_providers(self) -> list[str]:
+            return self.started
+
+    class Ort:
+        InferenceSession = Session
+
+    available = [trt, cuda, cpu]
+    session = onnx_runner._start_session(Ort, exported, None, onnx_runner._attempts("auto", available))
+    assert session.get_providers()[0] == cuda and tried == [[trt, cuda, cpu], [cuda, cpu]]
+    assert onnx_runner._attempts("cuda:1", available) == [("cuda:1", [(cuda, {"device_id": 1}), cpu])]
+    with pytest.raises(BackendUnavailable, match=f"could not start {trt} here"):  # asked for, it does not start
+        onnx_runner._start_session(Ort, exported, None, onnx_runner._attempts("tensorrt", available))
+    with pytest.raises(BackendUnavailable, match="device 'gpu': the ONNX runner runs on auto, cpu, cuda"):
+        onnx_runner._attempts("gpu", available)
+    assert onnx_runner._attempts("auto", [cpu]) == [("cpu", [cpu])]  # a CPU build: the CPU
+
+
 # A robot without torch: every import of torch (or of what needs it) fails, as on a slim install.
 NO_TORCH = """
 import importlib.abc, sys
@@ -206,15 +239,23 @@ else:
 import json
 import numpy as np
 from robotloop.deploy.onnx_runner import OnnxRunner
-from robotloop.deploy.errors import PolicyLoadError
+from robotloop.deploy.errors import BackendUnavailable, PolicyLoadError
+from robotloop.deploy.policy import load_policy
+backends = {}  # what each robot.backend makes of the export alone (an ONNX-only release) on this machine
+for backend in ("auto", "onnx", "torch"):
+    try:
+        backends[backend] = load_policy(sys.argv[1], backend, "auto").backend
+    except BackendUnavailable as error:
+        backends[backend] = f"unavailable: {error}"
 try:
     runner = OnnxRunner.load(sys.argv[1], inference={"n_action_steps": 1, "temporal_ensemble_coeff": 0.01})
 except PolicyLoadError as error:
-    print(json.dumps({"error": str(error)}))
+    print(json.dumps({"error": str(error), "backends": backends}))
     raise SystemExit(0)
 obs = {"pixels": {"top": np.full((48, 64, 3), 128, np.uint8)}, "agent_pos": np.zeros(14)}
 actions = [runner.act(obs).tolist() for _ in range(3)]
-print(json.dumps({"actions": actions, "modules": sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)}))
+modules = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+print(json.dumps({"actions": actions, "modules": modules, "backends": backends}))
 """
 
 
@@ -233,8 +274,16 @@ def test_the_onnx_runner_needs_neither_torch_nor_lerobot(exported: Path) -> None
     local = OnnxRunner.load(exported, inference=ENSEMBLE)
     obs = {"pixels": {"top": np.full((48, 64, 3), 128, np.uint8)}, "agent_pos": np.zeros(14)}
     np.testing.assert_allclose(robot["actions"], [local.act(obs) for _ in range(3)], rtol=0, atol=1e-6)
-    # and without onnxruntime either, the release is unloadable with the reason
-    assert "onnxruntime is not installed" in _without("torch,onnxruntime", exported)["error"]
+    # load_policy (what the robot runtime loads with) takes the export here, for auto and onnx; torch has nothing
+    backends = robot["backends"]
+    assert backends["auto"] == backends["onnx"] == "onnx", backends
+    assert "holds only an ONNX policy, which cannot run here: this robot runs torch only" in backends["torch"]
+    # and without onnxruntime either, the release is unloadable with the reason, whatever the backend
+    unloadable = _without("torch,onnxruntime", exported)
+    assert "onnxruntime is not installed" in unloadable["error"]
+    for backend in ("auto", "onnx"):
+        assert "unavailable: " in unloadable["backends"][backend], unloadable["backends"]
+        assert "onnxruntime is not installed on this machine" in unloadable["backends"][backend]
 
 
 @torch.library.custom_op("robotloop_test::mystery_conv", mutates_args=())

@@ -175,7 +175,9 @@ class RobotloopTools:
         from ..deploy.publish import manifest_url, publish
 
         signer = load_private_key(self.ctx.settings.deploy.key_file)
-        signed = publish(self.ctx.bucket, checkpoint, name, signer, self.ctx.deploy, channel)
+        signed = publish(
+            self.ctx.bucket, checkpoint, name, signer, self.ctx.deploy, channel, onnx=self.ctx.settings.deploy.onnx
+        )
         m = signed.manifest
         return {
             "release": m.name,
@@ -185,6 +187,8 @@ class RobotloopTools:
             "checkpoint": m.checkpoint,
             "manifest": str(manifest_url(m.bucket, m.name)),
             "channel": channel,
+            "onnx_seconds": round(signed.onnx.seconds, 2) if signed.onnx else None,
+            "onnx_error": signed.onnx.error if signed.onnx else None,
         }
 
     @tool

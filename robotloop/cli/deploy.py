@@ -97,26 +97,46 @@ def publish(
     register: Annotated[
         bool, typer.Option(help="Register with the deploy service (else only store the manifest).")
     ] = True,
+    onnx: Annotated[
+        str | None,
+        typer.Option(
+            help="Export the policy to ONNX into the release: required (a policy that cannot be exported is an "
+            "error naming the layer, nothing is published), optional (released without ONNX then) or off. "
+            "Default: deploy.onnx (required)."
+        ),
+    ] = None,
+    no_onnx: Annotated[bool, typer.Option("--no-onnx", help="No ONNX export: --onnx off.")] = False,
     deploy_url: DeployUrl = None,
     deploy_token: DeployToken = None,
     as_json: JsonOutput = False,
 ) -> None:
-    """Sign a release manifest of a checkpoint, store it in the bucket and register it with the deploy service. A
-    checkpoint on this machine (lerobot-train's, say) is uploaded to --to first: robots fetch from buckets."""
+    """Sign a release manifest of a checkpoint, with its policy exported to ONNX for robots without torch, store it
+    in the bucket and register it with the deploy service. A checkpoint on this machine (lerobot-train's, say) is
+    uploaded to --to first: robots fetch from buckets."""
+    from ..deploy.errors import OnnxExportError
     from ..deploy.keys import load_private_key
-    from ..deploy.publish import manifest_url
+    from ..deploy.publish import ONNX_MODES, manifest_url
     from ..deploy.publish import publish as run
     from ..storage import BadBucketUrl, BucketUrl, connect
 
     settings = _settings(ctx)
+    if no_onnx and onnx not in (None, "off"):
+        raise typer.BadParameter(f"--no-onnx is --onnx off, not {onnx}", param_hint="--no-onnx")
+    mode = "off" if no_onnx else onnx or settings.deploy.onnx
+    if mode not in ONNX_MODES:
+        raise typer.BadParameter(f"{mode!r}: use {', '.join(ONNX_MODES)}", param_hint="--onnx")
     try:
         dest = BucketUrl.parse(to) if to else None
     except BadBucketUrl as error:
         raise typer.BadParameter(str(error), param_hint="--to") from None
     signer = load_private_key(key or settings.deploy.key_file)
     deploy = _client(ctx, deploy_url, deploy_token) if register else None
-    signed = run(connect(settings), checkpoint, name, signer, deploy, channel, dest)
+    try:
+        signed = run(connect(settings), checkpoint, name, signer, deploy, channel, dest, onnx=mode)
+    except OnnxExportError as error:  # the way out in the CLI's words: its flags
+        raise fail(f"{error}. To release it for torch robots only: --onnx optional (or --no-onnx)") from None
     m = signed.manifest
+    export = signed.onnx
     result = {
         "release": m.name,
         "checkpoint": m.checkpoint,
@@ -125,14 +145,34 @@ def publish(
         "key_id": signed.key_id,
         "manifest": str(manifest_url(m.bucket, m.name)),
         "channel": channel,
+        # The export's cost and check; null when none ran (--no-onnx, or the release existed and was kept).
+        "onnx": None
+        if export is None
+        else {
+            "files": list(export.files),
+            "seconds": round(export.seconds, 2),
+            "max_abs_diff": export.max_abs_diff,
+            "bytes_new": export.bytes_new,
+            "error": export.error,
+        },
     }
-    show(
-        result,
-        as_json,
-        lambda r: (
-            f"release {r['release']} of {r['checkpoint']}: {r['files']} files, {r['bytes'] / 1e6:.1f} MB, signed "
-            f"by {r['key_id']}, manifest {r['manifest']}" + (f", channel {r['channel']}" if r["channel"] else "")
-        ),
+    show(result, as_json, _published_text)
+
+
+def _published_text(r: dict) -> str:
+    onnx = r["onnx"]
+    if onnx is None:
+        exported = ""
+    elif onnx["error"]:
+        exported = f", without ONNX ({onnx['error']}; {onnx['seconds']:.1f} s)"
+    else:
+        exported = (
+            f", ONNX exported in {onnx['seconds']:.1f} s (max |ONNX - torch| {onnx['max_abs_diff']:.1g}, "
+            f"{onnx['bytes_new'] / 1e6:.1f} MB new in the bucket)"
+        )
+    return (
+        f"release {r['release']} of {r['checkpoint']}: {r['files']} files, {r['bytes'] / 1e6:.1f} MB{exported}, "
+        f"signed by {r['key_id']}, manifest {r['manifest']}" + (f", channel {r['channel']}" if r["channel"] else "")
     )
 
 
@@ -220,7 +260,7 @@ def status(
     if as_json:
         return print_json(state)
     console.print("channels: " + ", ".join(f"{k} -> {v or '-'}" for k, v in state["channels"].items()))
-    table = Table("robot", "channel", "assigned", "running", "Hz", "health", "last seen")
+    table = Table("robot", "channel", "assigned", "running", "backend", "Hz", "health", "last seen")
     for r in state["robots"]:
         s = r["status"] or {}
         table.add_row(
@@ -228,6 +268,7 @@ def status(
             r["channel"],
             r["assigned"] or "-",
             r["running"] or "-",
+            f"{s['backend']} ({s.get('runs_on')})" if s.get("backend") else "-",
             str(s.get("control_hz", "-")),
             _health(s.get("health")),
             f"{time.time() - r['last_seen']:.0f} s ago" if r["last_seen"] else "never",

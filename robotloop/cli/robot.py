@@ -53,7 +53,20 @@ def run(
     duration_s: Annotated[
         float | None, typer.Option(min=0.1, help="Stop after this long (default: run until ^C).")
     ] = None,
-    device: Annotated[str | None, typer.Option(help="Where the policy runs. Default: robot.device.")] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(
+            help="Where the policy runs: auto (TensorRT/CUDA when present, else the CPU), cpu, cuda, cuda:N, tensorrt. "
+            "Default: robot.device (auto)."
+        ),
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="What runs each release: auto (its ONNX export on ONNX Runtime where it has one and onnxruntime is "
+            "installed, else torch), onnx or torch. Default: robot.backend (auto)."
+        ),
+    ] = None,
     record: Annotated[
         str | None,
         typer.Option(help="Record episodes into the fleet dataset: off, failures or all. Default: robot.record."),
@@ -87,7 +100,7 @@ def run(
     )
     endpoint, storage_token = ensure_endpoint(settings)
     env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, robot_cameras, fps, episode_time_s)
-    given = {"record": record, "record_to": record_to, "record_sample": record_sample}
+    given = {"record": record, "record_to": record_to, "record_sample": record_sample, "backend": backend}
     try:  # the settings model checks the recording options as it checks a config file's
         options = RobotSettings.model_validate(
             {**cfg.model_dump(), "robot_id": robot_id, "device": device or cfg.device}
@@ -112,7 +125,10 @@ def run(
         lambda bucket: XetFetcher(endpoint, storage_token, bucket),
         recording=recording,
     )
-    console.print(f"robot {robot_id}: {sim or robot_type} at {env.rate_hz:g} Hz{_camera(env)}, following {deploy.url}")
+    console.print(
+        f"robot {robot_id}: {sim or robot_type} at {env.rate_hz:g} Hz{_camera(env)}, backend {options.backend} on "
+        f"{options.device}, following {deploy.url}"
+    )
     try:
         stats = runtime.run(duration_s)
     except KeyboardInterrupt:
@@ -129,7 +145,7 @@ def run(
         "whole episodes; "
         f"pulled {pulled:.1f} MB; swaps "
         f"{len(stats.swaps)}, rollbacks {len(stats.rollbacks)}, refused {len(stats.refused)}; running "
-        f"{runtime.running or _no_release(runtime, why)}{_recorded(recording)}"
+        f"{runtime.running or _no_release(runtime, why)}{_backend(runtime)}{_recorded(recording)}"
     )
     if why:  # a robot that could run nothing it was given has failed, whatever stopped it
         raise fail(f"robot {robot_id} ran no release: {why}")
@@ -162,6 +178,11 @@ def _recorded(recording) -> str:
         f"; recorded {r.recorded} episodes to {recording.url} ({r.dropped} dropped, {r.not_kept} not kept, "
         f"{r.unfinished} unfinished)"
     )
+
+
+def _backend(runtime) -> str:
+    """What runs the running release: `` on onnx (CPUExecutionProvider)``; nothing when nothing runs."""
+    return f" on {runtime.backend}" if runtime.backend else ""
 
 
 def _rate(reached: float | None, target: float) -> str:

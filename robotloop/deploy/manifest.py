@@ -9,9 +9,11 @@ depend on how the JSON was pretty-printed on the way. The signed envelope, as st
                   "sha256": "...", "segments": [{"name": "__header__", "offset": 0, "length": L, "sha256": ...}]}]},
      "key_id": "<16 hex>", "signature": "<base64 ed25519 signature>"}
 
-Segments: a safetensors file is split into its header and one segment per tensor; other files are one segment.
-Robots reuse local segments with the same SHA-256 and fetch only the others (see `store`), so a fine-tune that
-leaves the backbone frozen moves only the tensors that changed.
+Segments: a safetensors file is split into its header and one segment per tensor, and so is an ONNX export's weights
+file (`policy.onnx.data`: one segment per tensor its graph places there, named as in the graph); other files are one
+segment. Robots reuse local segments with the same SHA-256 and fetch only the others (see `store`), so a fine-tune
+that leaves the backbone frozen moves only the tensors that changed; and as the exporter writes most tensors' bytes
+unchanged, the ONNX weights mostly come from the safetensors file of the same release, not over the network.
 
 Example:
     ```python
@@ -37,6 +39,7 @@ from typing import Any
 
 from ..errors import Unprocessable
 from .keys import BadSignature, Signer, verify
+from .onnx_runner import ONNX_DATA_FILE, ONNX_FILE
 
 FORMAT = 1
 HEADER = "__header__"
@@ -269,9 +272,15 @@ def build_manifest(
 
 
 def file_segments(path: Path) -> tuple[tuple[Segment, ...], str]:
-    """Segments of a file (header + tensors for safetensors, else the whole file) and its SHA-256."""
+    """Segments of a file (header + tensors for safetensors, tensors for an ONNX export's weights file, else the
+    whole file) and its SHA-256."""
     size = Path(path).stat().st_size
-    bounds = _safetensors_bounds(path, size) if path.suffix == ".safetensors" else None
+    if path.suffix == ".safetensors":
+        bounds = _safetensors_bounds(path, size)
+    elif path.name == ONNX_DATA_FILE:
+        bounds = _onnx_data_bounds(path.with_name(ONNX_FILE), path.name, size)
+    else:
+        bounds = None
     bounds = bounds or [("__file__", 0, size)]
     whole = hashlib.sha256()
     segments = []
@@ -306,3 +315,40 @@ def _safetensors_bounds(path: Path, size: int) -> list[tuple[str, int, int]] | N
         out.append((tensor, pos, end - start))
         pos = base + end
     return out if pos == size else None
+
+
+def _onnx_data_bounds(graph: Path, data_name: str, size: int) -> list[tuple[str, int, int]] | None:
+    """(name, offset, length) of each tensor the ONNX graph in `graph` keeps in its external data file `data_name`,
+    in file order, with padding between them as segments of their own; None when there is no such graph, the `onnx`
+    package is not installed (a robot never builds manifests), or its tensors do not tile the file."""
+    try:
+        import onnx
+    except ImportError:
+        return None
+    if not graph.is_file():
+        return None
+    try:
+        model = onnx.load(str(graph), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not a readable graph (protobuf's DecodeError, ...): one segment, as any file
+        return None
+    tensors = []
+    for tensor in model.graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        where = {entry.key: entry.value for entry in tensor.external_data}
+        if where.get("location") != data_name or "length" not in where:
+            return None
+        tensors.append((int(where.get("offset", 0)), int(where["length"]), tensor.name))
+    out, pos = [], 0
+    for offset, length, name in sorted(tensors):
+        if offset < pos:  # overlaps: not a layout to tile
+            return None
+        if offset > pos:  # alignment padding
+            out.append((f"__padding_{pos}__", pos, offset - pos))
+        out.append((name, offset, length))
+        pos = offset + length
+    if pos > size or len({name for name, _, _ in out}) != len(out):
+        return None
+    if pos < size:
+        out.append((f"__padding_{pos}__", pos, size - pos))
+    return out

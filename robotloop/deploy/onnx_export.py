@@ -44,8 +44,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import Unprocessable
 from ..train.policy import INPUTS_FILE
+from .errors import OnnxExportError
 from .onnx_runner import (
     ACTION_KEY,
     ONNX_DATA_FILE,
@@ -62,11 +62,6 @@ log = logging.getLogger(__name__)
 # ACT agree to ~1e-6; a mis-export is off by far more.
 DEFAULT_ATOL = 1e-4
 CHECK_BATCH = 2  # the example batch: above 1, so the exporter keeps the batch dimension dynamic
-
-
-class OnnxExportError(Unprocessable, RuntimeError):
-    """The policy cannot be exported to ONNX (the message names the layer and the op), or the export does not
-    agree with torch."""
 
 
 @dataclass(frozen=True)
@@ -346,8 +341,16 @@ def _compare(
         (got,) = session.run([ACTION_KEY], {n: x.numpy() for n, x in zip(names, inputs, strict=True)})
     except Exception as error:  # onnxruntime's own exception types
         raise OnnxExportError(f"the exported graph does not run in ONNX Runtime: {error}") from error
-    diff = float(np.max(np.abs(got - expected))) if expected.size else 0.0
-    if not diff <= atol:  # NaN fails too
+    # Agreement includes NaN/inf where torch gives them (weights or stats that hold NaN): the export reproduces the
+    # checkpoint, it does not judge it; a robot refuses non-finite actions from either backend (`NonFiniteAction`).
+    bad = ~np.isfinite(expected)
+    if got.shape != expected.shape or not np.array_equal(got[bad], expected[bad], equal_nan=True):
+        raise OnnxExportError(
+            f"the exported graph's actions are not torch's on the check batch: shape {list(got.shape)} against "
+            f"{list(expected.shape)}, or NaN/inf where torch has none (or the other way round)"
+        )
+    diff = float(np.max(np.abs(got[~bad] - expected[~bad]))) if (~bad).any() else 0.0
+    if not diff <= atol:  # a NaN where torch is finite fails too
         raise OnnxExportError(
             f"the exported graph's actions differ from torch's by up to {diff:.3g} on the check batch "
             f"(at most {atol:g})"

@@ -32,24 +32,28 @@ import json
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..errors import BadValue
-from .errors import NonFiniteAction, PolicyLoadError
+from .errors import BackendUnavailable, NonFiniteAction, PolicyLoadError, PolicyRunError
 
 ONNX_FILE = "policy.onnx"
 ONNX_DATA_FILE = "policy.onnx.data"  # the weights, as ONNX external data: raw tensors, so Xet dedup finds them
 ONNX_META_FILE = "policy.onnx.json"
+ONNX_FILES = (ONNX_FILE, ONNX_DATA_FILE, ONNX_META_FILE)  # what an export writes: a release holds all three or none
 META_FORMAT = 1
 STATE_KEY, IMAGE_PREFIX, ACTION_KEY = "observation.state", "observation.images.", "action"
-# ONNX Runtime's execution providers per `device`, in order of preference (ONNX Runtime falls back along the list).
+# ONNX Runtime's execution providers per `device`, in order of preference (ONNX Runtime falls back along the list,
+# node by node, for what the first cannot run).
 PROVIDERS: dict[str, tuple[str, ...]] = {
     "cpu": ("CPUExecutionProvider",),
     "cuda": ("CUDAExecutionProvider", "CPUExecutionProvider"),
     "tensorrt": ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"),
 }
+# What `device="auto"` tries, best first: the first whose execution provider starts here runs the policy.
+AUTO_DEVICES = ("tensorrt", "cuda", "cpu")
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ class OnnxMeta:
 
 def has_onnx(directory: str | Path) -> bool:
     """Whether `directory` holds an exported policy (its three files)."""
-    return all((Path(directory) / name).is_file() for name in (ONNX_FILE, ONNX_DATA_FILE, ONNX_META_FILE))
+    return all((Path(directory) / name).is_file() for name in ONNX_FILES)
 
 
 def read_meta(directory: str | Path) -> OnnxMeta:
@@ -196,13 +200,15 @@ class TemporalEnsembler:
 class OnnxRunner:
     """One exported policy in an ONNX Runtime session: observation in, one action out, chunk by chunk.
 
-    Not thread-safe: one runner per control loop. Build it with `OnnxRunner.load`.
+    Not thread-safe: one runner per control loop. Build it with `OnnxRunner.load`. It is a
+    `robotloop.deploy.policy.Policy`, as `PolicyRunner` is: the robot runtime holds either.
 
     Attributes:
         session: the onnxruntime InferenceSession. meta: the export's `OnnxMeta`. path: the directory loaded from.
         n_action_steps, temporal_ensemble_coeff: how it acts (the saved policy's, or `load`'s `inference`).
     """
 
+    backend: ClassVar[str] = "onnx"
     session: Any  # onnxruntime.InferenceSession
     meta: OnnxMeta
     path: Path
@@ -238,38 +244,35 @@ class OnnxRunner:
     ) -> OnnxRunner:
         """Load the exported policy in `directory` (a checkpoint's `pretrained_model/` or a release's model folder).
 
-        `device`: "cpu", "cuda", "tensorrt" (ONNX Runtime's execution providers, `PROVIDERS`) or "auto" (CUDA when
-        this onnxruntime has it, else the CPU). `inference` overrides how the policy acts, as in `PolicyRunner.load`:
+        `device`: "cpu", "cuda", "cuda:N", "tensorrt", "tensorrt:N" (ONNX Runtime's execution providers,
+        `PROVIDERS`; N: the GPU) or "auto" (the best this machine starts, in `AUTO_DEVICES` order: TensorRT, CUDA,
+        else the CPU). `inference` overrides how the policy acts, as in `PolicyRunner.load`:
         `{"n_action_steps": 1, "temporal_ensemble_coeff": 0.01}` or `{"n_action_steps": 20}`. `threads`: ONNX
         Runtime's intra-op threads (default: its own, one per physical core).
 
+        Example:
+            ```python
+            >>> OnnxRunner.load(release_dir, device="auto").runs_on
+            'CUDAExecutionProvider'
+            ```
+
         Raises:
-            PolicyLoadError: onnxruntime is not installed, the files are missing or unreadable, the graph does not
-                take what its metadata says, the device's execution provider is not available here, or the
-                `inference` overrides do not fit the policy.
+            BackendUnavailable (a PolicyLoadError): onnxruntime is not installed, or the device is not one it runs
+                on or its execution provider does not start here: this machine's setup.
+            PolicyLoadError: the files are missing or unreadable, ONNX Runtime cannot load the graph, the graph does
+                not take what its metadata says, or the `inference` overrides do not fit the policy.
         """
         path = Path(directory)
-        try:
-            import onnxruntime as ort
-        except ImportError as error:
-            raise PolicyLoadError(f"{path}: onnxruntime is not installed ({error}); pip install onnxruntime") from None
+        ort = import_onnxruntime(path)
         if not has_onnx(path):
             raise PolicyLoadError(f"{path}: no exported ONNX policy ({ONNX_FILE}, {ONNX_DATA_FILE}, {ONNX_META_FILE})")
         meta = read_meta(path)
         steps, coeff = _acting(meta, inference or {})
-        providers = _providers(device, ort.get_available_providers())
         options = ort.SessionOptions()
         options.log_severity_level = 3  # errors only: its warnings go to stderr, past robotloop's logging
         if threads is not None:
             options.intra_op_num_threads = threads
-        try:
-            session = ort.InferenceSession(str(path / ONNX_FILE), options, providers=list(providers))
-        except Exception as error:  # onnxruntime's Fail / InvalidGraph / NoSuchFile, ...
-            raise PolicyLoadError(f"{path / ONNX_FILE}: ONNX Runtime cannot load it: {error}") from error
-        if session.get_providers()[0] != providers[0]:  # it fell back (missing CUDA libraries, ...)
-            raise PolicyLoadError(
-                f"{path}: ONNX Runtime could not start {providers[0]} here (it runs on {session.get_providers()})"
-            )
+        session = _start_session(ort, path, options, _attempts(device, ort.get_available_providers()))
         _check_graph(session, meta, path)
         return cls(session, meta, path, steps, coeff)
 
@@ -283,6 +286,11 @@ class OnnxRunner:
     def provider(self) -> str:
         """The ONNX Runtime execution provider the policy runs on, e.g. ``CPUExecutionProvider``."""
         return self.session.get_providers()[0]
+
+    @property
+    def runs_on(self) -> str:
+        """Where the policy runs, for a robot's status: its execution provider (`provider`)."""
+        return self.provider
 
     @property
     def at_chunk_boundary(self) -> bool:
@@ -348,8 +356,13 @@ class OnnxRunner:
 
         Raises:
             NonFiniteAction: the model produced NaN/inf.
+            PolicyRunError: ONNX Runtime failed (its own exceptions are not RuntimeErrors: a robot's control loop
+                rolls back on this one).
         """
-        (chunk,) = self.session.run([ACTION_KEY], feeds)
+        try:
+            (chunk,) = self.session.run([ACTION_KEY], feeds)
+        except Exception as error:  # onnxruntime's Fail, RuntimeException, EPFail, ...
+            raise PolicyRunError(f"{self.path}: ONNX Runtime failed to run the policy: {error}") from error
         return _finite(chunk)
 
     def _step(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
@@ -415,17 +428,77 @@ def _acting(meta: OnnxMeta, inference: dict[str, Any]) -> tuple[int, float | Non
     return steps, coeff
 
 
-def _providers(device: str, available: list[str]) -> tuple[str, ...]:
+def import_onnxruntime(path: Path | None = None) -> Any:
+    """The onnxruntime module.
+
+    Raises:
+        BackendUnavailable: onnxruntime is not installed here (or cannot be imported).
+    """
+    try:
+        import onnxruntime
+    except ImportError as error:
+        where = f"{path}: " if path is not None else ""
+        raise BackendUnavailable(
+            f"{where}onnxruntime is not installed on this machine ({error}); pip install onnxruntime "
+            "(onnxruntime-gpu for CUDA and TensorRT)"
+        ) from None
+    return onnxruntime
+
+
+# One attempt at a session: the device's name and the providers as InferenceSession takes them (a name, or a name
+# with its options).
+Attempt = tuple[str, list[Any]]
+
+
+def _attempts(device: str, available: list[str]) -> list[Attempt]:
+    """The provider lists to try for `device`, in order: one, or for "auto" each of `AUTO_DEVICES` this onnxruntime
+    lists (a listed provider may still not start: no CUDA or TensorRT libraries installed).
+
+    Raises:
+        BackendUnavailable: not a device the runner knows, or its provider is not in this onnxruntime.
+    """
     if device == "auto":
-        device = "cuda" if "CUDAExecutionProvider" in available else "cpu"
-    if device not in PROVIDERS:
-        raise PolicyLoadError(f"device {device!r}: the ONNX runner runs on {', '.join([*PROVIDERS, 'auto'])}")
-    wanted = PROVIDERS[device]
-    if wanted[0] not in available:
-        raise PolicyLoadError(
-            f"device {device!r} needs ONNX Runtime's {wanted[0]}; this onnxruntime has {', '.join(available)}"
+        return [(d, _providers(d, None, available)) for d in AUTO_DEVICES if PROVIDERS[d][0] in available]
+    kind, _, index = device.partition(":")
+    if kind not in PROVIDERS or (index and (kind == "cpu" or not index.isdigit())):
+        raise BackendUnavailable(
+            f"device {device!r}: the ONNX runner runs on auto, cpu, cuda, cuda:N, tensorrt or tensorrt:N"
         )
-    return tuple(p for p in wanted if p in available)
+    if PROVIDERS[kind][0] not in available:
+        raise BackendUnavailable(
+            f"device {device!r} needs ONNX Runtime's {PROVIDERS[kind][0]}; this onnxruntime has {', '.join(available)}"
+        )
+    return [(device, _providers(kind, int(index) if index else None, available))]
+
+
+def _providers(kind: str, gpu: int | None, available: list[str]) -> list[Any]:
+    """`PROVIDERS[kind]` that this onnxruntime has, the GPU ones on GPU `gpu` (default: ONNX Runtime's, 0)."""
+    names = [p for p in PROVIDERS[kind] if p in available]
+    return [(p, {"device_id": gpu}) if gpu is not None and p != "CPUExecutionProvider" else p for p in names]
+
+
+def _start_session(ort: Any, path: Path, options: Any, attempts: list[Attempt]) -> Any:
+    """The first session whose first provider starts (ONNX Runtime falls back silently when one cannot: its CUDA
+    libraries missing, ...); only the last attempt's failure to load the graph is an error, an earlier one's is a
+    provider that does not work here.
+
+    Raises:
+        BackendUnavailable: no attempt's provider started. PolicyLoadError: ONNX Runtime cannot load the graph.
+    """
+    failed: list[str] = []
+    for i, (device, providers) in enumerate(attempts):
+        first = providers[0] if isinstance(providers[0], str) else providers[0][0]
+        try:
+            session = ort.InferenceSession(str(path / ONNX_FILE), options, providers=providers)
+        except Exception as error:  # onnxruntime's Fail / InvalidGraph / NoSuchFile / EPFail, ...
+            if i == len(attempts) - 1:
+                raise PolicyLoadError(f"{path / ONNX_FILE}: ONNX Runtime cannot load it: {error}") from error
+            failed.append(f"{device}: {error}")
+            continue
+        if session.get_providers()[0] == first:
+            return session
+        failed.append(f"{device}: ONNX Runtime could not start {first} here (it runs on {session.get_providers()})")
+    raise BackendUnavailable(f"{path}: {'; '.join(failed)}")
 
 
 def _check_graph(session: Any, meta: OnnxMeta, path: Path) -> None:
@@ -455,10 +528,12 @@ def _finite(actions: np.ndarray) -> np.ndarray:
 __all__ = [
     "ONNX_DATA_FILE",
     "ONNX_FILE",
+    "ONNX_FILES",
     "ONNX_META_FILE",
     "OnnxMeta",
     "OnnxRunner",
     "TemporalEnsembler",
     "has_onnx",
+    "import_onnxruntime",
     "read_meta",
 ]

@@ -4,6 +4,15 @@ Accepts the checkpoint step folder (``<run>/checkpoints/000200``), its ``pretrai
 (``<run>``, meaning its latest complete checkpoint per ``checkpoints/last.json``). The manifest lists the files
 of ``pretrained_model/`` by the Xet hash the bucket holds for them, so robots fetch exactly the signed content.
 
+The policy is also exported to ONNX (`onnx_export.export_onnx`: one graph with the resize, normalization and
+un-normalization, checked against torch), for robots that run it on ONNX Runtime, without torch. Its three files go
+into the release, ``<bucket>/releases/<name>/files/``, beside the checkpoint's, and the manifest signs them as it
+signs those; their weights are ONNX external data, the tensors' raw bytes, so Xet's dedup finds them in the
+safetensors file and the upload adds little. `onnx` says what a policy that cannot be exported does: ``required``
+(the default: an `OnnxExportError` naming the layer, and nothing is published), ``optional`` (the release goes out
+without ONNX, and `PublishedRelease.onnx.error` says why) or ``off``. ONNX files found in the checkpoint folder are
+never released as they are: the export made here, checked against these weights, replaces them.
+
 A checkpoint on this machine (a lerobot-train output: ``outputs/train/<run>``, its ``checkpoints/last`` or a
 ``pretrained_model`` folder; or a robotloop one, e.g. copied out with ``robotloop bucket get
 <run>/checkpoints/<step> ./ckpt``) is uploaded first, to ``<to>/checkpoints/<step>/pretrained_model`` in a bucket
@@ -20,20 +29,53 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
+import os
 import tempfile
-from pathlib import Path
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import get_args
 
-from ..errors import BadInput
+from ..config import OnnxMode
+from ..errors import BadInput, BadValue
 from ..storage import BucketClient, BucketUrl, Entry, NotFound
 from ..train import layout as train_layout
 from ..train.layout import checkpoint_url
 from .client import DeployClient, DeployError
+from .errors import OnnxExportError, PolicyLoadError
 from .keys import Signer
 from .manifest import SignedManifest, build_manifest, check_release_name
+from .onnx_runner import ONNX_FILES
+
+log = logging.getLogger(__name__)
+
+ONNX_MODES: tuple[str, ...] = get_args(OnnxMode)  # deploy.onnx's choices
 
 
 class PublishError(BadInput, RuntimeError):
     """The checkpoint cannot be published (not found, incomplete, or the release name is taken)."""
+
+
+@dataclass(frozen=True)
+class OnnxReport:
+    """The ONNX export of one publish: the `files` it put into the release, the `seconds` it took (export and its
+    check against torch), the largest |ONNX - torch| action on the check batch, and the bytes its upload added (Xet
+    dedup finds most of its weights in the safetensors file); or, `onnx="optional"`, why there is none (`error`)."""
+
+    seconds: float
+    files: tuple[str, ...] = ()
+    max_abs_diff: float | None = None
+    bytes_new: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class PublishedRelease(SignedManifest):
+    """What `publish` made: the signed manifest, and its ONNX export (None when none ran: `onnx="off"`, or the
+    release existed already and was kept as it is)."""
+
+    onnx: OnnxReport | None = None
 
 
 def manifest_url(bucket_id: str, name: str) -> BucketUrl:
@@ -126,26 +168,33 @@ def publish(
     deploy: DeployClient | None = None,
     channel: str | None = None,
     to: BucketUrl | None = None,
-) -> SignedManifest:
-    """Build, sign and store the release manifest of `checkpoint`, then register it (and point `channel` at it).
-    `checkpoint`: a bucket URL, or a checkpoint on this machine, uploaded first under `to` (a bucket folder, e.g.
-    ``hf://buckets/lab/demos/models/run1``: see `upload_local_checkpoint`).
+    onnx: OnnxMode = "required",
+) -> PublishedRelease:
+    """Build, sign and store the release manifest of `checkpoint`, with its policy exported to ONNX (`onnx`: see the
+    module docstring), then register it (and point `channel` at it). `checkpoint`: a bucket URL, or a checkpoint on
+    this machine, uploaded first under `to` (a bucket folder, e.g. ``hf://buckets/lab/demos/models/run1``: see
+    `upload_local_checkpoint`). The same checkpoint published again under the same name keeps the first release
+    (its export too) and registers it again.
 
     Example:
         ```python
         >>> signed = publish(connect(), "hf://buckets/lab/demos/models/run1", "v7", load_private_key(key_file),
         ...                  DeployClient.from_settings(settings), channel="canary")
-        >>> signed.manifest.total_bytes, signed.key_id
+        >>> signed.manifest.total_bytes, signed.key_id, signed.onnx.seconds
         ```
 
     Raises:
         BadBucketUrl: `checkpoint` is not a bucket URL. PublishError: no checkpoint, no pretrained_model, a local
         checkpoint without `to` (or see `upload_local_checkpoint`), or `name` already names another release in
-        this bucket. DeployError: the deploy service refused it (then nothing of it is left in the bucket) or did
-        not answer.
-        BadManifest: a bad release name. robotloop.storage.StorageError: the bucket cannot be reached or written.
+        this bucket. OnnxExportError: `onnx="required"` and the policy cannot be exported (the message names the
+        layer; nothing was written under ``releases/<name>/``). DeployError: the deploy service refused it (then
+        nothing of it is left in the bucket) or did not answer.
+        BadManifest: a bad release name. BadValue: `onnx` is not one of `ONNX_MODES`.
+        robotloop.storage.StorageError: the bucket cannot be reached or written.
     """
     check_release_name(name)
+    if onnx not in ONNX_MODES:
+        raise BadValue(f"onnx={onnx!r}: use {', '.join(ONNX_MODES)}")
     if checkpoint.startswith("hf://"):
         step_url = resolve_checkpoint(client, BucketUrl.parse(checkpoint))
     elif to is None:
@@ -157,18 +206,30 @@ def publish(
         step_url = upload_local_checkpoint(client, Path(checkpoint), to)
     model_url = step_url / "pretrained_model"
     try:  # listed once: the manifest's Xet hashes and the download come from the same listing
-        entries = [e for e in client.ls(model_url, recursive=True) if isinstance(e, Entry)]
+        listed = [e for e in client.ls(model_url, recursive=True) if isinstance(e, Entry)]
     except NotFound:
-        entries = []
+        listed = []
+    # An export found beside the checkpoint may be of other weights: the release's own is made (and checked) here.
+    entries = [e for e in listed if _relative(e, model_url) not in ONNX_FILES]
+    hashes = {_relative(e, model_url): e.xet_hash for e in entries}
     if not entries:
         raise PublishError(f"{model_url}: no pretrained_model files; is the checkpoint complete?")
-    hashes = {e.url.path[len(model_url.path) + 1 :]: e.xet_hash for e in entries}
+    lineage = _lineage(client, step_url)
+    stored = _stored(client, manifest_url(step_url.bucket_id, name))
+    report = None
     with tempfile.TemporaryDirectory() as tmp:
-        client.download_tree(model_url, Path(tmp), entries)
-        manifest = build_manifest(
-            Path(tmp), name, step_url.bucket_id, str(step_url), hashes, _lineage(client, step_url)
-        )
-    signed, written = _store(client, SignedManifest.sign(manifest, signer))
+        model = Path(tmp) / "model"
+        client.download_tree(model_url, model, entries)
+        if stored is not None:  # published before: kept as it is if it is this checkpoint (no second export)
+            checkpoint_files = build_manifest(model, name, step_url.bucket_id, str(step_url), hashes, lineage).files
+            if tuple(f for f in stored.manifest.files if f.path not in ONNX_FILES) != checkpoint_files:
+                raise PublishError(_name_taken(name, manifest_url(step_url.bucket_id, name)))
+            signed, written = stored, False
+        else:
+            if onnx != "off":
+                report = _export(client, model, Path(tmp) / "onnx", name, step_url.bucket_id, hashes, onnx)
+            manifest = build_manifest(model, name, step_url.bucket_id, str(step_url), hashes, lineage)
+            signed, written = _store(client, SignedManifest.sign(manifest, signer))
     if deploy is not None:
         try:
             deploy.publish(signed, channel)
@@ -181,7 +242,44 @@ def publish(
             if written and 400 <= error.status < 500:
                 _unstore(client, signed)
             raise
-    return signed
+    return PublishedRelease(signed.manifest, signed.key_id, signed.signature, report)
+
+
+def _relative(entry: Entry, folder: BucketUrl) -> str:
+    """`entry`'s path relative to `folder` (a file listed under it)."""
+    return entry.url.path[len(folder.path) + 1 :]
+
+
+def _export(
+    client: BucketClient, model: Path, out: Path, name: str, bucket: str, hashes: dict[str, str], mode: OnnxMode
+) -> OnnxReport:
+    """Export the checkpoint in `model` to ONNX, upload the files into the release's folder and add them to `model`
+    and `hashes`; with `mode` "optional", a policy that cannot be exported is a report of why instead.
+
+    Raises:
+        OnnxExportError: `mode` "required" and the policy cannot be exported (nothing is uploaded then).
+    """
+    start = time.perf_counter()
+    try:
+        from .onnx_export import export_onnx  # torch, lerobot and the exporter: the publisher's machine has them
+
+        export = export_onnx(model, out)
+    except (OnnxExportError, PolicyLoadError, ImportError) as error:
+        seconds = time.perf_counter() - start
+        why = f"{type(error).__name__}: {error}" if isinstance(error, ImportError) else str(error)
+        if mode == "required":
+            raise OnnxExportError(
+                f"release {name!r} not published: its policy cannot be exported to ONNX ({why})"
+            ) from error
+        log.warning("release %s goes out without ONNX (robots run it with torch): %s", name, why)
+        return OnnxReport(seconds, error=why)
+    folder = manifest_url(bucket, name).path.rsplit("/", 1)[0]
+    uploaded = client.upload(out, BucketUrl(bucket, f"{folder}/files"))
+    for file in uploaded.files:
+        hashes[PurePosixPath(file.path).name] = file.xet_hash
+    for file in export.files:  # beside the checkpoint's files: what the manifest lists and robots install
+        os.replace(out / file, model / file)
+    return OnnxReport(export.seconds, export.files, export.max_abs_diff, uploaded.bytes_new)
 
 
 def _lineage(client: BucketClient, step_url: BucketUrl) -> dict:
@@ -198,21 +296,26 @@ def _held_paths(signed: SignedManifest) -> dict[str, str]:
     return {f"{folder}/files/{f.path}": f.xet_hash for f in signed.manifest.files}
 
 
+def _stored(client: BucketClient, url: BucketUrl) -> SignedManifest | None:
+    """The release manifest stored at `url`, if there is one."""
+    try:
+        return SignedManifest.from_json(client.read_range(url, 0, client.stat(url).size))
+    except NotFound:
+        return None
+
+
+def _name_taken(name: str, url: BucketUrl) -> str:
+    return f"release {name!r} already exists in {url} with other files; release names are immutable, pick a new one"
+
+
 def _store(client: BucketClient, signed: SignedManifest) -> tuple[SignedManifest, bool]:
     """Store the manifest; publishing the same files under the same name again keeps the first manifest. Answers
     the manifest stored, and whether this call wrote it."""
     url = manifest_url(signed.manifest.bucket, signed.manifest.name)
-    try:
-        existing = client.read_range(url, 0, client.stat(url).size)
-    except NotFound:
-        existing = None
-    if existing is not None:
-        old = SignedManifest.from_json(existing)
+    old = _stored(client, url)  # again: another publish of that name may have stored it meanwhile
+    if old is not None:
         if old.manifest.files != signed.manifest.files:
-            raise PublishError(
-                f"release {signed.manifest.name!r} already exists in {url} with other files; "
-                "release names are immutable, pick a new one"
-            )
+            raise PublishError(_name_taken(signed.manifest.name, url))
         return old, False
     # The release holds its own paths to the signed files (metadata only: the bytes stay where they are), so
     # training into the run's folder again, which overwrites its checkpoint files, cannot take them from robots:

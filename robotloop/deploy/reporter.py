@@ -20,17 +20,19 @@ from .ledger import ReleaseLedger
 
 if TYPE_CHECKING:
     from .runtime import RuntimeStats
+    from .swap import Snapshot
 
 log = logging.getLogger(__name__)
 
 
 class Reporter:
-    """Sends one robot's events (swap, rollback, refused) and heartbeats (running release, control rate, longest
-    tick gap, health, refused and unfetchable releases, the last pull) to the deploy service.
+    """Sends one robot's events (swap, rollback, refused) and heartbeats (running release, what runs it, control
+    rate, longest tick gap, health, refused and unfetchable releases, the last pull) to the deploy service.
 
     Events go in the order they happened; one that fails to send stays at the front and is retried (the
-    registry's history, and `rollback_robot` with it, read them in order). `snapshot` gives the running release
-    and whether it is on probation, read together; a release that runs off probation is the ledger's last good.
+    registry's history, and `rollback_robot` with it, read them in order). `snapshot` gives the running release,
+    whether it is on probation and its backend, read together; a release that runs off probation is the ledger's
+    last good.
     Failed sends are logged, never raised.
     """
 
@@ -40,7 +42,7 @@ class Reporter:
         options: RobotSettings,
         stats: RuntimeStats,
         ledger: ReleaseLedger,
-        snapshot: Callable[[], tuple[str | None, bool, dict[str, float]]],
+        snapshot: Callable[[], Snapshot],
         stop: threading.Event,
     ) -> None:
         self.deploy, self.options, self.stats, self.ledger = deploy, options, stats, ledger
@@ -57,8 +59,10 @@ class Reporter:
         while not self._stop.wait(self.options.heartbeat_s) or self.outbox:
             self.flush()
             now, steps = time.monotonic(), self.stats.steps
-            running, probation, health = self._snapshot()
+            running, probation, health, backend, runs_on = self._snapshot()
             status = {
+                "backend": backend,  # what runs the release: "onnx" or "torch" (None: nothing runs)
+                "runs_on": runs_on,  # where: an ONNX Runtime execution provider or a torch device
                 "control_hz": round((steps - last_steps) / max(now - last_t, 1e-6), 1),
                 "max_gap_ms": round(1000 * self.stats.max_gap_s, 1),
                 "episodes": len(self.stats.episodes),

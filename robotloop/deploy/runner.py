@@ -36,13 +36,14 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 
 from ..errors import BadValue
 from .errors import NonFiniteAction, PolicyLoadError  # noqa: F401 - also importable from here
+from .policy import REQUIRED_FILES  # what `save_pretrained` writes; all must be there to load
 
 if TYPE_CHECKING:
     from ..train.policy import ACTSettings
@@ -50,26 +51,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STATE_KEY, IMAGE_PREFIX = "observation.state", "observation.images."
-# What `save_pretrained` of the policy and of lerobot's processors writes; all must be there to load.
-REQUIRED_FILES = (
-    "config.json",
-    "model.safetensors",
-    "policy_preprocessor.json",
-    "policy_postprocessor.json",
-)
 
 
 @dataclass(eq=False, repr=False)  # repr would print the whole ACT module tree
 class PolicyRunner:
     """One loaded policy: observation in, one action out, chunk by chunk.
 
-    Not thread-safe: one runner per control loop. Build it with `PolicyRunner.load`.
+    Not thread-safe: one runner per control loop. Build it with `PolicyRunner.load`. It is a
+    `robotloop.deploy.policy.Policy`, as `OnnxRunner` is: the robot runtime holds either.
 
     Attributes:
         policy: lerobot's ACTPolicy (eval mode). preprocessor / postprocessor: lerobot's saved pipelines.
         device: where the model runs. path: the directory it was loaded from.
     """
 
+    backend: ClassVar[str] = "torch"
     policy: Any  # lerobot ACTPolicy
     preprocessor: Any  # lerobot PolicyProcessorPipeline
     postprocessor: Any
@@ -154,6 +150,11 @@ class PolicyRunner:
         """(height, width) of the camera frames the runner takes (first camera), e.g. for `AlohaSim(image_size=...)`.
         A policy that sees smaller frames resizes them in its preprocessor."""
         return self.image_shapes[self.image_keys[0]][1:] if self.image_keys else None
+
+    @property
+    def runs_on(self) -> str:
+        """Where the policy runs, for a robot's status: the torch device (``cpu``, ``cuda:0``)."""
+        return str(self.device)
 
     @property
     def at_chunk_boundary(self) -> bool:

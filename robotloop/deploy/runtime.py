@@ -6,7 +6,9 @@ Three threads:
   running release produces a non-finite action or fails its health check.
 - updater: long-polls the deploy service for this robot's assignment; on a change it pulls the release into the
   local store (signature, then hashes, checked before anything is loaded; only missing bytes travel), verifies
-  it again, loads it with `PolicyRunner.load` and runs one warm-up pass, then hands it to the control thread.
+  it again, loads it with `load_policy` (its ONNX export on ONNX Runtime or its checkpoint on torch, as
+  `robot.backend` says) and runs one warm-up pass, then hands it to the control thread. The control thread runs
+  either alike (`robotloop.deploy.policy.Policy`).
 - reporter (`Reporter`, in `robotloop.deploy.reporter`): heartbeats (running release, control rate, longest tick
   gap, health) and swap/rollback/refused events, so the control thread never waits on the network.
 
@@ -57,7 +59,7 @@ from .fetch import XetFetcher
 from .ledger import ReleaseLedger
 from .reporter import Reporter
 from .store import PullReport, ReleaseStore
-from .swap import HealthCheck, PolicySlots
+from .swap import HealthCheck, PolicySlots, Snapshot
 from .updater import Updater
 
 log = logging.getLogger(__name__)
@@ -238,6 +240,12 @@ class RobotRuntime:
     def running(self) -> str | None:
         return self.slots.running
 
+    @property
+    def backend(self) -> str | None:
+        """What runs the running release, e.g. ``onnx (CPUExecutionProvider)`` or ``torch (cpu)``; None: nothing."""
+        active = self.slots.active
+        return f"{active.runner.backend} ({active.runner.runs_on})" if active is not None else None
+
     def stop(self) -> None:
         """End `run()`: the control loop after its step, a pull in progress at its next block (staged pieces
         are kept, so the next start resumes it)."""
@@ -417,8 +425,8 @@ class RobotRuntime:
         self._reporter.event(kind, named, other, reason)
 
     # -- reporter thread -------------------------------------------------------------------------------------
-    def _snapshot(self) -> tuple[str | None, bool, dict[str, float]]:
-        """The running release, whether it is on probation, and the health scores, read together."""
+    def _snapshot(self) -> Snapshot:
+        """The running release, whether it is on probation, the health scores and its backend, read together."""
         return self.slots.snapshot(self.ledger.health)
 
 

@@ -8,7 +8,8 @@ Layout under `root`::
     staging/<name>/release/               the release being assembled; renamed to releases/<name> when verified
 
 A pull verifies the manifest's signature before fetching anything. Segments (tensors) whose SHA-256 matches
-one of an installed release are copied locally, the rest is fetched by byte range through hf_xet in pieces
+one of an installed release, or of a file of the same release assembled before (an ONNX export's weights are
+mostly the safetensors' tensors), are copied locally, the rest is fetched by byte range through hf_xet in pieces
 of at most `PIECE_BYTES`, and every file is checked (size, SHA-256 of each segment and of the file, and its
 Xet hash recomputed locally) before the one atomic rename that makes the release visible. A crash mid-pull
 leaves only `staging/`, which the next pull resumes; a partial file is never under `releases/`. A cancelled
@@ -55,8 +56,8 @@ class PullCancelled(Unavailable, RuntimeError):
 
 @dataclass(frozen=True)
 class PullReport:
-    """What a pull moved: bytes fetched over the network, bytes reused from installed releases, bytes resumed
-    from a previous interrupted pull's staged pieces."""
+    """What a pull moved: bytes fetched over the network, bytes reused from installed releases (or from files of
+    the same release assembled before), bytes resumed from a previous interrupted pull's staged pieces."""
 
     name: str
     bytes_total: int
@@ -140,6 +141,10 @@ class ReleaseStore:
         for index, entry in enumerate(manifest.files):
             counts = self._assemble(entry, index, local, parts, out / "model", fetcher, on_piece, cancelled)
             fetched, reused, resumed = fetched + counts[0], reused + counts[1], resumed + counts[2]
+            # A file assembled (and verified) serves the later files of the same release: an ONNX export's weights
+            # are mostly the safetensors' tensors, byte for byte, and travel once.
+            for segment in entry.segments:
+                local.setdefault(segment.sha256, _Source(out / "model" / entry.path, segment.offset))
         (out / "manifest.json").write_bytes(signed.to_json())
         os.replace(out, self.release_dir(manifest.name))  # the one step that makes the release visible
         shutil.rmtree(staging, ignore_errors=True)

@@ -22,22 +22,34 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from .ledger import ReleaseLedger
 
 if TYPE_CHECKING:
+    from .policy import Policy
     from .runtime import EpisodeResult
 
 
 @dataclass
 class Loaded:
-    """A release loaded and warmed up: its name and its `PolicyRunner`."""
+    """A release loaded and warmed up: its name and its policy (`PolicyRunner` or `OnnxRunner`: a `Policy`)."""
 
     release: str
-    runner: Any  # PolicyRunner
+    runner: Policy
+
+
+class Snapshot(NamedTuple):
+    """What a heartbeat says of the policies, read together: the running release, whether it is on probation, the
+    health scores, and what runs it (`Policy.backend`, `Policy.runs_on`; None when nothing runs)."""
+
+    running: str | None
+    probation: bool
+    health: dict[str, float]
+    backend: str | None = None
+    runs_on: str | None = None
 
 
 class PolicySlots:
@@ -108,10 +120,13 @@ class PolicySlots:
         """The release on probation passed it: the old policy's memory can go."""
         self.probation, self.previous = False, None
 
-    def snapshot(self, health: Callable[[], dict[str, float]]) -> tuple[str | None, bool, dict[str, float]]:
-        """The running release, whether it is on probation, and `health()`, read together."""
+    def snapshot(self, health: Callable[[], dict[str, float]]) -> Snapshot:
+        """The running release, whether it is on probation, `health()` and the active policy's backend, together."""
         with self.lock:  # one consistent view: the control thread changes these between two reads
-            return self.running, self.probation, health()
+            active = self.active
+            if active is None:
+                return Snapshot(None, self.probation, health())
+            return Snapshot(active.release, self.probation, health(), active.runner.backend, active.runner.runs_on)
 
 
 class HealthCheck:

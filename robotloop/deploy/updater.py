@@ -2,9 +2,11 @@
 
 It long-polls the deploy service for the robot's assignment; on a change it pulls the release into the local store
 (signature, then hashes, checked before anything is loaded; only missing bytes travel), verifies it again, loads
-it with `PolicyRunner.load`, runs one warm-up pass on the latest observation and offers it to the control thread
-(`PolicySlots.offer`). A release that fails its checks is refused (the runtime reports it); one that cannot be
-fetched now is asked for again, with a backoff per release.
+it with `load_policy` (the backend `robot.backend` says: its ONNX export on ONNX Runtime, or torch), runs one warm-up
+pass on the latest observation and offers it to the control thread (`PolicySlots.offer`). A release that fails its
+checks is refused (the runtime reports it); one that cannot be fetched now is asked for again, with a backoff per
+release; one this robot cannot run (`BackendUnavailable`: onnxruntime or torch not installed here) is refused until
+the robot restarts, as one whose inputs do not fit its cameras.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ from ..config import RobotSettings
 from ..errors import NotFound, Refused
 from ..storage import StorageError
 from .client import DeployClient, DeployError
+from .errors import BackendUnavailable
 from .fetch import XetFetcher
 from .keys import BadSignature
 from .ledger import ReleaseLedger
 from .manifest import BadManifest, SignedManifest
+from .policy import load_policy
 from .store import IntegrityError, PullCancelled, ReleaseStore
 from .swap import Loaded, PolicySlots
 
@@ -103,8 +107,6 @@ class Updater:
 
     def prepare(self, release: str, manifest: dict | None) -> bool:
         """Pull, verify, load and warm up `release`, then offer it to the control thread. False: try again later."""
-        from .runner import PolicyRunner
-
         previous = self.slots.previous
         if previous is not None and previous.release == release:  # rollback by command: still loaded
             self.slots.offer(previous)
@@ -137,10 +139,17 @@ class Updater:
             return False
         self.ledger.fetched(release)
         try:
-            runner = PolicyRunner.load(self.store.model_dir(release), self.options.device)
+            runner = load_policy(self.store.model_dir(release), self.options.backend, self.options.device)
             obs = self.observation_for(runner)
             if obs is not None:
                 runner.warmup(obs)
+        except BackendUnavailable as error:  # this machine's setup: onnxruntime or torch missing, no such provider
+            # Not the release's fault: refused for this run only, so that the robot, once the runtime is installed
+            # (or started with another robot.backend), tries it again.
+            self.ledger.skip(release)
+            reason = f"cannot run here with backend {self.options.backend}: {error}"
+            self.refuse(release, reason, kind="refused", back=self.slots.running, for_good=False)
+            return True
         except ValueError as error:  # the robot's observations do not fit the policy (camera size, state size)
             # Often the robot's own setup (a sim started with another --image-size): refused for this run only,
             # so that a robot restarted with the right setup tries the release again.
