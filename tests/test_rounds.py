@@ -17,7 +17,8 @@ from robotloop.fleet import Takeovers
 from robotloop.rounds.fleet import fleet_episodes
 from robotloop.rounds.options import RoundsOptions
 from robotloop.sim.expert import StallTrigger, UserTrigger
-from robotloop.storage import BucketClient
+from robotloop.storage import BucketClient, BucketUrl
+from robotloop.train.layout import checkpoint_url
 from tests.conftest import WRITE_TOKEN
 from tests.test_loop import assert_loop_report
 
@@ -27,6 +28,7 @@ def test_two_rounds_through_a_fleet_record_takeovers_train_on_them_and_report_ea
     bucket = "hf://buckets/lab/rounds"
     cmd = [sys.executable, "-m", "robotloop.cli", "--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN]
     cmd += ["loop", "--rounds", "2", "--fleet", "2", "--fleet-episodes", "1", "--stall-steps", "10", "--baseline"]
+    cmd += ["--round-lr-scale", "0.5"]
     cmd += ["--episodes", "1", "--steps", "4", "--round-steps", "4", "--batch-size", "2", "--eval-episodes", "1"]
     cmd += ["--eval-max-steps", "30", "--workers", "1", "--bucket", bucket, "--report-dir", "report"]
     env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
@@ -63,6 +65,14 @@ def test_two_rounds_through_a_fleet_record_takeovers_train_on_them_and_report_ea
     assert len(facts) == 4 and {f["robot_id"] for f in facts} == {"fleet-1", "fleet-2"}
     assert all(f["kind"] in ("takeover", "expert") and f["expert_frames"] > 0 for f in facts), facts
     assert len({f["seed"] for f in facts}) == 4 and all(f["seed"] > 100_000 for f in facts)  # fresh, unseen scenes
+
+    # A round fine-tunes at a fraction of the recipe's learning rate; lerobot's train_config.json says which.
+    def trained_lr(model: str) -> float:
+        url = checkpoint_url(BucketUrl.parse(f"{bucket}/models/{model}"), 4) / "pretrained_model" / "train_config.json"
+        with client.open(url) as f:
+            return json.load(f)["optimizer"]["lr"]
+
+    assert trained_lr(f"{run_name}-r1") == pytest.approx(0.5 * trained_lr(run_name))
     pulled = [[row["bytes_pulled"] for row in r["robots"]] for r in rounds[1:]]
     assert all(b > 0 for b in pulled[0])
     text = (tmp_path / "report" / "report.md").read_text()
@@ -149,6 +159,7 @@ def test_an_expert_that_declines_leaves_the_policy_driving_and_is_counted():
 def test_rounds_options_refuse_live_mode_and_take_the_presets_values():
     h200 = RoundsOptions(preset="h200", rounds=2, device="cpu").round_settings()
     assert (h200.fleet, h200.steps) == (10, 3000)  # a round's fine-tune, not round 0's training from scratch
+    assert h200.lr_scale == 0.1 and RoundsOptions(rounds=1, round_lr_scale=0.5).round_settings().lr_scale == 0.5
     assert RoundsOptions(rounds=1, fleet=3).round_settings().fleet == 3
     with pytest.raises(BadValue, match="--rounds and --live"):
         RoundsOptions(rounds=1, live=True).round_settings()

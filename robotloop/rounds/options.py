@@ -32,6 +32,12 @@ class RoundsOptions(LoopOptions):
     round_steps: int | None = Field(
         default=None, ge=1, le=100_000_000, description="Fine-tuning steps per round (default: --steps)."
     )
+    round_lr_scale: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="A round's fine-tune peaks at this fraction of the recipe's learning rate (default 0.1).",
+    )
     stall_steps: int | None = Field(
         default=None,
         ge=1,
@@ -61,6 +67,7 @@ class RoundsOptions(LoopOptions):
             "fleet_episodes": self.fleet_episodes,
             "steps": self.round_steps,
             "stall_steps": self.stall_steps,
+            "lr_scale": self.round_lr_scale,
             "redemonstrate": self.redemonstrate,
             "baseline": self.baseline,
         }

@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from ..sim.tasks import get_task
 from ..storage import BucketClient, BucketUrl, NotFound
 from ..train.data import DataSettings
 from ..train.layout import checkpoint_url
+from ..train.policy import ACTSettings
 from ..train.trainer import Progress, TrainReport, TrainSettings, train
 from ..train.weights import FrameWeights
 from .fleet import FleetRobot, FleetRobotResult, fleet_episodes, run_fleet
@@ -55,6 +56,10 @@ STALL_STEPS = {"transfer_cube": 180, "insertion": 230}
 # A round's fine-tune on the h200 preset: ~80 s at batch 64 on one H200, so that a round (fleet, re-demos, training,
 # evaluation) fits its 5 minutes; round 0 trained Insertion from scratch for 15,000.
 H200_ROUND_STEPS = 3000
+# A round fine-tunes a converged checkpoint: its peak learning rate is this fraction of the recipe's. The h200 recipe
+# peaks at 1e-4 and decays to 0 over round 0, so a fine-tune restarting at 1e-4 throws the policy off what it learned
+# (Insertion, 2026-12-04 07:14: 77% -> 70.5% after a round at the full rate). 0.1 puts it back at lerobot's ACT rate.
+ROUND_LR_SCALE = 0.1
 
 
 @dataclass
@@ -69,6 +74,7 @@ class RoundSettings:
     redemonstrate: bool = True  # the scripted expert re-demonstrates each failed episode's scene
     baseline: bool = False  # also train the same-expert-frames baseline each round
     fleet_rate_hz: float = 50.0  # the sim robots' control rate; math.inf: as fast as the machine runs
+    lr_scale: float = ROUND_LR_SCALE  # a fine-tune's peak learning rate, as a fraction of the recipe's
     weights: FrameWeights = field(default_factory=FrameWeights)  # demo 1, expert 2, success 1, failed 0
 
     def __post_init__(self) -> None:
@@ -76,6 +82,8 @@ class RoundSettings:
             raise BadValue("rounds, fleet and fleet episodes must each be at least 1")
         if self.stall_steps is not None and self.stall_steps < 1:
             raise BadValue(f"the stall trigger's K must be at least 1 step, not {self.stall_steps}")
+        if not 0 < self.lr_scale <= 1:
+            raise BadValue(f"a round's learning-rate scale must be in (0, 1], not {self.lr_scale}")
 
     @classmethod
     def for_preset(cls, preset: str, **overrides: Any) -> RoundSettings:
@@ -92,6 +100,25 @@ class RoundSettings:
         if preset not in presets:
             raise BadValue(f"unknown rounds preset '{preset}'; choose one of {', '.join(sorted(presets))}")
         return cls(**{**presets[preset], **overrides})
+
+
+def fine_tune_recipe(act: ACTSettings, steps: int, lr_scale: float) -> ACTSettings:
+    """The recipe for a round's fine-tune of `steps` from a trained checkpoint: `lr_scale` x its learning rates and
+    its warm-up cut to a tenth of the fine-tune (round 0's 500 warm-up steps would be a sixth of a 3,000-step round).
+
+    Example:
+        ```python
+        >>> r = fine_tune_recipe(ACTSettings(lr=1e-4, lr_backbone=1e-4, warmup_steps=500), 3000, 0.1)
+        >>> (r.lr, r.lr_backbone, r.warmup_steps)
+        (1e-05, 1e-05, 300)
+        ```
+    """
+    return replace(
+        act,
+        lr=act.lr * lr_scale,
+        lr_backbone=act.lr_backbone * lr_scale,
+        warmup_steps=min(act.warmup_steps, steps // 10),
+    )
 
 
 @dataclass
@@ -376,7 +403,8 @@ class _Rounds:
             init_from=init_from,
         )
         data = DataSettings(decode_workers=loop.decode_workers, weights=self.settings.weights)
-        return train(self.client, datasets, run_url, settings, loop.act(), data, self.on_train)
+        act = fine_tune_recipe(loop.act(), steps, self.settings.lr_scale)
+        return train(self.client, datasets, run_url, settings, act, data, self.on_train)
 
     def _evaluate(self, run_url: BucketUrl, steps: int, folder: str) -> EvalReport:
         loop = self.loop
