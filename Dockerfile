@@ -7,6 +7,6 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY robotloop ./robotloop
 COPY services ./services
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ".[full]"
 ENV MUJOCO_GL=egl
 ENTRYPOINT ["robotloop"]

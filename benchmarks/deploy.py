@@ -10,6 +10,7 @@ ACT (lerobot 0.6.1 defaults; random weights: only bytes and timing matter here, 
    with a frozen ResNet backbone changes); "retrain" = every float tensor nudged. Each is published after v1 and
    pulled into a robot store that holds v1. "Served" is the bucket server's own count of bytes it sent
    (GET /api/robotloop/stats), so the figure does not trust the client. Target: served <= 1.1 x changed + 1 MB.
+   Each release holds the policy's ONNX export too (`publish`'s default), its weights as external data.
 2. Publish to running. A robot runtime (ALOHA TransferCube at 50 Hz, its own thread) follows a channel. The clock
    starts when `publish` is called (it downloads the checkpoint, hashes it, signs and stores the manifest and
    registers the release) and stops when the control loop runs its first action of the new release.
@@ -45,6 +46,7 @@ from robotloop.deploy.keys import (
     public_path,
 )
 from robotloop.deploy.local import start_local_deploy_service
+from robotloop.deploy.onnx_runner import ONNX_FILES
 from robotloop.deploy.publish import publish
 from robotloop.deploy.runtime import RobotRuntime
 from robotloop.deploy.store import ReleaseStore
@@ -130,6 +132,9 @@ def bytes_per_update(bench: Bench, ckpts: dict[str, Path]) -> list[dict]:
             {
                 "case": case,
                 "release_mb": new.manifest.total_bytes / MB,
+                # The release's ONNX export (graph + external weights + meta): its weights are the safetensors'
+                # tensors again, byte for byte, so the store finds them in the file it pulls beside it.
+                "onnx_mb": sum(f.size for f in new.manifest.files if Path(f.path).name in ONNX_FILES) / MB,
                 "changed_mb": changed / MB,
                 "fetched_mb": report.bytes_fetched / MB,
                 "served_mb": served / MB,

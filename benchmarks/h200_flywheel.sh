@@ -43,8 +43,6 @@ if [ -n "$stable" ]; then  # the release's run: its name without the step
   model=$(python3 -c "import json; print(json.load(open('$R/eval-5000/eval_report.json'))['policy'])" 2>/dev/null)
   gym_task=$([ "$TASK" = insertion ] && echo AlohaInsertion-v0 || echo AlohaTransferCube-v0)
   if [ "$LEROBOT_EVAL" -gt 0 ] && [ -n "$model" ]; then  # lerobot's own evaluation, in gym-aloha's env
-    # gym-aloha needs dm_control, which the packed site leaves out: benchmarks/gpu_extras.sh packs a slim copy.
-    [ -f "$root/.gpu/dm_control.tar.xz" ] && tar -xJf "$root/.gpu/dm_control.tar.xz" -C /tmp/site
     python3 -m lerobot.scripts.lerobot_eval --policy.path="$model" --env.type=aloha --env.task="$gym_task" \
       --eval.n_episodes="$LEROBOT_EVAL" --eval.batch_size=25 --eval.use_async_envs=true --policy.device=cuda \
       --seed=7000 --output_dir="$R/lerobot-eval" > "$R/lerobot_eval.log" 2>&1

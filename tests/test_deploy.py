@@ -1616,3 +1616,51 @@ def test_a_robot_without_onnxruntime_runs_torch_and_refuses_an_onnx_only_release
     assert robot.returncode == 0, output
     assert "refused 1; running onnx-v1 on torch (cpu)" in said, said
     assert seen()["running"] == "onnx-v1"
+
+
+@pytest.fixture(scope="module")
+def slim_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The python of a fresh venv holding `pip install -e '.[robot]'` alone: what a robot computer installs."""
+    venv = tmp_path_factory.mktemp("slim") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    install = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "-e", f"{REPO}[robot]"]
+    # The sim robot's ALOHA model files, without gym-aloha's own dependencies (robotloop.sim.constants.assets_dir).
+    files = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "gym-aloha==0.1.5"]
+    for argv in (install, files):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return python
+
+
+def test_a_slim_robot_install_pulls_the_signed_release_and_runs_its_onnx_policy_without_torch(
+    slim_python, deploy, onnx_release, bucket_server, tmp_path
+):
+    for module in ("torch", "torchvision", "lerobot"):  # what `[robot]` leaves out: a robot computer has none
+        probe = subprocess.run([str(slim_python), "-c", f"import {module}"], capture_output=True, text=True)
+        assert probe.returncode == 1 and "ModuleNotFoundError" in probe.stderr, (module, probe.stderr)
+    ops = deploy.ops()
+    token = ops.register_robot("slim", channel="slim", rotate=True)
+    ops.promote("slim", "onnx-v1")
+    argv = _robot_run(deploy, bucket_server, token, tmp_path / "store", "--robot-id", "slim", "--duration-s", "120")
+    env = {**os.environ, "ROBOTLOOP_CONFIG": "/dev/null", "COLUMNS": "500", "MUJOCO_GL": "egl"}
+    log = tmp_path / "robot.log"
+    with log.open("w") as out:
+        robot = subprocess.Popen(
+            [str(slim_python.parent / "robotloop"), *argv], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path
+        )
+    try:
+        seen = lambda: ops.robot("slim")  # noqa: E731
+        _wait(lambda: (seen()["status"] or {}).get("episodes", 0) >= 2 or robot.poll() is not None, 120, "2 episodes")
+        assert robot.poll() is None, log.read_text()  # still running
+        assert seen()["running"] == "onnx-v1"
+        assert (seen()["status"]["backend"], seen()["status"]["runs_on"]) == ("onnx", "CPUExecutionProvider")
+    finally:
+        robot.send_signal(signal.SIGINT)
+        robot.wait(timeout=60)
+    said = _flat(log.read_text())
+    assert robot.returncode == 0, said
+    assert "running onnx-v1 on onnx (CPUExecutionProvider)" in said, said
+    # It verified what it pulled: the release's files are in its store, the ONNX export with them.
+    installed = {p.name for p in (tmp_path / "store").rglob("*") if p.is_file()}
+    assert set(ONNX_FILES) <= installed, installed

@@ -57,7 +57,13 @@ def assets_dir() -> Path:
     else:
         spec = importlib.util.find_spec("gym_aloha")
         if spec is None or not spec.submodule_search_locations:
-            raise MissingFile("gym-aloha is not installed; set ROBOTLOOP_ALOHA_ASSETS to its assets folder")
+            # A slim robot install (`robotloop[robot]`) has no gym-aloha: its pip dependencies (dm_control, ~120 MB)
+            # are for its own env, which robotloop's sim does not use; the model files are all it needs.
+            raise MissingFile(
+                "gym-aloha's ALOHA model files are not installed: `pip install --no-deps gym-aloha==0.1.5` (the "
+                "files alone; robotloop's sim needs none of its dependencies), or set ROBOTLOOP_ALOHA_ASSETS to its "
+                "assets folder"
+            )
         path = Path(next(iter(spec.submodule_search_locations))) / "assets"
     if not (path / "scene.xml").is_file():
         raise MissingFile(f"gym-aloha MJCF assets not found in {path}")
