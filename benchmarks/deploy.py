@@ -124,7 +124,10 @@ def bytes_per_update(bench: Bench, ckpts: dict[str, Path]) -> list[dict]:
         store = ReleaseStore(Path(tempfile.mkdtemp(dir=bench.work)))
         store.pull(v1, bench.trusted, bench.fetcher(v1.manifest.bucket))
         old = {s.sha256 for f in v1.manifest.files for s in f.segments}
-        changed = sum(s.length for f in new.manifest.files for s in f.segments if s.sha256 not in old)
+        # Each changed tensor once: the ONNX weights file holds the safetensors' tensors again, byte for byte.
+        changed = sum(
+            {s.sha256: s.length for f in new.manifest.files for s in f.segments if s.sha256 not in old}.values()
+        )
         before = bench.served()
         report = store.pull(new, bench.trusted, bench.fetcher(new.manifest.bucket))
         served = bench.served() - before

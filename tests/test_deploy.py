@@ -1644,6 +1644,12 @@ def test_a_slim_robot_install_pulls_the_signed_release_and_runs_its_onnx_policy_
     ops.promote("slim", "onnx-v1")
     argv = _robot_run(deploy, bucket_server, token, tmp_path / "store", "--robot-id", "slim", "--duration-s", "120")
     env = {**os.environ, "ROBOTLOOP_CONFIG": "/dev/null", "COLUMNS": "500", "MUJOCO_GL": "egl"}
+    # Recording writes LeRobot datasets: on the slim install it is refused at the start, saying what to install.
+    record = ["--record", "all", "--record-to", "hf://buckets/lab/deploy/datasets/slim-fleet"]
+    refused = subprocess.run(
+        [str(slim_python.parent / "robotloop"), *argv, *record], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert refused.returncode == 2 and "robotloop[full]" in _flat(refused.stdout + refused.stderr), refused
     log = tmp_path / "robot.log"
     with log.open("w") as out:
         robot = subprocess.Popen(

@@ -111,9 +111,9 @@ def run(
         raise typer.BadParameter(first["msg"], param_hint=f"--{str(first['loc'][0]).replace('_', '-')}") from None
     try:
         recording = fleet_recorder(options, BucketClient(endpoint, storage_token), fps=round(env.rate_hz))
-    except BadInput as error:  # recording asked for without its dataset, or a bad dataset URL
+    except BadInput as error:  # recording asked for without its dataset, a bad dataset URL, or without lerobot
         env.close()
-        raise typer.BadParameter(str(error), param_hint="--record-to") from None
+        raise typer.BadParameter(str(error), param_hint="--record/--record-to") from None
     if recording is not None:
         quiet_encoders()  # ffmpeg's notes on every episode's video
     runtime = RobotRuntime(

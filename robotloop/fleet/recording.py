@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import multiprocessing as mp
 import os
@@ -361,12 +362,17 @@ def fleet_recorder(
     None when the robot records nothing. The sample is drawn from a seed of the robot's id: reproducible per robot.
 
     Raises:
-        BadValue: recording without `record_to`, or a bad URL there.
+        BadValue: recording without `record_to`, or a bad URL there, or on a slim install (no lerobot).
     """
     if settings.record == "off":
         return None
     if not settings.record_to:
         raise BadValue("recording needs the fleet dataset's URL: robot.record_to (robot run --record-to)")
+    if importlib.util.find_spec("lerobot") is None:  # the writer process would die on its first episode
+        raise BadValue(
+            "recording episodes writes LeRobot datasets, and lerobot is not installed here (a slim "
+            "'robotloop[robot]' install): install 'robotloop[full]' on this robot, or run it with --record off"
+        )
     return FleetRecorder(
         client,
         BucketUrl.parse(settings.record_to),
