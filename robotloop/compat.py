@@ -55,6 +55,7 @@ __all__ = [
 # The versions the private uses above were tested with: pyproject.toml's pins (tests/test_compat.py keeps the two
 # in step).
 TESTED: dict[str, str] = {"huggingface_hub": ">=1.6,<2", "hf-xet": "==1.8.*", "lerobot": "==0.6.1"}
+OPTIONAL = {"lerobot"}  # absent from a slim robot install ('robotloop[robot]'), which makes no use of it
 
 
 def untested_versions() -> list[str]:
@@ -64,7 +65,8 @@ def untested_versions() -> list[str]:
         try:
             installed = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
-            lines.append(f"{name} is not installed (tested: {spec})")
+            if name not in OPTIONAL:
+                lines.append(f"{name} is not installed (tested: {spec})")
             continue
         if Version(installed) not in SpecifierSet(spec):
             lines.append(f"{name} {installed} is installed; robotloop's private uses of it were tested with {spec}")
