@@ -238,3 +238,32 @@ def test_eval_json_is_the_report_alone_on_stdout(tiny: Path, tmp_path: Path) -> 
     assert report["report_file"] == str(tmp_path / "out" / "eval_report.json")
     assert json.loads((tmp_path / "out" / "eval_report.json").read_text())["summary"] == report["summary"]
     assert "policy: " in done.stderr and "success 0/1" in " ".join(done.stderr.split())
+
+
+def test_the_onnx_export_evaluates_as_the_checkpoint_does(tiny: Path, tmp_path: Path) -> None:
+    """`--backend onnx`: the episodes a robot without torch would run, in the same lockstep, on the same seeds."""
+    import shutil
+
+    from robotloop.deploy.errors import BackendUnavailable
+    from robotloop.deploy.onnx_export import export_onnx
+
+    with pytest.raises(BackendUnavailable, match="holds no ONNX policy"):
+        evaluate(tiny, "transfer_cube", episodes=1, max_steps=2, backend="onnx")
+    release = shutil.copytree(tiny, tmp_path / "release")  # a release's model folder: checkpoint and export
+    export_onnx(release, release)
+    runs = {
+        backend: evaluate(release, "transfer_cube", episodes=2, workers=2, max_steps=20, seed=3, backend=backend)
+        for backend in ("torch", "onnx")
+    }
+    assert runs["onnx"].inference["backend"] == "onnx" and runs["onnx"].inference["runs_on"] == "CPUExecutionProvider"
+    assert runs["torch"].inference["backend"] == "torch"
+    assert {k: v for k, v in runs["onnx"].inference.items() if k not in ("backend", "runs_on")} == {
+        k: v for k, v in runs["torch"].inference.items() if k not in ("backend", "runs_on")
+    }
+    for ours, theirs in zip(runs["onnx"].episodes, runs["torch"].episodes, strict=True):
+        assert (ours.seed, ours.steps, ours.success, ours.max_reward) == (
+            theirs.seed,
+            theirs.steps,
+            theirs.success,
+            theirs.max_reward,
+        )

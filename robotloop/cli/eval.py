@@ -50,6 +50,13 @@ def eval_policy(
         typer.Option(file_okay=False, help="Videos and eval_report.json (default: outputs/eval/<time>_<task>)."),
     ] = None,
     device: Annotated[str, typer.Option(help="auto (cuda when there is a GPU, else cpu), cpu or cuda.")] = "auto",
+    backend: Annotated[
+        str,
+        typer.Option(
+            help="torch (the checkpoint), onnx (a release's ONNX export on ONNX Runtime, as a robot without torch "
+            "runs it) or auto (ONNX where the policy has an export)."
+        ),
+    ] = "torch",
     as_json: JsonOutput = False,
 ) -> dict:
     """Evaluate a trained policy in the ALOHA sim: episodes run in lockstep, seeded, with rollout videos."""
@@ -94,6 +101,7 @@ def eval_policy(
             device=resolve_device(device),
             on_episode=on_episode,
             batch=batch,
+            backend=backend,
         )
     console.print(_episode_table(report))
     lo, hi = report.success_ci95

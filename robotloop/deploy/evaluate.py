@@ -38,6 +38,7 @@ from ..errors import BadValue
 from ..sim.constants import format_image_size
 from ..storage import BucketClient
 from .lockstep import SimBatch, Slot, write_video
+from .policy import Policy, load_policy
 
 # Policy resolution lives in robotloop.deploy.resolve; pull_release_for, resolve_policy and resolve_release stay
 # importable from here.
@@ -153,16 +154,16 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, flo
     return lo, hi
 
 
-def _load_quietly(path: Path, device: str, inference: dict | None = None) -> PolicyRunner:
-    """PolicyRunner.load without lerobot's "Loading weights" stdout line (amid progress bars).
+def _load_quietly(path: Path, device: str, inference: dict | None = None, backend: str = "torch") -> Policy:
+    """`load_policy` without lerobot's "Loading weights" stdout line (amid progress bars).
 
     Swapping sys.stdout is process-wide: fine in an evaluation, which runs nothing else meanwhile."""
     with contextlib.redirect_stdout(io.StringIO()):
-        return PolicyRunner.load(path, device, inference)
+        return load_policy(path, backend, device, inference)
 
 
 # -- episodes in lockstep -----------------------------------------------------------------------------
-def _run_lockstep(runner: PolicyRunner, sims: SimBatch, slots: list[Slot], max_steps: int) -> Iterator[EpisodeResult]:
+def _run_lockstep(runner: Policy, sims: SimBatch, slots: list[Slot], max_steps: int) -> Iterator[EpisodeResult]:
     """Run `slots` in waves of the batch's size; yield each episode as it ends (a filmed one once its wave's videos
     are written)."""
     for first in range(0, len(slots), sims.size):
@@ -178,13 +179,14 @@ def _run_lockstep(runner: PolicyRunner, sims: SimBatch, slots: list[Slot], max_s
             yield replace(result, video=videos.get(result.index))
 
 
-def _run_wave(runner: PolicyRunner, sims: SimBatch, wave: list[Slot], max_steps: int) -> Iterator[EpisodeResult]:
+def _run_wave(runner: Policy, sims: SimBatch, wave: list[Slot], max_steps: int) -> Iterator[EpisodeResult]:
     """One wave, one policy forward pass per step for all its episodes. An episode ends at success or after
     `max_steps` steps; a finished episode's sim idles while the rest of its wave runs on."""
-    import torch
-
     n = len(wave)
-    torch.manual_seed(wave[0].seed)  # ACT's eval forward is deterministic; this covers policies that sample
+    if runner.backend == "torch":
+        import torch
+
+        torch.manual_seed(wave[0].seed)  # ACT's eval forward is deterministic; this covers policies that sample
     images, states = sims.reset(wave)
     runner.reset()
     start = time.perf_counter()
@@ -229,6 +231,7 @@ def evaluate(
     checkpoint: str | None = None,
     inference: dict | None = None,
     batch: int | None = None,
+    backend: str = "torch",
 ) -> EvalReport:
     """Run `episodes` sim episodes of `task` with the policy in `policy_dir`, `workers` processes in parallel.
 
@@ -246,10 +249,13 @@ def evaluate(
         workers: processes stepping and rendering the sims; the policy runs in this process, on the whole batch.
         batch: episodes run at once, one policy forward pass per step for all of them (default: all of them, up to
             `MAX_BATCH`); more episodes run in waves of this size.
+        backend: what runs the policy (`robotloop.deploy.policy.load_policy`): ``torch`` (the checkpoint), ``onnx``
+            (a release's ONNX export on ONNX Runtime: what a robot without torch runs) or ``auto``.
 
     Raises:
         ValueError: bad arguments, unknown task, or an image size the policy was not trained on.
-        PolicyLoadError: the checkpoint cannot be loaded. NonFiniteAction: the policy produced NaN/inf.
+        PolicyLoadError: the checkpoint cannot be loaded (BackendUnavailable: not with `backend`).
+        NonFiniteAction: the policy produced NaN/inf.
     """
     from ..sim import get_task
 
@@ -261,7 +267,7 @@ def evaluate(
     if videos and output_dir is None:
         raise BadValue("videos need an output_dir to be written to")
     # Load once here: a broken checkpoint fails now, with its own error, not as a broken worker pool.
-    runner = _load_quietly(Path(policy_dir), device, inference)
+    runner = _load_quietly(Path(policy_dir), device, inference, backend)
     if set(runner.image_keys) - {"observation.images.top"}:
         raise BadValue(f"the policy reads cameras {runner.image_keys}; the ALOHA sim renders only 'top'")
     trained = runner.image_size
@@ -348,13 +354,14 @@ def locate_and_evaluate(
     )
 
 
-def _acting(runner: PolicyRunner) -> dict:
-    cfg = runner.policy.config
-    return {
-        "n_action_steps": cfg.n_action_steps,
-        "temporal_ensemble_coeff": cfg.temporal_ensemble_coeff,
-        "chunk_size": cfg.chunk_size,
-    }
+def _acting(runner: Policy) -> dict:
+    if isinstance(runner, PolicyRunner):
+        cfg = runner.policy.config
+        acting = (cfg.n_action_steps, cfg.temporal_ensemble_coeff, cfg.chunk_size)
+    else:  # the ONNX export's own description of how it acts
+        acting = (runner.n_action_steps, runner.temporal_ensemble_coeff, runner.chunk_size)
+    keys = ("n_action_steps", "temporal_ensemble_coeff", "chunk_size")
+    return {**dict(zip(keys, acting, strict=True)), "backend": runner.backend, "runs_on": runner.runs_on}
 
 
 __all__ = [
