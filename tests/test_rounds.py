@@ -18,6 +18,7 @@ from robotloop.rounds.fleet import fleet_episodes
 from robotloop.rounds.options import RoundsOptions
 from robotloop.sim.expert import StallTrigger, UserTrigger
 from robotloop.storage import BucketClient, BucketUrl
+from robotloop.train.checkpoint import read_lineage
 from robotloop.train.layout import checkpoint_url
 from tests.conftest import WRITE_TOKEN
 from tests.test_loop import assert_loop_report
@@ -66,11 +67,9 @@ def test_two_rounds_through_a_fleet_record_takeovers_train_on_them_and_report_ea
     assert all(f["kind"] in ("takeover", "expert") and f["expert_frames"] > 0 for f in facts), facts
     assert len({f["seed"] for f in facts}) == 4 and all(f["seed"] > 100_000 for f in facts)  # fresh, unseen scenes
 
-    # A round fine-tunes at a fraction of the recipe's learning rate; lerobot's train_config.json says which.
+    # A round fine-tunes at a fraction of the recipe's learning rate; each checkpoint's lineage.json says which.
     def trained_lr(model: str) -> float:
-        url = checkpoint_url(BucketUrl.parse(f"{bucket}/models/{model}"), 4) / "pretrained_model" / "train_config.json"
-        with client.open(url) as f:
-            return json.load(f)["optimizer"]["lr"]
+        return read_lineage(client, checkpoint_url(BucketUrl.parse(f"{bucket}/models/{model}"), 4))["act"]["lr"]
 
     assert trained_lr(f"{run_name}-r1") == pytest.approx(0.5 * trained_lr(run_name))
     pulled = [[row["bytes_pulled"] for row in r["robots"]] for r in rounds[1:]]
