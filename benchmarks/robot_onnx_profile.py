@@ -47,7 +47,9 @@ def by_operator(path: Path, camera: tuple[int, int], runs: int) -> dict[str, dic
     rng = np.random.default_rng(0)
     for _ in range(runs):
         s.run(None, feeds(rng, camera))
-    events = json.loads(Path(s.end_profiling()).read_text())
+    written = Path(s.end_profiling())  # in the working directory: read, then removed
+    events = json.loads(written.read_text())
+    written.unlink()
     total: dict[str, float] = {}
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
