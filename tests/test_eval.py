@@ -72,6 +72,9 @@ def test_parallel_eval_gives_a_sane_report(tiny: Path, tmp_path: Path) -> None:
     for e in report.episodes:
         assert 1 <= e.steps <= 12 and 0 <= e.max_reward <= 4 and 0 <= e.sum_reward <= 4 * e.steps
         assert e.success == (e.max_reward == 4)
+        # Each stage reached is stamped with the step it was first reached at, in order, within the episode.
+        assert len(e.stage_steps) == int(e.max_reward) and list(e.stage_steps) == sorted(e.stage_steps)
+        assert all(1 <= step <= e.steps for step in e.stage_steps)
     assert len(report.videos) == 1 and report.episodes[0].video == report.videos[0]
     frames = _decode(report.videos[0])
     assert len(frames) == report.episodes[0].steps + 1 and frames[0].shape == (*SIZE, 3)

@@ -12,10 +12,12 @@ import sys
 import numpy as np
 import pytest
 
+from robotloop.deploy.evaluate import EpisodeResult, EvalReport
 from robotloop.errors import BadValue
 from robotloop.fleet import Takeovers
 from robotloop.rounds.fleet import fleet_episodes
 from robotloop.rounds.options import RoundsOptions
+from robotloop.rounds.run import STALL_MARGIN, STALL_STEPS, stall_steps_for
 from robotloop.sim.expert import StallTrigger, UserTrigger
 from robotloop.storage import BucketClient, BucketUrl
 from robotloop.train.checkpoint import read_lineage
@@ -45,6 +47,7 @@ def test_two_rounds_through_a_fleet_record_takeovers_train_on_them_and_report_ea
         # Each robot ran its episode on stable; the policy (4 steps of training) stalls at once: the expert took over.
         assert r["fleet_episodes"] == 2 and r["dropped"] == 0, r
         assert r["takeovers"] >= 2 and r["takeover_frames"] > 0, r
+        assert r["stall_steps"] == 10 and 0 <= r["takeovers_at_end"] <= r["takeovers"]  # the K given
         assert r["expert_frames"] == r["takeover_frames"] + r["redemo_frames"]
         assert r["release"].endswith(f"-r{r['round']}-4") and r["eval_episodes"] == 1
         assert set(r["stage_s"]) >= {"fleet", "train", "publish", "evaluate", "baseline"}
@@ -131,6 +134,26 @@ def test_a_late_failure_goes_to_the_expert_at_the_end_once_and_a_success_does_no
         # The 4 policy ticks spent without success: the expert drives its 3, hands back, and the episode ends.
         assert drivers == want, (success, drivers)
     assert takeovers.stats.takeovers == 1 and expert.started == 1
+    assert takeovers.stats.at_end == 1  # counted apart from the trigger's
+
+
+def test_the_stall_trigger_k_stays_above_the_slowest_pace_stable_still_succeeded_at():
+    def episode(success: bool, stages: tuple[int, ...], steps: int) -> EpisodeResult:
+        return EpisodeResult(0, 0, success, float(len(stages)), 0.0, steps, 0.0, None, stages)
+
+    # Stage 2 at step 90, stage 3 at 341 (251 steps without a new stage), success at 345: a stall of 251.
+    slow = episode(True, (40, 90, 341, 345), 345)
+    assert slow.longest_stall == 251
+    stuck = episode(False, (40, 90), 400)  # a failure: the steps from its last stage to its end count too
+    assert stuck.longest_stall == 310
+    report = EvalReport("p", "insertion", 0, 400, None, 1, [slow, stuck, episode(True, (10, 20, 30, 40), 40)])
+    assert report.longest_stall_in_successes == {"p50": 10, "p90": 251, "max": 251}
+    assert report.summary["longest_stall_in_successes"]["max"] == 251  # failures do not count
+    assert stall_steps_for("insertion", report) == 251 + STALL_MARGIN  # raised above the slowest success
+    assert stall_steps_for("insertion", report, given=50) == 50  # the user's K stands
+    fast = EvalReport("p", "insertion", 0, 400, None, 1, [episode(True, (10, 20, 30, 40), 40)])
+    assert stall_steps_for("insertion", fast) == STALL_STEPS["insertion"]  # never below the task's default
+    assert stall_steps_for("insertion", EvalReport("p", "insertion", 0, 400, None, 1, [stuck])) == 230
 
 
 def test_an_expert_that_declines_leaves_the_policy_driving_and_is_counted():

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import math
 import time
@@ -65,6 +66,14 @@ class EpisodeResult:
     steps: int
     wall_s: float
     video: str | None = None  # path of its mp4, when recorded
+    stage_steps: tuple[int, ...] = ()  # the step at which each reward stage (1, 2, ...) was first reached
+
+    @property
+    def longest_stall(self) -> int:
+        """The most steps the episode went without reaching a new stage (from its start, between stages): what a
+        stall trigger's K must exceed not to cut an episode like this one short."""
+        marks = (0, *self.stage_steps, *(() if self.success else (self.steps,)))
+        return max((b - a for a, b in itertools.pairwise(marks)), default=self.steps)
 
 
 @dataclass
@@ -122,7 +131,18 @@ class EvalReport:
             "success_ci95": list(self.success_ci95),
             "mean_max_reward": self.mean_max_reward,
             "mean_sum_reward": self.mean_sum_reward,
+            "longest_stall_in_successes": self.longest_stall_in_successes,
         }
+
+    @property
+    def longest_stall_in_successes(self) -> dict[str, int] | None:
+        """Median, 90th percentile and max of the successful episodes' `longest_stall`: a stall trigger with K above
+        the max never takes over an episode that the policy goes on to finish at this pace. None: no success."""
+        stalls = [e.longest_stall for e in self.episodes if e.success and e.stage_steps]
+        if not stalls:
+            return None
+        p50, p90 = np.percentile(stalls, [50, 90], method="inverted_cdf")  # nearest rank: steps some episode took
+        return {"p50": int(p50), "p90": int(p90), "max": max(stalls)}
 
     def to_dict(self) -> dict:
         return {**asdict(self), "summary": self.summary}
@@ -191,11 +211,14 @@ def _run_wave(runner: Policy, sims: SimBatch, wave: list[Slot], max_steps: int) 
     runner.reset()
     start = time.perf_counter()
     steps, sums, best, done = np.zeros(n, int), np.zeros(n), np.zeros(n), np.zeros(n, bool)
+    reached: list[list[int]] = [[] for _ in range(n)]  # per episode: the step each stage was first reached
 
     def result(j: int) -> EpisodeResult:
         s = wave[j]
         wall = time.perf_counter() - start
-        return EpisodeResult(s.index, s.seed, bool(done[j]), float(best[j]), float(sums[j]), int(steps[j]), wall)
+        return EpisodeResult(
+            s.index, s.seed, bool(done[j]), float(best[j]), float(sums[j]), int(steps[j]), wall, None, tuple(reached[j])
+        )
 
     for _ in range(max_steps):
         active = ~done
@@ -203,6 +226,8 @@ def _run_wave(runner: Policy, sims: SimBatch, wave: list[Slot], max_steps: int) 
         images, states, rewards, successes = sims.step(actions, active)
         steps[active] += 1
         sums[active] += rewards[active]
+        for j in np.flatnonzero(active & (rewards > best)):  # a jump of two stages reaches both at this step
+            reached[j].extend([int(steps[j])] * (int(rewards[j]) - len(reached[j])))
         best[active] = np.maximum(best[active], rewards[active])
         for j in np.flatnonzero(active & successes):
             done[j] = True

@@ -41,6 +41,7 @@ class TakeoverStats:
     """What the expert did on this robot, over all its episodes."""
 
     takeovers: int = 0  # hand-overs to the expert
+    at_end: int = 0  # of which at the end of the policy's ticks (`at_end`), the others by the trigger
     declined: int = 0  # trigger fired, but the expert found no way to success from that state (Unrecoverable)
     expert_frames: int = 0  # ticks the expert drove
     last_declined: str | None = None  # the expert's reason, the last time it declined
@@ -95,10 +96,10 @@ class Takeovers:
             last_chance = self.at_end and spent and not success and not self._end_taken
             if fired or last_chance:
                 self._end_taken |= last_chance
-                self._take_over()
+                self._take_over(at_end=last_chance and not fired)
         return spent and not self.active
 
-    def _take_over(self) -> None:
+    def _take_over(self, at_end: bool) -> None:
         try:
             self.expert.start(self.sim())
         except Unprocessable as error:  # Unrecoverable: the policy goes on, the trigger may fire again
@@ -109,6 +110,7 @@ class Takeovers:
             return
         self.active = True
         self.stats.takeovers += 1
+        self.stats.at_end += at_end
 
     def _hand_back(self) -> None:
         self.active = False

@@ -42,7 +42,8 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
     lines = [
         "## Rounds through the fleet",
         "",
-        "| round | release | success (95% CI) | expert frames | fleet episodes (failed) | takeovers | minutes | "
+        "| round | release | success (95% CI) | expert frames | fleet episodes (failed; policy alone) | "
+        "takeovers (at the end; stall K) | minutes | "
         "gain per 1,000 expert frames | baseline: same frames as demos |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -53,10 +54,11 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
             b = r.baseline
             base = f"{_pct(b.success_rate, b.ci95)} ({b.demos} demos)"
         kept = "promoted" if r.promoted else "kept stable"
-        fleet = f"{r.fleet_episodes} ({r.fleet_failures})" if r.round else "-"
+        fleet = f"{r.fleet_episodes} ({r.fleet_failures}; {r.autonomous_successes})" if r.round else "-"
+        takeovers = f"{r.takeovers} ({r.takeovers_at_end}; K {r.stall_steps})" if r.round else "-"
         lines.append(
             f"| {r.round} | `{r.release}` ({kept if r.round else 'stable'}) | {_pct(r.success_rate, r.ci95)} | "
-            f"{r.expert_frames} | {fleet} | {r.takeovers if r.round else '-'} | {r.minutes:.1f} | {gain} | {base} |"
+            f"{r.expert_frames} | {fleet} | {takeovers} | {r.minutes:.1f} | {gain} | {base} |"
         )
     lines.append("")
     took = f" The rounds took {report.wall_s / 60:.1f} min"

@@ -53,6 +53,8 @@ BASELINE_SEEDS = 500_000
 # K per task: the scripted demos themselves go up to 162 (TransferCube) and 212 (Insertion) steps between new reward
 # stages (robotloop.sim.expert.StallTrigger), so a smaller K would take over from a policy doing what they do.
 STALL_STEPS = {"transfer_cube": 180, "insertion": 230}
+# K stays this many steps above the slowest pace at which stable's evaluation still succeeded (`stall_steps_for`).
+STALL_MARGIN = 20
 # A round's fine-tune on the h200 preset: ~80 s at batch 64 on one H200, so that a round (fleet, re-demos, training,
 # evaluation) fits its 5 minutes; round 0 trained Insertion from scratch for 15,000.
 H200_ROUND_STEPS = 3000
@@ -102,6 +104,25 @@ class RoundSettings:
         return cls(**{**presets[preset], **overrides})
 
 
+def stall_steps_for(task: str, stable: EvalReport, given: int | None = None) -> int:
+    """The stall trigger's K for a round on `stable`: `given` if the user set it, else the task's `STALL_STEPS`
+    raised above the longest stall among stable's own successful evaluation episodes. A policy is slower than the
+    scripted demos the defaults were set from (Insertion's released policy, 2026-12-04, succeeded at steps 320-347),
+    and a K it can exceed on its way to success hands the expert episodes the policy would have finished: fewer
+    autonomous successes than its evaluation has, and expert frames where none were needed.
+
+    Example:
+        ```python
+        >>> stall_steps_for("insertion", report)     # its successes went up to 251 steps without a new stage
+        271
+        ```
+    """
+    if given is not None:
+        return given
+    slowest = (stable.longest_stall_in_successes or {}).get("max", 0)
+    return max(STALL_STEPS[task], slowest + STALL_MARGIN)
+
+
 def fine_tune_recipe(act: ACTSettings, steps: int, lr_scale: float) -> ACTSettings:
     """The recipe for a round's fine-tune of `steps` from a trained checkpoint: `lr_scale` x its learning rates and
     its warm-up cut to a tenth of the fine-tune (round 0's 500 warm-up steps would be a sixth of a 3,000-step round).
@@ -149,6 +170,8 @@ class RoundResult:
     fleet_failures: int = 0  # fleet episodes that ended without success, takeovers and all
     autonomous_successes: int = 0  # fleet episodes the policy finished alone
     takeovers: int = 0
+    takeovers_at_end: int = 0  # of which at the end of the policy's ticks; the others by the stall trigger
+    stall_steps: int | None = None  # the stall trigger's K this round (`stall_steps_for`)
     declined: int = 0  # stalls the expert found no way back from
     dropped: int = 0  # fleet episodes lost by the robots' recorders
     minutes: float = 0.0  # the round's own: its baseline's minutes are apart (`Baseline.minutes`)
@@ -247,6 +270,7 @@ class _Rounds:
         self.stable = first.release
         self.stable_checkpoint = str(checkpoint_url(loop.run_url, first.train.steps))
         self.stable_success = first.eval.success_rate
+        self.stall_steps = stall_steps_for(loop.task, first.eval, settings.stall_steps)
         self.baseline_checkpoint = self.stable_checkpoint
         self.fleet_datasets = [
             f"{loop.bucket}/datasets/{loop.task}-{loop.run}-fleet-{i + 1}" for i in range(settings.fleet)
@@ -285,15 +309,24 @@ class _Rounds:
         with self._timed(stages, "evaluate", f"{release} on the {loop.eval_episodes} seeds stable was evaluated on"):
             result = self._evaluate(run_url, trained.steps, f"eval-r{k}")
         expert_frames = takeover_frames + redemo_frames
-        gained = result.success_rate - self.stable_success
+        stable_before = self.stable_success
+        gained = result.success_rate - stable_before
         promoted = gained > 0
         if promoted:
-            reason = f"round {k}: success {result.success_rate:.0%} beats {self.stable_success:.0%}"
+            reason = f"round {k}: success {result.success_rate:.0%} beats {stable_before:.0%}"
             self.deploy.promote("stable", release, reason=reason)
             self.stable, self.stable_success = release, result.success_rate
+            self.stall_steps = stall_steps_for(loop.task, result, s.stall_steps)
             self.stable_checkpoint = str(checkpoint_url(run_url, trained.steps))
             self.report.stable = release
         minutes = (time.monotonic() - t0) / 60
+        lo, hi = result.success_ci95
+        self.on_stage(  # the round's figure before its baseline runs: a run cut during the baseline keeps it
+            "evaluate",
+            f"round {k}: {release} {result.success_rate:.1%} (CI {lo:.1%}-{hi:.1%}) against stable's "
+            f"{stable_before:.1%}, {expert_frames} expert frames, "
+            f"{minutes:.1f} min{', promoted' if promoted else ''}",
+        )
         baseline = self._baseline(k, expert_frames, steps, stages) if s.baseline else None
         return RoundResult(
             k,
@@ -309,6 +342,8 @@ class _Rounds:
             fleet_failures=len(misses),
             autonomous_successes=sum(e["success"] and e["kind"] == "autonomous" for e in episodes),
             takeovers=sum(r.takeovers.get("takeovers", 0) for r in robots),
+            takeovers_at_end=sum(r.takeovers.get("at_end", 0) for r in robots),
+            stall_steps=self.stall_steps,
             declined=sum(r.takeovers.get("declined", 0) for r in robots),
             dropped=sum(r.recording.get("dropped", 0) for r in robots),
             minutes=minutes,
@@ -348,7 +383,7 @@ class _Rounds:
                     first_seed=FLEET_SEEDS + 10_000 * k + 1000 * i + 100_000 * loop.seed,
                     episodes=s.fleet_episodes,
                     policy_steps=loop.eval_max_steps or get_task(loop.task).episode_length,
-                    stall_steps=s.stall_steps or STALL_STEPS[loop.task],
+                    stall_steps=self.stall_steps,
                     record_to=record_to,
                     vcodec="h264",  # fast enough to keep up with a 50 Hz robot on one core (issue 29's rate figure)
                     store=loop.report_dir / "fleet" / robot_id,
