@@ -42,9 +42,11 @@ if [ -n "$stable" ]; then  # the release's run: its name without the step
   pack
   model=$(python3 -c "import json; print(json.load(open('$R/eval-5000/eval_report.json'))['policy'])" 2>/dev/null)
   gym_task=$([ "$TASK" = insertion ] && echo AlohaInsertion-v0 || echo AlohaTransferCube-v0)
-  if [ "$LEROBOT_EVAL" -gt 0 ] && [ -n "$model" ]; then  # lerobot's own evaluation, in gym-aloha's env
+  # lerobot's own evaluation, in gym-aloha's env. Synchronous envs: lerobot imports gym_aloha (which registers
+  # the envs) in the driver only, and the async workers it spawns failed with "Namespace gym_aloha not found".
+  if [ "$LEROBOT_EVAL" -gt 0 ] && [ -n "$model" ]; then
     python3 -m lerobot.scripts.lerobot_eval --policy.path="$model" --env.type=aloha --env.task="$gym_task" \
-      --eval.n_episodes="$LEROBOT_EVAL" --eval.batch_size=25 --eval.use_async_envs=true --policy.device=cuda \
+      --eval.n_episodes="$LEROBOT_EVAL" --eval.batch_size=10 --eval.use_async_envs=false --policy.device=cuda \
       --seed=7000 --output_dir="$R/lerobot-eval" > "$R/lerobot_eval.log" 2>&1
     echo "$(date -u +%FT%TZ) lerobot-eval of $stable ($LEROBOT_EVAL episodes, seed 7000) exit $?" >> "$R/plan.log"
   fi
