@@ -13,6 +13,7 @@ ROUNDS=${ROUNDS:-1}
 EVAL=${EVAL:-200}
 BASELINE=${BASELINE:-1}
 LEROBOT_EVAL=${LEROBOT_EVAL:-50}
+FLEET_CHECK=${FLEET_CHECK:-1}  # stable in lockstep on the fleet's own scenes, paired with the robots' episodes
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,8 +28,9 @@ command -v nvidia-smi > /dev/null && { nvidia-smi dmon -s um -d 5 > "$R/dmon.log
 echo "$(date -u +%FT%TZ) rounds start (main at $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))" >> "$R/plan.log"
 start=$(date +%s)
 baseline=$([ "$BASELINE" = 1 ] && echo --baseline)
-# shellcheck disable=SC2086  # $baseline is one flag or none
-python3 -m robotloop.cli loop --preset h200 --task "$TASK" --rounds "$ROUNDS" $baseline --eval-episodes "$EVAL" \
+check=$([ "$FLEET_CHECK" = 1 ] && echo --fleet-check)
+# shellcheck disable=SC2086  # $baseline and $check are one flag or none
+python3 -m robotloop.cli loop --preset h200 --task "$TASK" --rounds "$ROUNDS" $baseline $check --eval-episodes "$EVAL" \
   > "$R/loop.log" 2>&1
 echo "$(date -u +%FT%TZ) rounds exit $? after $(( $(date +%s) - start )) s" >> "$R/plan.log"
 cp loop-report/report.json loop-report/report.md "$R/" 2>/dev/null

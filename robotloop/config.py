@@ -253,6 +253,14 @@ class RobotSettings(Section):
     record_to: str | None = Field(
         default=None, description="Fleet dataset URL, hf://buckets/<ns>/<bucket>/datasets/<name> (needed to record)."
     )
+    record_via: str | None = Field(
+        default=None,
+        description="A capture service's URL: the robot sends its recorded episodes there and the service writes the "
+        "fleet dataset (how a slim 'robotloop[robot]' install, without lerobot, records). Unset: the robot writes it.",
+    )
+    record_token: SecretStr | None = Field(
+        default=None, description="This robot's token on the capture service (its tokens file), with record_via."
+    )
     record_queue_frames: int = Field(
         default=1000,
         ge=1,

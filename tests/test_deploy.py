@@ -56,11 +56,13 @@ from robotloop.deploy.publish import PublishedRelease, publish
 from robotloop.deploy.runner import make_tiny_checkpoint
 from robotloop.deploy.runtime import RobotRuntime
 from robotloop.deploy.store import IntegrityError, PullCancelled, ReleaseStore
+from robotloop.rounds.fleet import fleet_episodes
 from robotloop.storage import BucketClient, BucketUrl, Entry, NotFound, StorageError
 from robotloop.train.policy import TINY_ACT, ACTSettings
 
 from .conftest import WRITE_TOKEN, free_port
 from .fakealoha import FakeAloha
+from .test_capture_service import ROBOT_A, start_capture
 
 OPS, OPS_READ, BUCKET_STYLE = "rl_deploy_ops", "rl_deploy_ops_read", "rl_deploy_lab_only"
 RUN = "hf://buckets/lab/deploy/models/run"
@@ -1652,10 +1654,19 @@ def test_a_slim_robot_install_pulls_the_signed_release_and_runs_its_onnx_policy_
         [str(slim_python.parent / "robotloop"), *argv, *record], capture_output=True, text=True, env=env, timeout=120
     )
     assert refused.returncode == 2 and "robotloop[full]" in _flat(refused.stdout + refused.stderr), refused
+    assert "--record-via" in _flat(refused.stdout + refused.stderr)  # ... or how to record without it
+    # Through a capture service (on a full install) it records: the service writes the LeRobot dataset.
+    (tmp_path / "capture").mkdir()
+    capture = start_capture(bucket_server, tmp_path / "capture")
+    service = next(capture)
     log = tmp_path / "robot.log"
     with log.open("w") as out:
         robot = subprocess.Popen(
-            [str(slim_python.parent / "robotloop"), *argv], stdout=out, stderr=subprocess.STDOUT, env=env, cwd=tmp_path
+            [str(slim_python.parent / "robotloop"), *argv, *record, "--record-via", service.endpoint],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**env, "ROBOTLOOP_ROBOT__RECORD_TOKEN": ROBOT_A},  # a secret: not on the command line
+            cwd=tmp_path,
         )
     try:
         seen = lambda: ops.robot("slim")  # noqa: E731
@@ -1666,7 +1677,11 @@ def test_a_slim_robot_install_pulls_the_signed_release_and_runs_its_onnx_policy_
     finally:
         robot.send_signal(signal.SIGINT)
         robot.wait(timeout=60)
+        capture.close()
     said = _flat(log.read_text())
+    facts = fleet_episodes(BucketClient(bucket_server.endpoint, WRITE_TOKEN), [record[-1]])
+    assert len(facts) >= 2 and re.search(rf"recorded {len(facts)} episodes to {record[-1]}", said), (facts, said)
+    assert {(f["robot_id"], f["release"], f["frames"]) for f in facts} == {("slim", "onnx-v1", 10)}, facts
     assert robot.returncode == 0, said
     assert "running onnx-v1 on onnx (CPUExecutionProvider)" in said, said
     assert "not installed" not in said, said  # no warning about the lerobot a slim robot does without

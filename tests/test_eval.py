@@ -19,7 +19,7 @@ from robotloop.config import Settings
 from robotloop.deploy.evaluate import evaluate, locate_and_evaluate, resolve_policy, wilson_interval
 from robotloop.deploy.lockstep import SimBatch, Slot
 from robotloop.deploy.runner import PolicyLoadError, make_tiny_checkpoint
-from robotloop.errors import BadInput
+from robotloop.errors import BadInput, BadValue
 from robotloop.sim.scripted import record_demo
 from robotloop.storage import BucketClient, BucketUrl
 
@@ -241,6 +241,14 @@ def test_eval_json_is_the_report_alone_on_stdout(tiny: Path, tmp_path: Path) -> 
     assert report["report_file"] == str(tmp_path / "out" / "eval_report.json")
     assert json.loads((tmp_path / "out" / "eval_report.json").read_text())["summary"] == report["summary"]
     assert "policy: " in done.stderr and "success 0/1" in " ".join(done.stderr.split())
+
+
+def test_given_seeds_run_in_their_order_and_must_match_the_episode_count(tiny: Path) -> None:
+    """The scenes a fleet ran, evaluated in lockstep (`robotloop loop --fleet-check`): seeds as given, not seed + i."""
+    report = evaluate(tiny, "transfer_cube", episodes=3, workers=1, max_steps=2, seeds=[105, 7, 42])
+    assert [(e.index, e.seed) for e in report.episodes] == [(0, 105), (1, 7), (2, 42)]
+    with pytest.raises(BadValue, match="2 seeds given for 3 episodes"):
+        evaluate(tiny, "transfer_cube", episodes=3, max_steps=2, seeds=[1, 2])
 
 
 def test_the_onnx_export_evaluates_as_the_checkpoint_does(tiny: Path, tmp_path: Path) -> None:

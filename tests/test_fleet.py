@@ -135,6 +135,12 @@ def test_a_full_queue_drops_the_episode_never_a_tick_and_an_unreachable_bucket_d
     fleet.close()
     assert fleet.stats.dropped == 2 and fleet.stats.recorded == 0
 
+    # The same through a capture service that cannot be reached (a slim robot's way of recording).
+    fleet = FleetRecorder(client, url, RecordChoice("all"), via=("http://127.0.0.1:9", "rl_robot"))
+    _episode(fleet, seed=4, frames=3, success=False)
+    fleet.close()
+    assert fleet.stats.dropped == 1 and "cannot reach the capture service" in fleet.stats.last_error
+
 
 def test_an_episode_whose_end_never_came_is_dropped_and_nothing_half_is_committed(bucket_server, tmp_path):
     """A robot stopped mid-episode (or one that began the next without ending this one) commits nothing of it."""

@@ -31,7 +31,7 @@ def test_two_rounds_through_a_fleet_record_takeovers_train_on_them_and_report_ea
     bucket = "hf://buckets/lab/rounds"
     cmd = [sys.executable, "-m", "robotloop.cli", "--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN]
     cmd += ["loop", "--rounds", "2", "--fleet", "2", "--fleet-episodes", "1", "--stall-steps", "10", "--baseline"]
-    cmd += ["--round-lr-scale", "0.5"]
+    cmd += ["--round-lr-scale", "0.5", "--fleet-check"]
     cmd += ["--episodes", "1", "--steps", "4", "--round-steps", "4", "--batch-size", "2", "--eval-episodes", "1"]
     cmd += ["--eval-max-steps", "30", "--workers", "1", "--bucket", bucket, "--report-dir", "report"]
     env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
@@ -53,6 +53,11 @@ def test_two_rounds_through_a_fleet_record_takeovers_train_on_them_and_report_ea
         assert set(r["stage_s"]) >= {"fleet", "train", "publish", "evaluate", "baseline"}
         assert [row["robot"] for row in r["robots"]] == ["fleet-1", "fleet-2"]
         assert all(row["episodes"] == 1 and row["error"] is None for row in r["robots"]), r["robots"]
+        assert all(row["backend"].startswith(("torch (cpu)", "onnx (CPU")) for row in r["robots"]), r["robots"]
+        # Stable in lockstep on the fleet's own two scenes, paired with what the robots did alone.
+        check = r["fleet_check"]
+        assert check["episodes"] == 2 and "fleet_check" in r["stage_s"], r
+        assert check["fleet_successes"] - check["fleet_only"] == check["eval_successes"] - check["eval_only"]
         # The baseline spent as many frames on scripted demos (whole episodes: rounded up to the next one).
         assert r["baseline"]["expert_frames"] >= r["expert_frames"] and r["baseline"]["demos"] >= 1
         # The baseline's minutes are its own, not the round's: the round's stages outlast the round without them.
@@ -78,7 +83,7 @@ def test_two_rounds_through_a_fleet_record_takeovers_train_on_them_and_report_ea
     pulled = [[row["bytes_pulled"] for row in r["robots"]] for r in rounds[1:]]
     assert all(b > 0 for b in pulled[0])
     text = (tmp_path / "report" / "report.md").read_text()
-    assert "## Rounds through the fleet" in text and "baseline" in text
+    assert "## Rounds through the fleet" in text and "baseline" in text and "fleet check: on the same 2 scenes" in text
     took = re.search(r"The rounds took (\d+\.\d) min", text)
     assert report["baseline_minutes"] > 0 and took, text
     assert float(took[1]) == pytest.approx(report["rounds_minutes"], abs=0.051)  # 1 decimal here, 2 in the JSON

@@ -77,6 +77,16 @@ def run(
     record_sample: Annotated[
         float | None, typer.Option(min=0.0, max=1.0, help="Share of episodes recorded. Default: robot.record_sample.")
     ] = None,
+    record_via: Annotated[
+        str | None,
+        typer.Option(
+            help="Send recorded episodes to this capture service, which writes the dataset (a slim install records "
+            "only this way). Default: robot.record_via."
+        ),
+    ] = None,
+    record_token: Annotated[
+        str | None, typer.Option(help="This robot's capture-service token. Default: robot.record_token.")
+    ] = None,
 ) -> None:
     """Run the assigned release at the task's rate (50 Hz for ALOHA); pull, verify and hot-swap new releases."""
     from ..deploy.client import DeployClient
@@ -101,6 +111,7 @@ def run(
     endpoint, storage_token = ensure_endpoint(settings)
     env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, robot_cameras, fps, episode_time_s)
     given = {"record": record, "record_to": record_to, "record_sample": record_sample, "backend": backend}
+    given |= {"record_via": record_via, "record_token": record_token}
     try:  # the settings model checks the recording options as it checks a config file's
         options = RobotSettings.model_validate(
             {**cfg.model_dump(), "robot_id": robot_id, "device": device or cfg.device}
@@ -113,8 +124,8 @@ def run(
         recording = fleet_recorder(options, BucketClient(endpoint, storage_token), fps=round(env.rate_hz))
     except BadInput as error:  # recording asked for without its dataset, a bad dataset URL, or without lerobot
         env.close()
-        raise typer.BadParameter(str(error), param_hint="--record/--record-to") from None
-    if recording is not None:
+        raise typer.BadParameter(str(error), param_hint="--record/--record-to/--record-via") from None
+    if recording is not None and not options.record_via:  # via a capture service nothing encodes here (no av)
         quiet_encoders()  # ffmpeg's notes on every episode's video
     runtime = RobotRuntime(
         env,

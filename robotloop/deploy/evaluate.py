@@ -257,12 +257,14 @@ def evaluate(
     inference: dict | None = None,
     batch: int | None = None,
     backend: str = "torch",
+    seeds: list[int] | None = None,
 ) -> EvalReport:
     """Run `episodes` sim episodes of `task` with the policy in `policy_dir`, `workers` processes in parallel.
 
     Args:
         policy_dir: a LeRobot `pretrained_model` directory (see `resolve_policy` for URLs and run dirs).
         seed: episode i uses seed `seed + i`.
+        seeds: the episodes' seeds instead, in order (e.g. the scenes a fleet ran); `episodes` must be their count.
         max_steps: steps per episode (default: the task's 400).
         image_size: rendered camera size; must be the policy's (the default) since the policy sees pixels.
         videos: record the first `videos` episodes as mp4 under `output_dir/videos/`.
@@ -291,6 +293,8 @@ def evaluate(
         )
     if videos and output_dir is None:
         raise BadValue("videos need an output_dir to be written to")
+    if seeds is not None and len(seeds) != episodes:
+        raise BadValue(f"{len(seeds)} seeds given for {episodes} episodes")
     # Load once here: a broken checkpoint fails now, with its own error, not as a broken worker pool.
     runner = _load_quietly(Path(policy_dir), device, inference, backend)
     if set(runner.image_keys) - {"observation.images.top"}:
@@ -319,7 +323,7 @@ def evaluate(
     start = time.perf_counter()
     # A state-only policy: the sim renders nothing, so there is nothing to film.
     film = videos if trained is not None else 0
-    slots = [Slot(i, seed + i, i < film) for i in range(episodes)]
+    slots = [Slot(i, seeds[i] if seeds is not None else seed + i, i < film) for i in range(episodes)]
     with SimBatch(spec.name, size, workers, trained, steps, video_dir) as sims:
         for result in _run_lockstep(runner, sims, slots, steps):
             report.episodes.append(result)

@@ -151,6 +151,7 @@ class _Target:
     robot_type: str | None
     vcodec: str
     staging: Path | None = None
+    via: tuple[str, str] | None = None  # a capture service's (url, robot token): it writes the dataset
 
 
 class FleetRecorder:
@@ -159,7 +160,9 @@ class FleetRecorder:
     robot's own process would share its interpreter lock with the control loop, and on one H200 it cut a 50 Hz
     loop to 38 Hz with 0.5 s gaps at each commit. The dataset is `fps`, `robot_type` and `vcodec`, its features
     the first frame's. `staging`: the writer's local folder (the dataset's meta/ and growing files, each episode's
-    files while it records; default the recorder's own under the cache, `DatasetRecorder`).
+    files while it records; default the recorder's own under the cache, `DatasetRecorder`). `via`: a capture
+    service's (URL, robot token): the writer sends each episode's frames there in batches, and the service, on a
+    full install, writes the dataset; so a slim install (no lerobot) records too. `client` is then not written to.
 
     Raises (on construction):
         BadValue: `queue_frames` under 1.
@@ -176,6 +179,7 @@ class FleetRecorder:
         queue_frames: int = 1000,
         seed: int = 0,
         staging: Path | None = None,
+        via: tuple[str, str] | None = None,
     ) -> None:
         if queue_frames < 1:
             raise BadValue(f"the recording queue holds at least 1 frame, not {queue_frames}")
@@ -187,7 +191,7 @@ class FleetRecorder:
         self._rng = random.Random(seed)
         self._episode = 0  # the control thread's current episode number
         self._streaming = False  # whether the control thread's current episode goes to the writer
-        target = _Target(client.endpoint, client.token, str(url), choice, fps, robot_type, vcodec, staging)
+        target = _Target(client.endpoint, client.token, str(url), choice, fps, robot_type, vcodec, staging, via)
         self._process = ctx.Process(
             target=_writer_main,
             args=(target, self._queue, self.stats, self._given_up, os.getpid()),
@@ -249,9 +253,12 @@ def _writer_main(target: _Target, items, stats: RecordingStats, given_up, parent
     from ..workers import start_worker
 
     start_worker(parent_pid)  # it dies with the robot's process, and logs as it does
-    from ..output import quiet_encoders
+    if (
+        target.via is None
+    ):  # it encodes video itself (a slim install, which sends frames to a capture service, has no av)
+        from ..output import quiet_encoders
 
-    quiet_encoders()
+        quiet_encoders()
     _Writer(target, stats, given_up).run(items)
 
 
@@ -260,6 +267,11 @@ class _Writer:
         self.target, self.stats, self.given_up = target, stats, given_up
         self.client = BucketClient(target.endpoint, target.token)
         self.recorder: DatasetRecorder | None = None  # made at the first frame, from its shapes
+        self.capture = None  # the capture service's client, with `target.via`
+        if target.via is not None:
+            from ..capture.client import CaptureClient
+
+            self.capture = CaptureClient(*target.via)
 
     def run(self, items) -> None:
         current: _Open | None = None
@@ -301,8 +313,11 @@ class _Writer:
             return None
         if kind == "frame":
             if current.live is None:
-                current.live = self._recorder_for(payload).begin(current.facts.task)
-            current.live.add_frame(self._lerobot_frame(payload))
+                current.live = self._begin(payload, current.facts.task)
+            if self.capture is not None:
+                current.live.add(payload)
+            else:
+                current.live.add_frame(self._lerobot_frame(payload))
             current.tally.add(payload.intervention, payload.reward, payload.success)
             return current
         # end
@@ -312,9 +327,23 @@ class _Writer:
             current.live.abort()
             self.stats.add("not_kept")
             return None
-        current.live.commit(facts=current.tally.facts(asdict(current.facts)))
+        if self.capture is not None:  # the service counts what the frames say itself: the robot's facts only
+            current.live.commit({k: v for k, v in asdict(current.facts).items() if k != "task"})
+        else:
+            current.live.commit(facts=current.tally.facts(asdict(current.facts)))
         self.stats.add("recorded")
         return None
+
+    def _begin(self, tick: _Tick, task: str) -> Any:
+        """The episode's live writer: lerobot's (`LiveEpisode`), or one open on the capture service."""
+        if self.capture is None:
+            return self._recorder_for(tick).begin(task)
+        t = self.target
+        cameras = {name: tuple(np.shape(image)) for name, image in tick.obs["pixels"].items()}
+        episode_id = self.capture.open(
+            t.url, cameras, len(tick.obs["agent_pos"]), len(tick.action), t.fps, t.robot_type, fleet=True
+        )
+        return _ServiceEpisode(self.capture, episode_id, task, t.fps)
 
     def _recorder_for(self, tick: _Tick) -> DatasetRecorder:
         """The fleet dataset's recorder, its features from the first frame (BadEpisode later if one differs)."""
@@ -346,6 +375,48 @@ class _Writer:
         return None
 
 
+class _ServiceEpisode:
+    """An episode open on the capture service: frames go in batches of `BATCH` (one request each, not one a tick),
+    the rest at the commit. Same calls as lerobot's `LiveEpisode` where the writer needs them: `commit`, `abort`."""
+
+    BATCH = 50  # a second of a 50 Hz robot: ~46 MB of 480x640 frames in one request at most
+
+    def __init__(self, capture: Any, episode_id: str, task: str, fps: int) -> None:
+        self.capture, self.episode_id, self.task, self.fps = capture, episode_id, task, fps
+        self.ticks: list[_Tick] = []
+        self.sent = 0
+
+    def add(self, tick: _Tick) -> None:
+        self.ticks.append(tick)
+        if len(self.ticks) >= self.BATCH:
+            self._flush()
+
+    def commit(self, facts: dict[str, Any]) -> None:
+        self._flush()
+        self.capture.close(self.episode_id, self.task, facts)
+
+    def abort(self) -> None:
+        self.capture.abort(self.episode_id)
+
+    def _flush(self) -> None:
+        if not self.ticks:
+            return
+        ticks, self.ticks = self.ticks, []
+        action_dim = len(ticks[0].action)
+        self.capture.send_frames(
+            self.episode_id,
+            timestamp=(self.sent + np.arange(len(ticks))) / self.fps,
+            state=[t.obs["agent_pos"] for t in ticks],
+            action=[t.action for t in ticks],
+            images={name: np.stack([t.obs["pixels"][name] for t in ticks]) for name in ticks[0].obs["pixels"]},
+            reward=[t.reward or 0.0 for t in ticks],
+            success=[bool(t.success) for t in ticks],
+            intervention=[t.intervention for t in ticks],
+            policy_action=[t.policy_action if t.policy_action is not None else np.zeros(action_dim) for t in ticks],
+        )
+        self.sent += len(ticks)
+
+
 def _drop(live: Any) -> None:
     """Abort a live episode (None: it had not begun). Its files go whatever happens (`LiveEpisode.abort` removes them
     in a `finally`); an encoder that already failed may fail again as it is stopped, and must not take the writer
@@ -368,10 +439,16 @@ def fleet_recorder(
         return None
     if not settings.record_to:
         raise BadValue("recording needs the fleet dataset's URL: robot.record_to (robot run --record-to)")
-    if importlib.util.find_spec("lerobot") is None:  # the writer process would die on its first episode
+    via = None
+    if settings.record_via:
+        if settings.record_token is None:
+            raise BadValue("recording through a capture service needs this robot's token there: robot.record_token")
+        via = (settings.record_via, settings.record_token.get_secret_value())
+    elif importlib.util.find_spec("lerobot") is None:  # the writer process would die on its first episode
         raise BadValue(
             "recording episodes writes LeRobot datasets, and lerobot is not installed here (a slim "
-            "'robotloop[robot]' install): install 'robotloop[full]' on this robot, or run it with --record off"
+            "'robotloop[robot]' install): send them through a capture service (--record-via URL --record-token "
+            "TOKEN), install 'robotloop[full]' on this robot, or run it with --record off"
         )
     return FleetRecorder(
         client,
@@ -381,6 +458,7 @@ def fleet_recorder(
         robot_type=robot_type,
         queue_frames=settings.record_queue_frames,
         seed=zlib.crc32((settings.robot_id or "").encode()),
+        via=via,
     )
 
 

@@ -67,6 +67,7 @@ class FleetRobotResult:
     control_hz: float | None
     bytes_pulled: int
     error: str | None = None  # the robot failed: why
+    backend: str | None = None  # what ran the release, e.g. "torch (cuda:0)" (`RobotRuntime.backend`)
 
 
 def run_fleet(robots: list[FleetRobot], timeout_s: float = 3600.0) -> list[FleetRobotResult]:
@@ -173,6 +174,7 @@ def _run_robot(robot: FleetRobot) -> FleetRobotResult:
         takeovers.stats.as_dict(),
         stats.control_hz,
         sum(p.bytes_fetched for p in stats.pulls),
+        backend=runtime.backend,
     )
 
 

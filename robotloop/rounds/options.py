@@ -42,9 +42,15 @@ class RoundsOptions(LoopOptions):
         default=None,
         ge=1,
         le=100_000,
-        description="Steps without a new reward stage before the expert takes over (TransferCube 180, Insertion 230).",
+        description="Steps without a new reward stage before the expert takes over (default: the task's, TransferCube "
+        "180 and Insertion 230, raised above the slowest pace at which stable's own evaluation succeeded).",
     )
     redemonstrate: bool = Field(default=True, description="The expert re-demonstrates each failed fleet scene.")
+    fleet_check: bool = Field(
+        default=False,
+        description="Also evaluate stable in lockstep on the fleet's own scenes and pair them, episode by episode, "
+        "with what the robots did alone (a diagnostic: it costs an evaluation of the fleet's episodes).",
+    )
     baseline: bool = Field(
         default=False,
         description="Also train the fair baseline each round: the same expert frames as demos of random scenes.",
@@ -69,6 +75,7 @@ class RoundsOptions(LoopOptions):
             "stall_steps": self.stall_steps,
             "lr_scale": self.round_lr_scale,
             "redemonstrate": self.redemonstrate,
+            "fleet_check": self.fleet_check,
             "baseline": self.baseline,
         }
         return RoundSettings.for_preset(self.preset, **{k: v for k, v in given.items() if v is not None})

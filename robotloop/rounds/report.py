@@ -61,6 +61,14 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
             f"{r.expert_frames} | {fleet} | {takeovers} | {r.minutes:.1f} | {gain} | {base} |"
         )
     lines.append("")
+    for r in report.rounds:
+        if (c := r.fleet_check) is not None:
+            lines.append(
+                f"Round {r.round}'s fleet check: on the same {c.episodes} scenes the robots won {c.fleet_successes} "
+                f"alone and stable's evaluation {c.eval_successes} ({c.fleet_only} won only by the robots, "
+                f"{c.eval_only} only in the evaluation)."
+            )
+            lines.append("")
     took = f" The rounds took {report.wall_s / 60:.1f} min"
     took += f" (the baselines {report.baseline_s / 60:.1f} min more)." if report.baseline_s else "."
     lines.append(f"Stable runs `{report.stable}`.{took}{_versus_baseline(report)}")

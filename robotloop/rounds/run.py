@@ -77,6 +77,7 @@ class RoundSettings:
     baseline: bool = False  # also train the same-expert-frames baseline each round
     fleet_rate_hz: float = 50.0  # the sim robots' control rate; math.inf: as fast as the machine runs
     lr_scale: float = ROUND_LR_SCALE  # a fine-tune's peak learning rate, as a fraction of the recipe's
+    fleet_check: bool = False  # also evaluate stable on the fleet's own scenes, episode by episode (`FleetCheck`)
     weights: FrameWeights = field(default_factory=FrameWeights)  # demo 1, expert 2, success 1, failed 0
 
     def __post_init__(self) -> None:
@@ -154,6 +155,18 @@ class Baseline:
 
 
 @dataclass
+class FleetCheck:
+    """Stable evaluated in lockstep on the very scenes its fleet robots ran alone, paired episode by episode: does a
+    robot running a release succeed as the evaluation of that release says it will? (`RoundSettings.fleet_check`)"""
+
+    episodes: int  # fleet episodes compared (the ones the policy drove alone until success or its ticks ran out)
+    fleet_successes: int  # of them, won by the robot alone
+    eval_successes: int  # the same seeds, won in the evaluation
+    fleet_only: int  # seeds won by the robot, lost in the evaluation
+    eval_only: int  # seeds lost by the robot, won in the evaluation
+
+
+@dataclass
 class RoundResult:
     """One round. Round 0's expert frames are its demos'."""
 
@@ -179,6 +192,7 @@ class RoundResult:
     robots: list[dict[str, Any]] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=dict)
     baseline: Baseline | None = None
+    fleet_check: FleetCheck | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -291,6 +305,7 @@ class _Rounds:
         if len(failed) == len(robots):
             raise RuntimeError(f"every fleet robot failed in round {k}: {failed[0].error}")
         episodes = self._new_episodes()
+        check = self._fleet_check(k, episodes, stages) if s.fleet_check else None
         misses = [e for e in episodes if not e["success"]]
         redemo_frames = 0
         if s.redemonstrate and misses:
@@ -307,7 +322,7 @@ class _Rounds:
         with self._timed(stages, "publish", f"{release} to canary"):
             publish(self.client, str(run_url), release, load_private_key(self.key), self.deploy, channel="canary")
         with self._timed(stages, "evaluate", f"{release} on the {loop.eval_episodes} seeds stable was evaluated on"):
-            result = self._evaluate(run_url, trained.steps, f"eval-r{k}")
+            result = self._evaluate(checkpoint_url(run_url, trained.steps), f"eval-r{k}")
         expert_frames = takeover_frames + redemo_frames
         stable_before = self.stable_success
         gained = result.success_rate - stable_before
@@ -351,6 +366,7 @@ class _Rounds:
             robots=[_robot_row(r) for r in robots],
             stage_s=stages,
             baseline=baseline,
+            fleet_check=check,
         )
 
     # -- stages ------------------------------------------------------------------------------------------------
@@ -441,22 +457,45 @@ class _Rounds:
         act = fine_tune_recipe(loop.act(), steps, self.settings.lr_scale)
         return train(self.client, datasets, run_url, settings, act, data, self.on_train)
 
-    def _evaluate(self, run_url: BucketUrl, steps: int, folder: str) -> EvalReport:
+    def _evaluate(self, checkpoint: BucketUrl, folder: str, seeds: list[int] | None = None) -> EvalReport:
         loop = self.loop
-        model = resolve_policy(
-            str(checkpoint_url(run_url, steps)), lambda: self.client, loop.report_dir / "checkpoints"
-        )
+        model = resolve_policy(str(checkpoint), lambda: self.client, loop.report_dir / "checkpoints")
         return evaluate(
             model,
             loop.task,
-            loop.eval_episodes,
+            len(seeds) if seeds else loop.eval_episodes,
             loop.eval_workers,
+            seeds=seeds,
             max_steps=loop.eval_max_steps,
             image_size=loop.image_size,
             videos=0,
             output_dir=loop.report_dir / folder,
             device=loop.device,
         )
+
+    def _fleet_check(self, k: int, episodes: list[dict[str, Any]], stages: dict[str, float]) -> FleetCheck:
+        """Stable in lockstep on the seeds of the fleet's episodes, paired with what the robots did alone."""
+        alone = {e["seed"]: bool(e["success"] and e["kind"] == "autonomous") for e in episodes if e.get("seed")}
+        seeds = sorted(alone)
+        with self._timed(
+            stages, "fleet_check", f"round {k}: {self.stable} in lockstep on the fleet's {len(seeds)} scenes"
+        ):
+            report = self._evaluate(BucketUrl.parse(self.stable_checkpoint), f"fleet-check-r{k}", seeds)
+        won = {e.seed: e.success for e in report.episodes}
+        check = FleetCheck(
+            len(seeds),
+            sum(alone.values()),
+            sum(won.values()),
+            sum(alone[x] and not won[x] for x in seeds),
+            sum(won[x] and not alone[x] for x in seeds),
+        )
+        self.on_stage(
+            "fleet_check",
+            f"round {k}: on the same {check.episodes} scenes the robots won {check.fleet_successes} alone, the "
+            f"evaluation {check.eval_successes} ({check.fleet_only} won only by the robots, {check.eval_only} only in "
+            "the evaluation)",
+        )
+        return check
 
     def _baseline(self, k: int, expert_frames: int, steps: int, stages: dict[str, float]) -> Baseline:
         """As many frames of scripted demos of fresh scenes as the round's expert spent, trained the same way."""
@@ -475,7 +514,7 @@ class _Rounds:
             run_url = BucketUrl.parse(f"{loop.bucket}/models/{loop.run}-baseline-r{k}")
             trained = self._train([loop.dataset_url, self.baseline_demos], run_url, steps, self.baseline_checkpoint)
             self.baseline_checkpoint = str(checkpoint_url(run_url, trained.steps))
-            result = self._evaluate(run_url, trained.steps, f"eval-baseline-r{k}")
+            result = self._evaluate(checkpoint_url(run_url, trained.steps), f"eval-baseline-r{k}")
         frames = sum(c.frames for c in rec.committed)
         minutes = stages["baseline"] / 60
         return Baseline(len(rec.committed), frames, result.success_rate, result.success_ci95, minutes)
@@ -492,6 +531,7 @@ def _robot_row(r: FleetRobotResult) -> dict[str, Any]:
         "control_hz": r.control_hz,
         "bytes_pulled": r.bytes_pulled,
         "error": r.error,
+        "backend": r.backend,
     }
 
 
