@@ -176,6 +176,9 @@ class DatasetRecorder:
         """Make the local copy hold the bucket's meta/ and the files the next append grows (the last
         episode's data and video files); other recorders may have committed since. Files already here with
         the bucket's Xet hash are kept. Returns whether the bucket holds a dataset."""
+        if self._appending.exists():  # a commit died between its local append and its upload: start afresh
+            log.warning("%s: a commit was cut short here; the local copy is read from the bucket again", self.url)
+            self._forget_local_copy()
         prefix = len(self.url.path) + 1 if self.url.path else 0
         remote = {e.url.path[prefix:]: e for e in self.client.ls(self.url, recursive=True) if isinstance(e, Entry)}
         self._synced_info = remote["meta/info.json"].xet_hash if "meta/info.json" in remote else None
@@ -261,7 +264,11 @@ class DatasetRecorder:
     def _append_and_push(self, episode_root: Path, facts: dict | None = None) -> tuple[int, int, list[str]]:
         from .append import append_episode
 
-        if self._sync_tail():
+        synced = self._sync_tail()
+        # From here until the upload is done the local copy is neither the bucket's nor this episode's whole: a
+        # process killed meanwhile (a Ray worker, a recorder under kill -9) leaves the mark for the next commit.
+        self._appending.touch()
+        if synced:
             self._check_same_features()
             before = _snapshot(self.root)
             append_episode(self.root, episode_root, self.url.bucket_id)
@@ -277,6 +284,7 @@ class DatasetRecorder:
         ]
         self._check_not_committed_meanwhile()
         sent, paths = self._push(changed)
+        self._appending.unlink()
         return index, sent, paths
 
     def _check_not_committed_meanwhile(self) -> None:
@@ -293,6 +301,12 @@ class DatasetRecorder:
     def _forget_local_copy(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
         (self.staging / "hashes.json").unlink(missing_ok=True)
+        self._appending.unlink(missing_ok=True)
+
+    @property
+    def _appending(self) -> Path:
+        """The mark of a local append not uploaded yet (see `_append_and_push`)."""
+        return self.staging / "appending"
 
     def _push(self, changed: list[str]) -> tuple[int, list[str]]:
         """Upload the changed data and video files, then meta/ (so readers never see metadata naming bytes
