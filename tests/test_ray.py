@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from robotloop.deploy.evaluate import evaluate
+from robotloop.config import load_settings
+from robotloop.deploy.evaluate import evaluate, locate_and_evaluate
 from robotloop.deploy.runner import make_tiny_checkpoint
 from robotloop.sim.scripted import record_demo
 from robotloop.storage import BucketClient, BucketUrl
@@ -93,14 +94,25 @@ def _kill_first(title: str, killed: list[int], deadline_s: float = 60) -> thread
     return thread
 
 
-def test_eval_on_two_nodes_gives_the_local_episodes(tiny: Path, cluster: str, tmp_path: Path) -> None:
-    """4 episodes in waves of 2 on two actors, one per node, one of them killed inside its first wave: the report
-    holds the local run's episodes, each filmed frame for frame as locally."""
-    run = dict(episodes=4, batch=2, max_steps=24, seed=11, videos=4)
-    local = evaluate(tiny, "transfer_cube", workers=1, output_dir=tmp_path / "local", **run)
+def test_eval_on_two_nodes_gives_the_local_episodes(tiny: Path, cluster: str, bucket_server, tmp_path: Path) -> None:
+    """A run's checkpoint in the bucket, 4 episodes in waves of 2 on two actors, one per node, each downloading the
+    checkpoint on its own; one actor killed inside its first wave: the report holds the local run's episodes, each
+    filmed frame for frame as locally."""
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    model = BucketUrl.parse("hf://buckets/lab/ray/models/run1")
+    client.create_bucket(model)
+    client.upload(tiny, model / "checkpoints" / "000005" / "pretrained_model")
+    (tmp_path / "last.json").write_text(json.dumps({"step": 5}))
+    client.upload(tmp_path / "last.json", model / "checkpoints" / "last.json")
+    storage = {"endpoint": bucket_server.endpoint, "token": WRITE_TOKEN, "cache_dir": str(tmp_path / "cache" / "read")}
+    settings = load_settings({"storage": storage})
+    run = dict(batch=2, max_steps=16, seed=11, videos=4)
+    local = evaluate(tiny, "transfer_cube", 4, 1, output_dir=tmp_path / "local", **run)
     killed: list[int] = []
     killer = _kill_first("EvalWorker.run", killed)
-    on_ray = evaluate(tiny, "transfer_cube", workers=2, output_dir=tmp_path / "ray", ray=cluster, **run)
+    on_ray = locate_and_evaluate(
+        settings, str(model), "transfer_cube", 4, 2, output_dir=tmp_path / "ray", ray=cluster, **run
+    )
     killer.join()
     assert killed, "no evaluation actor was caught inside a wave"
     assert on_ray.workers == 2 and len(on_ray.nodes) == 2, on_ray.nodes
@@ -118,6 +130,7 @@ def test_eval_on_two_nodes_gives_the_local_episodes(tiny: Path, cluster: str, tm
         )
     saved = json.loads((tmp_path / "ray" / "eval_report.json").read_text())
     assert saved["nodes"] == on_ray.nodes and saved["summary"] == local.summary
+    assert saved["checkpoint"] == f"{model}/checkpoints/000005"
     assert not _actor_processes("EvalWorker"), "evaluation actors outlived the evaluation"
 
 
@@ -169,7 +182,7 @@ def test_a_killed_driver_leaves_no_worker_and_no_half_episode(cluster: str, buck
         "ROBOTLOOP_STORAGE__ENDPOINT": bucket_server.endpoint,
         "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN,
     }
-    args = ["--image-size", "24x32", "--max-steps", "20", "--keep-failed", "--codec", "h264", "--workers", "2"]
+    args = ["--image-size", "24x32", "--max-steps", "12", "--keep-failed", "--codec", "h264", "--workers", "2"]
     cmd = [sys.executable, "-m", "robotloop.cli", "record", "--to", str(url), *args, "--episodes", "50"]
     log = open(tmp_path / "driver.log", "w")
     driver = subprocess.Popen([*cmd, "--ray", cluster], env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -187,7 +200,7 @@ def test_a_killed_driver_leaves_no_worker_and_no_half_episode(cluster: str, buck
     assert not alive, f"actors {alive} outlived the killed driver"
     committed = _total_episodes(client, url)
     dataset = load_with_lerobot(client, url, tmp_path / "after-kill")
-    assert dataset.meta.total_episodes == committed and len(dataset) == 20 * committed  # every episode whole
+    assert dataset.meta.total_episodes == committed and len(dataset) == 12 * committed  # every episode whole
 
 
 def test_without_ray_nothing_imports_it(tiny: Path, tmp_path: Path) -> None:

@@ -139,8 +139,8 @@ def evaluate_on_ray(
                         ) from None
                     log.warning("a Ray worker died running episodes %s; they run again on another", episodes)
                     ray.kill(actor)
-                    idle.append(actor_class.remote(job, size))
-                    waves.append((wave, attempt + 1))
+                    idle.append(actor_class.remote(job, size))  # takes the wave back: its calls wait for its start
+                    waves.appendleft((wave, attempt + 1))
                     continue
                 idle.append(actor)
                 nodes.setdefault(done.node, []).extend(r.index for r in done.results)
