@@ -28,11 +28,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import threading
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from ..config import Settings
 from ..errors import BadValue, Unavailable
 
 ATTEMPTS = 3  # runs of one piece of work (an evaluation wave, a demo) before its worker's deaths stop the command
@@ -80,44 +80,41 @@ def import_ray() -> ModuleType:
 
 @contextlib.contextmanager
 def ray_session(address: str) -> Iterator[Any]:
-    """Ray connected to the cluster at `address` (see `check_address`) for the block; disconnected after it (a
-    `local` cluster is stopped). A process already connected keeps its connection and the block uses it.
+    """Ray connected to the cluster at `address` (see `check_address`) for the block; disconnected when the last
+    block open in this process ends (a `local` cluster is stopped then). Blocks may overlap, in threads too (the
+    loop records in one while it evaluates in another): they share the first one's connection. A process that
+    connected itself keeps its connection.
 
     Raises:
         BadValue: a malformed address. RayUnavailable: Ray missing, or no cluster answers there.
     """
+    global _sessions, _owned
     check_address(address)
     ray = import_ray()
-    if ray.is_initialized():
-        yield ray
-        return
-    options: dict[str, Any] = {"logging_level": logging.WARNING, "configure_logging": True}
-    if address == "local":
-        options.update(include_dashboard=False)  # a cluster for one command: nobody to look at a dashboard
-    try:
-        ray.init(address=None if address == "local" else address, **options)
-    except ConnectionError as error:
-        raise RayUnavailable(f"--ray {address}: no Ray cluster answers ({error})") from None
+    with _session_lock:
+        if _sessions == 0 and not ray.is_initialized():
+            options: dict[str, Any] = {"logging_level": logging.WARNING, "configure_logging": True}
+            if address == "local":
+                options.update(include_dashboard=False)  # a cluster for one command: nobody looks at a dashboard
+            try:
+                ray.init(address=None if address == "local" else address, **options)
+            except ConnectionError as error:
+                raise RayUnavailable(f"--ray {address}: no Ray cluster answers ({error})") from None
+            _owned = True
+        _sessions += 1
     try:
         yield ray
     finally:
-        ray.shutdown()
+        with _session_lock:
+            _sessions -= 1
+            if _sessions == 0 and _owned:
+                ray.shutdown()
+                _owned = False
 
 
-def worker_settings(settings: Settings) -> Settings:
-    """`settings` for workers on other nodes: the bucket endpoint and token this process uses written in (the
-    embedded server's, when this process started it), so that every worker talks to the same bucket.
-
-    Raises:
-        robotloop.storage.EmbeddedServerError: no endpoint configured and the embedded server did not start.
-    """
-    from pydantic import SecretStr
-
-    from ..storage import ensure_endpoint
-
-    endpoint, token = ensure_endpoint(settings)
-    storage = settings.storage.model_copy(update={"endpoint": endpoint, "token": SecretStr(token) if token else None})
-    return settings.model_copy(update={"storage": storage})
+_session_lock = threading.Lock()
+_sessions = 0  # `ray_session` blocks open in this process
+_owned = False  # whether the first of them connected (and the last must disconnect)
 
 
 def node_id() -> str:

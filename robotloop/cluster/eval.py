@@ -30,7 +30,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..config import Settings
 from ..deploy.lockstep import SimBatch, Slot
 from . import ATTEMPTS, RayUnavailable, call_error, node_id, ray_session, worker_died
 
@@ -43,7 +42,7 @@ class EvalJob:
     """What every evaluation actor needs to build its policy and sims (picklable: sent once per actor)."""
 
     policy: str  # what the actor locates (`robotloop.deploy.resolve.locate_policy`): a checkpoint URL or folder
-    settings: Settings | None  # for bucket URLs and release names; None: robotloop's settings on the node
+    bucket: tuple[str, str | None] | None  # the endpoint and token a checkpoint URL is downloaded with
     task: str
     max_steps: int
     image_size: tuple[int, int] | None
@@ -66,12 +65,14 @@ class EvalWorker:
 
     def __init__(self, job: EvalJob, size: int) -> None:
         from ..deploy.evaluate import _load_quietly
-        from ..deploy.resolve import locate_policy, locate_policy_for
+        from ..deploy.resolve import locate_policy
         from ..output import log_to_console, quiet_libraries
+        from ..storage import BucketClient
 
         quiet_libraries()
         log_to_console()
-        found = locate_policy(job.policy) if job.settings is None else locate_policy_for(job.settings, job.policy)
+        client = None if job.bucket is None else BucketClient(*job.bucket)
+        found = locate_policy(job.policy, lambda: client)  # into this node's cache (robotloop's cache dir)
         self.runner = _load_quietly(found.path, job.device, job.inference, job.backend)
         self.films = Path(tempfile.mkdtemp(prefix="robotloop-eval-"))
         self.sims = SimBatch(job.task, size, 1, job.image_size, job.max_steps, str(self.films))

@@ -37,7 +37,7 @@ import numpy as np
 from ..config import Settings
 from ..errors import BadValue
 from ..sim.constants import format_image_size
-from ..storage import BucketClient
+from ..storage import BucketClient, ensure_endpoint
 from .lockstep import SimBatch, Slot, write_video
 from .policy import Policy, load_policy
 
@@ -266,7 +266,7 @@ def evaluate(
     backend: str = "torch",
     ray: str | None = None,
     worker_policy: str | None = None,
-    settings: Settings | None = None,
+    worker_bucket: tuple[str, str | None] | None = None,
 ) -> EvalReport:
     """Run `episodes` sim episodes of `task` with the policy in `policy_dir`, `workers` processes in parallel.
 
@@ -291,7 +291,7 @@ def evaluate(
             are those of the same wave without Ray: the same `batch` gives the same episodes.
         worker_policy: with `ray`, what each actor locates the policy from on its node (default `policy_dir`): a
             checkpoint URL, so that every node downloads the same step from the bucket.
-        settings: with `ray`, the settings actors locate `worker_policy` with (bucket endpoint and token).
+        worker_bucket: with `ray`, the bucket endpoint and token actors download a `worker_policy` URL with.
 
     Raises:
         ValueError: bad arguments, unknown task, or an image size the policy was not trained on.
@@ -344,7 +344,8 @@ def evaluate(
     if ray is not None:
         from ..cluster.eval import EvalJob, evaluate_on_ray
 
-        job = EvalJob(worker_policy or str(policy_dir), settings, spec.name, steps, trained, device, inference, backend)
+        policy = worker_policy or str(policy_dir)
+        job = EvalJob(policy, worker_bucket, spec.name, steps, trained, device, inference, backend)
         results = evaluate_on_ray(ray, job, slots, size, workers, video_dir, report.nodes)
     else:
         results = _run_local(runner, lambda: SimBatch(spec.name, size, workers, trained, steps, video_dir), slots)
@@ -395,12 +396,11 @@ def locate_and_evaluate(
     found = locate_policy_for(settings, policy, client_factory)
     if on_located is not None:
         on_located(found)
-    if options.get("ray") is not None:  # each Ray worker locates the same checkpoint on its own node
-        from ..cluster import worker_settings
-
-        bucket = found.checkpoint.startswith("hf://")
-        options["worker_policy"] = found.checkpoint if bucket else str(found.path)
-        options["settings"] = worker_settings(settings) if bucket else None
+    if options.get("ray") is not None and found.checkpoint.startswith("hf://"):
+        # Each Ray worker downloads the step "latest" resolved to here, through the endpoint this process uses (the
+        # embedded server's when it started one); a folder or a release is read where it is (one machine).
+        options["worker_policy"] = found.checkpoint
+        options["worker_bucket"] = ensure_endpoint(settings)
     return evaluate(
         found.path,
         task,
