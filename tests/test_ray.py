@@ -135,8 +135,9 @@ def test_eval_on_two_nodes_gives_the_local_episodes(tiny: Path, cluster: str, bu
 
 
 def test_record_on_ray_commits_the_local_demos(cluster: str, bucket_server, tmp_path: Path) -> None:
-    """`robotloop record --ray`: two demos recorded by actors on both nodes, each committed by its actor, read back
-    with lerobot: the states and actions the scripted expert gives for those seeds."""
+    """`robotloop record --ray`: two demos recorded by actors on both nodes, each committed on its node, one actor
+    killed inside its first demo; read back with lerobot: the states and actions the scripted expert gives for those
+    seeds, each once."""
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     url = BucketUrl.parse("hf://buckets/lab/ray/datasets/demos")
     env = {
@@ -147,6 +148,8 @@ def test_record_on_ray_commits_the_local_demos(cluster: str, bucket_server, tmp_
     }
     args = ["--sim", "transfer_cube", "--image-size", "24x32", "--max-steps", "20", "--keep-failed"]
     args += ["--codec", "h264", "--seed", "3", "--episodes", "2", "--workers", "2"]
+    killed: list[int] = []
+    killer = _kill_first("RecordWorker.demo", killed)
     done = subprocess.run(
         [sys.executable, "-m", "robotloop.cli", "record", "--to", str(url), *args, "--ray", cluster],
         env=env,
@@ -155,7 +158,10 @@ def test_record_on_ray_commits_the_local_demos(cluster: str, bucket_server, tmp_
         timeout=240,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "committed 2 episodes" in " ".join(done.stdout.split())
+    killer.join()
+    assert killed, "no recording actor was caught inside a demo"
+    said = " ".join(done.stdout.split())  # 20 steps are too few for the expert: both demos kept, marked failed
+    assert "committed 2 episodes" in said and any(f"(kept, marked): {s}" in said for s in ("[3, 4]", "[4, 3]")), said
     dataset = load_with_lerobot(client, url, tmp_path / "read")
     assert dataset.meta.total_episodes == 2 and len(dataset) == 40
     assert dataset[39]["observation.images.top"].shape == (3, 24, 32)  # the last episode's video is whole
@@ -171,7 +177,7 @@ def test_record_on_ray_commits_the_local_demos(cluster: str, bucket_server, tmp_
                 np.testing.assert_allclose(actions[episodes == k], demo.actions[:20], atol=1e-6)
                 matched.add(seed)
     assert matched == {3, 4}
-    assert not _actor_processes("RecordWorker"), "recording actors outlived the recording"
+    assert not _actor_processes("RecordWorker") + _actor_processes("commit_episode"), "Ray workers outlived it"
 
 
 def test_a_killed_driver_leaves_no_worker_and_no_half_episode(cluster: str, bucket_server, tmp_path: Path) -> None:
@@ -194,8 +200,10 @@ def test_a_killed_driver_leaves_no_worker_and_no_half_episode(cluster: str, buck
     assert actors, "the recording runs in Ray actors"
     driver.send_signal(signal.SIGKILL)
     driver.wait()
-    deadline = time.monotonic() + 30  # Ray stops the actors a dead driver owned
-    while (alive := _actor_processes("RecordWorker")) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30  # Ray stops the actors and tasks a dead driver owned
+    while (
+        alive := _actor_processes("RecordWorker") + _actor_processes("commit_episode")
+    ) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive, f"actors {alive} outlived the killed driver"
     committed = _total_episodes(client, url)

@@ -125,8 +125,15 @@ def node_id() -> str:
 
 
 def worker_died(ray: ModuleType, error: BaseException) -> bool:
-    """Whether `error` (from `ray.get`) says the worker running the call died, rather than the call raising."""
-    return isinstance(error, ray.exceptions.RayActorError | ray.exceptions.WorkerCrashedError)
+    """Whether `error` (from `ray.get`) says the worker or node running the call died, rather than the call raising
+    (a task pinned to a node that died cannot be scheduled any more)."""
+    died = (
+        ray.exceptions.RayActorError,
+        ray.exceptions.WorkerCrashedError,
+        ray.exceptions.NodeDiedError,
+        ray.exceptions.TaskUnschedulableError,
+    )
+    return isinstance(error, died)
 
 
 def call_error(ray: ModuleType, error: BaseException) -> BaseException:

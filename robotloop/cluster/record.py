@@ -1,14 +1,15 @@
-"""`robotloop record --ray`: scripted sim demos on Ray actors, each committing its own episodes to the bucket.
+"""`robotloop record --ray`: scripted sim demos on Ray actors, each episode committed to the bucket on its node.
 
 Without Ray, pool workers encode each demo into the recorder's staging folder and the driver commits it. Across
-nodes the driver would have to fetch every encoded episode first, so here the actor that encoded a demo commits it
-too, with a `DatasetRecorder` of its own (its node's staging folder: actors on one node share it, as recorders on
-one machine do). Commits to one dataset must not overlap (each grows the same files), so the driver hands out the
-turn to commit, one actor at a time, in the order the demos finished; sims and encoders run on meanwhile.
+nodes the driver would have to fetch every encoded episode first, so here an episode is committed on the node that
+encoded it: by a Ray task pinned there (no CPU asked: it waits on uploads), with a `DatasetRecorder` over that
+node's staging folder (actors on one node share it, as recorders on one machine do). Commits to one dataset must
+not overlap (each grows the same files), so the driver runs one commit at a time, in the order the demos finished;
+the actor that encoded an episode is already on its next demo meanwhile, as a pool worker is.
 
 Faults: an actor that dies during a demo loses that demo; its seed runs again on a fresh actor (`ATTEMPTS` runs,
-then it is reported failed). One that dies during its commit leaves the dataset as its metadata says (the commit
-uploads metadata last); its seed runs again.
+then it is reported failed). A commit that dies leaves the dataset as its metadata says (metadata goes up last; the
+next commit on that node points back what it had uploaded, `DatasetRecorder`); its seed runs again.
 
 Example:
     ```python
@@ -25,7 +26,8 @@ from typing import Any
 
 from ..capture.recorder import CommitReport, DatasetRecorder, DatasetSpec, WrittenEpisode
 from ..capture.sim_record import RecordReport, _demo, _discard, _notify, _Target
-from . import ATTEMPTS, call_error, ray_session, worker_died
+from ..storage import BucketClient, BucketUrl
+from . import ATTEMPTS, call_error, node_id, ray_session, worker_died
 from .eval import _close
 
 
@@ -44,43 +46,60 @@ class RecordJob:
 
 
 class RecordWorker:
-    """A Ray actor (`ray.remote(RecordWorker)`): runs scripted demos, holds the last one encoded until told to commit
-    it or drop it."""
+    """A Ray actor (`ray.remote(RecordWorker)`): runs scripted demos into its node's staging folder."""
 
     def __init__(self, job: RecordJob) -> None:
-        import av
-
-        from ..output import log_to_console, quiet_libraries
-        from ..storage import BucketClient, BucketUrl
-
-        quiet_libraries()
-        log_to_console()
-        av.logging.set_libav_level(av.logging.ERROR)  # as the pool's workers: no "moov atom" note per episode
+        _start(job)
         self.job = job
-        self.recorder = DatasetRecorder(BucketClient(job.endpoint, job.token), BucketUrl.parse(job.url), job.spec)
-        self.written: WrittenEpisode | None = None
+        self.target = _Target(job.spec, BucketUrl.parse(job.url).bucket_id, _recorder(job).staging)
 
-    def demo(self, seed: int) -> tuple[bool, bool]:
-        """Run and encode the demo of `seed`: (the expert succeeded, an episode waits to be committed)."""
-        self.discard()
-        job, rec = self.job, self.recorder
-        target = _Target(rec.spec, rec.url.bucket_id, rec.staging)
-        _, success, self.written = _demo(job.task, seed, job.image_size, job.max_steps, target, job.keep_failed)
-        return success, self.written is not None
-
-    def commit(self) -> CommitReport:
-        """Commit the demo encoded last (`DatasetRecorder.commit_written`)."""
-        written, self.written = self.written, None
-        assert written is not None, "the driver asks for a commit only after a demo that left an episode"
-        return self.recorder.commit_written(written)
-
-    def discard(self) -> None:
-        """Drop the demo encoded last, if any (enough episodes were committed meanwhile)."""
-        _discard(self.written)
-        self.written = None
+    def demo(self, seed: int) -> tuple[bool, WrittenEpisode | None, str]:
+        """Run and encode the demo of `seed`: (the expert succeeded, the episode to commit or None, this node)."""
+        job = self.job
+        _, success, written = _demo(job.task, seed, job.image_size, job.max_steps, self.target, job.keep_failed)
+        return success, written, node_id()
 
     def close(self) -> None:
-        self.discard()
+        """Nothing to release: an actor holds no episode (they wait in the staging folder)."""
+
+
+def commit_episode(job: RecordJob, written: WrittenEpisode) -> CommitReport:
+    """A Ray task on the node that encoded `written`: commit it (`DatasetRecorder.commit_written`)."""
+    _start(job)
+    return _recorder(job).commit_written(written)
+
+
+def discard_episode(written: WrittenEpisode) -> None:
+    """A Ray task on the node that encoded `written`: drop it (enough episodes were committed meanwhile)."""
+    _discard(written)
+
+
+_recorders: dict[tuple[str, str], DatasetRecorder] = {}  # per Ray worker process: its node's, by endpoint and URL
+
+
+def _recorder(job: RecordJob) -> DatasetRecorder:
+    key = (job.endpoint, job.url)
+    if key not in _recorders:
+        _recorders[key] = DatasetRecorder(BucketClient(job.endpoint, job.token), BucketUrl.parse(job.url), job.spec)
+    return _recorders[key]
+
+
+def _start(job: RecordJob) -> None:
+    """A Ray worker's set-up, once per process: the libraries quiet, logs as the CLI's, no ffmpeg note per episode."""
+    global _started
+    if _started:
+        return
+    import av
+
+    from ..output import log_to_console, quiet_libraries
+
+    quiet_libraries()
+    log_to_console()
+    av.logging.set_libav_level(av.logging.ERROR)
+    _started = True
+
+
+_started = False
 
 
 @dataclass
@@ -106,23 +125,27 @@ def record_on_ray(
     Returns the first seed not taken from `seeds` (0 when none was).
 
     Raises:
-        RayUnavailable: no Ray or no cluster at `address`. What a demo or commit raised in its actor, as itself.
+        RayUnavailable: no Ray or no cluster at `address`. What a demo or commit raised in Ray, as itself.
     """
     with ray_session(address) as ray:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         actor_class = ray.remote(RecordWorker).options(num_cpus=1, scheduling_strategy="SPREAD", max_restarts=0)
+        # Never retried by Ray: a commit that died after its upload would be committed twice.
+        committer, discarder = (ray.remote(num_cpus=0, max_retries=0)(f) for f in (commit_episode, discard_episode))
+
+        def on_node(task: Any, node: str) -> Any:
+            return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+
         idle = [actor_class.remote(job) for _ in range(workers)]
         demos: dict[Any, tuple[Any, _Demo]] = {}
-        encoded: deque[tuple[Any, _Demo]] = deque()  # waiting for their turn to commit
-        commit: tuple[Any, Any, _Demo] | None = None
-        again: deque[_Demo] = deque()  # demos whose actor died
+        encoded: deque[tuple[_Demo, WrittenEpisode, str]] = deque()  # waiting for their turn to commit
+        commit: tuple[Any, _Demo] | None = None
+        again: deque[_Demo] = deque()  # demos whose actor or commit died
         tried, next_seed, stopping = 0, 0, False
 
         def in_flight() -> int:
             return len(report.committed) + len(demos) + len(encoded) + (commit is not None)
-
-        def replace(actor: Any) -> None:
-            ray.kill(actor)
-            idle.append(actor_class.remote(job))
 
         try:
             while True:
@@ -136,50 +159,49 @@ def record_on_ray(
                     actor = idle.pop()
                     demos[actor.demo.remote(demo.seed)] = (actor, demo)
                 if commit is None and encoded:
-                    actor, demo = encoded.popleft()
-                    commit = (actor.commit.remote(), actor, demo)
+                    demo, written, node = encoded.popleft()
+                    commit = (on_node(committer, node).remote(job, written), demo)
                 if not demos and commit is None:
                     return next_seed
                 [ref], _ = ray.wait([*demos, *([commit[0]] if commit else [])], num_returns=1)
                 if commit is not None and ref == commit[0]:
-                    _, actor, demo = commit
+                    demo = commit[1]
                     commit = None
                     try:
                         done = ray.get(ref)
                     except Exception as error:
                         if not worker_died(ray, error):
                             raise call_error(ray, error) from None
-                        replace(actor)
                         _retry(demo, again, report, on_event)
                         continue
-                    idle.append(actor)
                     report.committed.append(done)
                     _notify(on_event, "committed", demo.seed, done)
                 else:
                     actor, demo = demos.pop(ref)
                     try:
-                        success, waiting = ray.get(ref)
+                        success, written, node = ray.get(ref)
                     except Exception as error:
                         if not worker_died(ray, error):
                             raise call_error(ray, error) from None
-                        replace(actor)
+                        ray.kill(actor)
+                        idle.append(actor_class.remote(job))
                         _retry(demo, again, report, on_event)
                         continue
+                    idle.append(actor)
                     if len(report.committed) < episodes:
                         report.attempted += 1
                     if not success and len(report.committed) < episodes:
                         report.failed_seeds.append(demo.seed)
                         _notify(on_event, "failed", demo.seed, None)
-                    if waiting and len(report.committed) + len(encoded) + (commit is not None) < episodes:
-                        encoded.append((actor, demo))
-                    else:
-                        if waiting:
-                            actor.discard.remote()  # enough episodes are committed or queued already
-                        idle.append(actor)
+                    if written is not None and len(report.committed) + len(encoded) + (commit is not None) < episodes:
+                        encoded.append((demo, written, node))
+                    elif written is not None:  # enough episodes are committed or queued already
+                        on_node(discarder, node).remote(written)
                 stopping = stopping or should_stop()
         finally:
-            busy = [a for a, _ in demos.values()] + [a for a, _ in encoded] + ([commit[1]] if commit else [])
-            _close(ray, idle, busy)
+            for _, written, node in encoded:  # after an error: their files go, uncommitted
+                on_node(discarder, node).remote(written)
+            _close(ray, idle, [a for a, _ in demos.values()])
 
 
 def _retry(
@@ -197,4 +219,4 @@ def _retry(
         _notify(on_event, "failed", demo.seed, None)
 
 
-__all__ = ["RecordJob", "RecordWorker", "record_on_ray"]
+__all__ = ["RecordJob", "RecordWorker", "commit_episode", "discard_episode", "record_on_ray"]
