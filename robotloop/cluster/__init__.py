@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import threading
 from collections.abc import Iterator
@@ -115,6 +116,17 @@ def ray_session(address: str) -> Iterator[Any]:
 _session_lock = threading.Lock()
 _sessions = 0  # `ray_session` blocks open in this process
 _owned = False  # whether the first of them connected (and the last must disconnect)
+
+
+def worker_env() -> dict[str, str]:
+    """The environment Ray workers get (`runtime_env`'s env_vars), which they need before they import anything: the
+    libraries kept quiet as in this process (`robotloop.output.QUIET_ENV`, this process's values first), its MuJoCo
+    renderer and `--debug`. A Ray worker starts from its node's environment, not from the driver's."""
+    from ..output import QUIET_ENV
+    from ..workers import DEBUG_ENV
+
+    env = {name: os.environ.get(name, value) for name, value in QUIET_ENV.items()}
+    return env | {name: os.environ[name] for name in ("MUJOCO_GL", DEBUG_ENV) if name in os.environ}
 
 
 def node_id() -> str:

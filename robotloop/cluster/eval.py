@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..deploy.lockstep import SimBatch, Slot
-from . import ATTEMPTS, RayUnavailable, call_error, node_id, ray_session, worker_died
+from . import ATTEMPTS, RayUnavailable, call_error, node_id, ray_session, worker_died, worker_env
 
 log = logging.getLogger(__name__)
 CLOSE_S = 30  # an idle actor's time to close its sims and remove its files before it is killed
@@ -116,6 +116,7 @@ def evaluate_on_ray(
             num_gpus=_gpu_share(job.device, workers),
             scheduling_strategy="SPREAD",  # over the nodes: each holds one EGL renderer per sim
             max_restarts=0,  # a dead actor is replaced here, with its wave put back in the queue
+            runtime_env={"env_vars": worker_env()},
         )
         waves = deque((slots[i : i + size], 1) for i in range(0, len(slots), size))
         idle = [actor_class.remote(job, size) for _ in range(workers)]

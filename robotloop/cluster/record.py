@@ -27,7 +27,7 @@ from typing import Any
 from ..capture.recorder import CommitReport, DatasetRecorder, DatasetSpec, WrittenEpisode
 from ..capture.sim_record import RecordReport, _demo, _discard, _notify, _Target
 from ..storage import BucketClient, BucketUrl
-from . import ATTEMPTS, call_error, node_id, ray_session, worker_died
+from . import ATTEMPTS, call_error, node_id, ray_session, worker_died, worker_env
 from .eval import _close
 
 
@@ -130,9 +130,14 @@ def record_on_ray(
     with ray_session(address) as ray:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        actor_class = ray.remote(RecordWorker).options(num_cpus=1, scheduling_strategy="SPREAD", max_restarts=0)
+        env = {"env_vars": worker_env()}
+        actor_class = ray.remote(RecordWorker).options(
+            num_cpus=1, scheduling_strategy="SPREAD", max_restarts=0, runtime_env=env
+        )
         # Never retried by Ray: a commit that died after its upload would be committed twice.
-        committer, discarder = (ray.remote(num_cpus=0, max_retries=0)(f) for f in (commit_episode, discard_episode))
+        committer, discarder = (
+            ray.remote(num_cpus=0, max_retries=0, runtime_env=env)(f) for f in (commit_episode, discard_episode)
+        )
 
         def on_node(task: Any, node: str) -> Any:
             return task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
