@@ -28,7 +28,7 @@ from ..capture.recorder import CommitReport, DatasetRecorder, DatasetSpec, Writt
 from ..capture.sim_record import RecordReport, _demo, _discard, _notify, _Target
 from ..storage import BucketClient, BucketUrl
 from . import ATTEMPTS, call_error, node_id, ray_session, worker_died, worker_env
-from .eval import _close
+from .eval import CLOSE_S, _close
 
 
 @dataclass(frozen=True)
@@ -203,9 +203,10 @@ def record_on_ray(
                     elif written is not None:  # enough episodes are committed or queued already
                         on_node(discarder, node).remote(written)
                 stopping = stopping or should_stop()
-        finally:
-            for _, written, node in encoded:  # after an error: their files go, uncommitted
-                on_node(discarder, node).remote(written)
+        finally:  # after an error: the episodes waiting for their turn go, uncommitted, before Ray may disconnect
+            dropped = [on_node(discarder, node).remote(written) for _, written, node in encoded]
+            if dropped:
+                ray.wait(dropped, num_returns=len(dropped), timeout=CLOSE_S)
             _close(ray, idle, [a for a, _ in demos.values()])
 
 
