@@ -161,20 +161,24 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     logging.getLogger("py.warnings").warning("%s", message)
 
 
+QUIET_ENV = {  # `quiet_libraries`' environment defaults, which worker processes inherit (Ray's get them passed)
+    "SVT_LOG": "1",  # SVT-AV1's log level, read when an encoder starts: 1 = errors
+    "TQDM_DISABLE": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",  # `datasets` bars ignore TQDM_DISABLE
+    # ... and with it set, `datasets` warns whenever lerobot re-enables its bars (six lines per recording). A
+    # SyntaxWarning is about a library's own source (torchao's, once per worker that compiles it): nothing the user
+    # can act on.
+    "PYTHONWARNINGS": f"ignore:{PROGRESS_BARS_WARNING}:UserWarning,ignore::SyntaxWarning",
+}
+
+
 def quiet_libraries() -> None:
     """The entry points draw their own progress with rich: keep the libraries' own bars and notes out of their
     output (the tqdm bars lerobot's writer draws for every episode, `Map`, `Validate all meta data`; SVT-AV1's
     banner, about 25 lines per episode, errors still show). Environment defaults, so sim worker processes inherit
     them; variables the user set win. Call it before anything imports tqdm, which reads TQDM_* when imported."""
-    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1's log level, read when an encoder starts: 1 = errors
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")  # `datasets` bars ignore TQDM_DISABLE
-    # ... and with it set, `datasets` warns whenever lerobot re-enables its bars (six lines per recording).
-    # A SyntaxWarning is about a library's own source (torchao's, once per worker that compiles it): nothing the
-    # user can act on.
-    os.environ.setdefault(  # worker processes
-        "PYTHONWARNINGS", f"ignore:{PROGRESS_BARS_WARNING}:UserWarning,ignore::SyntaxWarning"
-    )
+    for name, value in QUIET_ENV.items():
+        os.environ.setdefault(name, value)
     warnings.filterwarnings("ignore", message=PROGRESS_BARS_WARNING, category=UserWarning)
     warnings.filterwarnings("ignore", category=SyntaxWarning)
 

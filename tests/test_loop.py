@@ -166,6 +166,7 @@ def test_loop_flags_come_from_loop_options_and_bad_values_name_their_flag(tmp_pa
     assert (insertion.episodes, insertion.steps, insertion.record_workers, insertion.eval_workers) == (100, 15000, 3, 3)
     assert LoopOptions(preset="h200", device="cpu", steps=10, image_size="96x128").settings().image_size == (96, 128)
     assert LoopOptions().settings().steps == LoopSettings().steps  # cpu: the dataclass's own defaults
+    assert LoopOptions(ray="10.0.0.5:6379").settings().ray == "10.0.0.5:6379" and LoopSettings().ray is None
 
     weights = tmp_path / "none.pt"
     runner = CliRunner()
@@ -175,6 +176,7 @@ def test_loop_flags_come_from_loop_options_and_bad_values_name_their_flag(tmp_pa
         (["--steps", "0"], "--steps"),
         (["--backbone-weights", str(weights)], "--backbone-weights"),
         (["--bucket", "s3://x"], "--bucket"),
+        (["--ray", "no where"], "--ray"),
     ]:
         result = runner.invoke(app, ["loop", *args, "--report-dir", str(tmp_path / "r")], env={"COLUMNS": "200"})
         assert result.exit_code == 2 and hint in result.output, (args, result.output)

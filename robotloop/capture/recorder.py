@@ -178,6 +178,13 @@ class DatasetRecorder:
         the bucket's Xet hash are kept. Returns whether the bucket holds a dataset."""
         prefix = len(self.url.path) + 1 if self.url.path else 0
         remote = {e.url.path[prefix:]: e for e in self.client.ls(self.url, recursive=True) if isinstance(e, Entry)}
+        if self._appending.exists():  # a commit died between its local append and its upload: start afresh
+            log.warning("%s: a commit was cut short here; the local copy is read from the bucket again", self.url)
+            if self._point_back_cut_commit({rel: e.xet_hash for rel, e in remote.items()}):
+                remote = {
+                    e.url.path[prefix:]: e for e in self.client.ls(self.url, recursive=True) if isinstance(e, Entry)
+                }
+            self._forget_local_copy()
         self._synced_info = remote["meta/info.json"].xet_hash if "meta/info.json" in remote else None
         if "meta/info.json" not in remote:
             shutil.rmtree(self.root, ignore_errors=True)
@@ -193,6 +200,21 @@ class DatasetRecorder:
             if path.relative_to(self.root).as_posix() not in keep:
                 path.unlink()  # bounded local disk: only meta/ and the growing files
         self._save_known({rel: known[rel] for rel in keep if rel in known})
+        return True
+
+    def _point_back_cut_commit(self, remote: dict[str, str]) -> bool:
+        """A commit cut short after uploading grown data or video files but before meta/ left rows and frames that
+        no metadata names, which the next append would keep: point those files back at the bytes this copy last
+        synced, when nobody committed since (the bucket's meta/info.json is still that sync's). Returns whether
+        anything was pointed back."""
+        known = self._known_hashes()
+        if "meta/info.json" not in known or remote.get("meta/info.json") != known["meta/info.json"]:
+            return False
+        grown = {rel: h for rel, h in known.items() if not rel.startswith("meta/") and remote.get(rel) != h}
+        if not grown:
+            return False
+        base = f"{self.url.path}/" if self.url.path else ""
+        self.client.point_back(self.url, {base + rel: h for rel, h in grown.items()})
         return True
 
     def _ensure(self, rel: str, entry: Entry, known: dict[str, str]) -> None:
@@ -261,7 +283,11 @@ class DatasetRecorder:
     def _append_and_push(self, episode_root: Path, facts: dict | None = None) -> tuple[int, int, list[str]]:
         from .append import append_episode
 
-        if self._sync_tail():
+        synced = self._sync_tail()
+        # From here until the upload is done the local copy is neither the bucket's nor this episode's whole: a
+        # process killed meanwhile (a Ray worker, a recorder under kill -9) leaves the mark for the next commit.
+        self._appending.touch()
+        if synced:
             self._check_same_features()
             before = _snapshot(self.root)
             append_episode(self.root, episode_root, self.url.bucket_id)
@@ -277,6 +303,7 @@ class DatasetRecorder:
         ]
         self._check_not_committed_meanwhile()
         sent, paths = self._push(changed)
+        self._appending.unlink()
         return index, sent, paths
 
     def _check_not_committed_meanwhile(self) -> None:
@@ -293,6 +320,12 @@ class DatasetRecorder:
     def _forget_local_copy(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
         (self.staging / "hashes.json").unlink(missing_ok=True)
+        self._appending.unlink(missing_ok=True)
+
+    @property
+    def _appending(self) -> Path:
+        """The mark of a local append not uploaded yet (see `_append_and_push`)."""
+        return self.staging / "appending"
 
     def _push(self, changed: list[str]) -> tuple[int, list[str]]:
         """Upload the changed data and video files, then meta/ (so readers never see metadata naming bytes

@@ -107,6 +107,7 @@ def record_sim(
     on_event: Callable[[str, int, CommitReport | None], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     seeds: Sequence[int] | None = None,
+    ray: str | None = None,
 ) -> RecordReport:
     """Record `episodes` successful scripted demos of `task` into `recorder`'s dataset.
 
@@ -117,15 +118,27 @@ def record_sim(
     `on_event(kind, seed, report)` is called with kind "committed" or "failed" (for progress bars).
     `should_stop()` is asked after each finished demo: once True, no new demo starts; demos already running
     finish and are committed (so stopping waits for them).
+    `ray`: run the demos on `workers` Ray actors of this cluster (`robotloop.cluster.check_address`) instead of
+    the process pool; each commits its own episodes (see `robotloop.cluster.record`). Same seeds, same demos.
 
     Raises:
-        BadValue: unknown task.
+        BadValue: unknown task. robotloop.cluster.RayUnavailable: with `ray`, no Ray or no cluster there.
     """
     check_task(task)
     max_attempts = len(seeds) if seeds is not None else max_attempts or 2 * episodes
     report, start = RecordReport(task), time.perf_counter()
     candidates = iter(seeds) if seeds is not None else itertools.count(seed_start)
     next_seed, tried = seed_start, 0
+    if ray is not None:
+        from ..cluster.record import RecordJob, record_on_ray
+
+        client = recorder.client
+        job = RecordJob(
+            client.endpoint, client.token, str(recorder.url), recorder.spec, task, image_size, max_steps, keep_failed
+        )
+        next_seed = record_on_ray(ray, job, workers, episodes, candidates, max_attempts, report, on_event, should_stop)
+        report.wall_s, report.next_seed = time.perf_counter() - start, max(next_seed, seed_start)
+        return report
     target = _Target(recorder.spec, recorder.url.bucket_id, recorder.staging)
     # spawn, not fork: MuJoCo's EGL context must be created in the worker, never inherited.
     with ProcessPoolExecutor(

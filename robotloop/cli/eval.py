@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from ..cluster import RAY_HELP, check_address
 from ..errors import BadInput
 from .output import JsonOutput, cli_console, json_result, progress_bars
 
@@ -29,7 +30,11 @@ def eval_policy(
     episodes: Annotated[int, typer.Option(min=1, help="Episodes, seeded SEED, SEED+1, ...")] = 50,
     workers: Annotated[
         int,
-        typer.Option(min=1, help="Sim worker processes (the policy runs once per step, on every episode at once)."),
+        typer.Option(
+            min=1,
+            help="Sim worker processes (the policy runs once per step, on every episode at once); with --ray, Ray "
+            "actors, each with a policy of its own.",
+        ),
     ] = 1,
     batch: Annotated[
         int | None,
@@ -57,6 +62,7 @@ def eval_policy(
             "runs it) or auto (ONNX where the policy has an export)."
         ),
     ] = "torch",
+    ray: Annotated[str | None, typer.Option("--ray", help=RAY_HELP + " Each worker runs whole waves.")] = None,
     as_json: JsonOutput = False,
 ) -> dict:
     """Evaluate a trained policy in the ALOHA sim: episodes run in lockstep, seeded, with rollout videos."""
@@ -73,6 +79,11 @@ def eval_policy(
         size = parse_image_size(image_size)
     except BadInput:
         raise typer.BadParameter(f"{image_size!r}: expected HxW, e.g. 480x640", param_hint="--image-size") from None
+    if ray is not None:
+        try:
+            check_address(ray)
+        except BadInput as error:
+            raise typer.BadParameter(str(error), param_hint="--ray") from None
     out = output_dir or default_output_dir(sim)
     with progress_bars(console, "evaluating") as bars:
         bar = bars.add_task("eval", total=episodes, note="locating the policy")
@@ -102,6 +113,7 @@ def eval_policy(
             on_episode=on_episode,
             batch=batch,
             backend=backend,
+            ray=ray,
         )
     console.print(_episode_table(report))
     lo, hi = report.success_ci95

@@ -9,6 +9,7 @@ import typer
 
 from ..capture import DatasetRecorder, DatasetSpec
 from ..capture.sim_record import TASK_TEXT, record_sim
+from ..cluster import RAY_HELP, check_address
 from ..errors import BadInput
 from ..sim.constants import parse_image_size
 from ..storage import BadBucketUrl, BucketUrl, connect
@@ -76,6 +77,7 @@ def record(
     reset_time_s: Annotated[float, typer.Option(min=0, help="Hardware: teleoperated reset between episodes.")] = 10.0,
     fps: Annotated[int, typer.Option(min=1, help="Hardware: recording rate.")] = 30,
     task: Annotated[str, typer.Option(help="Hardware: the task instruction stored with each frame.")] = "",
+    ray: Annotated[str | None, typer.Option("--ray", help=RAY_HELP + " Each worker commits its own episodes.")] = None,
 ) -> None:
     """Record episodes (scripted sim, or LeRobot hardware with --robot.type); each is committed when it ends.
 
@@ -91,6 +93,11 @@ def record(
     except BadBucketUrl as error:
         raise typer.BadParameter(str(error), param_hint="--to") from None
     size = _image_size(image_size)
+    if ray is not None:
+        try:
+            check_address(ray)
+        except BadInput as error:
+            raise typer.BadParameter(str(error), param_hint="--ray") from None
     recorder = DatasetRecorder(connect(ctx.obj), url, DatasetSpec.aloha(size, vcodec=codec))
     first = recorder.committed_episodes()
     with progress_bars(console, "{task.description}") as bars:
@@ -116,6 +123,7 @@ def record(
             first if seed is None else seed,
             keep_failed=keep_failed,
             on_event=on_event,
+            ray=ray,
         )
     sent = sum(c.bytes_sent for c in report.committed)
     own = sum(c.episode_bytes for c in report.committed)

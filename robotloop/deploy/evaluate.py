@@ -37,7 +37,7 @@ import numpy as np
 from ..config import Settings
 from ..errors import BadValue
 from ..sim.constants import format_image_size
-from ..storage import BucketClient
+from ..storage import BucketClient, ensure_endpoint
 from .lockstep import SimBatch, Slot, write_video
 from .policy import Policy, load_policy
 
@@ -91,6 +91,7 @@ class EvalReport:
     source: str | None = None  # what the policy was resolved from (a bucket URL), when not `policy` itself
     checkpoint: str | None = None  # the checkpoint that was (a run's "latest" resolved to a step; a release name)
     inference: dict | None = None  # how the policy acted: n_action_steps, temporal_ensemble_coeff
+    nodes: dict[str, list[int]] = field(default_factory=dict)  # with Ray: the episodes each node's workers ran
 
     @property
     def successes(self) -> int:
@@ -183,6 +184,12 @@ def _load_quietly(path: Path, device: str, inference: dict | None = None, backen
 
 
 # -- episodes in lockstep -----------------------------------------------------------------------------
+def _run_local(runner: Policy, start: Callable[[], SimBatch], slots: list[Slot]) -> Iterator[EpisodeResult]:
+    """`slots` on this machine's batch of sim processes (`start()`), closed once the last episode is out."""
+    with start() as sims:
+        yield from _run_lockstep(runner, sims, slots, sims.max_steps)
+
+
 def _run_lockstep(runner: Policy, sims: SimBatch, slots: list[Slot], max_steps: int) -> Iterator[EpisodeResult]:
     """Run `slots` in waves of the batch's size; yield each episode as it ends (a filmed one once its wave's videos
     are written)."""
@@ -258,6 +265,9 @@ def evaluate(
     batch: int | None = None,
     backend: str = "torch",
     seeds: list[int] | None = None,
+    ray: str | None = None,
+    worker_policy: str | None = None,
+    worker_bucket: tuple[str, str | None] | None = None,
 ) -> EvalReport:
     """Run `episodes` sim episodes of `task` with the policy in `policy_dir`, `workers` processes in parallel.
 
@@ -278,11 +288,18 @@ def evaluate(
             `MAX_BATCH`); more episodes run in waves of this size.
         backend: what runs the policy (`robotloop.deploy.policy.load_policy`): ``torch`` (the checkpoint), ``onnx``
             (a release's ONNX export on ONNX Runtime: what a robot without torch runs) or ``auto``.
+        ray: run the waves on `workers` Ray actors of this cluster (`robotloop.cluster.check_address`), each with
+            a policy of its own, instead of the process pool (see `robotloop.cluster.eval`). A wave's episodes
+            are those of the same wave without Ray: the same `batch` gives the same episodes.
+        worker_policy: with `ray`, what each actor locates the policy from on its node (default `policy_dir`): a
+            checkpoint URL, so that every node downloads the same step from the bucket.
+        worker_bucket: with `ray`, the bucket endpoint and token actors download a `worker_policy` URL with.
 
     Raises:
         ValueError: bad arguments, unknown task, or an image size the policy was not trained on.
         PolicyLoadError: the checkpoint cannot be loaded (BackendUnavailable: not with `backend`).
         NonFiniteAction: the policy produced NaN/inf.
+        robotloop.cluster.RayUnavailable: with `ray`, no Ray or no cluster there, or workers kept dying.
     """
     from ..sim import get_task
 
@@ -306,8 +323,12 @@ def evaluate(
             f"{format_image_size(image_size)}"
         )
     steps = max_steps or spec.episode_length
-    size = min(episodes, batch or MAX_BATCH)
-    workers = min(workers, size)
+    if ray is None:
+        size = min(episodes, batch or MAX_BATCH)
+        workers = min(workers, size)
+    else:  # each Ray worker runs whole waves: by default one per worker, so that all of them have one
+        size = min(episodes, batch or math.ceil(episodes / workers), MAX_BATCH)
+        workers = min(workers, math.ceil(episodes / size))
     video_dir = str(Path(output_dir) / "videos") if videos else None
     report = EvalReport(
         str(policy_dir),
@@ -324,8 +345,16 @@ def evaluate(
     # A state-only policy: the sim renders nothing, so there is nothing to film.
     film = videos if trained is not None else 0
     slots = [Slot(i, seeds[i] if seeds is not None else seed + i, i < film) for i in range(episodes)]
-    with SimBatch(spec.name, size, workers, trained, steps, video_dir) as sims:
-        for result in _run_lockstep(runner, sims, slots, steps):
+    if ray is not None:
+        from ..cluster.eval import EvalJob, evaluate_on_ray
+
+        policy = worker_policy or str(policy_dir)
+        job = EvalJob(policy, worker_bucket, spec.name, steps, trained, device, inference, backend)
+        results = evaluate_on_ray(ray, job, slots, size, workers, video_dir, report.nodes)
+    else:
+        results = _run_local(runner, lambda: SimBatch(spec.name, size, workers, trained, steps, video_dir), slots)
+    with contextlib.closing(results):  # a failing on_episode closes the workers now, not when collected
+        for result in results:
             report.episodes.append(result)
             if on_episode is not None:
                 on_episode(result)
@@ -371,6 +400,11 @@ def locate_and_evaluate(
     found = locate_policy_for(settings, policy, client_factory)
     if on_located is not None:
         on_located(found)
+    if options.get("ray") is not None and found.checkpoint.startswith("hf://"):
+        # Each Ray worker downloads the step "latest" resolved to here, through the endpoint this process uses (the
+        # embedded server's when it started one); a folder or a release is read where it is (one machine).
+        options["worker_policy"] = found.checkpoint
+        options["worker_bucket"] = ensure_endpoint(settings)
     return evaluate(
         found.path,
         task,

@@ -173,7 +173,7 @@ class SimBatch:
         max_steps: int,
         video_dir: str | None = None,
     ) -> None:
-        self.size, self.image_size = size, image_size
+        self.size, self.image_size, self.max_steps = size, image_size, max_steps
         workers = max(1, min(workers, size))
         self._shm: SharedMemory | None = None
         self.images: np.ndarray | None = None

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..cluster import check_address
 from ..options import Flag
 from ..sim.constants import parse_image_size
 from ..storage import BucketUrl
@@ -63,6 +64,10 @@ class LoopOptions(BaseModel):
     backbone_weights: Path | None = Field(
         default=None, description="Local torchvision resnet18 weights (default: random init)."
     )
+    ray: str | None = Field(
+        default=None,
+        description="Record and evaluate with Ray actors: auto, local or a cluster ADDRESS (robotloop[ray]).",
+    )
 
     @field_validator("image_size")
     @classmethod
@@ -75,6 +80,11 @@ class LoopOptions(BaseModel):
     def _bucket(cls, value: str) -> str:
         BucketUrl.parse(value)
         return value
+
+    @field_validator("ray")
+    @classmethod
+    def _ray(cls, value: str | None) -> str | None:
+        return None if value is None else check_address(value)  # BadValue: reported under --ray
 
     @field_validator("report_dir")
     @classmethod
@@ -118,5 +128,6 @@ class LoopOptions(BaseModel):
             bucket=self.bucket,
             report_dir=self.report_dir,
             backbone_weights=self.backbone_weights,
+            ray=self.ray,
             **chosen,
         )

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..capture import DatasetRecorder, DatasetSpec
 from ..capture.sim_record import check_task, record_sim
+from ..cluster import check_address
 from ..config import RobotSettings
 from ..deploy.client import DeployClient
 from ..deploy.envs import SimControlEnv
@@ -105,11 +106,15 @@ class LoopSettings:
     live: bool = False
     live_rounds: int = 3  # live: checkpoints evaluated (and maybe promoted) while recording goes on
     seed: int = 0
+    # Recording and evaluation's sim workers as Ray actors of this cluster (`robotloop.cluster`); None: processes.
+    ray: str | None = None
 
     def __post_init__(self) -> None:
         """Raises ValueError (BadBucketUrl included) before anything starts: unknown task, bad bucket URL, ..."""
         check_task(self.task)
         BucketUrl.parse(self.bucket)
+        if self.ray is not None:
+            check_address(self.ray)
         self.device = resolve_device(self.device)  # a missing GPU fails here, not after the recording stage
         if self.train_after is not None and self.train_after < 1:
             raise BadValue(f"train_after must be at least 1 demo (or None), not {self.train_after}")
@@ -333,6 +338,7 @@ def _record(
         seed_start=seed_start,
         on_event=count,
         should_stop=should_stop,
+        ray=s.ray,
     )
     report.next_seed = rec.next_seed
 
@@ -484,6 +490,7 @@ def _evaluate(s: LoopSettings, model_dir: Path, out: Path) -> EvalReport:
         videos=s.videos,
         output_dir=out,
         device=s.device,
+        ray=s.ray,  # the release's folder on this machine: a cluster of this machine, or folders all nodes see
     )
 
 

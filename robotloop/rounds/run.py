@@ -424,7 +424,9 @@ class _Rounds:
         loop = self.loop
         spec = DatasetSpec.aloha(loop.image_size, loop.vcodec)
         recorder = DatasetRecorder(self.client, self.redemos, spec, staging=loop.report_dir / "staging-redemos")
-        rec = record_sim(recorder, loop.task, len(seeds), loop.record_workers, loop.image_size, seeds=seeds)
+        rec = record_sim(
+            recorder, loop.task, len(seeds), loop.record_workers, loop.image_size, seeds=seeds, ray=loop.ray
+        )
         return sum(c.frames for c in rec.committed)
 
     def _written_datasets(self, redemo_frames: int) -> list[BucketUrl]:
@@ -471,6 +473,9 @@ class _Rounds:
             videos=0,
             output_dir=loop.report_dir / folder,
             device=loop.device,
+            ray=loop.ray,  # each Ray worker downloads the checkpoint itself
+            worker_policy=str(checkpoint),
+            worker_bucket=(self.client.endpoint, self.client.token),
         )
 
     def _fleet_check(self, k: int, episodes: list[dict[str, Any]], stages: dict[str, float]) -> FleetCheck:
@@ -508,7 +513,13 @@ class _Rounds:
             stages, "baseline", f"round {k}: {demos} more scripted demos ({expert_frames} frames), same training"
         ):
             rec = record_sim(
-                recorder, loop.task, demos, loop.record_workers, loop.image_size, seed_start=self.next_baseline_seed
+                recorder,
+                loop.task,
+                demos,
+                loop.record_workers,
+                loop.image_size,
+                seed_start=self.next_baseline_seed,
+                ray=loop.ray,
             )
             self.next_baseline_seed = rec.next_seed
             run_url = BucketUrl.parse(f"{loop.bucket}/models/{loop.run}-baseline-r{k}")
