@@ -9,6 +9,8 @@ So a store writes its SQL once, in the part of SQL both dialects agree on (``INS
 
 On PostgreSQL (`PgConnection`):
 
+* Each store keeps its tables in its own schema (``deploy``, ``buckets``, ``cas``: the connection's search_path), so
+  one database can hold every service's state, as SQLite's separate files do.
 * ``BEGIN IMMEDIATE`` is SQLite's "take the write lock up front": a transaction-scoped advisory lock, one per store
   (`lock_key`), so the checks a writer makes inside its transaction cannot race another replica's writer, exactly
   as they cannot race another thread's on SQLite. Readers never wait for it (READ COMMITTED).
@@ -19,7 +21,7 @@ On PostgreSQL (`PgConnection`):
 
 Example:
     ```python
-    >>> conn = connect_postgres("postgresql://robotloop@127.0.0.1:5432/deploy", lock_key=lock_key("deploy"))
+    >>> conn = connect_postgres("postgresql://robotloop@127.0.0.1:5432/robotloop", store="deploy")
     >>> conn.execute("BEGIN IMMEDIATE")              # BEGIN; SELECT pg_advisory_xact_lock(...)
     >>> conn.execute("UPDATE robots SET channel = ? WHERE id = ?", ("canary", "r1")).rowcount
     1
@@ -45,7 +47,8 @@ CONNECT_TIMEOUT_S = 5  # a server that does not answer at start, or while it res
 
 class DatabaseUnavailable(Unavailable):
     """The database server cannot be reached, refused the credentials, or dropped the connection mid-request: the
-    request was not applied (a transaction is rolled back) and may be sent again."""
+    transaction was rolled back (or, cut during its COMMIT, may have been applied: the message says so); the request
+    may be sent again once the server is back."""
 
 
 class BadDatabaseUrl(BadValue):
@@ -137,6 +140,7 @@ def _to_pg(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s")
 
 
+_STORE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _BEGIN = re.compile(r"^\s*BEGIN(\s+IMMEDIATE)?\s*;?\s*$", re.IGNORECASE)
 _END = re.compile(r"^\s*(COMMIT|ROLLBACK)\s*;?\s*$", re.IGNORECASE)
 
@@ -149,8 +153,11 @@ class PgConnection:
     Raises (from any statement): DatabaseUnavailable, RowConflict.
     """
 
-    def __init__(self, url: str, lock_key: int, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-        self.url, self.lock_key, self.connect_timeout_s = check_postgres_url(url), lock_key, connect_timeout_s
+    def __init__(self, url: str, store: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        if not _STORE.match(store):
+            raise BadValue(f"store name {store!r}: a schema name of lowercase letters, digits and '_'")
+        self.url, self.store, self.connect_timeout_s = check_postgres_url(url), store, connect_timeout_s
+        self.lock_key = lock_key(store)
         self._conn: Any = None
         self._in_tx = False
         self._connect()
@@ -163,7 +170,11 @@ class PgConnection:
         self._conn, self._in_tx = None, False
         try:
             self._conn = psycopg.connect(
-                self.url, autocommit=True, row_factory=_row_factory, connect_timeout=max(1, int(self.connect_timeout_s))
+                self.url,
+                autocommit=True,
+                row_factory=_row_factory,
+                connect_timeout=max(1, int(self.connect_timeout_s)),
+                options=f"-c search_path={self.store}",  # the store's schema; its script creates it
             )
         except psycopg.Error as error:
             raise DatabaseUnavailable(f"cannot connect to {redact(self.url)}: {one_line(error)}") from None
@@ -197,14 +208,25 @@ class PgConnection:
         was_in_tx, self._in_tx = self._in_tx, False
         if verb == "ROLLBACK" and (self._conn is None or self._conn.broken or not was_in_tx):
             return None  # the server rolled it back when the connection dropped; nothing to say
-        return self._run(verb)
+        try:
+            return self._run(verb)
+        except DatabaseUnavailable as error:
+            if verb != "COMMIT":
+                raise
+            raise DatabaseUnavailable(
+                f"{str(error).removesuffix('; nothing was applied')}; cut during COMMIT: it may have been applied"
+            ) from None
 
-    def _run(self, sql: str, params: Sequence[Any] = (), raw: bool = False) -> Any:
+    def _run(self, sql: str, params: Sequence[Any] = (), raw: bool = False, many: list | None = None) -> Any:
         import psycopg
 
         if self._conn is None or self._conn.closed:
             raise DatabaseUnavailable(f"no connection to {redact(self.url)}")
         try:
+            if many is not None:  # psycopg pipelines the rows: one round trip, not one per row
+                cursor = self._conn.cursor()
+                cursor.executemany(_to_pg(sql), many)
+                return cursor
             # Without parameters psycopg sends the text as it is: no placeholders to translate, no "%" to double.
             query = sql if raw or not params else _to_pg(sql)
             return self._conn.execute(query, tuple(params) if params else None)
@@ -219,8 +241,20 @@ class PgConnection:
             raise
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        for params in rows:
-            self.execute(sql, params)
+        """One statement over many rows, inside the caller's transaction (or as one of its own)."""
+        rows = [tuple(r) for r in rows]
+        if not rows:
+            return
+        if self._in_tx:
+            self._run(sql, many=rows)
+            return
+        self.execute("BEGIN")
+        try:
+            self._run(sql, many=rows)
+            self.execute("COMMIT")
+        except BaseException:
+            self.execute("ROLLBACK")
+            raise
 
     def executescript(self, script: str) -> None:
         """Run a schema (statements without parameters) as one transaction under the store's lock: replicas
@@ -239,10 +273,11 @@ class PgConnection:
             self._conn = None
 
 
-def connect_postgres(url: str, lock_key: int) -> PgConnection:
-    """A connection to the PostgreSQL at `url`; `lock_key` (`lock_key(store)`) is the store's writer lock.
+def connect_postgres(url: str, store: str) -> PgConnection:
+    """A connection to the PostgreSQL at `url` for `store` (``deploy``, ``buckets``, ``cas``): its schema and its
+    writer lock.
 
     Raises:
         BadDatabaseUrl: not a postgresql:// URL. DatabaseUnavailable: no server there, or credentials refused.
     """
-    return PgConnection(url, lock_key)
+    return PgConnection(url, store)

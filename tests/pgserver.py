@@ -63,11 +63,13 @@ class PgServer:
         """`fast`: roll back open transactions and close connections, as a restart under load does."""
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop")
 
-    def create_database(self, name: str) -> str:
+    def database(self, name: str) -> str:
+        """The URL of database `name`, created if new."""
         import psycopg
 
         with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+                conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
 

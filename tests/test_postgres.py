@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from robotloop.database import lock_key
 from robotloop.deploy.client import DeployClient, DeployError
 from robotloop.deploy.keys import generate_keypair, load_private_key
 from robotloop.deploy.local import LocalDeployService, start_local_deploy_service
@@ -40,7 +41,7 @@ AUTH = {"authorization": f"Bearer {WRITE_TOKEN}"}
 @pytest.fixture(scope="module")
 def deploys(postgres: PgServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[LocalDeployService]]:
     """Two deploy services on one PostgreSQL database, with the same operator token."""
-    url = postgres.create_database("deploy")
+    url = postgres.database("robotloop")  # one database for both services: each store has its own schema
     base = tmp_path_factory.mktemp("deploy-pg")
     services = [start_local_deploy_service(base / f"r{i}", OPS, extra_args=("--database", url)) for i in range(2)]
     yield services
@@ -52,7 +53,7 @@ def deploys(postgres: PgServer, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.fixture(scope="module")
 def buckets(postgres: PgServer, tmp_path_factory: pytest.TempPathFactory, tokens_file: Path) -> Iterator[list[Server]]:
     """Two bucket servers over one storage root and one PostgreSQL database; the bucket `BUCKET` made."""
-    url = postgres.create_database("buckets")
+    url = postgres.database("robotloop")
     root = tmp_path_factory.mktemp("bucket-pg") / "root"
     servers = [start_server(root, tokens_file, extra_args=("--database", url)) for _ in range(2)]
     BucketClient(servers[0].endpoint, WRITE_TOKEN).create_bucket(BUCKET)
@@ -146,6 +147,10 @@ def test_bucket_servers_over_one_root_list_each_others_uploads_and_refuse_a_batc
     assert sorted(e.url.path for e in listed_b) == ["ep/f0.bin", "ep/f1.bin", "ep/f2.bin"]
     assert listed_a == listed_b
     assert b.download(listed_b[2], tmp_path / "f2.bin").read_bytes() == bytes([2]) * 1002
+    # The CAS index is in PostgreSQL too, one for both: what a reads, b counts, and neither keeps a SQLite index.
+    assert not list(buckets[0].root.rglob("*.sqlite"))
+    stats = [s.stats() for s in buckets]
+    assert stats[0]["files"] == stats[1]["files"] >= 3 and stats[0]["stored_bytes"] == stats[1]["stored_bytes"]
 
     # 2,000 adds and one that would put a file under a file: through b, refused whole; a lists none of them.
     xet = listed_a[0].xet_hash
@@ -168,9 +173,13 @@ def test_a_bucket_server_killed_mid_batch_leaves_the_batch_absent_and_the_store_
     sender = threading.Thread(target=_send_to_be_killed, args=(b, lines))
     sender.start()
     # Killed once its transaction holds the store's writer lock: inside the batch, some rows written, none committed.
-    with psycopg.connect(postgres.url("buckets"), autocommit=True) as watch:
+    writer_lock = lock_key("buckets") & (2**64 - 1)  # as pg_locks shows it: classid high 32 bits, objid low
+    with psycopg.connect(postgres.url("robotloop"), autocommit=True) as watch:
         deadline = time.monotonic() + 30
-        while not watch.execute("SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted").fetchone():
+        while writer_lock not in {
+            c << 32 | o
+            for c, o in watch.execute("SELECT classid, objid FROM pg_locks WHERE locktype = 'advisory' AND granted")
+        }:
             assert time.monotonic() < deadline, "the batch never began its transaction"
             time.sleep(0.005)
         b.proc.kill()
@@ -267,7 +276,7 @@ def test_postgres_restarted_under_load_gives_503_then_carries_on_without_losing_
 def test_a_wrong_database_url_or_password_is_one_line_at_start(postgres, tmp_path, tokens_file):
     tokens = tmp_path / "ops.tokens"
     tokens.write_text(f"{OPS} write *\n")
-    wrong_password = postgres.url("deploy", password="not-the-password")
+    wrong_password = postgres.url("robotloop", password="not-the-password")
     nobody_there = f"postgresql://robotloop@127.0.0.1:{free_port()}/buckets"
     starts = {
         "password": ["services.deploy", "--tokens", str(tokens), "--allow-any-signer", "--database", wrong_password],
@@ -292,3 +301,14 @@ def test_a_wrong_database_url_or_password_is_one_line_at_start(postgres, tmp_pat
     assert "not-the-password" not in said["password"][1]  # the URL is shown with its password redacted
     assert "not a PostgreSQL URL" in said["scheme"][1]
     assert "cannot connect" in said["refused"][1]
+
+
+def test_scrub_reads_the_index_the_servers_keep_in_postgres(buckets, seed, postgres):
+    from typer.testing import CliRunner
+
+    from robotloop.cli import app
+
+    argv = ["bucket", "scrub", "--root", str(buckets[0].root), "--database", postgres.url("robotloop")]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert "nothing damaged" in result.output and "checked 0 xorbs" not in result.output

@@ -27,6 +27,6 @@ class BucketOptions:
     max_body_bytes: int = option(DEFAULT_MAX_BODY_BYTES, "Largest request body; larger is refused (413).", min=1)
     database: str | None = option(
         None,
-        "Bucket metadata in PostgreSQL: postgresql://USER[:PASSWORD]@HOST[:PORT]/DBNAME, shared by every bucket "
-        "server over the same --root. Default: SQLite, ROOT/buckets.sqlite.",
+        "Bucket metadata and the CAS index in PostgreSQL: postgresql://USER[:PASSWORD]@HOST[:PORT]/DBNAME, shared "
+        "by every bucket server over the same --root. Default: SQLite files in ROOT.",
     )

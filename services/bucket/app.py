@@ -4,9 +4,10 @@
 (Hub tokens + CAS tokens) and the CAS (:class:`CasStore` with ``cas_router``) together;
 ``serve`` runs it with uvicorn. Layout under ``root``::
 
-    root/buckets.sqlite      bucket and file metadata (WAL)
+    root/buckets.sqlite      bucket and file metadata (WAL); with --database, in PostgreSQL instead (schema buckets)
     root/cas_token_secret    HMAC key of CAS tokens (so they survive restarts)
-    root/cas/                xorbs, shards and their index (owned by CasStore)
+    root/cas/                xorbs, shards and their index (owned by CasStore; with --database the index is in
+                             PostgreSQL, schema cas, and bucket servers sharing the root share it)
 
 Example::
 
@@ -61,7 +62,7 @@ def create_app(
     database: str | None = None,
 ) -> FastAPI:
     """Build the server app over ``root``; ``tokens_file=None`` means open local mode (see auth.py); ``database``: a
-    ``postgresql://`` URL for the bucket metadata (default: SQLite in ``root``).
+    ``postgresql://`` URL for the bucket metadata and the CAS index (default: SQLite in ``root``).
 
     Raises:
         TokensFileError: malformed tokens file (line number in the message).
@@ -69,7 +70,7 @@ def create_app(
     """
     root = private_dir(root)
     tokens = TokenStore.from_file(tokens_file, cas_secret=load_or_create_secret(root))
-    cas = CasStore(root / "cas")
+    cas = CasStore(root / "cas", database=database)
     buckets = BucketStore(root, file_size=cas.file_size, uploaded_by=cas.uploaded_by, database=database)
 
     app = FastAPI(title="robotloop bucket server", docs_url=None, redoc_url=None, openapi_url="/openapi.json")

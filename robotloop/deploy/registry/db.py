@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...database import PgConnection, connect_postgres, is_postgres_url, lock_key, redact
+from ...database import PgConnection, connect_postgres, is_postgres_url, redact
 from ...errors import BadInput, Conflict, NotFound, RobotloopError, Unprocessable
 from ...storage.private import private_dir
 from ..manifest import BadManifest, check_release_name
@@ -40,6 +40,7 @@ INSERT INTO assignments_version VALUES (1, 0) ON CONFLICT DO NOTHING;
 # The same tables in PostgreSQL's types (REAL is 4 bytes there: a timestamp needs DOUBLE PRECISION). Names order by
 # code point (COLLATE "C"), as SQLite orders them.
 POSTGRES_SCHEMA = """
+CREATE SCHEMA IF NOT EXISTS deploy;
 CREATE TABLE IF NOT EXISTS releases (name TEXT COLLATE "C" PRIMARY KEY, manifest TEXT NOT NULL, key_id TEXT NOT NULL,
     checkpoint TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL, published_at DOUBLE PRECISION NOT NULL);
 CREATE TABLE IF NOT EXISTS channels (name TEXT COLLATE "C" PRIMARY KEY, release TEXT,
@@ -158,7 +159,7 @@ class RegistryDb:
         self.conn: sqlite3.Connection | PgConnection
         if self.shared:
             self.where = redact(str(database))
-            self.conn = connect_postgres(str(database), lock_key("deploy"))
+            self.conn = connect_postgres(str(database), "deploy")
             self.conn.executescript(POSTGRES_SCHEMA)
         else:
             self.where = str(database)
@@ -178,7 +179,7 @@ class RegistryDb:
         conn, seen = None, None
         while not self.closing:
             try:
-                conn = conn or connect_postgres(url, lock_key("deploy"))
+                conn = conn or connect_postgres(url, "deploy")
                 value = conn.execute("SELECT value FROM assignments_version WHERE id = 1").fetchone()[0]
                 if seen is not None and value != seen:
                     self.version += 1

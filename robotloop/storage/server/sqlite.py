@@ -17,7 +17,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from ...database import PgConnection, check_postgres_url, connect_postgres, lock_key
+from ...database import PgConnection, check_postgres_url, connect_postgres
 
 DbConnection = sqlite3.Connection | PgConnection  # what a store's SQL runs on: both read as sqlite3's
 
@@ -80,7 +80,8 @@ class Transaction:
 class PostgresDb:
     """`ThreadLocalDb`'s interface over a PostgreSQL database (``--database postgresql://...``): one connection per
     thread (`robotloop.database.PgConnection`, which reads like sqlite3's), and `tx` the same `Transaction`, whose
-    ``BEGIN IMMEDIATE`` takes `store`'s writer lock, shared by every replica on that database.
+    ``BEGIN IMMEDIATE`` takes `store`'s writer lock, shared by every replica on that database; its tables are in
+    the schema `store`.
 
     Connects at once, so a wrong URL or credentials fail when the server starts, not at its first request.
 
@@ -89,7 +90,7 @@ class PostgresDb:
     """
 
     def __init__(self, url: str, store: str) -> None:
-        self.url, self._lock_key = url, lock_key(store)
+        self.url, self.store = url, store
         self._local = threading.local()
         self.conn()
 
@@ -97,7 +98,7 @@ class PostgresDb:
         """This thread's connection."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = connect_postgres(self.url, self._lock_key)
+            conn = self._local.conn = connect_postgres(self.url, self.store)
         return conn
 
     def tx(self, immediate: bool = False) -> Transaction:
