@@ -18,6 +18,10 @@ On PostgreSQL (`PgConnection`):
   (a ``BEGIN``, or a statement outside a transaction), once; a statement inside a transaction that loses its
   connection raises `DatabaseUnavailable` (the server rolled the transaction back). The services answer that 503.
 * A unique key taken raises `RowConflict` (sqlite3.IntegrityError stays sqlite3's: catch `ROW_CONFLICTS`).
+* Bounded waits: for the writer lock (LOCK_TIMEOUT_S, then `DatabaseUnavailable`), for a replica frozen inside a
+  transaction (IDLE_IN_TRANSACTION_S: the server rolls it back), for a server host that vanished
+  (TCP_USER_TIMEOUT_S). What the URL sets itself (``?options=...``, ``?tcp_user_timeout=...``) wins, but for the
+  search_path.
 
 Example:
     ```python
@@ -43,6 +47,13 @@ from .errors import BadValue, Conflict, Unavailable
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 CONNECT_TIMEOUT_S = 5  # a server that does not answer at start, or while it restarts, is a 503 after this long
+LOCK_TIMEOUT_S = 30  # a writer waits this long for another replica's writer (`BEGIN IMMEDIATE`), then 503
+# A replica frozen mid-transaction (SIGSTOP, a hung host) would hold its store's writer lock for good: the server ends
+# its session after this long idle in a transaction, which rolls it back and frees the lock.
+IDLE_IN_TRANSACTION_S = 60
+# A server host that vanished without closing its connections (power, network) is given up on after this long,
+# instead of the system's TCP retries (~15 min).
+TCP_USER_TIMEOUT_S = 30
 
 
 class DatabaseUnavailable(Unavailable):
@@ -169,21 +180,33 @@ class PgConnection:
             self._conn.close()
         self._conn, self._in_tx = None, False
         try:
-            self._conn = psycopg.connect(
-                self.url,
-                autocommit=True,
-                row_factory=_row_factory,
-                connect_timeout=max(1, int(self.connect_timeout_s)),
-                options=f"-c search_path={self.store}",  # the store's schema; its script creates it
-            )
+            self._conn = psycopg.connect(autocommit=True, row_factory=_row_factory, **self._conninfo())
         except psycopg.Error as error:
             raise DatabaseUnavailable(f"cannot connect to {redact(self.url)}: {one_line(error)}") from None
+
+    def _conninfo(self) -> dict[str, Any]:
+        """The URL's parameters over this module's defaults; the store's schema and the timeouts added to the
+        server options the URL may set."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        given = conninfo_to_dict(self.url)
+        timeouts = f"-c lock_timeout={LOCK_TIMEOUT_S}s -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_S}s"
+        # Later settings win: the URL's own over the timeouts, the store's schema over everything.
+        options = f"{timeouts} {given.get('options', '')} -c search_path={self.store}"
+        return {
+            "connect_timeout": max(1, int(self.connect_timeout_s)),
+            "tcp_user_timeout": TCP_USER_TIMEOUT_S * 1000,
+            **given,
+            "options": " ".join(options.split()),
+        }
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Run one statement; returns a cursor (fetchone, fetchall, rowcount)."""
         begin, end = _BEGIN.match(sql), _END.match(sql)
         if end:
             return self._end(end.group(1).upper())
+        if begin and self._in_tx:  # as sqlite3 refuses it: an inner COMMIT would end the outer transaction early
+            raise RuntimeError("cannot start a transaction within a transaction")
         if self._in_tx:
             return self._run(sql, params)
         # Nothing of the caller's is open: a connection the server dropped since is made again, once.
@@ -232,7 +255,12 @@ class PgConnection:
             return self._conn.execute(query, tuple(params) if params else None)
         except psycopg.errors.UniqueViolation as error:
             raise RowConflict(one_line(error)) from None
-        except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+        except psycopg.errors.LockNotAvailable:
+            raise DatabaseUnavailable(
+                f"another replica held the {self.store} store's writer lock for over {LOCK_TIMEOUT_S} s; nothing was "
+                "applied"
+            ) from None
+        except psycopg.Error as error:  # a dropped connection shows as several classes (the server's reason)
             if self._conn.broken or self._conn.closed:
                 self._in_tx = False
                 raise DatabaseUnavailable(
