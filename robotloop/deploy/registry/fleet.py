@@ -178,14 +178,9 @@ class Fleet:
         raw = json.dumps(status)
         if len(raw) > MAX_STATUS_BYTES:
             raise BadReport(f"heartbeat status is {len(raw)} bytes of JSON; at most {MAX_STATUS_BYTES}")
-        self.db.tx(
-            [
-                (
-                    "UPDATE robots SET last_seen = ?, running = ?, status = ? WHERE id = ?",
-                    (time.time(), release_name(running), raw, robot),
-                )
-            ],
-            wakes_polls=False,
+        self.db.write(
+            "UPDATE robots SET last_seen = ?, running = ?, status = ? WHERE id = ?",
+            (time.time(), release_name(running), raw, robot),
         )
 
     def robot_event(self, robot: str, kind: str, release: str | None, previous: str | None, detail: str) -> None:
