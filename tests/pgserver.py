@@ -86,7 +86,12 @@ def start_postgres() -> tuple[PgServer, Path]:
     pwfile.write_text(PASSWORD + "\n")
     os.chmod(pwfile, 0o644)  # nobody reads it; it is a throwaway test password
     server = PgServer(bindir, base / "data", free_port(), as_user)
+    # A linguistic default collation (ICU's en-US, PostgreSQL 15 and later), as production databases have: the stores
+    # must not depend on the database's collation for their code-point range scans (they say COLLATE "C").
+    major = int(subprocess.run([str(bindir / "initdb"), "--version"], capture_output=True, text=True).stdout.split()[-1]
+                .split(".")[0])  # fmt: skip
+    collation = ["--locale-provider=icu", "--icu-locale=en-US"] if major >= 15 else []
     server._run(str(bindir / "initdb"), "-D", str(server.data), "-U", USER, "--auth=scram-sha-256",
-                f"--pwfile={pwfile}", "--encoding=UTF8", "--locale=C.UTF-8")  # fmt: skip
+                f"--pwfile={pwfile}", "--encoding=UTF8", "--locale=C.UTF-8", *collation)  # fmt: skip
     server.start()
     return server, base

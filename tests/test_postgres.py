@@ -152,6 +152,16 @@ def test_bucket_servers_over_one_root_list_each_others_uploads_and_refuse_a_batc
     stats = [s.stats() for s in buckets]
     assert stats[0]["files"] == stats[1]["files"] >= 3 and stats[0]["stored_bytes"] == stats[1]["stored_bytes"]
 
+    # Listings in code-point order, folders found by range scans, whatever the database's own collation (the
+    # session's is ICU en-US, where "a-b" < "a.b" < "a/b" < "a0" < "B" would not hold as they do here).
+    odd = ["B", "_z", "a-b", "a.b", "a/b", "a/c/d", "a0", "ab", "\u00e9"]
+    lines = [{"type": "addFile", "path": f"order/{p}", "xetHash": listed_a[0].xet_hash} for p in odd]
+    assert _batch(buckets[1], lines).status_code == 200
+    assert _paths(buckets[0], "order") == [f"order/{p}" for p in sorted(odd)]
+    children = [e.url.path if isinstance(e, Entry) else e.path for e in a.ls(BUCKET / "order")]
+    # The folder "a" comes where its first file "a/b" is: after "a.b" ('/' follows '.'), before "a0".
+    assert children == [f"order/{p}" for p in ["B", "_z", "a-b", "a.b", "a", "a0", "ab", "\u00e9"]]
+
     # 2,000 adds and one that would put a file under a file: through b, refused whole; a lists none of them.
     xet = listed_a[0].xet_hash
     adds = [{"type": "addFile", "path": f"many/{i:05d}", "xetHash": xet} for i in range(2000)]
