@@ -1,12 +1,17 @@
 """Load held, bounded and on 127.0.0.1 only: a fleet on the deploy service, uploaders on the bucket server.
 
 Run:  .venv/bin/python benchmarks/load.py [--robots 200] [--uploaders 16] [--seconds 60] [--out load.json]
+      [--database postgresql://USER:PW@127.0.0.1/DB [--replicas 2]]
 
 1. Fleet: `--robots` simulated robots (asyncio, one httpx client) long-poll their assignment (5 s) and heartbeat
    every 2 s for `--seconds`, while an operator promotes a new release on their channel every 5 s. Figures: p50/p99
    latency of heartbeats and of promotions, errors, and how long robots took to see each promotion.
 2. Uploads: `--uploaders` threads each upload files of 0.2-2 MB (random bytes) to their own folder through the real
    client (huggingface_hub + hf_xet) for `--seconds`; then every acknowledged file is read back and compared.
+With `--database`, each service runs as `--replicas` processes on that PostgreSQL database (the bucket servers over
+one shared root): robot i talks to deploy replica i mod N, uploader i to bucket server i mod N; every acknowledged
+file is read back through another server than the one it was uploaded to, and the listings of all servers must be
+equal. Without it: one service each, on SQLite (the embedded default), the figures to compare with.
 Both stop by themselves; nothing leaves 127.0.0.1.
 """
 
@@ -31,7 +36,8 @@ from robotloop.deploy.keys import generate_keypair, load_private_key
 from robotloop.deploy.local import start_local_deploy_service
 from robotloop.deploy.publish import publish
 from robotloop.deploy.runner import make_tiny_checkpoint
-from robotloop.storage import BucketClient, BucketUrl
+from robotloop.service_process import free_port, start_service_process
+from robotloop.storage import BucketClient, BucketUrl, Entry
 from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
 
 OPS = "bench-load-ops"
@@ -44,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--uploaders", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--database", default=None, help="postgresql://...: run --replicas of each service on it")
+    ap.add_argument("--replicas", type=int, default=2)
     args = ap.parse_args(argv)
+    if args.database is None:
+        args.replicas = 1
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         server = ensure_embedded_server(work / "buckets")
@@ -53,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             result = {
                 "date": time.strftime("%Y-%m-%d"),
                 "machine": f"{os.uname().nodename}, {os.cpu_count()} cores",
+                "state": "PostgreSQL" if args.database else "SQLite",
+                "replicas": args.replicas,
                 "fleet": fleet(client, work, args),
                 "uploads": uploads(client, work, args),
             }
@@ -77,8 +89,9 @@ def _percentiles(values: list[float]) -> dict:
 
 
 def fleet(client: BucketClient, work: Path, args) -> dict:
-    service = start_local_deploy_service(work / "deploy", OPS)
-    ops = DeployClient(service.url, OPS)
+    database = ("--database", args.database) if args.database else ()
+    services = [start_local_deploy_service(work / f"deploy{i}", OPS, extra_args=database) for i in range(args.replicas)]
+    ops = DeployClient(services[0].url, OPS)  # promotions through the first: the others follow through the database
     key = work / "keys" / "deploy.key"
     generate_keypair(key)
     ckpt = make_tiny_checkpoint(work / "ckpt")
@@ -91,21 +104,25 @@ def fleet(client: BucketClient, work: Path, args) -> dict:
     ops.promote("stable", names[0])
     tokens = {f"robot-{i:03d}": ops.register_robot(f"robot-{i:03d}", channel="stable") for i in range(args.robots)}
     try:
-        return asyncio.run(_fleet_run(service.url, tokens, ops, names, args.seconds))
+        return asyncio.run(_fleet_run([s.url for s in services], tokens, ops, names, args.seconds))
     finally:
-        service.stop()
+        for service in services:
+            service.stop()
 
 
-async def _fleet_run(url: str, tokens: dict[str, str], ops: DeployClient, names: list[str], seconds: float) -> dict:
+async def _fleet_run(
+    urls: list[str], tokens: dict[str, str], ops: DeployClient, names: list[str], seconds: float
+) -> dict:
     beats, errors, seen = [], [], {}  # seen: release -> seconds after its promotion, per robot
     promoted: dict[str, float] = {names[0]: time.monotonic()}
     promote_lat: list[float] = []
     end = time.monotonic() + seconds
     limits = httpx.Limits(max_connections=2 * len(tokens) + 10, max_keepalive_connections=2 * len(tokens))
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as http:
+    async with httpx.AsyncClient(limits=limits, timeout=60) as client:
 
-        async def robot(name: str, token: str) -> None:
+        async def robot(i: int, name: str, token: str) -> None:
             auth, known = {"authorization": f"Bearer {token}"}, None
+            http = _Based(client, urls[i % len(urls)])
 
             async def heartbeats() -> None:
                 while time.monotonic() < end:
@@ -143,7 +160,7 @@ async def _fleet_run(url: str, tokens: dict[str, str], ops: DeployClient, names:
                 promote_lat.append(time.monotonic() - t0)
                 promoted[name] = time.monotonic()
 
-        await asyncio.gather(operator(), *(robot(n, t) for n, t in tokens.items()))
+        await asyncio.gather(operator(), *(robot(i, n, t) for i, (n, t) in enumerate(tokens.items())))
     complete = [r for r in promoted if r != names[0]]
     return {
         "robots": len(tokens),
@@ -158,9 +175,57 @@ async def _fleet_run(url: str, tokens: dict[str, str], ops: DeployClient, names:
     }
 
 
+class _Based:
+    """One shared httpx.AsyncClient (one connection limit for the whole fleet) with a replica's base URL."""
+
+    def __init__(self, client: httpx.AsyncClient, url: str) -> None:
+        self.client, self.url = client, url
+
+    async def post(self, path: str, **kwargs) -> httpx.Response:
+        return await self.client.post(self.url + path, **kwargs)
+
+    async def get(self, path: str, **kwargs) -> httpx.Response:
+        return await self.client.get(self.url + path, **kwargs)
+
+
+def _bucket_servers(client: BucketClient, work: Path, args) -> tuple[list[BucketClient], list]:
+    """The clients uploads go through: the embedded server's, or --replicas bucket servers over one root on
+    --database (their processes returned to be stopped)."""
+    if args.database is None:
+        return [client], []
+    tokens = work / "bucket.tokens"
+    tokens.write_text(f"{OPS} write *\n")
+    clients, procs = [], []
+    for i in range(args.replicas):
+        port = free_port()
+        argv = ["--root", str(work / "shared-root"), "--port", str(port), "--tokens", str(tokens)]
+        argv += ["--database", args.database]
+        url = f"http://127.0.0.1:{port}"
+
+        def answers(url: str = url) -> bool:
+            try:
+                return httpx.get(f"{url}/api/whoami-v2", headers={"authorization": f"Bearer {OPS}"}).is_success
+            except httpx.HTTPError:
+                return False
+
+        procs.append(start_service_process("services.bucket", argv, work / f"bucket{i}.log", answers, 60))
+        clients.append(BucketClient(url, OPS))
+    return clients, procs
+
+
 def uploads(client: BucketClient, work: Path, args) -> dict:
     base = BucketUrl.parse("hf://buckets/bench/load-uploads")
-    client.create_bucket(base)
+    clients, procs = _bucket_servers(client, work, args)
+    try:
+        return _uploads(clients, base, work, args)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
+
+
+def _uploads(clients: list[BucketClient], base: BucketUrl, work: Path, args) -> dict:
+    clients[0].create_bucket(base)
     end = time.monotonic() + args.seconds
     acked: list[tuple[BucketUrl, str]] = []
     latencies, errors = [], []
@@ -177,14 +242,14 @@ def uploads(client: BucketClient, work: Path, args) -> dict:
             url = base / f"u{i}" / f"f{n}.bin"
             t0 = time.monotonic()
             try:
-                client.upload(path, url)
+                clients[i % len(clients)].upload(path, url)
             except Exception as error:  # noqa: BLE001 - counted, the figure says how many
                 with lock:
                     errors.append(repr(error)[:200])
             else:
                 with lock:
                     latencies.append(time.monotonic() - t0)
-                    acked.append((url, hashlib.sha256(data).hexdigest()))
+                    acked.append((i, url, hashlib.sha256(data).hexdigest()))
             path.unlink()
             n += 1
 
@@ -194,10 +259,13 @@ def uploads(client: BucketClient, work: Path, args) -> dict:
     for t in threads:
         t.join()
     mismatched = 0
-    for url, digest in acked:
-        size = client.stat(url).size
-        if hashlib.sha256(client.read_range(url, 0, size)).hexdigest() != digest:
+    for i, url, digest in acked:
+        reader = clients[(i + 1) % len(clients)]  # another server than the one it went through, when there are two
+        size = reader.stat(url).size
+        if hashlib.sha256(reader.read_range(url, 0, size)).hexdigest() != digest:
             mismatched += 1
+    listings = [sorted((e.url.path, e.xet_hash) for e in c.ls(base, recursive=True) if isinstance(e, Entry))
+                for c in clients]  # fmt: skip
     return {
         "uploaders": args.uploaders,
         "seconds": args.seconds,
@@ -206,6 +274,8 @@ def uploads(client: BucketClient, work: Path, args) -> dict:
         "first_errors": errors[:3],
         "acknowledged": len(acked),
         "read_back_mismatched": mismatched,
+        "listed": len(listings[0]),
+        "listings_equal": all(listing == listings[0] for listing in listings),
     }
 
 

@@ -166,6 +166,11 @@ class DeploySettings(ServiceSection):
     )
     token: SecretStr | None = Field(default=None, description="Operator token used by `robotloop deploy` commands.")
     db: Path = Field(default_factory=in_cache("deploy", "deploy.sqlite"), description="The service's SQLite state.")
+    database: str | None = Field(
+        default=None,
+        description="The service's state in PostgreSQL instead (postgresql://USER[:PASSWORD]@HOST[:PORT]/DBNAME), "
+        "shared by every replica given it. None: SQLite, `db`.",
+    )
     key_file: Path = Field(
         default_factory=in_cache("deploy", "deploy.key"), description="Private ed25519 key that signs releases."
     )

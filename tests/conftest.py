@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -18,6 +19,8 @@ import pytest
 from robotloop.config import cache_home
 from robotloop.service_process import free_port
 from robotloop.storage.embedded import stop_embedded_server
+
+from .pgserver import PgServer, start_postgres
 
 # The suite never touches the user's ~/.cache/robotloop (caches, the embedded bucket server's data). robotloop
 # reads XDG_CACHE_HOME when it needs the folder, so setting it here is enough; each test gets its own below.
@@ -49,8 +52,8 @@ class Server:
         ).json()
 
 
-def start_server(root: Path, tokens_file: Path, port: int | None = None) -> Server:
-    """Start `python -m services.bucket` and wait until it answers."""
+def start_server(root: Path, tokens_file: Path, port: int | None = None, extra_args: tuple[str, ...] = ()) -> Server:
+    """Start `python -m services.bucket` (with `extra_args`, e.g. ``--database URL``) and wait until it answers."""
     port = port or free_port()
     log = open(root.parent / f"server-{port}.log", "ab")
     proc = subprocess.Popen(
@@ -66,6 +69,7 @@ def start_server(root: Path, tokens_file: Path, port: int | None = None) -> Serv
             str(port),
             "--tokens",
             str(tokens_file),
+            *extra_args,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -97,6 +101,18 @@ def bucket_server(tmp_path_factory: pytest.TempPathFactory, tokens_file: Path) -
     yield server
     server.proc.terminate()
     server.proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PgServer]:
+    """A real PostgreSQL server for the session (tests/pgserver.py); fails with the install command without it."""
+    server, base = start_postgres()
+    yield server
+    try:
+        with contextlib.suppress(subprocess.CalledProcessError):  # already stopped by a test that failed midway
+            server.stop("immediate")  # nothing to keep: it goes with its folder
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -215,14 +215,22 @@ def test_manifest_signature_refuses_tampering_and_untrusted_keys(tmp_path):
         load_public_keys([])
 
 
-def test_long_polls_look_again_for_assignment_changes_not_for_heartbeats(tmp_path):
+@pytest.fixture(params=["sqlite", "postgres"])
+def registry_database(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """Where a Registry keeps its state: a SQLite file, or a fresh database on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        return tmp_path / "deploy.sqlite"
+    return request.getfixturevalue("postgres").database(f"registry_{tmp_path.name.lower()[-40:]}")
+
+
+def test_long_polls_look_again_for_assignment_changes_not_for_heartbeats(tmp_path, registry_database):
     from robotloop.deploy.manifest import build_manifest
     from robotloop.deploy.registry import Registry
 
     generate_keypair(tmp_path / "k.key")
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
-    registry = Registry(tmp_path / "deploy.sqlite")
+    registry = Registry(registry_database)
     registry.register_robot("r1", channel="stable")
     manifest = build_manifest(tmp_path / "m", "v1", "lab/x", "hf://buckets/lab/x/c", {"config.json": "0" * 64})
     registry.add_release(SignedManifest.sign(manifest, load_private_key(tmp_path / "k.key")))
@@ -1219,14 +1227,14 @@ def test_the_reporter_sends_events_in_order_then_a_heartbeat_the_service_shows(d
     assert ledger.last_good == "rep-v0"  # it ran off probation: the release to start with next time
 
 
-def test_channel_rollback_counts_a_release_promoted_again_after_it_was_rolled_back_from(tmp_path):
+def test_channel_rollback_counts_a_release_promoted_again_after_it_was_rolled_back_from(tmp_path, registry_database):
     from robotloop.deploy.manifest import build_manifest
     from robotloop.deploy.registry import Registry
 
     generate_keypair(tmp_path / "k.key")
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
-    registry = Registry(tmp_path / "deploy.sqlite")
+    registry = Registry(registry_database)
     for name in ("a", "b", "c"):
         manifest = build_manifest(tmp_path / "m", name, "lab/x", "hf://buckets/lab/x/c", {"config.json": "0" * 64})
         registry.add_release(SignedManifest.sign(manifest, load_private_key(tmp_path / "k.key")))
@@ -1239,14 +1247,14 @@ def test_channel_rollback_counts_a_release_promoted_again_after_it_was_rolled_ba
     registry.close()
 
 
-def test_robot_rollback_counts_a_release_it_refused_once_and_later_ran(tmp_path):
+def test_robot_rollback_counts_a_release_it_refused_once_and_later_ran(tmp_path, registry_database):
     from robotloop.deploy.manifest import build_manifest
     from robotloop.deploy.registry import Registry
 
     generate_keypair(tmp_path / "k.key")
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
-    registry = Registry(tmp_path / "deploy.sqlite")
+    registry = Registry(registry_database)
     for name in ("v6", "v7", "v8", "v9"):
         manifest = build_manifest(tmp_path / "m", name, "lab/x", "hf://buckets/lab/x/c", {"config.json": "0" * 64})
         registry.add_release(SignedManifest.sign(manifest, load_private_key(tmp_path / "k.key")))

@@ -214,6 +214,9 @@ def scrub(
     root: Annotated[
         Path, typer.Option(help="The bucket server's data root (the embedded server's: see `bucket server status`).")
     ] = Path("buckets"),
+    database: Annotated[
+        str | None, typer.Option(help="The server's --database (postgresql://...), if its index is in PostgreSQL.")
+    ] = None,
 ) -> None:
     """Check every stored xorb and shard of a bucket server's data root against its hash; name what is damaged.
 
@@ -221,11 +224,11 @@ def scrub(
     """
     from ..storage.server.files import scrub_root
 
-    if not (root / "cas" / "index.sqlite").is_file():
+    if database is None and not (root / "cas" / "index.sqlite").is_file():
         inside = root / "data"  # the embedded server's folder: its data root is in it
         hint = f"; the one in it is {inside}" if (inside / "cas" / "index.sqlite").is_file() else ""
         raise fail(f"{root}: not a bucket server's data root (no cas/index.sqlite){hint}")
-    report = scrub_root(root)
+    report = scrub_root(root, database)
     console.print(f"checked {report['xorbs']} xorbs and {report['shards']} shards under {root}")
     for item in report["damaged"]:
         console.print(f"[red]damaged[/red] xorb {item['xorb']}: {item['detail']}")

@@ -25,3 +25,8 @@ class BucketOptions:
         None, "Tokens file: '<token> <read|write> <namespace|*>' per line; omit for open local mode."
     )
     max_body_bytes: int = option(DEFAULT_MAX_BODY_BYTES, "Largest request body; larger is refused (413).", min=1)
+    database: str | None = option(
+        None,
+        "Bucket metadata and the CAS index in PostgreSQL: postgresql://USER[:PASSWORD]@HOST[:PORT]/DBNAME, shared "
+        "by every bucket server over the same --root. Default: SQLite files in ROOT.",
+    )

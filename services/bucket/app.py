@@ -4,9 +4,10 @@
 (Hub tokens + CAS tokens) and the CAS (:class:`CasStore` with ``cas_router``) together;
 ``serve`` runs it with uvicorn. Layout under ``root``::
 
-    root/buckets.sqlite      bucket and file metadata (WAL)
+    root/buckets.sqlite      bucket and file metadata (WAL); with --database, in PostgreSQL instead (schema buckets)
     root/cas_token_secret    HMAC key of CAS tokens (so they survive restarts)
-    root/cas/                xorbs, shards and their index (owned by CasStore)
+    root/cas/                xorbs, shards and their index (owned by CasStore; with --database the index is in
+                             PostgreSQL, schema cas, and bucket servers sharing the root share it)
 
 Example::
 
@@ -26,6 +27,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from robotloop.auth import AuthError, CasClaims, TokenStore, bearer_from_header, load_or_create_secret
+from robotloop.database import redact
 from robotloop.errors import BadValue
 from robotloop.storage.private import private_dir
 from robotloop.storage.server.buckets import BucketStore
@@ -53,16 +55,23 @@ def _cas_authorize(tokens: TokenStore):
     return authorize
 
 
-def create_app(root: Path, tokens_file: Path | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """Build the server app over ``root``; ``tokens_file=None`` means open local mode (see auth.py).
+def create_app(
+    root: Path,
+    tokens_file: Path | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    database: str | None = None,
+) -> FastAPI:
+    """Build the server app over ``root``; ``tokens_file=None`` means open local mode (see auth.py); ``database``: a
+    ``postgresql://`` URL for the bucket metadata and the CAS index (default: SQLite in ``root``).
 
     Raises:
         TokensFileError: malformed tokens file (line number in the message).
+        BadDatabaseUrl, DatabaseUnavailable: ``database`` is not a PostgreSQL URL, or refuses us.
     """
     root = private_dir(root)
     tokens = TokenStore.from_file(tokens_file, cas_secret=load_or_create_secret(root))
-    cas = CasStore(root / "cas")
-    buckets = BucketStore(root, file_size=cas.file_size, uploaded_by=cas.uploaded_by)
+    cas = CasStore(root / "cas", database=database)
+    buckets = BucketStore(root, file_size=cas.file_size, uploaded_by=cas.uploaded_by, database=database)
 
     app = FastAPI(title="robotloop bucket server", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.buckets, app.state.tokens, app.state.cas = buckets, tokens, cas
@@ -125,11 +134,13 @@ def serve(options: BucketOptions) -> None:
         ValueError: open local mode (no ``tokens``) on a non-loopback host: anybody on the network could read
             and write every bucket.
         TokensFileError, FileNotFoundError: a malformed or missing tokens file. PortInUse: a busy port.
+        BadDatabaseUrl, DatabaseUnavailable: a wrong ``--database`` URL or credentials.
     """
     root, host, tokens = Path(options.root), options.host, options.tokens
     if tokens is None and not _is_loopback(host):
         raise BadValue(f"refusing to serve without a tokens file on non-loopback host {host!r}; pass --tokens FILE")
-    app = create_app(root, Path(tokens) if tokens else None, options.max_body_bytes)
+    app = create_app(root, Path(tokens) if tokens else None, options.max_body_bytes, options.database)
     mode = f"tokens from {tokens}" if tokens else "OPEN local mode (no tokens file)"
-    banner = f"robotloop bucket server on http://{host}:{options.port}, root {root}, {mode}"
+    index = f", metadata in {redact(options.database)}" if options.database else ""
+    banner = f"robotloop bucket server on http://{host}:{options.port}, root {root}{index}, {mode}"
     serve_app(app, host, options.port, log, banner)

@@ -24,6 +24,11 @@ class DeployOptions:
     port: int | None = option(None, f"Port. Default: deploy.port ({DEPLOY_PORT}).", min=0, max=65535)
     tokens: Path | None = option(None, "Operator tokens: '<token> <read|write> *' per line.")
     db: Path | None = option(None, "SQLite state. Default: deploy.db.")
+    database: str | None = option(
+        None,
+        "The state in PostgreSQL instead, shared by every replica given the same URL: "
+        "postgresql://USER[:PASSWORD]@HOST[:PORT]/DBNAME. Default: deploy.database (none: SQLite, --db).",
+    )
     trusted_keys: list[Path] | None = option(None, TRUSTED_HELP, "--trusted-key")
     allow_any_signer: bool | None = option(
         None,

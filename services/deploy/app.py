@@ -1,6 +1,7 @@
 """The robotloop deploy service: releases, channels, robots and their assignments, heartbeats, history.
 
-Thin routes over :class:`robotloop.deploy.registry.Registry` (SQLite; it documents the state)::
+Thin routes over :class:`robotloop.deploy.registry.Registry` (SQLite, or PostgreSQL with ``--database
+postgresql://...``, which several replicas then share; it documents the state)::
 
     GET  /v1/health                               {"status": "ok"}; no token needed
     POST /v1/releases                             {"manifest": <signed manifest>, "channel"?: "canary"} -> 201
@@ -32,6 +33,9 @@ Only JSON travels: no pickle on any route.
 Example::
 
     python -m services.deploy --tokens ops.tokens --db deploy.sqlite --port 8780   # or: robotloop deploy serve
+    python -m services.deploy --tokens ops.tokens --database postgresql://deploy:PASSWORD@db.lab/deploy  # a replica
+
+While PostgreSQL is down, what needs it answers 503 (`DatabaseUnavailable`); the service carries on once it is back.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from robotloop.auth import (
     bearer_from_header,
 )
 from robotloop.config import Settings
+from robotloop.database import check_postgres_url
 from robotloop.deploy.client import describe_event
 from robotloop.deploy.keys import load_public_keys
 from robotloop.deploy.manifest import SignedManifest
@@ -111,14 +116,15 @@ MAX_BODY_BYTES = 8 * 2**20
 
 
 def create_app(
-    tokens_file: Path | str, db: Path, trusted_keys: list[Path] | None = None, allow_any_signer: bool = False
+    tokens_file: Path | str, db: Path | str, trusted_keys: list[Path] | None = None, allow_any_signer: bool = False
 ) -> FastAPI:
-    """The deploy service app over the SQLite registry at `db`; it registers only releases signed by one of
-    `trusted_keys`, or (`allow_any_signer`, said explicitly) by any key.
+    """The deploy service app over the registry at `db` (a SQLite file, or a ``postgresql://`` URL); it registers
+    only releases signed by one of `trusted_keys`, or (`allow_any_signer`, said explicitly) by any key.
 
     Raises:
         TokensFileError: malformed tokens file. FileNotFoundError: no such file.
         ValueError: neither trusted keys nor `allow_any_signer`.
+        BadDatabaseUrl, DatabaseUnavailable: a PostgreSQL URL that is malformed or refuses the connection.
     """
     tokens = TokenStore.from_file(Path(tokens_file))
     if not trusted_keys and not allow_any_signer:
@@ -275,14 +281,18 @@ def serve(options: DeployOptions, settings: Settings) -> None:
         ValueError: no tokens file (there is no open mode: the service decides what robots run), or no trusted
             keys and not `allow_any_signer`.
         TokensFileError, FileNotFoundError: a malformed or missing tokens file. PortInUse: a busy port.
+        BadDatabaseUrl, DatabaseUnavailable: a wrong ``--database`` URL or credentials.
     """
     cfg = settings.deploy
     tokens_file = options.tokens or cfg.tokens_file
     if tokens_file is None:
         raise BadValue("the deploy service needs operator tokens: pass --tokens FILE ('<token> write *' per line)")
-    host, port, db = options.host or cfg.host, options.port or cfg.port, options.db or cfg.db
+    host, port = options.host or cfg.host, options.port or cfg.port
+    database = options.database or (None if options.db else cfg.database)  # an explicit --db wins over settings
+    state = check_postgres_url(database) if database else options.db or cfg.db
     any_signer = cfg.allow_any_signer if options.allow_any_signer is None else options.allow_any_signer
-    app = create_app(tokens_file, db, options.trusted_keys or cfg.trusted_keys, any_signer)
+    app = create_app(tokens_file, state, options.trusted_keys or cfg.trusted_keys, any_signer)
     # Robots' long-polls are open requests: answer them at the stop signal, or shutdown would wait them out.
-    on_exit = app.state.registry.release_waiters
-    serve_app(app, host, port, log, f"robotloop deploy service on http://{host}:{port}, state in {db}", on_exit)
+    registry = app.state.registry
+    banner = f"robotloop deploy service on http://{host}:{port}, state in {registry.db.where}"
+    serve_app(app, host, port, log, banner, registry.release_waiters)

@@ -1,4 +1,4 @@
-"""The deploy service's state, in SQLite: releases, channels, robots, assignments, heartbeats, history.
+"""The deploy service's state, in SQLite or PostgreSQL: releases, channels, robots, assignments, heartbeats, history.
 
     releases(name, manifest, key_id, checkpoint, created_at, published_at)   signed manifests, immutable
     channels(name, release, updated_at)                                     e.g. canary -> v3, stable -> v2
@@ -8,6 +8,8 @@
 A robot's assignment is its pinned release if any, else its channel's release. Robot tokens are random
 secrets shown once at registration; only their SHA-256 is stored. Every change that can alter an assignment
 bumps a version that the long-polls (`wait_assignment`, a coroutine: a waiting robot holds no thread) watch.
+On PostgreSQL (``Registry("postgresql://...")``) several replicas of the service share the state: writers go one at a
+time, and each replica's long-polls follow the others' changes (`RegistryDb`).
 
 Example:
     ```python
@@ -60,10 +62,14 @@ __all__ = [
 
 class Registry:
     """The deploy service's state: `release_channels` (releases and channels) and `fleet` (robots) over one `db`.
-    Thread-safe: one SQLite connection behind a lock (the service is one process)."""
+    Thread-safe: one connection behind a lock. `database`: a SQLite file, or a ``postgresql://`` URL.
 
-    def __init__(self, path: Path) -> None:
-        self.db = RegistryDb(path)
+    Raises:
+        BadDatabaseUrl, DatabaseUnavailable: a PostgreSQL URL that is malformed or refuses the connection.
+    """
+
+    def __init__(self, database: Path | str) -> None:
+        self.db = RegistryDb(database)
         self.release_channels = ReleaseChannels(self.db)
         self.fleet = Fleet(self.db, self.release_channels)
 

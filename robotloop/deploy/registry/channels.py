@@ -26,21 +26,19 @@ class ReleaseChannels:
         """
         m = signed.manifest
         raw = json.dumps(signed.to_dict(), sort_keys=True)
-        with self.db.lock:  # check and insert as one: two publishes racing for a name get a conflict, not a crash
-            existing = self.db.one("SELECT manifest FROM releases WHERE name = ?", (m.name,))
+        # Check and insert in one transaction: two publishes racing for a name (on one replica or two) get a
+        # conflict, not a crash.
+        with self.db.transaction(wakes_polls=False) as conn:
+            existing = conn.execute("SELECT manifest FROM releases WHERE name = ?", (m.name,)).fetchone()
             if existing is not None:
                 if existing["manifest"] != raw:
                     raise RegistryConflict(f"release {m.name!r} exists with other contents; publish under a new name")
                 return
-            self.db.tx(
-                [
-                    (
-                        "INSERT INTO releases VALUES (?,?,?,?,?,?)",
-                        (m.name, raw, signed.key_id, m.checkpoint, m.created_at, time.time()),
-                    ),
-                    event("publish", release=m.name, detail=f"{m.checkpoint} by {by}".strip()),
-                ]
+            conn.execute(
+                "INSERT INTO releases VALUES (?,?,?,?,?,?)",
+                (m.name, raw, signed.key_id, m.checkpoint, m.created_at, time.time()),
             )
+            conn.execute(*event("publish", release=m.name, detail=f"{m.checkpoint} by {by}".strip()))
 
     def release(self, name: str) -> dict[str, Any]:
         """Raises RegistryNotFound."""
@@ -67,19 +65,17 @@ class ReleaseChannels:
         """
         check_name("channel", channel)
         self.release(release)
-        with self.db.lock:
-            row = self.db.one("SELECT release FROM channels WHERE name = ?", (channel,))
+        # The release before is read in the transaction that moves the channel: with two replicas promoting at once,
+        # each history row names the release its own promote replaced.
+        with self.db.transaction() as conn:
+            row = conn.execute("SELECT release FROM channels WHERE name = ?", (channel,)).fetchone()
             previous = row["release"] if row else None
             upsert = (
                 "INSERT INTO channels VALUES (?,?,?) ON CONFLICT(name) DO UPDATE SET release = excluded.release, "
                 "updated_at = excluded.updated_at"
             )
-            self.db.tx(
-                [
-                    (upsert, (channel, release, time.time())),
-                    decided("promote", release, previous, by, reason, channel=channel),
-                ]
-            )
+            conn.execute(upsert, (channel, release, time.time()))
+            conn.execute(*decided("promote", release, previous, by, reason, channel=channel))
         return previous
 
     def rollback_channel(self, channel: str, by: str = "", reason: str = "") -> str:
@@ -88,20 +84,19 @@ class ReleaseChannels:
         Raises:
             RegistryNotFound: unknown channel, or no earlier release to go back to.
         """
-        with self.db.lock:
-            current = self.channels().get(check_name("channel", channel), "<none>")
+        check_name("channel", channel)
+        with self.db.transaction() as conn:  # reads the channel and its history where it writes (see promote)
+            current = self.channels().get(channel, "<none>")
             if current == "<none>":
                 raise RegistryNotFound(f"no channel {channel!r}")
             target = self._previous_of(channel, current)
             if target is None:
                 what = f"no release before {current!r}" if current else "no release yet"
                 raise RegistryNotFound(f"channel {channel!r} has {what}: nothing to roll back to")
-            self.db.tx(
-                [
-                    ("UPDATE channels SET release = ?, updated_at = ? WHERE name = ?", (target, time.time(), channel)),
-                    decided("rollback", target, current, by, reason, channel=channel),
-                ]
+            conn.execute(
+                "UPDATE channels SET release = ?, updated_at = ? WHERE name = ?", (target, time.time(), channel)
             )
+            conn.execute(*decided("rollback", target, current, by, reason, channel=channel))
         return target
 
     def _previous_of(self, channel: str, current: str | None) -> str | None:

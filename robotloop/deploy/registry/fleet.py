@@ -43,28 +43,22 @@ class Fleet:
         check_name("robot", robot)
         check_name("channel", channel)
         token = f"rlr_{secrets.token_urlsafe(32)}"
-        exists = self.db.one("SELECT id FROM robots WHERE id = ?", (robot,)) is not None
-        if exists and not rotate:
-            raise RegistryConflict(
-                f"robot {robot!r} is registered; register it again with rotate (CLI: --rotate) to issue it a new token"
-            )
-        if exists:
-            self.db.tx(
-                [
-                    ("UPDATE robots SET token_hash = ? WHERE id = ?", (hash_token(token), robot)),
-                    event("token_rotated", robot=robot, detail=f"by {by}"),
-                ]
-            )
-        else:
-            self.db.tx(
-                [
-                    (
-                        "INSERT INTO robots (id, token_hash, channel, created_at) VALUES (?,?,?,?)",
-                        (robot, hash_token(token), channel, time.time()),
-                    ),
-                    event("register", robot=robot, channel=channel, detail=f"by {by}"),
-                ]
-            )
+        with self.db.transaction() as conn:  # the check and the write as one, whichever replica registers too
+            exists = conn.execute("SELECT id FROM robots WHERE id = ?", (robot,)).fetchone() is not None
+            if exists and not rotate:
+                raise RegistryConflict(
+                    f"robot {robot!r} is registered; register it again with rotate (CLI: --rotate) to issue it a new "
+                    "token"
+                )
+            if exists:
+                conn.execute("UPDATE robots SET token_hash = ? WHERE id = ?", (hash_token(token), robot))
+                conn.execute(*event("token_rotated", robot=robot, detail=f"by {by}"))
+            else:
+                conn.execute(
+                    "INSERT INTO robots (id, token_hash, channel, created_at) VALUES (?,?,?,?)",
+                    (robot, hash_token(token), channel, time.time()),
+                )
+                conn.execute(*event("register", robot=robot, channel=channel, detail=f"by {by}"))
         return token
 
     def robot_for_token(self, token: str) -> str | None:
@@ -76,7 +70,7 @@ class Fleet:
         row = self.db.one("SELECT * FROM robots WHERE id = ?", (robot,))
         if row is None:
             raise RegistryNotFound(f"no robot {robot!r}; register it with `robotloop deploy register`")
-        out = {k: row[k] for k in row.keys() if k != "token_hash"}  # noqa: SIM118 (sqlite3.Row iterates values)
+        out = {k: row[k] for k in row.keys() if k != "token_hash"}  # noqa: SIM118 (a row iterates its values)
         out["status"] = json.loads(row["status"]) if row["status"] else None
         out["assigned"] = self.assignment(robot).release
         return out
@@ -92,21 +86,20 @@ class Fleet:
         Raises:
             RegistryNotFound: unknown robot or release. RegistryError: bad names, or nothing to change.
         """
-        row = self.db.one("SELECT channel, pinned FROM robots WHERE id = ?", (robot,))
-        if row is None:
-            raise RegistryNotFound(f"no robot {robot!r}")
-        if channel is None and release is None and not unpin:
-            raise RegistryError("say what to assign: a channel, a release to pin, or unpin")
-        new_channel = check_name("channel", channel) if channel is not None else row["channel"]  # "" is a bad name
-        pinned = None if unpin else (release if release is not None else row["pinned"])
-        if release is not None:
-            self.releases.release(release)
-        self.db.tx(
-            [
-                ("UPDATE robots SET channel = ?, pinned = ? WHERE id = ?", (new_channel, pinned, robot)),
-                event("assign", robot=robot, channel=new_channel, release=pinned, detail=f"by {by}"),
-            ]
-        )
+        with self.db.transaction() as conn:  # what it keeps of the robot's row is what the row holds as it writes
+            row = conn.execute("SELECT channel, pinned FROM robots WHERE id = ?", (robot,)).fetchone()
+            if row is None:
+                raise RegistryNotFound(f"no robot {robot!r}")
+            if channel is None and release is None and not unpin:
+                raise RegistryError("say what to assign: a channel, a release to pin, or unpin")
+            if release is not None:
+                self.releases.release(
+                    release
+                )  # the same connection (the lock is the caller's): inside this transaction
+            new_channel = check_name("channel", channel) if channel is not None else row["channel"]  # "": bad name
+            pinned = None if unpin else (release if release is not None else row["pinned"])
+            conn.execute("UPDATE robots SET channel = ?, pinned = ? WHERE id = ?", (new_channel, pinned, robot))
+            conn.execute(*event("assign", robot=robot, channel=new_channel, release=pinned, detail=f"by {by}"))
         return self.assignment(robot)
 
     def rollback_robot(self, robot: str, by: str = "", reason: str = "") -> Assignment:
@@ -116,28 +109,25 @@ class Fleet:
         Raises:
             RegistryNotFound: unknown robot, or it never ran an earlier good release.
         """
-        current = self.robot(robot)["running"]
-        events = self.db.all(
-            "SELECT kind, release, previous FROM events WHERE robot = ? AND kind IN "
-            "('swap', 'rollback', 'refused') ORDER BY id DESC",
-            (robot,),
-        )
-        good: dict[str | None, bool] = {}  # release -> its newest verdict (events come newest first)
-        for e in events:
-            if e["kind"] == "rollback":
-                good.setdefault(e["previous"], False)  # rolled back from it ...
-            good.setdefault(e["release"], e["kind"] != "refused")  # ... to a release it then ran
-        ran = [e["release"] for e in events if e["kind"] in ("swap", "rollback")]
-        target = next((r for r in ran if r and r != current and good[r]), None)
-        if target is None:
-            what = f"before {current!r}" if current else "yet"
-            raise RegistryNotFound(f"robot {robot!r} has not run a good release {what}: nothing to roll back to")
-        self.db.tx(
-            [
-                ("UPDATE robots SET pinned = ? WHERE id = ?", (target, robot)),
-                decided("rollback_command", target, current, by, reason, robot=robot),
-            ]
-        )
+        with self.db.transaction() as conn:  # the history it reads is the one it writes after (see assign)
+            current = self.robot(robot)["running"]
+            events = self.db.all(
+                "SELECT kind, release, previous FROM events WHERE robot = ? AND kind IN "
+                "('swap', 'rollback', 'refused') ORDER BY id DESC",
+                (robot,),
+            )
+            good: dict[str | None, bool] = {}  # release -> its newest verdict (events come newest first)
+            for e in events:
+                if e["kind"] == "rollback":
+                    good.setdefault(e["previous"], False)  # rolled back from it ...
+                good.setdefault(e["release"], e["kind"] != "refused")  # ... to a release it then ran
+            ran = [e["release"] for e in events if e["kind"] in ("swap", "rollback")]
+            target = next((r for r in ran if r and r != current and good[r]), None)
+            if target is None:
+                what = f"before {current!r}" if current else "yet"
+                raise RegistryNotFound(f"robot {robot!r} has not run a good release {what}: nothing to roll back to")
+            conn.execute("UPDATE robots SET pinned = ? WHERE id = ?", (target, robot))
+            conn.execute(*decided("rollback_command", target, current, by, reason, robot=robot))
         return self.assignment(robot)
 
     def assignment(self, robot: str) -> Assignment:
@@ -188,14 +178,9 @@ class Fleet:
         raw = json.dumps(status)
         if len(raw) > MAX_STATUS_BYTES:
             raise BadReport(f"heartbeat status is {len(raw)} bytes of JSON; at most {MAX_STATUS_BYTES}")
-        self.db.tx(
-            [
-                (
-                    "UPDATE robots SET last_seen = ?, running = ?, status = ? WHERE id = ?",
-                    (time.time(), release_name(running), raw, robot),
-                )
-            ],
-            wakes_polls=False,
+        self.db.write(
+            "UPDATE robots SET last_seen = ?, running = ?, status = ? WHERE id = ?",
+            (time.time(), release_name(running), raw, robot),
         )
 
     def robot_event(self, robot: str, kind: str, release: str | None, previous: str | None, detail: str) -> None:

@@ -52,12 +52,17 @@ def _read_xorb(cas: CasStore, xorb_hash: str, first: int, last: int) -> Iterator
     yield cas.read_verified(xorb_hash, first, last).data  # inclusive range, counted as served; DamagedXorb if bad
 
 
-def scrub_root(root: Path) -> dict[str, Any]:
+def scrub_root(root: Path, database: str | None = None) -> dict[str, Any]:
     """Check a bucket server's whole data root (every xorb and shard against its hash, `CasStore.scrub`) and name the
-    bucket files each damaged xorb breaks. Safe beside a running server (SQLite WAL); damaged xorbs are marked, so
-    the server stops offering them for dedup and the next upload of their bytes repairs them."""
-    cas = CasStore(Path(root) / "cas")
-    buckets = BucketStore(root, file_size=cas.file_size)
+    bucket files each damaged xorb breaks. Safe beside a running server (SQLite WAL, or the server's PostgreSQL
+    `database`); damaged xorbs are marked, so the server stops offering them for dedup and the next upload of their
+    bytes repairs them.
+
+    Raises:
+        BadDatabaseUrl, DatabaseUnavailable: `database` is not a PostgreSQL URL, or cannot be reached.
+    """
+    cas = CasStore(Path(root) / "cas", database=database)
+    buckets = BucketStore(root, file_size=cas.file_size, database=database)
     report = cas.scrub()
     for item in report["damaged"]:
         item["paths"] = sorted({p for f in item["files"] for p in buckets.paths_of(f)})

@@ -1,5 +1,6 @@
 """One SQLite connection per thread, and a transaction as a `with` block: the plumbing under the bucket server's
-stores (`BucketStore`, `CasStore`), which many request threads read and write at once.
+stores (`BucketStore`, `CasStore`), which many request threads read and write at once. `PostgresDb` is the same
+over PostgreSQL (`robotloop.database`), and `open_db` picks one from the ``--database`` option.
 
 Example:
     ```python
@@ -15,6 +16,10 @@ from __future__ import annotations
 import sqlite3
 import threading
 from pathlib import Path
+
+from ...database import PgConnection, check_postgres_url, connect_postgres
+
+DbConnection = sqlite3.Connection | PgConnection  # what a store's SQL runs on: both read as sqlite3's
 
 
 class ThreadLocalDb:
@@ -58,14 +63,63 @@ class ThreadLocalDb:
 
 
 class Transaction:
-    """`with` block = one SQLite transaction: COMMIT on success, ROLLBACK on any exception."""
+    """`with` block = one transaction (SQLite's, or PostgreSQL's through `PgConnection`): COMMIT on success,
+    ROLLBACK on any exception."""
 
-    def __init__(self, conn: sqlite3.Connection, immediate: bool) -> None:
+    def __init__(self, conn: sqlite3.Connection | PgConnection, immediate: bool) -> None:
         self.conn, self.immediate = conn, immediate
 
-    def __enter__(self) -> sqlite3.Connection:
+    def __enter__(self) -> sqlite3.Connection | PgConnection:
         self.conn.execute("BEGIN IMMEDIATE" if self.immediate else "BEGIN")
         return self.conn
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+class PostgresDb:
+    """`ThreadLocalDb`'s interface over a PostgreSQL database (``--database postgresql://...``): one connection per
+    thread (`robotloop.database.PgConnection`, which reads like sqlite3's), and `tx` the same `Transaction`, whose
+    ``BEGIN IMMEDIATE`` takes `store`'s writer lock, shared by every replica on that database; its tables are in
+    the schema `store`.
+
+    Connects at once, so a wrong URL or credentials fail when the server starts, not at its first request.
+
+    Raises:
+        BadDatabaseUrl, DatabaseUnavailable.
+    """
+
+    def __init__(self, url: str, store: str) -> None:
+        self.url, self.store = url, store
+        self._local = threading.local()
+        self.conn()
+
+    def conn(self) -> PgConnection:
+        """This thread's connection."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = connect_postgres(self.url, self.store)
+        return conn
+
+    def tx(self, immediate: bool = False) -> Transaction:
+        return Transaction(self.conn(), immediate)
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+
+def open_db(database: str | None, path: Path, store: str, **sqlite_options: bool | float) -> ThreadLocalDb | PostgresDb:
+    """The PostgreSQL database at URL `database`, else the SQLite file `path` (`sqlite_options`: ThreadLocalDb's).
+
+    Raises:
+        BadDatabaseUrl, DatabaseUnavailable (PostgreSQL only).
+    """
+    if database is not None:
+        return PostgresDb(check_postgres_url(database), store)
+    return ThreadLocalDb(path, **sqlite_options)
+
+
+Db = ThreadLocalDb | PostgresDb  # a store's database, either backend

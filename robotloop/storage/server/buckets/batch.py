@@ -4,11 +4,10 @@ transaction (see the package docstring for what that guarantees)."""
 from __future__ import annotations
 
 import re
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from ..sqlite import ThreadLocalDb
+from ..sqlite import Db, DbConnection
 from .records import (
     AddFile,
     BatchRejected,
@@ -33,7 +32,7 @@ class BatchWriter:
     that the caller had the file: ``uploaded_by`` or a bucket it may read, copy sources), then applying them all in
     one transaction or none."""
 
-    def __init__(self, db: ThreadLocalDb, file_size: FileSizeFn, uploaded_by: Callable[[str, str], bool]) -> None:
+    def __init__(self, db: Db, file_size: FileSizeFn, uploaded_by: Callable[[str, str], bool]) -> None:
         """``uploaded_by(namespace, xet_hash)``: whether the CAS registered that file from an upload with a token of
         ``namespace``."""
         self._db, self._file_size, self._uploaded_by = db, file_size, uploaded_by
@@ -84,9 +83,10 @@ class BatchWriter:
                     continue
                 content_type = op.content_type if isinstance(op, AddFile) else None
                 conn.execute(
-                    "INSERT OR REPLACE INTO files "
-                    "(bucket_id, path, xet_hash, size, mtime_ms, uploaded_at, content_type)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO files (bucket_id, path, xet_hash, size, mtime_ms, uploaded_at, content_type)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (bucket_id, path) DO UPDATE SET"
+                    " xet_hash = excluded.xet_hash, size = excluded.size, mtime_ms = excluded.mtime_ms,"
+                    " uploaded_at = excluded.uploaded_at, content_type = excluded.content_type",
                     (bucket_id, op.path, op.xet_hash, size, op.mtime_ms, now, content_type),
                 )
                 if isinstance(op, AddFile):
@@ -101,7 +101,7 @@ class BatchWriter:
 
     def _resolve_operations(
         self,
-        conn: sqlite3.Connection,
+        conn: DbConnection,
         bucket_ref: str,
         operations: Sequence[Operation],
         can_read_source: Callable[[str, str], bool],
@@ -120,7 +120,7 @@ class BatchWriter:
         return resolved, failures
 
     def _operation_size(
-        self, conn: sqlite3.Connection, bucket_ref: str, op: Operation, can_read_source: Callable[[str, str], bool]
+        self, conn: DbConnection, bucket_ref: str, op: Operation, can_read_source: Callable[[str, str], bool]
     ) -> int:
         if isinstance(op, DeleteFile):
             return 0
@@ -147,7 +147,7 @@ class BatchWriter:
         return size
 
     @staticmethod
-    def _readable_elsewhere(conn: sqlite3.Connection, xet_hash: str, can_read: Callable[[str, str], bool]) -> bool:
+    def _readable_elsewhere(conn: DbConnection, xet_hash: str, can_read: Callable[[str, str], bool]) -> bool:
         rows = conn.execute(
             "SELECT DISTINCT b.namespace, b.name FROM files f JOIN buckets b ON b.id = f.bucket_id "
             "WHERE f.xet_hash = ?",
@@ -156,7 +156,7 @@ class BatchWriter:
         return any(can_read(ns, name) for ns, name in rows)
 
     def _copy_source_size(
-        self, conn: sqlite3.Connection, where: str, op: CopyFile, can_read_source: Callable[[str, str], bool]
+        self, conn: DbConnection, where: str, op: CopyFile, can_read_source: Callable[[str, str], bool]
     ) -> int:
         if op.source_repo_type != "bucket":
             raise InvalidOperation(f"copy to {where}: only bucket sources are hosted here, not {op.source_repo_type!r}")
@@ -180,7 +180,7 @@ def _paths_added(operations: Iterable[Operation]) -> list[str]:
     return [path for path, written in last.items() if written]
 
 
-def _path_clashes(conn: sqlite3.Connection, bucket_id: int, paths: list[str]) -> list[tuple[str, str]]:
+def _path_clashes(conn: DbConnection, bucket_id: int, paths: list[str]) -> list[tuple[str, str]]:
     """``[(path, clashing path)]`` for each of ``paths`` (files now in the bucket) that is under a file, or that has
     files under it; each clash once, as the first of its two paths names it. Index lookups: one per distinct folder
     above the paths, one per path."""

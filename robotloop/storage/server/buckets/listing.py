@@ -3,10 +3,9 @@ costs one lookup however many files it holds), and which buckets hold a Xet hash
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Sequence
 
-from ..sqlite import ThreadLocalDb
+from ..sqlite import Db, DbConnection
 from .records import PAGE_SIZE, EntryNotFound, FileRecord, FolderRecord, InvalidPath, bucket_row_id, file_from_row
 
 
@@ -14,7 +13,7 @@ class FileTable:
     """Owns the read side of the ``files`` table: lookups by path and by hash, tree listings with their paging
     cursors (`tree_cursor`), and the totals across buckets. Writes go through `BatchWriter`."""
 
-    def __init__(self, db: ThreadLocalDb) -> None:
+    def __init__(self, db: Db) -> None:
         self._db = db
 
     def get_file(self, namespace: str, name: str, path: str) -> FileRecord:
@@ -89,7 +88,7 @@ class FileTable:
         return self._list_children(conn, bucket_id, prefix.rstrip("/"), after_path, kind == "d", limit)
 
     def _list_recursive(
-        self, conn: sqlite3.Connection, bucket_id: int, prefix: str, after: str | None, limit: int
+        self, conn: DbConnection, bucket_id: int, prefix: str, after: str | None, limit: int
     ) -> list[FileRecord | FolderRecord]:
         sql = "SELECT * FROM files WHERE bucket_id = ? AND path >= ? AND path > ?"
         args: list = [bucket_id, prefix, after or ""]
@@ -101,7 +100,7 @@ class FileTable:
 
     def _list_children(
         self,
-        conn: sqlite3.Connection,
+        conn: DbConnection,
         bucket_id: int,
         directory: str,
         after: str | None,
@@ -147,7 +146,7 @@ class FileTable:
     def logical_bytes(self) -> dict[str, int]:
         """Totals across all buckets: ``{"buckets", "bucket_files", "logical_bytes"}``."""
         conn = self._db.conn()
-        files, size = conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM files").fetchone()
+        files, size = conn.execute("SELECT COUNT(*), CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM files").fetchone()
         (buckets,) = conn.execute("SELECT COUNT(*) FROM buckets").fetchone()
         return {"buckets": buckets, "bucket_files": files, "logical_bytes": size}
 

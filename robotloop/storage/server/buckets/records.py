@@ -7,8 +7,13 @@ import re
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from robotloop.errors import BadInput, Conflict, NotFound, RobotloopError, Unprocessable
+
+if TYPE_CHECKING:
+    from robotloop.database import Row
+    from robotloop.storage.server.sqlite import DbConnection
 
 MAX_PATH_BYTES = 1024
 MAX_NAME_LEN = 96
@@ -208,7 +213,7 @@ def validate_path(bucket_id: str, path: str) -> str:
     return path
 
 
-def bucket_row_id(conn: sqlite3.Connection, namespace: str, name: str) -> int:
+def bucket_row_id(conn: DbConnection, namespace: str, name: str) -> int:
     """The row id of bucket ``namespace/name``. Raises BucketNotFound."""
     row = conn.execute("SELECT id FROM buckets WHERE namespace = ? AND name = ?", (namespace, name)).fetchone()
     if row is None:
@@ -216,7 +221,7 @@ def bucket_row_id(conn: sqlite3.Connection, namespace: str, name: str) -> int:
     return int(row["id"])
 
 
-def bucket_from_row(row: sqlite3.Row) -> BucketRecord:
+def bucket_from_row(row: sqlite3.Row | Row) -> BucketRecord:
     return BucketRecord(
         namespace=row["namespace"],
         name=row["name"],
@@ -227,7 +232,7 @@ def bucket_from_row(row: sqlite3.Row) -> BucketRecord:
     )
 
 
-def file_from_row(row: sqlite3.Row) -> FileRecord:
+def file_from_row(row: sqlite3.Row | Row) -> FileRecord:
     return FileRecord(
         path=row["path"],
         xet_hash=row["xet_hash"],

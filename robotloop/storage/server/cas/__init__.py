@@ -1,10 +1,11 @@
-"""Content-addressed store for Xet xorbs and shards, indexed in SQLite.
+"""Content-addressed store for Xet xorbs and shards, indexed in SQLite (or PostgreSQL: `CasStore(root, database=...)`).
 
 Layout under `root`:
     xorbs/<2 hex>/<hash>    serialized xorbs exactly as uploaded (verified before storing)
     shards/<2 hex>/<hash>   uploaded shards, named by the Xet data hash of their bytes
     tmp/                    staging for atomic writes
-    index.sqlite            files -> terms, xorbs -> chunks, chunk -> xorb (global dedup), stats
+    index.sqlite            files -> terms, xorbs -> chunks, chunk -> xorb (global dedup), stats (unless the index
+                            is in PostgreSQL, schema `cas`: then several servers over one shared root share it)
     fetch.key               secret for signing the xorb fetch URLs we hand out
 
 Nothing is written unless every check passed; blobs are written (fsync + rename + dir fsync)
@@ -61,8 +62,16 @@ class CasStore:
     """One data root's store: uploads (`ingest`), xorb reads (`xorbs`) and file reads (`files`) over one shared
     `index`. Its methods are theirs; see the module docstring for the layout."""
 
-    def __init__(self, root: str | Path, max_xorb_bytes: int = MAX_XORB_BYTES, max_shard_bytes: int = MAX_SHARD_BYTES):
-        self.index = CasIndex(root)
+    def __init__(
+        self,
+        root: str | Path,
+        max_xorb_bytes: int = MAX_XORB_BYTES,
+        max_shard_bytes: int = MAX_SHARD_BYTES,
+        database: str | None = None,
+    ):
+        """`database`: a ``postgresql://`` URL for the index (default: SQLite in `root`). Raises BadDatabaseUrl,
+        DatabaseUnavailable."""
+        self.index = CasIndex(root, database)
         self.root = self.index.root
         self.ingest = CasIngest(self.index, max_xorb_bytes, max_shard_bytes)
         self.xorbs = XorbReads(self.index)

@@ -86,7 +86,7 @@ class CasIngest:
             self.index.write_blob(path, data)
         with self.index.tx() as db:
             cur = db.execute(
-                "INSERT OR IGNORE INTO xorbs VALUES (?, ?, ?, ?, NULL, ?)",
+                "INSERT INTO xorbs VALUES (?, ?, ?, ?, NULL, ?) ON CONFLICT DO NOTHING",
                 (hash_hex, len(data), parsed.raw_len, len(parsed.chunks), time.time()),
             )
             if cur.rowcount:
@@ -95,7 +95,7 @@ class CasIngest:
                     [(hash_hex, i, c.hash, c.byte_start, c.byte_end, c.raw_len) for i, c in enumerate(parsed.chunks)],
                 )
             if uploader is not None:
-                db.execute("INSERT OR IGNORE INTO xorb_uploaders VALUES (?, ?)", (hash_hex, uploader))
+                db.execute("INSERT INTO xorb_uploaders VALUES (?, ?) ON CONFLICT DO NOTHING", (hash_hex, uploader))
             db.execute("DELETE FROM damaged_xorbs WHERE hash = ?", (hash_hex,))
         return XorbResult(hash_hex, bool(cur.rowcount), len(parsed.chunks), len(data))
 
@@ -165,13 +165,14 @@ class CasIngest:
         """Write a checked shard's index rows in one transaction; whether the shard was new."""
         now = time.time()
         with self.index.tx() as tx:
-            cur = tx.execute("INSERT OR IGNORE INTO shards VALUES (?, ?, ?)", (shard_hex, size, now))
+            cur = tx.execute("INSERT INTO shards VALUES (?, ?, ?) ON CONFLICT DO NOTHING", (shard_hex, size, now))
             inserted = bool(cur.rowcount)
             for f in shard.files:
                 f_hex = xf.hash_to_hex(f.hash)
                 sha = xf.hash_to_hex(f.sha256) if f.sha256 else None
                 if tx.execute(
-                    "INSERT OR IGNORE INTO files VALUES (?, ?, ?, ?, ?)", (f_hex, f.size, sha, shard_hex, now)
+                    "INSERT INTO files VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (f_hex, f.size, sha, shard_hex, now),
                 ).rowcount:
                     tx.executemany(
                         "INSERT INTO file_terms VALUES (?, ?, ?, ?, ?, ?)",
@@ -184,10 +185,10 @@ class CasIngest:
                 "UPDATE xorbs SET shard = ? WHERE hash = ? AND shard IS NULL",
                 [(shard_hex, xf.hash_to_hex(x.hash)) for x in shard.xorbs],
             )
-            tx.executemany("INSERT OR IGNORE INTO dedup_chunks VALUES (?, ?)", list(eligible.items()))
+            tx.executemany("INSERT INTO dedup_chunks VALUES (?, ?) ON CONFLICT DO NOTHING", list(eligible.items()))
             if uploader is not None:
                 tx.executemany(
-                    "INSERT OR IGNORE INTO file_uploaders VALUES (?, ?)",
+                    "INSERT INTO file_uploaders VALUES (?, ?) ON CONFLICT DO NOTHING",
                     [(xf.hash_to_hex(f.hash), uploader) for f in shard.files],
                 )
         return inserted
