@@ -16,6 +16,8 @@ def test_every_service_runs_a_real_robotloop_command():
     services = yaml.safe_load(COMPOSE.read_text())["services"]
     assert {"buckets", "capture", "trainer"} <= set(services)
     for name, service in services.items():
+        if "build" not in service:  # an engine's own image (the replicas profile's PostgreSQL)
+            continue
         command = service["command"]
         result = CliRunner().invoke(app, [*command[:2], "--help"])
         assert result.exit_code == 0, f"{name}: robotloop {' '.join(command[:2])} is not a command"
@@ -50,6 +52,20 @@ def test_compose_validates_the_file(tmp_path):
     env = {"PATH": os.environ["PATH"], "ROBOTLOOP_SERVICE_TOKEN": "t", "ROBOTLOOP_ROBOT_TOKEN": "r"}
     ok = subprocess.run([*compose, "config", "-q"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
+    # The replicas profile: PostgreSQL, two bucket servers over one root, two deploy services, all on it.
+    replicas = [*compose, "--profile", "replicas", "config"]
+    with_pg = {**env, "ROBOTLOOP_PG_PASSWORD": "pw"}
+    config = subprocess.run(replicas, cwd=tmp_path, env=with_pg, capture_output=True, text=True)
+    assert config.returncode == 0, config.stderr
+    services = yaml.safe_load(config.stdout)["services"]
+    assert {"postgres", "buckets-a", "buckets-b", "deploy-a", "deploy-b"} <= set(services)
+    for name in ("buckets-a", "buckets-b", "deploy-a", "deploy-b"):
+        command = services[name]["command"]
+        assert command[command.index("--database") + 1] == "postgresql://robotloop@postgres:5432/robotloop"
+        assert "pw" not in " ".join(command)  # the password only in the environment
+    assert services["buckets-a"]["volumes"] == services["buckets-b"]["volumes"]  # one shared root
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"] == "pw"
+    assert all(services[name]["environment"]["PGPASSWORD"] == "pw" for name in ("buckets-b", "deploy-b"))
     unset = subprocess.run(
         [*compose, "config", "-q"], cwd=tmp_path, env={"PATH": os.environ["PATH"]}, capture_output=True, text=True
     )

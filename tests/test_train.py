@@ -114,11 +114,15 @@ def test_an_episode_committed_mid_run_is_trained_on(bucket_server, tmp_path):
     assert [r.elapsed_s for r in reports] == sorted(r.elapsed_s for r in reports)
 
 
-def test_two_ranks_under_torchrun_share_the_episodes_and_one_checkpoint(bucket_server, tmp_path):
-    """Data parallel on CPU (gloo): what `torchrun --nproc-per-node N` does on GPUs with NCCL."""
+def test_two_nodes_under_torchrun_share_the_episodes_and_one_checkpoint(bucket_server, tmp_path):
+    """Data parallel across two nodes of one process each (c10d rendezvous, gloo on CPU): what `torchrun --nnodes N`
+    does on a cluster, and the same code as one host's `--nproc-per-node N` (each node's only rank has LOCAL_RANK 0:
+    the global rank, not the local one, picks the checkpoint writer and the episodes' share)."""
     import os
     import subprocess
     import sys
+
+    from .conftest import free_port
 
     client, url, _ = _dataset(bucket_server, tmp_path, "ddp", episodes=3)
     out = BucketUrl.parse("hf://buckets/lab/train/models/ddp")
@@ -128,37 +132,24 @@ def test_two_ranks_under_torchrun_share_the_episodes_and_one_checkpoint(bucket_s
         "ROBOTLOOP_STORAGE__TOKEN": WRITE_TOKEN,
         "OMP_NUM_THREADS": "1",
     }
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "robotloop.cli",
-        "train",
-        "--dataset",
-        str(url),
-        "--output",
-        str(out),
-        "--steps",
-        "4",
-        "--batch-size",
-        "2",
-        "--log-every",
-        "2",
-        "--checkpoint-every",
-        "4",
-        "--tiny",
-        "--decode-workers",
-        "1",
-        "--device",
-        "cpu",
+    rendezvous = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", "ddp"]
+    rendezvous += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    train = ["-m", "robotloop.cli", "train", "--dataset", str(url), "--output", str(out), "--steps", "4"]
+    train += ["--batch-size", "2", "--log-every", "2", "--checkpoint-every", "4", "--tiny", "--decode-workers", "1"]
+    train += ["--device", "cpu"]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", *rendezvous, *train],
+            env={**env, "XDG_CACHE_HOME": str(tmp_path / f"node{i}")},  # each node its own caches and staging
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
     ]
-    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert (run.stdout + run.stderr).count("randomly initialised") == 2  # once per rank: said once, not twice
+    said = [node.communicate(timeout=400)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(s[-3000:] for s in said)
+    assert "".join(said).count("randomly initialised") == 2  # once per rank: said once, not twice
     client.fetch(out / "checkpoints" / "000004", tmp_path / "ckpt")
     state = tmp_path / "ckpt" / "training_state"
     assert {p.name for p in state.glob("sampler_state_rank*.json")} == {
