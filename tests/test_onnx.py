@@ -125,12 +125,16 @@ def test_batch_of_episodes_matches_torch(tiny: Path, exported: Path) -> None:
         PolicyRunner.load(tiny, inference=ENSEMBLE),
         OnnxRunner.load(exported, inference=ENSEMBLE),
     )
+    # One episode runs in a session whose batch is fixed to 1 (ONNX Runtime folds more of the graph); a batch of
+    # several opens a second session, dynamic, at its first use.
+    assert [i.shape[0] for i in onnx_runner.session.get_inputs()] == [1, 1] and onnx_runner._batch_session is None
     for _ in range(5):  # three episodes in lockstep: the batch dimension is dynamic in the graph
         frames = rng.integers(0, 256, (3, *CAMERA, 3), dtype=np.uint8)
         states = rng.normal(0, 0.05, (3, 14)).astype(np.float32)
         want = torch_runner.act_batch({"top": frames}, states)
         got = onnx_runner.act_batch({"top": frames}, states)
         assert got.shape == (3, 14) and np.abs(got - want).max() <= 1e-4
+    assert onnx_runner._batch_session.get_inputs()[0].shape[0] == "batch"
     with pytest.raises(BadValue, match="a batch of 2 episodes after 3: reset"):
         onnx_runner.act_batch({"top": frames[:2]}, states[:2])
     onnx_runner.reset()

@@ -48,6 +48,7 @@ from ..train.policy import INPUTS_FILE
 from .errors import OnnxExportError
 from .onnx_runner import (
     ACTION_KEY,
+    BATCH_DIM,
     ONNX_DATA_FILE,
     ONNX_FILE,
     ONNX_META_FILE,
@@ -144,6 +145,7 @@ def export_runner(
         expected = graph(*inputs).numpy()
     program = _export(graph, inputs, names, opset)
     _drop_node_metadata(program)
+    _name_batch_dimension(program)
     _untranspose_weights(program, runner.policy.state_dict())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -323,6 +325,28 @@ def _drop_node_metadata(program) -> None:
 
     for node in onnx_ir.traversal.RecursiveGraphIterator(program.model.graph):
         node.metadata_props.clear()
+
+
+def _name_batch_dimension(program) -> None:
+    """Name the dynamic batch dimension `BATCH_DIM` (the exporter's name for it is a counter, `s21`): what
+    `OnnxRunner` fixes to 1 for a robot's single episode (ONNX Runtime's free dimension override), so that ONNX
+    Runtime folds what does not depend on the observation (ACT's decoder queries: its self-attention over the zero
+    input), and what the metadata calls it."""
+    import onnx_ir
+
+    graph = program.model.graph
+    batch = graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape is not None else None
+    if not isinstance(batch, onnx_ir.SymbolicDim) or batch.value is None:
+        return
+    values = [*graph.inputs, *graph.outputs]
+    values += [v for node in onnx_ir.traversal.RecursiveGraphIterator(graph) for v in node.outputs]
+    for value in values:
+        if value.shape is not None and any(
+            isinstance(d, onnx_ir.SymbolicDim) and d.value == batch.value for d in value.shape
+        ):
+            value.shape = onnx_ir.Shape(
+                [BATCH_DIM if isinstance(d, onnx_ir.SymbolicDim) and d.value == batch.value else d for d in value.shape]
+            )
 
 
 def _untranspose_weights(program, state: dict[str, torch.Tensor]) -> None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -45,6 +46,8 @@ ONNX_META_FILE = "policy.onnx.json"
 ONNX_FILES = (ONNX_FILE, ONNX_DATA_FILE, ONNX_META_FILE)  # what an export writes: a release holds all three or none
 META_FORMAT = 1
 STATE_KEY, IMAGE_PREFIX, ACTION_KEY = "observation.state", "observation.images.", "action"
+# The graph's dynamic batch dimension, as the export names it: a robot's session fixes it to 1 (see `OnnxRunner`).
+BATCH_DIM = "batch"
 # ONNX Runtime's execution providers per `device`, in order of preference (ONNX Runtime falls back along the list,
 # node by node, for what the first cannot run).
 PROVIDERS: dict[str, tuple[str, ...]] = {
@@ -204,7 +207,11 @@ class OnnxRunner:
     `robotloop.deploy.policy.Policy`, as `PolicyRunner` is: the robot runtime holds either.
 
     Attributes:
-        session: the onnxruntime InferenceSession. meta: the export's `OnnxMeta`. path: the directory loaded from.
+        session: the onnxruntime InferenceSession, for one episode: its batch dimension fixed to 1, so that ONNX
+            Runtime folds at load what does not depend on the observation (ACT's decoder self-attention over its
+            zero input: ~15% of a step on the CPU). A batch of several episodes (`act_batch`) runs in a second
+            session with the batch dynamic, opened at its first use by `open_batch_session`.
+        meta: the export's `OnnxMeta`. path: the directory loaded from.
         n_action_steps, temporal_ensemble_coeff: how it acts (the saved policy's, or `load`'s `inference`).
     """
 
@@ -214,6 +221,7 @@ class OnnxRunner:
     path: Path
     n_action_steps: int
     temporal_ensemble_coeff: float | None
+    open_batch_session: Callable[[], Any] | None = None  # the session for batches of several; None: `session`'s
 
     def __post_init__(self) -> None:
         self.image_keys: list[str] = list(self.meta.cameras)
@@ -232,6 +240,7 @@ class OnnxRunner:
         )
         self._queue: deque[np.ndarray] = deque()  # [B, action_dim] per step still to execute
         self._batch: int | None = None  # the episodes' count since reset(); they share the queue
+        self._batch_session: Any = None
 
     # -- loading -----------------------------------------------------------------------------------------
     @classmethod
@@ -268,13 +277,16 @@ class OnnxRunner:
             raise PolicyLoadError(f"{path}: no exported ONNX policy ({ONNX_FILE}, {ONNX_DATA_FILE}, {ONNX_META_FILE})")
         meta = read_meta(path)
         steps, coeff = _acting(meta, inference or {})
-        options = ort.SessionOptions()
-        options.log_severity_level = 3  # errors only: its warnings go to stderr, past robotloop's logging
-        if threads is not None:
-            options.intra_op_num_threads = threads
-        session = _start_session(ort, path, options, _attempts(device, ort.get_available_providers()))
+        attempts = _attempts(device, ort.get_available_providers())
+        session = _start_session(ort, path, _session_options(ort, threads, batch_of_one=True), attempts)
         _check_graph(session, meta, path)
-        return cls(session, meta, path, steps, coeff)
+        started = [a for a in attempts if _first_provider(a[1]) == session.get_providers()[0]][:1]
+
+        def open_batch_session() -> Any:
+            return _start_session(ort, path, _session_options(ort, threads, batch_of_one=False), started)
+
+        fixed = session.get_inputs()[0].shape[0] == 1  # an export from before names it otherwise: dynamic
+        return cls(session, meta, path, steps, coeff, open_batch_session if fixed else None)
 
     # -- properties --------------------------------------------------------------------------------------
     @property
@@ -359,8 +371,13 @@ class OnnxRunner:
             PolicyRunError: ONNX Runtime failed (its own exceptions are not RuntimeErrors: a robot's control loop
                 rolls back on this one).
         """
+        session = self.session
+        if len(next(iter(feeds.values()))) != 1 and self.open_batch_session is not None:
+            if self._batch_session is None:
+                self._batch_session = self.open_batch_session()
+            session = self._batch_session
         try:
-            (chunk,) = self.session.run([ACTION_KEY], feeds)
+            (chunk,) = session.run([ACTION_KEY], feeds)
         except Exception as error:  # onnxruntime's Fail, RuntimeException, EPFail, ...
             raise PolicyRunError(f"{self.path}: ONNX Runtime failed to run the policy: {error}") from error
         return _finite(chunk)
@@ -477,6 +494,23 @@ def _providers(kind: str, gpu: int | None, available: list[str]) -> list[Any]:
     return [(p, {"device_id": gpu}) if gpu is not None and p != "CPUExecutionProvider" else p for p in names]
 
 
+def _session_options(ort: Any, threads: int | None, *, batch_of_one: bool) -> Any:
+    """ONNX Runtime's session options for the policy: `threads` intra-op threads (None: its default, one per
+    physical core), the batch dimension fixed to 1 when `batch_of_one` (an export that does not name it `BATCH_DIM`,
+    from before, keeps it dynamic)."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: its warnings go to stderr, past robotloop's logging
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    if batch_of_one:
+        options.add_free_dimension_override_by_name(BATCH_DIM, 1)
+    return options
+
+
+def _first_provider(providers: list[Any]) -> str:
+    return providers[0] if isinstance(providers[0], str) else providers[0][0]
+
+
 def _start_session(ort: Any, path: Path, options: Any, attempts: list[Attempt]) -> Any:
     """The first session whose first provider starts (ONNX Runtime falls back silently when one cannot: its CUDA
     libraries missing, ...); only the last attempt's failure to load the graph is an error, an earlier one's is a
@@ -487,7 +521,7 @@ def _start_session(ort: Any, path: Path, options: Any, attempts: list[Attempt]) 
     """
     failed: list[str] = []
     for i, (device, providers) in enumerate(attempts):
-        first = providers[0] if isinstance(providers[0], str) else providers[0][0]
+        first = _first_provider(providers)
         try:
             session = ort.InferenceSession(str(path / ONNX_FILE), options, providers=providers)
         except Exception as error:  # onnxruntime's Fail / InvalidGraph / NoSuchFile / EPFail, ...
@@ -526,6 +560,7 @@ def _finite(actions: np.ndarray) -> np.ndarray:
 
 
 __all__ = [
+    "BATCH_DIM",
     "ONNX_DATA_FILE",
     "ONNX_FILE",
     "ONNX_FILES",
