@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -70,6 +70,9 @@ class OnnxMeta:
         n_action_steps, temporal_ensemble_coeff: how the saved policy acts (lerobot's ACTConfig fields).
         opset: the graph's ONNX opset. source: sha256 of the checkpoint files it was exported from.
         max_abs_diff: the largest |ONNX - torch| action the export measured on its check batch.
+        exporter: the revision of the exporter that wrote it (`onnx_export.EXPORTER_REVISION`; 0: one older than
+            the field). written: sha256 of the graph and weights files as the export wrote them (empty: older).
+            With `source`, what `onnx_export.stale_export` checks before publish reuses an export.
     """
 
     cameras: dict[str, tuple[int, int, int]]
@@ -82,6 +85,8 @@ class OnnxMeta:
     opset: int
     source: dict[str, str]
     max_abs_diff: float
+    exporter: int = 0
+    written: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         inputs = [
@@ -103,6 +108,8 @@ class OnnxMeta:
             "opset": self.opset,
             "source": self.source,
             "max_abs_diff": self.max_abs_diff,
+            "exporter": self.exporter,
+            "written": self.written,
         }
 
     @classmethod
@@ -132,6 +139,9 @@ class OnnxMeta:
             opset=int(raw["opset"]),
             source={str(k): str(v) for k, v in raw["source"].items()},
             max_abs_diff=float(raw["max_abs_diff"]),
+            # Absent from exports made before they were recorded: such an export is made again at publish.
+            exporter=int(raw.get("exporter", 0)),
+            written={str(k): str(v) for k, v in raw.get("written", {}).items()},
         )
 
 
