@@ -50,7 +50,7 @@ from robotloop.deploy.keys import (
 )
 from robotloop.deploy.local import start_local_deploy_service
 from robotloop.deploy.manifest import BadManifest, Manifest, SignedManifest
-from robotloop.deploy.onnx_runner import ONNX_DATA_FILE, ONNX_FILE, ONNX_FILES, OnnxRunner
+from robotloop.deploy.onnx_runner import ONNX_DATA_FILE, ONNX_FILE, ONNX_FILES, ONNX_META_FILE, OnnxRunner
 from robotloop.deploy.policy import load_policy
 from robotloop.deploy.publish import PublishedRelease, publish
 from robotloop.deploy.runner import make_tiny_checkpoint
@@ -1440,6 +1440,14 @@ def test_publish_reuses_the_export_training_left_beside_the_checkpoint_and_redoe
     # --no-onnx: no ONNX in the release, even where the checkpoint carries an export.
     off = publish(deploy.bucket, str(url), "trained-v2-torch", key, deploy.ops(), onnx="off")
     assert off.onnx is None and not {f.path for f in off.manifest.files} & set(ONNX_FILES)
+
+    # An export cut short (its weights file never uploaded): made again, and said why.
+    (later / ONNX_DATA_FILE).unlink()
+    url = BucketUrl.parse(f"{RUN}/trained/checkpoints/000300")
+    deploy.bucket.upload(later, url / "pretrained_model")
+    cut = publish(deploy.bucket, str(url), "trained-v3", key, deploy.ops(), onnx="required")
+    assert cut.onnx is not None and not cut.onnx.reused and cut.onnx.files == ONNX_FILES, cut.onnx
+    assert cut.onnx.redone == f"an incomplete export ({ONNX_FILE}, {ONNX_META_FILE} only)"
 
 
 def _sha256(path: Path) -> str:

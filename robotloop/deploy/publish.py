@@ -238,8 +238,7 @@ def publish(
             signed, written = stored, False
         else:
             if onnx != "off":
-                found = exported if len(exported) == len(ONNX_FILES) else []  # all three or none is an export
-                report = _onnx(client, model_url, found, model, Path(tmp) / "onnx", name, hashes, onnx)
+                report = _onnx(client, model_url, exported, model, Path(tmp) / "onnx", name, hashes, onnx)
             manifest = build_manifest(model, name, step_url.bucket_id, str(step_url), hashes, lineage)
             signed, written = _store(client, SignedManifest.sign(manifest, signer))
     if deploy is not None:
@@ -273,9 +272,9 @@ def _onnx(
     mode: OnnxMode,
 ) -> OnnxReport:
     """The release's ONNX export, added to `model` (the checkpoint downloaded) and `hashes`: the checkpoint's own
-    (`found`, listed under `model_url`) when `stale_export` finds it is exactly this checkpoint's, else one made here
-    (`out`: where it is made) and uploaded into the release's folder. With `mode` "optional", a policy that cannot
-    be exported is a report of why instead.
+    (`found`: its ONNX files listed under `model_url`) when `stale_export` finds it is exactly this checkpoint's,
+    else one made here (`out`: where it is made) and uploaded into the release's folder. With `mode` "optional", a
+    policy that cannot be exported is a report of why instead.
 
     Raises:
         OnnxExportError: `mode` "required" and the policy cannot be exported (nothing is uploaded then).
@@ -287,7 +286,9 @@ def _onnx(
         from .onnx_export import export_onnx, stale_export
         from .onnx_runner import read_meta
 
-        if found:
+        if found and len(found) < len(ONNX_FILES):  # all three or none is an export: a cut-short upload, say
+            redone = f"an incomplete export ({', '.join(sorted(_relative(e, model_url) for e in found))} only)"
+        elif found:
             client.download_tree(model_url, model, found)
             redone = stale_export(model)
             if redone is None:  # exported from exactly these files, and checked against torch then: taken as is
