@@ -1401,10 +1401,14 @@ def test_publish_reuses_the_export_training_left_beside_the_checkpoint_and_redoe
     from robotloop.deploy.onnx_export import stale_export
     from robotloop.train.checkpoint import export_onnx_beside
 
+    # A bucket of its own: its releases hold the tiny ACT's weights, which other tests here need no other path of
+    # their bucket to hold (a robot reads bytes only through a path of a bucket that holds them).
+    run = "hf://buckets/lab/deploy-trained/models/run"
+    deploy.bucket.create_bucket(BucketUrl.parse(run))
     ckpt = Path(shutil.copytree(deploy.ckpts["v1"], tmp_path / "v1" / "pretrained_model"))
     made = export_onnx_beside(ckpt)  # what training's last checkpoint carries
     assert made["files"] == list(ONNX_FILES) and made["max_abs_diff"] <= 1e-4, made
-    url = BucketUrl.parse(f"{RUN}/trained/checkpoints/000100")
+    url = BucketUrl.parse(f"{run}/checkpoints/000100")
     deploy.bucket.upload(ckpt, url / "pretrained_model")
     theirs = {PurePosixPath(e.url.path).name: e.xet_hash for e in deploy.bucket.ls(url, recursive=True)}
     key = load_private_key(deploy.key)
@@ -1425,7 +1429,7 @@ def test_publish_reuses_the_export_training_left_beside_the_checkpoint_and_redoe
     # A later checkpoint whose folder kept the earlier export (copied along with it): new weights, old graph.
     later = _perturbed(ckpt, tmp_path / "later" / "pretrained_model", keep=("model.backbone.",))
     assert stale_export(later) == "exported from other checkpoint files: model.safetensors differs"
-    url = BucketUrl.parse(f"{RUN}/trained/checkpoints/000200")
+    url = BucketUrl.parse(f"{run}/checkpoints/000200")
     deploy.bucket.upload(later, url / "pretrained_model")
     redone = publish(deploy.bucket, str(url), "trained-v2", key, deploy.ops(), onnx="required")
     assert redone.onnx is not None and not redone.onnx.reused, redone.onnx
@@ -1443,7 +1447,7 @@ def test_publish_reuses_the_export_training_left_beside_the_checkpoint_and_redoe
 
     # An export cut short (its weights file never uploaded): made again, and said why.
     (later / ONNX_DATA_FILE).unlink()
-    url = BucketUrl.parse(f"{RUN}/trained/checkpoints/000300")
+    url = BucketUrl.parse(f"{run}/checkpoints/000300")
     deploy.bucket.upload(later, url / "pretrained_model")
     cut = publish(deploy.bucket, str(url), "trained-v3", key, deploy.ops(), onnx="required")
     assert cut.onnx is not None and not cut.onnx.reused and cut.onnx.files == ONNX_FILES, cut.onnx
