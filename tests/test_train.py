@@ -108,6 +108,14 @@ def test_the_last_checkpoint_carries_its_onnx_export_which_publish_signs_as_it_i
     assert released.manifest.checkpoint.endswith("checkpoints/000004")
     assert set(ONNX_FILES) <= {f.path for f in released.manifest.files}
 
+    # A run stopped early (the training service's cancel) checkpoints at once, without the export: its checkpoint
+    # must land before the cancel's grace runs out.
+    stopped = BucketUrl.parse("hf://buckets/lab/train/models/onnx-stopped")
+    report = _run(client, url, stopped, steps=4, onnx="auto", should_stop=lambda: True)
+    assert report.steps == 1 and report.onnx is None
+    model = stopped / "checkpoints" / "000001" / "pretrained_model"
+    assert not {e.url.path.rsplit("/", 1)[-1] for e in client.ls(model, recursive=True)} & set(ONNX_FILES)
+
 
 def test_resuming_with_another_model_says_which_options_differ(bucket_server, tmp_path):
     client, url, _ = _dataset(bucket_server, tmp_path, "resume-other")

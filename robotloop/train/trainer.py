@@ -69,7 +69,9 @@ class TrainSettings:
     # then checks and reuses instead of exporting (~10 s of a 2-core machine for the default ACT). "auto": when
     # this machine has the exporter (`checkpoint.onnx_exporter_installed`); "off": never. Only the last: an export
     # runs on the CPU, so one per checkpoint would stall the training step that long each time (in the background
-    # it would take the CPU the data decoding needs), and the last is the one a run URL publishes.
+    # it would take the CPU the data decoding needs), and the last is the one a run URL publishes. A run stopped
+    # early (the training service's cancel: SIGTERM) skips it: its checkpoint must land within the cancel's grace
+    # before SIGKILL, and publishing it exports then.
     onnx: Literal["auto", "off"] = "auto"
 
 
@@ -285,7 +287,7 @@ def _loop(
         if step % settings.checkpoint_every == 0 or step == settings.steps or stop:
             losses += [(s, float(v)) for s, v in pending]
             pending.clear()
-            checkpoint(step, last=step == settings.steps or stop)
+            checkpoint(step, last=step == settings.steps and not stop)
         if stop:
             break
     # Training's own time: the export is deployment's work done here, and would read as a slower run.
