@@ -1,6 +1,7 @@
 """Deploy figures for BENCHMARKS.md: bytes a robot pulls per update, publish-to-running time, swap gap.
 
 Run:  MUJOCO_GL=egl .venv/bin/python benchmarks/deploy.py [--image-size 96x128] [--out deploy.json]
+          [--onnx-at checkpoint|publish] [--latency-only]
 
 Everything is real and on localhost: a robotloop bucket server (embedded launcher, temporary root), the deploy
 service (`python -m services.deploy`), hf_xet transfers, MuJoCo's TransferCube and the default 51.6M-parameter
@@ -11,6 +12,9 @@ ACT (lerobot 0.6.1 defaults; random weights: only bytes and timing matter here, 
    pulled into a robot store that holds v1. "Served" is the bucket server's own count of bytes it sent
    (GET /api/robotloop/stats), so the figure does not trust the client. Target: served <= 1.1 x changed + 1 MB.
    Each release holds the policy's ONNX export too (`publish`'s default), its weights as external data.
+   `--onnx-at checkpoint` (the default): each checkpoint carries its ONNX export as the trainer leaves it
+   (`export_onnx_beside`, made before the clock starts: training's time), which publish checks and reuses;
+   `--onnx-at publish`: checkpoints without one, so publish exports (what every publish did before).
 2. Publish to running. A robot runtime (ALOHA TransferCube at 50 Hz, its own thread) follows a channel. The clock
    starts when `publish` is called (it downloads the checkpoint, hashes it, signs and stores the manifest and
    registers the release) and stops when the control loop runs its first action of the new release.
@@ -54,6 +58,7 @@ from robotloop.sim.constants import START_ARM_POSE
 from robotloop.sim.env import joint_state
 from robotloop.storage import BucketClient, BucketUrl
 from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
+from robotloop.train.checkpoint import export_onnx_beside
 from robotloop.train.policy import ACTSettings, build_policy
 
 MB = 1_000_000
@@ -61,8 +66,9 @@ OPS = "bench-ops"
 RUN = "hf://buckets/bench/deploy/models/act"
 
 
-def save_variants(work: Path, image_size: tuple[int, int]) -> dict[str, Path]:
-    """v1, fine-tune (non-backbone nudged) and retrain (all nudged) of the default ACT, saved with save_pretrained."""
+def save_variants(work: Path, image_size: tuple[int, int], onnx_at: str = "checkpoint") -> dict[str, Path]:
+    """v1, fine-tune (non-backbone nudged) and retrain (all nudged) of the default ACT, saved with save_pretrained;
+    with `onnx_at` "checkpoint", each with its ONNX export beside it, as the trainer leaves its last checkpoint."""
     torch.manual_seed(0)
     start = joint_state(START_ARM_POSE).astype(np.float32)
     vec = {"mean": start, "std": np.full(14, 0.05, np.float32), "min": start - 1, "max": start + 1}
@@ -78,6 +84,10 @@ def save_variants(work: Path, image_size: tuple[int, int]) -> dict[str, Path]:
                 if tensor.is_floating_point() and not (frozen and key.startswith(frozen)):
                     tensor.copy_(original[key] + 1e-3 * torch.randn_like(tensor))
         out[name] = policy.save_pretrained(work / name)
+    if onnx_at == "checkpoint":
+        for name, path in out.items():
+            made = export_onnx_beside(path)
+            print(f"{name}: exported beside the checkpoint in {made['seconds']:.1f} s (training's time, not timed)")
     return out
 
 
@@ -176,7 +186,7 @@ def publish_to_running(bench: Bench, ckpts: dict[str, Path], image_size: tuple[i
     for name, ckpt in (("run-v1", ckpts["v1"]), ("run-finetune", ckpts["finetune"]), ("run-retrain", ckpts["retrain"])):
         url = bench.upload(ckpt)  # the checkpoint is in the bucket, as the trainer leaves it
         t0 = time.monotonic()
-        publish(bench.bucket, url, name, bench.signer, bench.ops, "bench")
+        released = publish(bench.bucket, url, name, bench.signer, bench.ops, "bench")
         published = time.monotonic() - t0
         while robot.running != name:
             time.sleep(0.01)
@@ -193,6 +203,9 @@ def publish_to_running(bench: Bench, ckpts: dict[str, Path], image_size: tuple[i
             "pull_s": round(pull.seconds, 2),
             "fetched_mb": pull.bytes_fetched / MB,
             "swap_gap_ms": None if swap["gap_s"] is None else round(1000 * swap["gap_s"], 1),
+            # The ONNX step of publish: the checkpoint's export checked and reused, or an export made there.
+            "onnx_reused": released.onnx.reused if released.onnx else None,
+            "onnx_s": round(released.onnx.seconds, 2) if released.onnx else None,
         }
         print(name, out[name])
         time.sleep(3)  # let the loop run on the new release before the next one
@@ -208,6 +221,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--image-size", default="96x128")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--onnx-at",
+        choices=("checkpoint", "publish"),
+        default="checkpoint",
+        help="Where the ONNX export is made: beside the checkpoint, as training does (publish reuses it), or at "
+        "publish (checkpoints without one).",
+    )
+    parser.add_argument("--latency-only", action="store_true", help="Publish to running only, not bytes per update.")
     args = parser.parse_args()
     image_size = tuple(int(v) for v in args.image_size.split("x"))
     with tempfile.TemporaryDirectory() as tmp:
@@ -217,11 +238,13 @@ def main() -> None:
         try:
             bench = Bench(work, server.endpoint, server.token, deploy_url)
             bench.bucket.create_bucket(BucketUrl.parse(RUN))
-            ckpts = save_variants(work / "ckpt", image_size)
+            ckpts = save_variants(work / "ckpt", image_size, args.onnx_at)
             results = {
                 "date": time.strftime("%Y-%m-%d"),
                 "machine": f"{platform.node()} {os.cpu_count()} cores",
-                "bytes": bytes_per_update(bench, ckpts),
+                "onnx_at": args.onnx_at,
+                "load_before": os.getloadavg()[0],
+                "bytes": None if args.latency_only else bytes_per_update(bench, ckpts),
                 "latency": publish_to_running(bench, ckpts, image_size),
             }
         finally:

@@ -1,6 +1,6 @@
 """The robot's policy on ONNX Runtime against torch: action parity and per-step latency, on this machine's CPU.
 
-Run:  MUJOCO_GL=egl .venv/bin/python benchmarks/robot_onnx.py [--steps 200] [--passes 3] [--threads 2]
+Run:  MUJOCO_GL=egl .venv/bin/python benchmarks/robot_onnx.py [--steps 200] [--passes 3] [--threads 2] [--spinning]
           [--out benchmarks/results/robot_onnx_cpu.json]
 Smoke (the tiny ACT at 48x64, seconds):  ... benchmarks/robot_onnx.py --quick
 
@@ -8,7 +8,9 @@ The policy is the h200 preset's (`robotloop.loop.pipeline.H200_RECIPE`): lerobot
 parameters, random weights: only parity and time matter here) seeing the 480x640 camera at 120x160 (its
 preprocessor's resize), acting with ACT's temporal ensembling (coefficient 0.01, n_action_steps 1: one inference
 per control step). It is exported with `robotloop.deploy.onnx_export.export_onnx` (the resize, normalization and
-un-normalization in the graph) and run by `OnnxRunner` (numpy + onnxruntime) against `PolicyRunner` (torch eager).
+un-normalization in the graph) and run by `OnnxRunner` (numpy + onnxruntime) against `PolicyRunner` (torch eager),
+with the runner's session settings: the batch fixed to 1 (ONNX Runtime folds what does not depend on the
+observation), intra-op threads not spinning (`--spinning`: ONNX Runtime's default, spinning).
 
 1. Parity: TransferCube (MuJoCo, 480x640 frames) stepped `--steps` times with the torch policy's actions; both
    policies see the same observations. Max |ONNX - torch| over every action (after ensembling) and over every
@@ -106,6 +108,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
+    parser.add_argument("--spinning", action="store_true", help="ONNX Runtime's threads busy-wait between operators")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -119,8 +122,9 @@ def main() -> None:
         torch_runner = PolicyRunner.load(ckpt)
         torch_load_s = time.perf_counter() - start
         start = time.perf_counter()
-        onnx_runner = OnnxRunner.load(export.directory, threads=args.threads)
+        onnx_runner = OnnxRunner.load(export.directory, threads=args.threads, spinning=args.spinning)
         onnx_load_s = time.perf_counter() - start
+        batch_fixed = onnx_runner.session.get_inputs()[0].shape[0] == 1
         assert torch_runner.ensembling and onnx_runner.ensembling  # one inference per step, on both
         observations = record_observations(torch_runner, camera, args.steps)
         matched = parity(torch_runner, onnx_runner, observations)
@@ -135,6 +139,11 @@ def main() -> None:
         "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.processor() or platform.machine()}",
         "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__},
         "threads": {"torch": torch.get_num_threads(), "onnxruntime": args.threads or "default"},
+        "onnxruntime_session": {
+            "batch_fixed_to_1": batch_fixed,
+            "spinning": args.spinning,
+            "graph_optimization_level": "ORT_ENABLE_ALL",
+        },
         "policy": {
             "quick": args.quick,
             "camera": list(camera),

@@ -189,8 +189,9 @@ class DeploySettings(ServiceSection):
     # when that person decides torch robots are enough for this one.
     onnx: OnnxMode = Field(
         default="required",
-        description="ONNX export at publish: required (a policy that cannot be exported is an error naming the layer, "
-        "and nothing is published), optional (it is then released without ONNX, and publish says why) or off.",
+        description="ONNX export in the release (the checkpoint's own when current, else made at publish): required (a "
+        "policy that cannot be exported is an error naming the layer, and nothing is published), optional (it is "
+        "then released without ONNX, and publish says why) or off.",
     )
 
 

@@ -50,7 +50,7 @@ from robotloop.deploy.keys import (
 )
 from robotloop.deploy.local import start_local_deploy_service
 from robotloop.deploy.manifest import BadManifest, Manifest, SignedManifest
-from robotloop.deploy.onnx_runner import ONNX_DATA_FILE, ONNX_FILE, ONNX_FILES, OnnxRunner
+from robotloop.deploy.onnx_runner import ONNX_DATA_FILE, ONNX_FILE, ONNX_FILES, ONNX_META_FILE, OnnxRunner
 from robotloop.deploy.policy import load_policy
 from robotloop.deploy.publish import PublishedRelease, publish
 from robotloop.deploy.runner import make_tiny_checkpoint
@@ -1399,6 +1399,73 @@ def test_publish_exports_onnx_into_the_release_signed_and_robots_pull_its_weight
     # The same checkpoint under the same name again: the first release is kept, export and all (none runs again).
     again = publish(deploy.bucket, signed.manifest.checkpoint, "onnx-v1", load_private_key(deploy.key), deploy.ops())
     assert again.onnx is None and again.signature == signed.signature
+
+
+def test_publish_reuses_the_export_training_left_beside_the_checkpoint_and_redoes_a_stale_one(
+    deploy, bucket_server, tmp_path
+):
+    """The trainer exports its last checkpoint (`export_onnx_beside`); publish checks that export is of exactly
+    these files and signs it as it is, without exporting. An export left beside other weights is made again."""
+    import shutil
+
+    from robotloop.deploy.onnx_export import stale_export
+    from robotloop.train.checkpoint import export_onnx_beside
+
+    # A bucket of its own: its releases hold the tiny ACT's weights, which other tests here need no other path of
+    # their bucket to hold (a robot reads bytes only through a path of a bucket that holds them).
+    run = "hf://buckets/lab/deploy-trained/models/run"
+    deploy.bucket.create_bucket(BucketUrl.parse(run))
+    ckpt = Path(shutil.copytree(deploy.ckpts["v1"], tmp_path / "v1" / "pretrained_model"))
+    made = export_onnx_beside(ckpt)  # what training's last checkpoint carries
+    assert made["files"] == list(ONNX_FILES) and made["max_abs_diff"] <= 1e-4, made
+    url = BucketUrl.parse(f"{run}/checkpoints/000100")
+    deploy.bucket.upload(ckpt, url / "pretrained_model")
+    theirs = {PurePosixPath(e.url.path).name: e.xet_hash for e in deploy.bucket.ls(url, recursive=True)}
+    key = load_private_key(deploy.key)
+
+    reused = publish(deploy.bucket, str(url), "trained-v1", key, deploy.ops(), onnx="required")
+    assert reused.onnx is not None and reused.onnx.reused and reused.onnx.redone is None, reused.onnx
+    assert reused.onnx.files == ONNX_FILES and reused.onnx.bytes_new == 0  # nothing exported, nothing uploaded
+    assert reused.onnx.max_abs_diff == made["max_abs_diff"]
+    files = {f.path: f for f in reused.manifest.files}
+    for name in ONNX_FILES:  # signed as the checkpoint holds them
+        assert files[name].xet_hash == theirs[name] and files[name].sha256 == _sha256(ckpt / name)
+    reused.verify(deploy.trusted)
+    store = ReleaseStore(tmp_path / "store")
+    store.pull(reused, deploy.trusted, XetFetcher(bucket_server.endpoint, WRITE_TOKEN, reused.manifest.bucket))
+    policy = load_policy(store.model_dir("trained-v1"), backend="onnx", device="cpu")
+    assert isinstance(policy, OnnxRunner)
+
+    # A later checkpoint whose folder kept the earlier export (copied along with it): new weights, old graph.
+    later = _perturbed(ckpt, tmp_path / "later" / "pretrained_model", keep=("model.backbone.",))
+    assert stale_export(later) == "exported from other checkpoint files: model.safetensors differs"
+    url = BucketUrl.parse(f"{run}/checkpoints/000200")
+    deploy.bucket.upload(later, url / "pretrained_model")
+    redone = publish(deploy.bucket, str(url), "trained-v2", key, deploy.ops(), onnx="required")
+    assert redone.onnx is not None and not redone.onnx.reused, redone.onnx
+    assert redone.onnx.redone == "exported from other checkpoint files: model.safetensors differs"
+    assert redone.onnx.seconds > 5 * reused.onnx.seconds  # an export ran: the reuse only hashed
+    files = {f.path: f for f in redone.manifest.files}
+    assert files[ONNX_DATA_FILE].sha256 != _sha256(later / ONNX_DATA_FILE)  # the stale weights were not signed
+    fresh = ReleaseStore(tmp_path / "fresh")
+    fresh.pull(redone, deploy.trusted, XetFetcher(bucket_server.endpoint, WRITE_TOKEN, redone.manifest.bucket))
+    assert stale_export(fresh.model_dir("trained-v2")) is None  # the release's export is of its own weights
+
+    # --no-onnx: no ONNX in the release, even where the checkpoint carries an export.
+    off = publish(deploy.bucket, str(url), "trained-v2-torch", key, deploy.ops(), onnx="off")
+    assert off.onnx is None and not {f.path for f in off.manifest.files} & set(ONNX_FILES)
+
+    # An export cut short (its weights file never uploaded): made again, and said why.
+    (later / ONNX_DATA_FILE).unlink()
+    url = BucketUrl.parse(f"{run}/checkpoints/000300")
+    deploy.bucket.upload(later, url / "pretrained_model")
+    cut = publish(deploy.bucket, str(url), "trained-v3", key, deploy.ops(), onnx="required")
+    assert cut.onnx is not None and not cut.onnx.reused and cut.onnx.files == ONNX_FILES, cut.onnx
+    assert cut.onnx.redone == f"an incomplete export ({ONNX_FILE}, {ONNX_META_FILE} only)"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 class _Branchy(torch.nn.Module):

@@ -20,10 +20,11 @@ import torch
 from lerobot.policies.act.modeling_act import ACTTemporalEnsembler
 
 from robotloop.deploy.errors import BackendUnavailable
-from robotloop.deploy.onnx_export import OnnxExportError, export_onnx, export_runner
+from robotloop.deploy.onnx_export import EXPORTER_REVISION, OnnxExportError, export_onnx, export_runner, stale_export
 from robotloop.deploy.onnx_runner import (
     ONNX_DATA_FILE,
     ONNX_FILE,
+    ONNX_FILES,
     ONNX_META_FILE,
     OnnxRunner,
     TemporalEnsembler,
@@ -97,6 +98,44 @@ def test_export_writes_a_graph_with_external_weights_and_its_description(tiny: P
     assert {n.op_type for n in graph.graph.node} >= {"Resize", "Conv", "Softmax"}  # resize and model in one graph
 
 
+def test_an_export_is_reused_only_beside_the_files_it_was_made_from(tiny: Path, exported: Path, tmp_path: Path):
+    """`stale_export` is what publish decides by, between the trainer's export and its own: hashing only."""
+    ckpt = Path(shutil.copytree(tiny, tmp_path / "pretrained_model"))
+    assert stale_export(ckpt) == f"no export here ({', '.join(ONNX_FILES)} missing)"
+    for name in ONNX_FILES:
+        shutil.copy(exported / name, ckpt / name)
+    assert stale_export(ckpt) is None  # the export of exactly these files, by this exporter
+    meta = json.loads((ckpt / ONNX_META_FILE).read_text())
+    assert meta["exporter"] == EXPORTER_REVISION and set(meta["written"]) == {ONNX_FILE, ONNX_DATA_FILE}
+
+    # Other weights (a later checkpoint's, say): what the export was made from is no longer there.
+    weights = (ckpt / "model.safetensors").read_bytes()
+    (ckpt / "model.safetensors").write_bytes(weights[:-1] + bytes([weights[-1] ^ 1]))
+    assert stale_export(ckpt) == "exported from other checkpoint files: model.safetensors differs"
+    (ckpt / "model.safetensors").write_bytes(weights)
+    # Other normalization stats: the graph holds them too.
+    stats = next(ckpt.glob("policy_postprocessor_step_*.safetensors"))
+    kept = stats.read_bytes()
+    stats.write_bytes(kept[:-1] + bytes([kept[-1] ^ 1]))
+    assert stale_export(ckpt) == f"exported from other checkpoint files: {stats.name} differs"
+    stats.write_bytes(kept)
+    # A weights file that is not the one the export wrote (and checked).
+    data = (ckpt / ONNX_DATA_FILE).read_bytes()
+    (ckpt / ONNX_DATA_FILE).write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    assert stale_export(ckpt) == f"{ONNX_DATA_FILE} not the file the export wrote"
+    (ckpt / ONNX_DATA_FILE).write_bytes(data)
+    # An export made by an older exporter (no revision recorded), or one that was over the tolerance.
+    older = {k: v for k, v in meta.items() if k not in ("exporter", "written")}
+    (ckpt / ONNX_META_FILE).write_text(json.dumps(older))
+    assert stale_export(ckpt) == f"made by exporter revision 0, this one is {EXPORTER_REVISION}"
+    (ckpt / ONNX_META_FILE).write_text(json.dumps({**meta, "max_abs_diff": 0.5}))
+    assert stale_export(ckpt) == "its check against torch found 0.5, over 0.0001"
+    (ckpt / ONNX_META_FILE).write_text("{")
+    assert "not a readable ONNX policy description" in stale_export(ckpt)
+    (ckpt / ONNX_META_FILE).write_text(json.dumps(meta))
+    assert stale_export(ckpt) is None
+
+
 def _run_both(torch_runner: PolicyRunner, onnx_runner: OnnxRunner, sim: AlohaSim, steps: int, seed: int) -> float:
     """Step the sim with the torch policy's actions, feeding both policies the same observations: max |diff|."""
     obs = sim.reset(seed=seed)
@@ -125,12 +164,16 @@ def test_batch_of_episodes_matches_torch(tiny: Path, exported: Path) -> None:
         PolicyRunner.load(tiny, inference=ENSEMBLE),
         OnnxRunner.load(exported, inference=ENSEMBLE),
     )
+    # One episode runs in a session whose batch is fixed to 1 (ONNX Runtime folds more of the graph); a batch of
+    # several opens a second session, dynamic, at its first use.
+    assert [i.shape[0] for i in onnx_runner.session.get_inputs()] == [1, 1] and onnx_runner._batch_session is None
     for _ in range(5):  # three episodes in lockstep: the batch dimension is dynamic in the graph
         frames = rng.integers(0, 256, (3, *CAMERA, 3), dtype=np.uint8)
         states = rng.normal(0, 0.05, (3, 14)).astype(np.float32)
         want = torch_runner.act_batch({"top": frames}, states)
         got = onnx_runner.act_batch({"top": frames}, states)
         assert got.shape == (3, 14) and np.abs(got - want).max() <= 1e-4
+    assert onnx_runner._batch_session.get_inputs()[0].shape[0] == "batch"
     with pytest.raises(BadValue, match="a batch of 2 episodes after 3: reset"):
         onnx_runner.act_batch({"top": frames[:2]}, states[:2])
     onnx_runner.reset()

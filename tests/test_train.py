@@ -37,9 +37,17 @@ def _dataset(bucket_server, tmp_path, name, episodes=2):
     return client, url, recorder
 
 
-def _run(client, url, out, steps, resume=False, **kw):
+def _run(client, url, out, steps, resume=False, onnx="off", **kw):
+    # Without the last checkpoint's ONNX export unless asked: ~5 s of 2 cores that these tests are not about.
     settings = TrainSettings(
-        steps=steps, batch_size=4, log_every=1, checkpoint_every=3, seed=7, resume=resume, deterministic=True
+        steps=steps,
+        batch_size=4,
+        log_every=1,
+        checkpoint_every=3,
+        seed=7,
+        resume=resume,
+        deterministic=True,
+        onnx=onnx,
     )
     return train(client, [url], out, settings, ACTSettings(**TINY), DataSettings(decode_workers=1), **kw)
 
@@ -73,6 +81,42 @@ def test_checkpoints_load_in_lerobot_and_resume_bit_for_bit(bucket_server, tmp_p
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_the_last_checkpoint_carries_its_onnx_export_which_publish_signs_as_it_is(bucket_server, tmp_path):
+    from robotloop.deploy.keys import generate_keypair, load_private_key
+    from robotloop.deploy.onnx_runner import ONNX_FILES
+    from robotloop.deploy.publish import publish
+    from robotloop.storage import Entry
+    from robotloop.train.checkpoint import read_lineage
+
+    client, url, _ = _dataset(bucket_server, tmp_path, "onnx")
+    out = BucketUrl.parse("hf://buckets/lab/train/models/onnx")
+    report = _run(client, url, out, steps=4, onnx="auto")  # checkpoints at steps 3 and 4 (the last)
+    assert report.onnx is not None and report.onnx["files"] == list(ONNX_FILES), report.onnx
+    assert report.onnx["max_abs_diff"] <= 1e-4 and report.onnx["seconds"] > 0
+
+    def names(step: int) -> set[str]:
+        model = out / "checkpoints" / f"{step:06d}" / "pretrained_model"
+        return {e.url.path.rsplit("/", 1)[-1] for e in client.ls(model, recursive=True) if isinstance(e, Entry)}
+
+    # Only the last checkpoint: an export per checkpoint would stall training that long each time.
+    assert set(ONNX_FILES) <= names(4) and not set(ONNX_FILES) & names(3)
+    assert read_lineage(client, out / "checkpoints" / "000004")["onnx"] == report.onnx
+
+    generate_keypair(tmp_path / "keys" / "deploy.key")
+    released = publish(client, str(out), "trained", load_private_key(tmp_path / "keys" / "deploy.key"))
+    assert released.onnx is not None and released.onnx.reused and released.onnx.bytes_new == 0, released.onnx
+    assert released.manifest.checkpoint.endswith("checkpoints/000004")
+    assert set(ONNX_FILES) <= {f.path for f in released.manifest.files}
+
+    # A run stopped early (the training service's cancel) checkpoints at once, without the export: its checkpoint
+    # must land before the cancel's grace runs out.
+    stopped = BucketUrl.parse("hf://buckets/lab/train/models/onnx-stopped")
+    report = _run(client, url, stopped, steps=4, onnx="auto", should_stop=lambda: True)
+    assert report.steps == 1 and report.onnx is None
+    model = stopped / "checkpoints" / "000001" / "pretrained_model"
+    assert not {e.url.path.rsplit("/", 1)[-1] for e in client.ls(model, recursive=True)} & set(ONNX_FILES)
+
+
 def test_resuming_with_another_model_says_which_options_differ(bucket_server, tmp_path):
     client, url, _ = _dataset(bucket_server, tmp_path, "resume-other")
     out = BucketUrl.parse("hf://buckets/lab/train/models/resume-other")
@@ -95,7 +139,7 @@ def test_an_episode_committed_mid_run_is_trained_on(bucket_server, tmp_path):
             recorder.commit(synthetic_episode(1, frames=16))  # what the live loop does while training runs
             committed.set()
 
-    settings = TrainSettings(steps=40, batch_size=4, log_every=1, checkpoint_every=40, seed=1)
+    settings = TrainSettings(steps=40, batch_size=4, log_every=1, checkpoint_every=40, seed=1, onnx="off")
     data = DataSettings(decode_workers=1, refresh_every_s=0.2)
     report = train(
         client,
@@ -151,6 +195,8 @@ def test_two_nodes_under_torchrun_share_the_episodes_and_one_checkpoint(bucket_s
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(s[-3000:] for s in said)
     assert "".join(said).count("randomly initialised") == 2  # once per rank: said once, not twice
     client.fetch(out / "checkpoints" / "000004", tmp_path / "ckpt")
+    # Rank 0 exported the last checkpoint to ONNX (on the CPU) while rank 1 waited for its pointer.
+    assert (tmp_path / "ckpt" / "pretrained_model" / "policy.onnx.json").is_file()
     state = tmp_path / "ckpt" / "training_state"
     assert {p.name for p in state.glob("sampler_state_rank*.json")} == {
         "sampler_state_rank0.json",
@@ -274,7 +320,7 @@ def test_collecting_garbage_by_hand_trains_the_same_and_gives_automatic_collecti
     for gc_every in (None, 2):
         out = BucketUrl.parse(f"hf://buckets/lab/train/models/gc-{gc_every}")
         settings = TrainSettings(
-            steps=4, batch_size=4, checkpoint_every=4, seed=7, deterministic=True, gc_every=gc_every
+            steps=4, batch_size=4, checkpoint_every=4, seed=7, deterministic=True, gc_every=gc_every, onnx="off"
         )
         reports.append(train(client, [url], out, settings, ACTSettings(**TINY), DataSettings(decode_workers=1)))
         assert gc.isenabled()  # as it was before the run

@@ -45,6 +45,7 @@ CHANGED: dict[str, Any] = {
     "dim_model": 64,
     "lr": 3e-4,
     "image_size": "120x160",
+    "onnx": "off",
 }
 
 

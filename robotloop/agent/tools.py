@@ -189,6 +189,7 @@ class RobotloopTools:
             "channel": channel,
             "onnx_seconds": round(signed.onnx.seconds, 2) if signed.onnx else None,
             "onnx_error": signed.onnx.error if signed.onnx else None,
+            "onnx_reused": signed.onnx.reused if signed.onnx else None,  # the trainer's export, checked, taken as is
         }
 
     @tool

@@ -154,6 +154,9 @@ def publish(
             "max_abs_diff": export.max_abs_diff,
             "bytes_new": export.bytes_new,
             "error": export.error,
+            # The trainer's export of this checkpoint went in as it is; else why the one found was not taken.
+            "reused": export.reused,
+            "redone": export.redone,
         },
     }
     show(result, as_json, _published_text)
@@ -165,6 +168,11 @@ def _published_text(r: dict) -> str:
         exported = ""
     elif onnx["error"]:
         exported = f", without ONNX ({onnx['error']}; {onnx['seconds']:.1f} s)"
+    elif onnx["reused"]:
+        exported = (
+            f", the checkpoint's ONNX export checked in {onnx['seconds']:.1f} s and released as it is "
+            f"(max |ONNX - torch| {onnx['max_abs_diff']:.1g})"
+        )
     else:
         exported = (
             f", ONNX exported in {onnx['seconds']:.1f} s (max |ONNX - torch| {onnx['max_abs_diff']:.1g}, "

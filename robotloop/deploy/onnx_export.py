@@ -17,10 +17,16 @@ Before anything is written, ONNX Runtime runs the graph on a check batch and its
 an export that does not agree within `atol` is refused. A layer that cannot be exported (an op with no ONNX
 translation, data-dependent control flow) is an `OnnxExportError` naming it.
 
+The metadata records what the export was made from and what it wrote (sha256 of the checkpoint's files and of the
+graph and weights files) and the exporter's revision, so that `stale_export` can tell, by hashing, whether an export
+found beside a checkpoint is exactly the one this code would make of it: the trainer exports its last checkpoint,
+and publish reuses that export instead of making it again (~10 s of a 2-core machine for the default ACT).
+
 Example:
     ```python
     >>> export = export_onnx(Path("run1/checkpoints/002000/pretrained_model"))
     >>> export.files, export.max_abs_diff
+    >>> stale_export(export.directory)  # None: the export is this checkpoint's
     ```
 """
 
@@ -45,14 +51,17 @@ import numpy as np
 import torch
 
 from ..train.policy import INPUTS_FILE
-from .errors import OnnxExportError
+from .errors import OnnxExportError, PolicyLoadError
 from .onnx_runner import (
     ACTION_KEY,
+    BATCH_DIM,
     ONNX_DATA_FILE,
     ONNX_FILE,
+    ONNX_FILES,
     ONNX_META_FILE,
     STATE_KEY,
     OnnxMeta,
+    read_meta,
 )
 from .runner import REQUIRED_FILES, PolicyRunner
 
@@ -62,6 +71,10 @@ log = logging.getLogger(__name__)
 # ACT agree to ~1e-6; a mis-export is off by far more.
 DEFAULT_ATOL = 1e-4
 CHECK_BATCH = 2  # the example batch: above 1, so the exporter keeps the batch dimension dynamic
+# Raised whenever what the exporter writes for the same checkpoint changes (the graph, its weights' layout, the
+# metadata): an export an older exporter made beside a checkpoint is then made again at publish, not reused.
+# 1: the first with its revision recorded (batch dimension named, weights untransposed, written files hashed).
+EXPORTER_REVISION = 1
 
 
 @dataclass(frozen=True)
@@ -144,6 +157,7 @@ def export_runner(
         expected = graph(*inputs).numpy()
     program = _export(graph, inputs, names, opset)
     _drop_node_metadata(program)
+    _name_batch_dimension(program)
     _untranspose_weights(program, runner.policy.state_dict())
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -152,6 +166,7 @@ def export_runner(
         # Saved under its final name: the graph refers to its weights file by that name.
         program.save(str(staged / ONNX_FILE), external_data=True)
         diff = _compare(staged, names, inputs, expected, atol)
+        written = {name: _sha256(staged / name) for name in (ONNX_FILE, ONNX_DATA_FILE)}
         meta = OnnxMeta(
             cameras={k: (h, w, c) for k, (c, h, w) in runner.image_shapes.items()},
             policy_image_size=tuple(cfg.image_features[runner.image_keys[0]].shape[1:]) if runner.image_keys else None,
@@ -163,6 +178,8 @@ def export_runner(
             opset=_opset(program),
             source=_sha256s(source),
             max_abs_diff=diff,
+            exporter=EXPORTER_REVISION,
+            written=written,
         )
         (staged / ONNX_META_FILE).write_text(json.dumps(meta.to_dict(), indent=1) + "\n")
         files = (ONNX_FILE, ONNX_DATA_FILE, ONNX_META_FILE)
@@ -325,6 +342,28 @@ def _drop_node_metadata(program) -> None:
         node.metadata_props.clear()
 
 
+def _name_batch_dimension(program) -> None:
+    """Name the dynamic batch dimension `BATCH_DIM` (the exporter's name for it is a counter, `s21`): what
+    `OnnxRunner` fixes to 1 for a robot's single episode (ONNX Runtime's free dimension override), so that ONNX
+    Runtime folds what does not depend on the observation (ACT's decoder queries: its self-attention over the zero
+    input), and what the metadata calls it."""
+    import onnx_ir
+
+    graph = program.model.graph
+    batch = graph.inputs[0].shape[0] if graph.inputs and graph.inputs[0].shape is not None else None
+    if not isinstance(batch, onnx_ir.SymbolicDim) or batch.value is None:
+        return
+    values = [*graph.inputs, *graph.outputs]
+    values += [v for node in onnx_ir.traversal.RecursiveGraphIterator(graph) for v in node.outputs]
+    for value in values:
+        if value.shape is not None and any(
+            isinstance(d, onnx_ir.SymbolicDim) and d.value == batch.value for d in value.shape
+        ):
+            value.shape = onnx_ir.Shape(
+                [BATCH_DIM if isinstance(d, onnx_ir.SymbolicDim) and d.value == batch.value else d for d in value.shape]
+            )
+
+
 def _untranspose_weights(program, state: dict[str, torch.Tensor]) -> None:
     """Store every weight as the checkpoint's own bytes. The exporter's optimizer folds `Transpose(W)` into a new
     initializer (the default ACT's 10 feed-forward matrices, 66 MB): bytes no robot holds, fetched again with every
@@ -392,19 +431,79 @@ def _opset(program) -> int:
     return int(program.model.opset_imports.get("", 0))
 
 
+def stale_export(pretrained_dir: str | Path, *, atol: float = DEFAULT_ATOL) -> str | None:
+    """Why the ONNX export in `pretrained_dir` is not the one `export_onnx` would make of the checkpoint there now;
+    None when it is, so that it can be released as it is: its metadata names these checkpoint files (sha256 of each
+    file that decides the graph, the safetensors included), its graph and weights files are the ones the export
+    wrote (sha256), this exporter revision wrote it, and its check against torch was within `atol`. Hashing only:
+    no torch, no ONNX Runtime (~1 s for the default ACT's 340 MB).
+
+    The export's check against torch ran when it was made, on exactly these weights (which the sha256 ties it to),
+    so a current export needs no second check.
+
+    Example:
+        ```python
+        >>> stale_export(Path("run1/checkpoints/002000/pretrained_model"))
+        'exported from other checkpoint files: model.safetensors differs'
+        ```
+
+    Raises:
+        Nothing for a bad export: missing or unreadable files are a reason (a string) like any other.
+    """
+    directory = Path(pretrained_dir)
+    missing = [name for name in ONNX_FILES if not (directory / name).is_file()]
+    if missing:
+        return f"no export here ({', '.join(missing)} missing)"
+    try:
+        meta = read_meta(directory)
+    except PolicyLoadError as error:
+        return str(error)
+    if meta.exporter != EXPORTER_REVISION:
+        return f"made by exporter revision {meta.exporter}, this one is {EXPORTER_REVISION}"
+    if not meta.max_abs_diff <= atol:
+        return f"its check against torch found {meta.max_abs_diff:.3g}, over {atol:g}"
+    try:
+        ours = _sha256s(directory)
+        written = {name: _sha256(directory / name) for name in (ONNX_FILE, ONNX_DATA_FILE)}
+    except OSError as error:  # a checkpoint file missing: not a checkpoint the export can be of
+        return f"the checkpoint cannot be read: {error}"
+    differ = sorted(name for name in ours.keys() | meta.source.keys() if ours.get(name) != meta.source.get(name))
+    if differ:
+        return (
+            f"exported from other checkpoint files: {', '.join(differ)} {'differs' if len(differ) == 1 else 'differ'}"
+        )
+    changed = sorted(name for name, digest in written.items() if meta.written.get(name) != digest)
+    if changed:
+        return f"{', '.join(changed)} not the file the export wrote"
+    return None
+
+
 def _sha256s(source: Path) -> dict[str, str]:
-    """sha256 of the checkpoint files that decide the graph: which checkpoint an export belongs to."""
-    out = {}
+    """sha256 of the checkpoint files that decide the graph: which checkpoint an export belongs to.
+
+    Raises:
+        OSError: a required checkpoint file cannot be read.
+    """
     names = {*REQUIRED_FILES, *(p.name for p in source.glob("*.safetensors"))}
     if (source / INPUTS_FILE).is_file():  # the camera sizes: the graph's input shapes
         names.add(INPUTS_FILE)
-    for name in sorted(names):
-        digest = hashlib.sha256()
-        with (source / name).open("rb") as file:
-            for block in iter(lambda f=file: f.read(1 << 20), b""):
-                digest.update(block)
-        out[name] = digest.hexdigest()
-    return out
+    return {name: _sha256(source / name) for name in sorted(names)}
 
 
-__all__ = ["DEFAULT_ATOL", "OnnxExport", "OnnxExportError", "export_onnx", "export_runner"]
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda f=file: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+__all__ = [
+    "DEFAULT_ATOL",
+    "EXPORTER_REVISION",
+    "OnnxExport",
+    "OnnxExportError",
+    "export_onnx",
+    "export_runner",
+    "stale_export",
+]

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -45,6 +46,8 @@ ONNX_META_FILE = "policy.onnx.json"
 ONNX_FILES = (ONNX_FILE, ONNX_DATA_FILE, ONNX_META_FILE)  # what an export writes: a release holds all three or none
 META_FORMAT = 1
 STATE_KEY, IMAGE_PREFIX, ACTION_KEY = "observation.state", "observation.images.", "action"
+# The graph's dynamic batch dimension, as the export names it: a robot's session fixes it to 1 (see `OnnxRunner`).
+BATCH_DIM = "batch"
 # ONNX Runtime's execution providers per `device`, in order of preference (ONNX Runtime falls back along the list,
 # node by node, for what the first cannot run).
 PROVIDERS: dict[str, tuple[str, ...]] = {
@@ -67,6 +70,9 @@ class OnnxMeta:
         n_action_steps, temporal_ensemble_coeff: how the saved policy acts (lerobot's ACTConfig fields).
         opset: the graph's ONNX opset. source: sha256 of the checkpoint files it was exported from.
         max_abs_diff: the largest |ONNX - torch| action the export measured on its check batch.
+        exporter: the revision of the exporter that wrote it (`onnx_export.EXPORTER_REVISION`; 0: one older than
+            the field). written: sha256 of the graph and weights files as the export wrote them (empty: older).
+            With `source`, what `onnx_export.stale_export` checks before publish reuses an export.
     """
 
     cameras: dict[str, tuple[int, int, int]]
@@ -79,6 +85,8 @@ class OnnxMeta:
     opset: int
     source: dict[str, str]
     max_abs_diff: float
+    exporter: int = 0
+    written: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         inputs = [
@@ -100,6 +108,8 @@ class OnnxMeta:
             "opset": self.opset,
             "source": self.source,
             "max_abs_diff": self.max_abs_diff,
+            "exporter": self.exporter,
+            "written": self.written,
         }
 
     @classmethod
@@ -129,6 +139,9 @@ class OnnxMeta:
             opset=int(raw["opset"]),
             source={str(k): str(v) for k, v in raw["source"].items()},
             max_abs_diff=float(raw["max_abs_diff"]),
+            # Absent from exports made before they were recorded: such an export is made again at publish.
+            exporter=int(raw.get("exporter", 0)),
+            written={str(k): str(v) for k, v in raw.get("written", {}).items()},
         )
 
 
@@ -204,7 +217,11 @@ class OnnxRunner:
     `robotloop.deploy.policy.Policy`, as `PolicyRunner` is: the robot runtime holds either.
 
     Attributes:
-        session: the onnxruntime InferenceSession. meta: the export's `OnnxMeta`. path: the directory loaded from.
+        session: the onnxruntime InferenceSession, for one episode: its batch dimension fixed to 1, so that ONNX
+            Runtime folds at load what does not depend on the observation (ACT's decoder self-attention over its
+            zero input: ~15% of a step on the CPU). A batch of several episodes (`act_batch`) runs in a second
+            session with the batch dynamic, opened at its first use by `open_batch_session`.
+        meta: the export's `OnnxMeta`. path: the directory loaded from.
         n_action_steps, temporal_ensemble_coeff: how it acts (the saved policy's, or `load`'s `inference`).
     """
 
@@ -214,6 +231,7 @@ class OnnxRunner:
     path: Path
     n_action_steps: int
     temporal_ensemble_coeff: float | None
+    open_batch_session: Callable[[], Any] | None = None  # the session for batches of several; None: `session`'s
 
     def __post_init__(self) -> None:
         self.image_keys: list[str] = list(self.meta.cameras)
@@ -232,6 +250,7 @@ class OnnxRunner:
         )
         self._queue: deque[np.ndarray] = deque()  # [B, action_dim] per step still to execute
         self._batch: int | None = None  # the episodes' count since reset(); they share the queue
+        self._batch_session: Any = None
 
     # -- loading -----------------------------------------------------------------------------------------
     @classmethod
@@ -241,6 +260,7 @@ class OnnxRunner:
         device: str = "cpu",
         inference: dict[str, Any] | None = None,
         threads: int | None = None,
+        spinning: bool = False,
     ) -> OnnxRunner:
         """Load the exported policy in `directory` (a checkpoint's `pretrained_model/` or a release's model folder).
 
@@ -248,7 +268,9 @@ class OnnxRunner:
         `PROVIDERS`; N: the GPU) or "auto" (the best this machine starts, in `AUTO_DEVICES` order: TensorRT, CUDA,
         else the CPU). `inference` overrides how the policy acts, as in `PolicyRunner.load`:
         `{"n_action_steps": 1, "temporal_ensemble_coeff": 0.01}` or `{"n_action_steps": 20}`. `threads`: ONNX
-        Runtime's intra-op threads (default: its own, one per physical core).
+        Runtime's intra-op threads (default: its own, one per physical core). `spinning`: let those threads
+        busy-wait for work between operators (ONNX Runtime's default; off here: ~5% faster on an idle CPU, but 1.7x
+        slower per step with one of two cores busy with other work, as a robot's cores are).
 
         Example:
             ```python
@@ -268,13 +290,16 @@ class OnnxRunner:
             raise PolicyLoadError(f"{path}: no exported ONNX policy ({ONNX_FILE}, {ONNX_DATA_FILE}, {ONNX_META_FILE})")
         meta = read_meta(path)
         steps, coeff = _acting(meta, inference or {})
-        options = ort.SessionOptions()
-        options.log_severity_level = 3  # errors only: its warnings go to stderr, past robotloop's logging
-        if threads is not None:
-            options.intra_op_num_threads = threads
-        session = _start_session(ort, path, options, _attempts(device, ort.get_available_providers()))
+        attempts = _attempts(device, ort.get_available_providers())
+        session = _start_session(ort, path, _session_options(ort, threads, spinning, batch_of_one=True), attempts)
         _check_graph(session, meta, path)
-        return cls(session, meta, path, steps, coeff)
+        started = [a for a in attempts if _first_provider(a[1]) == session.get_providers()[0]][:1]
+
+        def open_batch_session() -> Any:
+            return _start_session(ort, path, _session_options(ort, threads, spinning, batch_of_one=False), started)
+
+        fixed = session.get_inputs()[0].shape[0] == 1  # an export from before names it otherwise: dynamic
+        return cls(session, meta, path, steps, coeff, open_batch_session if fixed else None)
 
     # -- properties --------------------------------------------------------------------------------------
     @property
@@ -359,8 +384,13 @@ class OnnxRunner:
             PolicyRunError: ONNX Runtime failed (its own exceptions are not RuntimeErrors: a robot's control loop
                 rolls back on this one).
         """
+        session = self.session
+        if len(next(iter(feeds.values()))) != 1 and self.open_batch_session is not None:
+            if self._batch_session is None:
+                self._batch_session = self.open_batch_session()
+            session = self._batch_session
         try:
-            (chunk,) = self.session.run([ACTION_KEY], feeds)
+            (chunk,) = session.run([ACTION_KEY], feeds)
         except Exception as error:  # onnxruntime's Fail, RuntimeException, EPFail, ...
             raise PolicyRunError(f"{self.path}: ONNX Runtime failed to run the policy: {error}") from error
         return _finite(chunk)
@@ -477,6 +507,24 @@ def _providers(kind: str, gpu: int | None, available: list[str]) -> list[Any]:
     return [(p, {"device_id": gpu}) if gpu is not None and p != "CPUExecutionProvider" else p for p in names]
 
 
+def _session_options(ort: Any, threads: int | None, spinning: bool, *, batch_of_one: bool) -> Any:
+    """ONNX Runtime's session options for the policy: `threads` intra-op threads (None: its default, one per
+    physical core), spinning or not (`OnnxRunner.load`), the batch dimension fixed to 1 when `batch_of_one` (an
+    export that does not name it `BATCH_DIM`, from before, keeps it dynamic)."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: its warnings go to stderr, past robotloop's logging
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    if batch_of_one:
+        options.add_free_dimension_override_by_name(BATCH_DIM, 1)
+    return options
+
+
+def _first_provider(providers: list[Any]) -> str:
+    return providers[0] if isinstance(providers[0], str) else providers[0][0]
+
+
 def _start_session(ort: Any, path: Path, options: Any, attempts: list[Attempt]) -> Any:
     """The first session whose first provider starts (ONNX Runtime falls back silently when one cannot: its CUDA
     libraries missing, ...); only the last attempt's failure to load the graph is an error, an earlier one's is a
@@ -487,7 +535,7 @@ def _start_session(ort: Any, path: Path, options: Any, attempts: list[Attempt]) 
     """
     failed: list[str] = []
     for i, (device, providers) in enumerate(attempts):
-        first = providers[0] if isinstance(providers[0], str) else providers[0][0]
+        first = _first_provider(providers)
         try:
             session = ort.InferenceSession(str(path / ONNX_FILE), options, providers=providers)
         except Exception as error:  # onnxruntime's Fail / InvalidGraph / NoSuchFile / EPFail, ...
@@ -526,6 +574,7 @@ def _finite(actions: np.ndarray) -> np.ndarray:
 
 
 __all__ = [
+    "BATCH_DIM",
     "ONNX_DATA_FILE",
     "ONNX_FILE",
     "ONNX_FILES",

@@ -4,8 +4,9 @@ Two backends run a release's policy:
 
 - ``torch`` (`PolicyRunner`, `robotloop.deploy.runner`): the checkpoint's safetensors through lerobot's ACTPolicy and
   its saved processors. Needs torch, torchvision and lerobot.
-- ``onnx`` (`OnnxRunner`, `robotloop.deploy.onnx_runner`): the release's ONNX export (written at publish, beside the
-  checkpoint's files) on ONNX Runtime, with numpy only.
+- ``onnx`` (`OnnxRunner`, `robotloop.deploy.onnx_runner`): the release's ONNX export (made beside the run's last
+  checkpoint by the trainer, or at publish; released beside the checkpoint's files) on ONNX Runtime, with numpy
+  only.
 
 Both act alike (the chunk queue or ACT's temporal ensembling, `at_chunk_boundary` for hot-swaps, `NonFiniteAction`
 for NaN/inf), so `PolicySlots` and `RobotRuntime` never ask which one runs, except to report it (`backend`, `runs_on`).

@@ -4,14 +4,19 @@ Accepts the checkpoint step folder (``<run>/checkpoints/000200``), its ``pretrai
 (``<run>``, meaning its latest complete checkpoint per ``checkpoints/last.json``). The manifest lists the files
 of ``pretrained_model/`` by the Xet hash the bucket holds for them, so robots fetch exactly the signed content.
 
-The policy is also exported to ONNX (`onnx_export.export_onnx`: one graph with the resize, normalization and
-un-normalization, checked against torch), for robots that run it on ONNX Runtime, without torch. Its three files go
-into the release, ``<bucket>/releases/<name>/files/``, beside the checkpoint's, and the manifest signs them as it
-signs those; their weights are ONNX external data, the tensors' raw bytes, so Xet's dedup finds them in the
-safetensors file and the upload adds little. `onnx` says what a policy that cannot be exported does: ``required``
-(the default: an `OnnxExportError` naming the layer, and nothing is published), ``optional`` (the release goes out
-without ONNX, and `PublishedRelease.onnx.error` says why) or ``off``. ONNX files found in the checkpoint folder are
-never released as they are: the export made here, checked against these weights, replaces them.
+The release also holds the policy exported to ONNX (`onnx_export.export_onnx`: one graph with the resize,
+normalization and un-normalization, checked against torch), for robots that run it on ONNX Runtime, without torch,
+and the manifest signs its three files as it signs the checkpoint's. The trainer exports its last checkpoint beside
+it (`robotloop.train.checkpoint.export_onnx_beside`); publish reuses such an export when `onnx_export.stale_export`
+finds it is exactly this checkpoint's (its metadata's sha256 of the checkpoint files and of the graph and weights
+files, and the exporter's revision: hashing, ~1 s, where an export takes ~10 s of a 2-core machine for the default
+ACT). Otherwise (none there, or one of other weights, of an older exporter, or altered) publish exports the
+checkpoint itself and uploads the export into the release's folder, ``<bucket>/releases/<name>/files/``; its weights
+are ONNX external data, the tensors' raw bytes, so Xet's dedup finds them in the safetensors file and the upload
+adds little. `PublishedRelease.onnx` says which (`reused`, and `redone`: why the export found was not reused).
+`onnx` says what a policy that cannot be exported does: ``required`` (the default: an `OnnxExportError` naming the
+layer, and nothing is published), ``optional`` (the release goes out without ONNX, and `PublishedRelease.onnx.error`
+says why) or ``off`` (no ONNX in the release, even where the checkpoint holds an export).
 
 A checkpoint on this machine (a lerobot-train output: ``outputs/train/<run>``, its ``checkpoints/last`` or a
 ``pretrained_model`` folder; or a robotloop one, e.g. copied out with ``robotloop bucket get
@@ -59,15 +64,20 @@ class PublishError(BadInput, RuntimeError):
 
 @dataclass(frozen=True)
 class OnnxReport:
-    """The ONNX export of one publish: the `files` it put into the release, the `seconds` it took (export and its
-    check against torch), the largest |ONNX - torch| action on the check batch, and the bytes its upload added (Xet
-    dedup finds most of its weights in the safetensors file); or, `onnx="optional"`, why there is none (`error`)."""
+    """The ONNX export of one publish: the `files` it put into the release, the `seconds` it took (the checkpoint's
+    own export fetched and checked; the export, its check against torch and its upload when one ran), the largest
+    |ONNX - torch| action on the check batch, and the bytes its upload added (Xet dedup finds most of its weights in
+    the safetensors file; 0 when reused); or, `onnx="optional"`, why there is none (`error`). `reused`: the export
+    the trainer left beside the checkpoint went into the release as it is (no export ran); `redone`: why an export
+    found there was not reused (None when there was none, or it was reused)."""
 
     seconds: float
     files: tuple[str, ...] = ()
     max_abs_diff: float | None = None
     bytes_new: int | None = None
     error: str | None = None
+    reused: bool = False
+    redone: str | None = None
 
 
 @dataclass(frozen=True)
@@ -209,8 +219,9 @@ def publish(
         listed = [e for e in client.ls(model_url, recursive=True) if isinstance(e, Entry)]
     except NotFound:
         listed = []
-    # An export found beside the checkpoint may be of other weights: the release's own is made (and checked) here.
+    # The checkpoint's files; an export found beside them is taken only once checked to be theirs (`_onnx`).
     entries = [e for e in listed if _relative(e, model_url) not in ONNX_FILES]
+    exported = [e for e in listed if _relative(e, model_url) in ONNX_FILES]
     hashes = {_relative(e, model_url): e.xet_hash for e in entries}
     if not entries:
         raise PublishError(f"{model_url}: no pretrained_model files; is the checkpoint complete?")
@@ -227,7 +238,7 @@ def publish(
             signed, written = stored, False
         else:
             if onnx != "off":
-                report = _export(client, model, Path(tmp) / "onnx", name, step_url.bucket_id, hashes, onnx)
+                report = _onnx(client, model_url, exported, model, Path(tmp) / "onnx", name, hashes, onnx)
             manifest = build_manifest(model, name, step_url.bucket_id, str(step_url), hashes, lineage)
             signed, written = _store(client, SignedManifest.sign(manifest, signer))
     if deploy is not None:
@@ -250,19 +261,43 @@ def _relative(entry: Entry, folder: BucketUrl) -> str:
     return entry.url.path[len(folder.path) + 1 :]
 
 
-def _export(
-    client: BucketClient, model: Path, out: Path, name: str, bucket: str, hashes: dict[str, str], mode: OnnxMode
+def _onnx(
+    client: BucketClient,
+    model_url: BucketUrl,
+    found: list[Entry],
+    model: Path,
+    out: Path,
+    name: str,
+    hashes: dict[str, str],
+    mode: OnnxMode,
 ) -> OnnxReport:
-    """Export the checkpoint in `model` to ONNX, upload the files into the release's folder and add them to `model`
-    and `hashes`; with `mode` "optional", a policy that cannot be exported is a report of why instead.
+    """The release's ONNX export, added to `model` (the checkpoint downloaded) and `hashes`: the checkpoint's own
+    (`found`: its ONNX files listed under `model_url`) when `stale_export` finds it is exactly this checkpoint's,
+    else one made here (`out`: where it is made) and uploaded into the release's folder. With `mode` "optional", a
+    policy that cannot be exported is a report of why instead.
 
     Raises:
         OnnxExportError: `mode` "required" and the policy cannot be exported (nothing is uploaded then).
     """
     start = time.perf_counter()
+    redone = None
     try:
-        from .onnx_export import export_onnx  # torch, lerobot and the exporter: the publisher's machine has them
+        # torch, lerobot and the exporter: the publisher's machine has them (a missing one: ImportError below).
+        from .onnx_export import export_onnx, stale_export
+        from .onnx_runner import read_meta
 
+        if found and len(found) < len(ONNX_FILES):  # all three or none is an export: a cut-short upload, say
+            redone = f"an incomplete export ({', '.join(sorted(_relative(e, model_url) for e in found))} only)"
+        elif found:
+            client.download_tree(model_url, model, found)
+            redone = stale_export(model)
+            if redone is None:  # exported from exactly these files, and checked against torch then: taken as is
+                hashes.update({_relative(e, model_url): e.xet_hash for e in found})
+                diff = read_meta(model).max_abs_diff
+                return OnnxReport(time.perf_counter() - start, ONNX_FILES, diff, 0, reused=True)
+            log.info("release %s: the checkpoint's ONNX export is made again: %s", name, redone)
+            for file in ONNX_FILES:  # not this checkpoint's: never signed into the release
+                (model / file).unlink()
         export = export_onnx(model, out)
     except (OnnxExportError, PolicyLoadError, ImportError) as error:
         seconds = time.perf_counter() - start
@@ -272,14 +307,16 @@ def _export(
                 f"release {name!r} not published: its policy cannot be exported to ONNX ({why})"
             ) from error
         log.warning("release %s goes out without ONNX (robots run it with torch): %s", name, why)
-        return OnnxReport(seconds, error=why)
-    folder = manifest_url(bucket, name).path.rsplit("/", 1)[0]
-    uploaded = client.upload(out, BucketUrl(bucket, f"{folder}/files"))
+        for file in ONNX_FILES:  # the checkpoint's export, if it was downloaded: not this release's
+            (model / file).unlink(missing_ok=True)
+        return OnnxReport(seconds, error=why, redone=redone)
+    folder = manifest_url(model_url.bucket_id, name).path.rsplit("/", 1)[0]
+    uploaded = client.upload(out, BucketUrl(model_url.bucket_id, f"{folder}/files"))
     for file in uploaded.files:
         hashes[PurePosixPath(file.path).name] = file.xet_hash
     for file in export.files:  # beside the checkpoint's files: what the manifest lists and robots install
         os.replace(out / file, model / file)
-    return OnnxReport(export.seconds, export.files, export.max_abs_diff, uploaded.bytes_new)
+    return OnnxReport(time.perf_counter() - start, export.files, export.max_abs_diff, uploaded.bytes_new, redone=redone)
 
 
 def _lineage(client: BucketClient, step_url: BucketUrl) -> dict:

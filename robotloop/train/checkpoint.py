@@ -3,7 +3,10 @@
     <output>/checkpoints/<step:06d>/pretrained_model/   policy + processors (`save_pretrained`): what
                                                         `ACTPolicy.from_pretrained` and lerobot's tools load;
                                                         train_config.json: the run as lerobot-train's
-                                                        TrainPipelineConfig (`robotloop.train.train_config`)
+                                                        TrainPipelineConfig (`robotloop.train.train_config`);
+                                                        in the run's last checkpoint, its ONNX export
+                                                        (policy.onnx, .onnx.data, .onnx.json: see
+                                                        `export_onnx_beside`), which publish reuses
     <output>/checkpoints/<step:06d>/training_state/     optimizer, RNG and sampler state, step (safetensors/json)
     <output>/checkpoints/<step:06d>/lineage.json        episodes trained on (with Xet hashes), config, code version
     <output>/checkpoints/<step:06d>/loss.png            the loss curve so far
@@ -14,9 +17,13 @@ No pickle anywhere: tensors go through safetensors (lerobot's own optimizer/RNG 
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import logging
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +35,8 @@ from .. import __version__
 from ..errors import Conflict
 from ..storage import BucketClient, BucketUrl, NotFound
 from .layout import checkpoint_url
+
+log = logging.getLogger(__name__)
 
 
 def save_checkpoint(
@@ -42,9 +51,13 @@ def save_checkpoint(
     rank: int = 0,
     world: int = 1,
     train_config=None,
+    export: Callable[[Path], dict] | None = None,
 ) -> BucketUrl:
     """Write checkpoint `step` to the bucket (model first, pointer last). Returns its URL. `train_config`: the
     run as lerobot's TrainPipelineConfig, saved beside the model's config.json as lerobot-train saves it.
+    `export` (e.g. `export_onnx_beside`): called with the saved `pretrained_model` folder before anything is
+    uploaded, so that what it writes there is in the checkpoint when the pointer names it; what it answers is
+    lineage.json's ``onnx``.
 
     With several ranks, each writes its own sampler state; rank 0 writes the rest once every rank is done,
     and the pointer last.
@@ -66,6 +79,8 @@ def save_checkpoint(
         policy.save_pretrained(root / "pretrained_model")
         if train_config is not None:
             train_config.save_pretrained(root / "pretrained_model")  # lerobot's own writer: train_config.json
+        if export is not None:
+            lineage = {**lineage, "onnx": export(root / "pretrained_model")}
         state = root / "training_state"
         state.mkdir()
         save_optimizer_state(optimizer, state, optim_state_dict=_without_kernel(_contiguous(optimizer.state_dict())))
@@ -84,6 +99,44 @@ def save_checkpoint(
     if world > 1:
         torch.distributed.barrier()
     return url
+
+
+# What torch.onnx's exporter and the export's check need besides torch (the `onnx` extra's packages).
+ONNX_EXPORT_MODULES = ("onnx", "onnxscript", "onnxruntime")
+
+
+def onnx_exporter_installed() -> bool:
+    """Whether this machine can export a policy to ONNX (`ONNX_EXPORT_MODULES` importable; none is imported)."""
+    return all(importlib.util.find_spec(name) is not None for name in ONNX_EXPORT_MODULES)
+
+
+def export_onnx_beside(model: Path) -> dict:
+    """Export the policy saved in `model` (a ``pretrained_model`` folder) to ONNX, its three files beside the
+    checkpoint's (`robotloop.deploy.onnx_export.export_onnx`, on the CPU, checked against torch), so that publish
+    reuses the export instead of making it. Answers what lineage.json records of it: ``{"files", "seconds",
+    "max_abs_diff"}``; or, for a policy that cannot be exported, ``{"error", "seconds"}``: the checkpoint is whole
+    without an export (robots on torch run it; publish tries again and says why, naming the layer).
+
+    Example:
+        ```python
+        >>> export_onnx_beside(Path("/tmp/ckpt/pretrained_model"))
+        {'files': ['policy.onnx', 'policy.onnx.data', 'policy.onnx.json'], 'seconds': 9.8, 'max_abs_diff': 1.2e-07}
+        ```
+
+    Raises:
+        Nothing for a policy that cannot be exported (see above): training's work is not lost to its export.
+    """
+    from ..deploy.errors import OnnxExportError, PolicyLoadError
+    from ..deploy.onnx_export import export_onnx
+
+    start = time.perf_counter()
+    try:
+        export = export_onnx(model)
+    except (OnnxExportError, PolicyLoadError, ImportError) as error:
+        why = f"{type(error).__name__}: {error}" if isinstance(error, ImportError) else str(error)
+        log.warning("checkpoint saved without its ONNX export (publish will try again): %s", why)
+        return {"error": why, "seconds": round(time.perf_counter() - start, 2)}
+    return {"files": list(export.files), "seconds": round(export.seconds, 2), "max_abs_diff": export.max_abs_diff}
 
 
 def load_checkpoint(

@@ -90,6 +90,7 @@ def train(
         device=device,
         resume=o.resume,
         init_from=o.init_from,
+        onnx=o.onnx,
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # the trainer polls it each step, then checkpoints
@@ -127,6 +128,9 @@ def train(
         f"data wait {100 * report.data_wait_share:.1f}%, final loss {report.final_loss:.4f}"
     )
     console.print(f"last checkpoint: {report.checkpoints[-1] if report.checkpoints else 'none'}")
+    if report.onnx is not None:  # what publish will reuse, or why it will have to export (and say why again)
+        said = report.onnx.get("error") or f"{report.onnx['max_abs_diff']:.1g} max |ONNX - torch|"
+        console.print(f"its ONNX export: {said} ({report.onnx['seconds']:.1f} s)")
     final = TrainProgress(
         report.steps,
         report.final_loss,

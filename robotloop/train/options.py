@@ -111,6 +111,11 @@ class TrainOptions(BaseModel):
         description="FP8 linear layers (TorchAO): off, auto (only shapes measured faster; bf16 where there is no "
         "FP8), tensorwise, rowwise, rowwise_with_gw_hp.",
     )
+    onnx: Literal["auto", "off"] = Field(
+        default="auto",
+        description="ONNX export of the run's last checkpoint, for robots without torch (publish checks and reuses it "
+        "instead of exporting): auto (where the exporter is installed) or off.",
+    )
 
     @field_validator("datasets")
     @classmethod

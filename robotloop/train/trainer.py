@@ -18,13 +18,23 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 
 from ..errors import BadValue
 from ..storage import BucketClient, BucketUrl
-from .checkpoint import code_version, init_weights, load_checkpoint, read_lineage, save_checkpoint
+from .checkpoint import (
+    code_version,
+    export_onnx_beside,
+    init_weights,
+    load_checkpoint,
+    onnx_exporter_installed,
+    read_lineage,
+    save_checkpoint,
+)
 from .data import DataSettings, StreamingSampler
 from .layout import checkpoint_url, latest_step, resolve_checkpoint
 from .policy import ACTSettings, build_policy
@@ -55,10 +65,22 @@ class TrainSettings:
     # generations collected every N steps, as torchtitan does: a full collection in a big process (the loop's)
     # stalls a launch-bound eager step. Not yet measured to help: benchmarks/loop_train.py --gc-every compares.
     gc_every: int | None = None
+    # The run's last checkpoint carries its policy's ONNX export (`checkpoint.export_onnx_beside`), which publish
+    # then checks and reuses instead of exporting (~10 s of a 2-core machine for the default ACT). "auto": when
+    # this machine has the exporter (`checkpoint.onnx_exporter_installed`); "off": never. Only the last: an export
+    # runs on the CPU, so one per checkpoint would stall the training step that long each time (in the background
+    # it would take the CPU the data decoding needs), and the last is the one a run URL publishes. A run stopped
+    # early (the training service's cancel: SIGTERM) skips it: its checkpoint must land within the cancel's grace
+    # before SIGKILL, and publishing it exports then.
+    onnx: Literal["auto", "off"] = "auto"
 
 
 @dataclass
 class TrainReport:
+    """A run's figures. `wall_s` (and the rates from it) leave out the ONNX export of the last checkpoint:
+    `onnx` is what its lineage.json records of it (its `seconds`; `error` for a policy that cannot be exported),
+    None when none ran."""
+
     steps: int
     wall_s: float
     samples_per_s: float
@@ -66,6 +88,7 @@ class TrainReport:
     final_loss: float
     checkpoints: list[str] = field(default_factory=list)
     losses: list[tuple[int, float]] = field(default_factory=list)
+    onnx: dict | None = None
 
 
 def train(
@@ -111,6 +134,8 @@ def train(
         )
     if last is not None and last >= settings.steps:
         raise BadValue(f"{output} is already at step {last}: ask for more steps than that to train on")
+    if settings.onnx not in ("auto", "off"):
+        raise BadValue(f"onnx={settings.onnx!r}: use auto or off")
     init = None  # resolved now: a wrong URL fails before the data streams in
     if settings.init_from and last is None:
         init = resolve_checkpoint(client, BucketUrl.parse(settings.init_from))
@@ -188,7 +213,14 @@ def _loop(
         policy.policy.config, sampler_urls(sampler), output, settings, act, data, uniform=uniform
     )
 
-    def checkpoint(at: int) -> None:
+    exported: list[dict] = []  # the last checkpoint's ONNX export, when it ran
+    export = settings.onnx == "auto" and onnx_exporter_installed()
+
+    def export_last(model: Path) -> dict:
+        exported.append(export_onnx_beside(model))
+        return exported[-1]
+
+    def checkpoint(at: int, last: bool) -> None:
         world = sampler.world_size
         lineage = {
             "step": at,
@@ -214,6 +246,7 @@ def _loop(
             sampler.rank,
             world,
             train_config=lerobot_config,
+            export=export_last if last and export else None,
         )
         checkpoints.append(str(url))
 
@@ -254,10 +287,11 @@ def _loop(
         if step % settings.checkpoint_every == 0 or step == settings.steps or stop:
             losses += [(s, float(v)) for s, v in pending]
             pending.clear()
-            checkpoint(step)
+            checkpoint(step, last=step == settings.steps and not stop)
         if stop:
             break
-    wall = time.perf_counter() - t0
+    # Training's own time: the export is deployment's work done here, and would read as a slower run.
+    wall = time.perf_counter() - t0 - sum(e["seconds"] for e in exported)
     return TrainReport(
         step,
         wall,
@@ -266,6 +300,7 @@ def _loop(
         losses[-1][1] if losses else float("nan"),
         checkpoints,
         losses,
+        exported[-1] if exported else None,
     )
 
 
