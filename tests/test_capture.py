@@ -106,26 +106,29 @@ def test_a_failed_append_does_not_leave_a_local_copy_the_next_commit_trusts(buck
     assert dataset[12]["action"][0].item() == 2.0 and dataset[12]["observation.images.top"].shape == (3, 24, 32)
 
 
-def test_a_commit_killed_after_its_local_append_is_not_pushed_by_the_next(bucket_server, tmp_path):
-    """A recorder killed between appending an episode to its local copy and uploading it (a Ray worker killed
-    mid-commit, shares its node's staging with the next): the next commit starts from the bucket's copy, so the
-    dead commit's episode never appears, whole or half."""
+KILLED_COMMIT = (
+    "import os, sys\n"
+    "from pathlib import Path\n"
+    "from robotloop.capture import DatasetRecorder\n"
+    "from robotloop.storage import BucketClient, BucketUrl\n"
+    "from tests.test_capture import SPEC, synthetic_episode\n"
+    "endpoint, token, url, stage = sys.argv[1:]\n"
+    "recorder = DatasetRecorder(BucketClient(endpoint, token), BucketUrl.parse(url), SPEC, staging=Path(stage))\n"
+    "{kill}\n"
+    "recorder.commit(synthetic_episode(1))\n"
+)
+
+
+def _commit_killed_then_next(bucket_server, tmp_path, name: str, kill: str) -> None:
+    """Commit episode 0, then episode 1 in a process that `kill` (code run on its `recorder`) ends with exit 9 as
+    SIGKILL would (no except, no finally), then episode 2 from the same staging folder: lerobot must read episodes
+    0 and 2 as the dataset's two, nothing of episode 1."""
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
-    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/killed-commit")
+    url = BucketUrl.parse(f"hf://buckets/lab/capture/datasets/{name}")
     recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / "stage")
     recorder.commit(synthetic_episode(0))
-    code = (
-        "import os, sys\n"
-        "from pathlib import Path\n"
-        "from robotloop.capture import DatasetRecorder\n"
-        "from robotloop.storage import BucketClient, BucketUrl\n"
-        "from tests.test_capture import SPEC, synthetic_episode\n"
-        "endpoint, token, url, stage = sys.argv[1:]\n"
-        "recorder = DatasetRecorder(BucketClient(endpoint, token), BucketUrl.parse(url), SPEC, staging=Path(stage))\n"
-        "recorder._push = lambda changed: os._exit(9)  # dies as SIGKILL would: no except, no finally\n"
-        "recorder.commit(synthetic_episode(1))\n"
-    )
     args = [bucket_server.endpoint, WRITE_TOKEN, str(url), str(tmp_path / "stage")]
+    code = KILLED_COMMIT.format(kill=kill)
     died = subprocess.run([sys.executable, "-c", code, *args], cwd=Path(__file__).parents[1], capture_output=True)
     assert died.returncode == 9, died.stderr.decode()[-2000:]
     assert recorder.commit(synthetic_episode(2)).episode_index == 1
@@ -134,37 +137,26 @@ def test_a_commit_killed_after_its_local_append_is_not_pushed_by_the_next(bucket
     assert [dataset[i]["action"][0].item() for i in (0, 12)] == [0.0, 2.0]
 
 
+def test_a_commit_killed_after_its_local_append_is_not_pushed_by_the_next(bucket_server, tmp_path):
+    """A recorder killed between appending an episode to its local copy and uploading it (a Ray worker killed
+    mid-commit, shares its node's staging with the next): the next commit starts from the bucket's copy, so the
+    dead commit's episode never appears, whole or half."""
+    _commit_killed_then_next(bucket_server, tmp_path, "killed-commit", "recorder._push = lambda changed: os._exit(9)")
+
+
 def test_a_commit_killed_between_data_and_metadata_uploads_is_pointed_back_by_the_next(bucket_server, tmp_path):
     """Killed after its grown data and video files went up, before meta/: the next commit from that staging folder
     points them back before it appends, so the rows no metadata named are not kept."""
-    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
-    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/killed-upload")
-    recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / "stage")
-    recorder.commit(synthetic_episode(0))
-    code = (
-        "import os, sys\n"
-        "from pathlib import Path\n"
-        "from robotloop.capture import DatasetRecorder\n"
-        "from robotloop.storage import BucketClient, BucketUrl\n"
-        "from tests.test_capture import SPEC, synthetic_episode\n"
-        "endpoint, token, url, stage = sys.argv[1:]\n"
-        "recorder = DatasetRecorder(BucketClient(endpoint, token), BucketUrl.parse(url), SPEC, staging=Path(stage))\n"
+    kill = (
         "upload, calls = recorder.client.upload, []\n"
         "def data_only(local, dest):  # the first upload of a commit is its data and video files; meta/ is next\n"
         "    if calls:\n"
         "        os._exit(9)\n"
         "    calls.append(dest)\n"
         "    return upload(local, dest)\n"
-        "recorder.client.upload = data_only\n"
-        "recorder.commit(synthetic_episode(1))\n"
+        "recorder.client.upload = data_only"
     )
-    args = [bucket_server.endpoint, WRITE_TOKEN, str(url), str(tmp_path / "stage")]
-    died = subprocess.run([sys.executable, "-c", code, *args], cwd=Path(__file__).parents[1], capture_output=True)
-    assert died.returncode == 9, died.stderr.decode()[-2000:]
-    assert recorder.commit(synthetic_episode(2)).episode_index == 1
-    dataset = load_with_lerobot(client, url, tmp_path / "read")
-    assert dataset.meta.total_episodes == 2 and len(dataset) == 24
-    assert [dataset[i]["action"][0].item() for i in (0, 12)] == [0.0, 2.0]
+    _commit_killed_then_next(bucket_server, tmp_path, "killed-upload", kill)
 
 
 def test_a_failed_metadata_upload_points_the_grown_files_back(bucket_server, tmp_path, monkeypatch):

@@ -22,32 +22,21 @@ from ...database import PgConnection, check_postgres_url, connect_postgres
 DbConnection = sqlite3.Connection | PgConnection  # what a store's SQL runs on: both read as sqlite3's
 
 
-class ThreadLocalDb:
-    """Durable connections to one SQLite file (WAL, synchronous=FULL: a commit is on disk when it returns), one
-    per thread, made on first use.
+class _PerThread:
+    """A connection per thread (`conn`, made by `_connect` on first use) and `tx` on it: what `ThreadLocalDb` and
+    `PostgresDb` share."""
 
-    `isolation_level=None`: transactions are ours (`tx`), so a batch is exactly one transaction and a writer can
-    take the write lock up front (BEGIN IMMEDIATE) instead of failing to upgrade a read lock mid-transaction.
-    `timeout_s` is how long a writer waits for another's lock; `foreign_keys` turns their checks on; `rows` makes
-    rows `sqlite3.Row` (read by column name)."""
+    _local: threading.local
 
-    def __init__(self, path: Path, timeout_s: float = 30.0, foreign_keys: bool = False, rows: bool = False) -> None:
-        self.path, self.timeout_s, self.foreign_keys, self.rows = path, timeout_s, foreign_keys, rows
-        self._local = threading.local()
-
-    def conn(self) -> sqlite3.Connection:
+    def conn(self) -> DbConnection:
         """This thread's connection."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
-            if self.foreign_keys:
-                conn.execute("PRAGMA foreign_keys=ON")
-            if self.rows:
-                conn.row_factory = sqlite3.Row
-            self._local.conn = conn
+            conn = self._local.conn = self._connect()
         return conn
+
+    def _connect(self) -> DbConnection:
+        raise NotImplementedError
 
     def tx(self, immediate: bool = False) -> Transaction:
         """A transaction on this thread's connection; `immediate` takes the write lock at its start, so checks
@@ -60,6 +49,30 @@ class ThreadLocalDb:
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+
+class ThreadLocalDb(_PerThread):
+    """Durable connections to one SQLite file (WAL, synchronous=FULL: a commit is on disk when it returns), one
+    per thread, made on first use.
+
+    `isolation_level=None`: transactions are ours (`tx`), so a batch is exactly one transaction and a writer can
+    take the write lock up front (BEGIN IMMEDIATE) instead of failing to upgrade a read lock mid-transaction.
+    `timeout_s` is how long a writer waits for another's lock; `foreign_keys` turns their checks on; `rows` makes
+    rows `sqlite3.Row` (read by column name)."""
+
+    def __init__(self, path: Path, timeout_s: float = 30.0, foreign_keys: bool = False, rows: bool = False) -> None:
+        self.path, self.timeout_s, self.foreign_keys, self.rows = path, timeout_s, foreign_keys, rows
+        self._local = threading.local()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        if self.foreign_keys:
+            conn.execute("PRAGMA foreign_keys=ON")
+        if self.rows:
+            conn.row_factory = sqlite3.Row
+        return conn
 
 
 class Transaction:
@@ -77,7 +90,7 @@ class Transaction:
         self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
 
 
-class PostgresDb:
+class PostgresDb(_PerThread):
     """`ThreadLocalDb`'s interface over a PostgreSQL database (``--database postgresql://...``): one connection per
     thread (`robotloop.database.PgConnection`, which reads like sqlite3's), and `tx` the same `Transaction`, whose
     ``BEGIN IMMEDIATE`` takes `store`'s writer lock, shared by every replica on that database; its tables are in
@@ -94,21 +107,8 @@ class PostgresDb:
         self._local = threading.local()
         self.conn()
 
-    def conn(self) -> PgConnection:
-        """This thread's connection."""
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = connect_postgres(self.url, self.store)
-        return conn
-
-    def tx(self, immediate: bool = False) -> Transaction:
-        return Transaction(self.conn(), immediate)
-
-    def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
+    def _connect(self) -> PgConnection:
+        return connect_postgres(self.url, self.store)
 
 
 def open_db(database: str | None, path: Path, store: str, **sqlite_options: bool | float) -> ThreadLocalDb | PostgresDb:
