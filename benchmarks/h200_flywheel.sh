@@ -13,7 +13,7 @@ ROUNDS=${ROUNDS:-1}
 EVAL=${EVAL:-200}
 BASELINE=${BASELINE:-1}
 LEROBOT_EVAL=${LEROBOT_EVAL:-50}
-ONNX_EVAL=${ONNX_EVAL:-50}  # episodes of the stable release's ONNX export (issue 30's success in sim), 0: none
+ONNX_EVAL=${ONNX_EVAL:-50}  # episodes of stable's ONNX export on ONNX Runtime's CPU provider (the image has no GPU one), 0: none
 FLEET_CHECK=${FLEET_CHECK:-1}  # stable in lockstep on the fleet's own scenes, paired with the robots' episodes
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
@@ -55,7 +55,7 @@ if [ -n "$stable" ]; then  # the release's run: its name without the step
   fi
   if [ "$ONNX_EVAL" -gt 0 ]; then  # the checkpoint's ONNX export (training leaves it beside the last checkpoint)
     python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/${stable%-*}" --sim "$TASK" \
-      --episodes "$ONNX_EVAL" --seed 1000 --workers 15 --videos 0 --backend onnx --output-dir "$R/eval-onnx" \
+      --episodes "$ONNX_EVAL" --seed 1000 --workers 15 --videos 0 --backend onnx --device cpu --output-dir "$R/eval-onnx" \
       > "$R/eval_onnx.log" 2>&1
     echo "$(date -u +%FT%TZ) ONNX eval of $stable ($ONNX_EVAL episodes, seeds 1000+) exit $?" >> "$R/plan.log"
   fi
