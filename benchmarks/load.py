@@ -130,7 +130,9 @@ async def _fleet_run(
                     r = await http.post(
                         f"/v1/robots/{name}/heartbeat", json={"running": known, "status": {}}, headers=auth
                     )
-                    if r.status_code == 200:
+                    if r is None:
+                        errors.append(0)
+                    elif r.status_code == 200:
                         beats.append(time.monotonic() - t0)
                     else:
                         errors.append(r.status_code)
@@ -140,8 +142,8 @@ async def _fleet_run(
             while time.monotonic() < end:
                 params = {"wait_s": 5.0, **({"known": known} if known else {})}
                 r = await http.get(f"/v1/robots/{name}/assignment", params=params, headers=auth)
-                if r.status_code != 200:
-                    errors.append(r.status_code)
+                if r is None or r.status_code != 200:
+                    errors.append(0 if r is None else r.status_code)
                     await asyncio.sleep(1.0)
                     continue
                 release = r.json().get("release")
@@ -181,11 +183,19 @@ class _Based:
     def __init__(self, client: httpx.AsyncClient, url: str) -> None:
         self.client, self.url = client, url
 
-    async def post(self, path: str, **kwargs) -> httpx.Response:
-        return await self.client.post(self.url + path, **kwargs)
+    async def post(self, path: str, **kwargs) -> httpx.Response | None:
+        return await self._send("POST", path, **kwargs)
 
-    async def get(self, path: str, **kwargs) -> httpx.Response:
-        return await self.client.get(self.url + path, **kwargs)
+    async def get(self, path: str, **kwargs) -> httpx.Response | None:
+        return await self._send("GET", path, **kwargs)
+
+    async def _send(self, method: str, path: str, **kwargs) -> httpx.Response | None:
+        """The answer; None when there was none (a connection the server dropped, a timeout): an error the figures
+        count as status 0, where it once ended the whole run with the fleet's other requests in flight."""
+        try:
+            return await self.client.request(method, self.url + path, **kwargs)
+        except httpx.HTTPError:
+            return None
 
 
 def _bucket_servers(client: BucketClient, work: Path, args) -> tuple[list[BucketClient], list]:
