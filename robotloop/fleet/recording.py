@@ -253,9 +253,9 @@ def _writer_main(target: _Target, items, stats: RecordingStats, given_up, parent
     from ..workers import start_worker
 
     start_worker(parent_pid)  # it dies with the robot's process, and logs as it does
-    if (
-        target.via is None
-    ):  # it encodes video itself (a slim install, which sends frames to a capture service, has no av)
+    # Only a writer that encodes video itself quiets the encoders: a slim install sending frames to a capture
+    # service has no av.
+    if target.via is None:
         from ..output import quiet_encoders
 
         quiet_encoders()
