@@ -14,6 +14,8 @@ EVAL=${EVAL:-200}
 BASELINE=${BASELINE:-1}
 LEROBOT_EVAL=${LEROBOT_EVAL:-50}
 ONNX_EVAL=${ONNX_EVAL:-50}  # episodes of stable's ONNX export on ONNX Runtime's CPU provider (the image has no GPU one), 0: none
+INDEPENDENT=${INDEPENDENT:-1}  # 1: stable evaluated again over seeds 5000-5199 (3 min on the H200), 0: not
+ROUND_ARGS=${ROUND_ARGS:-}  # more `robotloop loop` options, e.g. "--round-steps 6000 --round-lr-scale 0.3"
 FLEET_CHECK=${FLEET_CHECK:-1}  # stable in lockstep on the fleet's own scenes, paired with the robots' episodes
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
@@ -30,20 +32,24 @@ echo "$(date -u +%FT%TZ) rounds start (main at $(git -C "$root" rev-parse --shor
 start=$(date +%s)
 baseline=$([ "$BASELINE" = 1 ] && echo --baseline)
 check=$([ "$FLEET_CHECK" = 1 ] && echo --fleet-check)
-# shellcheck disable=SC2086  # $baseline and $check are one flag or none
-python3 -m robotloop.cli loop --preset h200 --task "$TASK" --rounds "$ROUNDS" $baseline $check --eval-episodes "$EVAL" \
+# shellcheck disable=SC2086  # $baseline and $check are one flag or none, $ROUND_ARGS words
+python3 -m robotloop.cli loop --preset h200 --task "$TASK" --rounds "$ROUNDS" $baseline $check $ROUND_ARGS --eval-episodes "$EVAL" \
   > "$R/loop.log" 2>&1
 echo "$(date -u +%FT%TZ) rounds exit $? after $(( $(date +%s) - start )) s" >> "$R/plan.log"
 cp loop-report/report.json loop-report/report.md "$R/" 2>/dev/null
 for f in loop-report/eval-*/eval_report.json; do [ -f "$f" ] && cp "$f" "$R/$(basename "$(dirname "$f")").json"; done
 pack
 stable=$(python3 -c "import json; print(json.load(open('loop-report/report.json'))['stable'])" 2>/dev/null)
-if [ -n "$stable" ]; then  # the release's run: its name without the step
+if [ -n "$stable" ] && [ "$INDEPENDENT" = 1 ]; then  # the release's run: its name without the step
   python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/${stable%-*}" --sim "$TASK" --episodes 200 \
     --seed 5000 --workers 15 --videos 0 --output-dir "$R/eval-5000" > "$R/eval5000.log" 2>&1
   echo "$(date -u +%FT%TZ) eval of $stable over seeds 5000-5199 exit $?" >> "$R/plan.log"
   pack
-  model=$(python3 -c "import json; print(json.load(open('$R/eval-5000/eval_report.json'))['policy'])" 2>/dev/null)
+fi
+if [ -n "$stable" ]; then
+  # stable's checkpoint as the loop's own evaluation of it resolved it: eval-<steps> for round 0, eval-r<k> after
+  case "$stable" in *-r[0-9]*-*) k=${stable%-*}; evaluated=eval-r${k##*-r} ;; *) evaluated=eval-${stable##*-} ;; esac
+  model=$(python3 -c "import json; print(json.load(open('loop-report/$evaluated/eval_report.json'))['policy'])" 2>/dev/null)
   gym_task=$([ "$TASK" = insertion ] && echo AlohaInsertion-v0 || echo AlohaTransferCube-v0)
   # lerobot's own evaluation, in gym-aloha's env. Synchronous envs: lerobot imports gym_aloha (which registers
   # the envs) in the driver only, and the async workers it spawns failed with "Namespace gym_aloha not found".
