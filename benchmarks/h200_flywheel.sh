@@ -17,6 +17,8 @@ ONNX_EVAL=${ONNX_EVAL:-50}  # episodes of stable's ONNX export on ONNX Runtime's
 INDEPENDENT=${INDEPENDENT:-1}  # 1: stable evaluated again over seeds 5000-5199 (3 min on the H200), 0: not
 ROUND_ARGS=${ROUND_ARGS:-}  # more `robotloop loop` options, e.g. "--round-steps 6000 --round-lr-scale 0.3"
 FLEET_CHECK=${FLEET_CHECK:-1}  # stable in lockstep on the fleet's own scenes, paired with the robots' episodes
+# A results folder left by an earlier run (a device machine can keep /tmp) is moved aside, never mixed in.
+[ -e "$R" ] && mv "$R" "$R.before-$(date +%s)"
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,7 +39,7 @@ python3 -m robotloop.cli loop --preset h200 --task "$TASK" --rounds "$ROUNDS" $b
   > "$R/loop.log" 2>&1
 echo "$(date -u +%FT%TZ) rounds exit $? after $(( $(date +%s) - start )) s" >> "$R/plan.log"
 cp loop-report/report.json loop-report/report.md "$R/" 2>/dev/null
-for f in loop-report/eval-*/eval_report.json; do [ -f "$f" ] && cp "$f" "$R/$(basename "$(dirname "$f")").json"; done
+for f in loop-report/eval/eval_report.json loop-report/eval-*/eval_report.json; do [ -f "$f" ] && cp "$f" "$R/$(basename "$(dirname "$f")").json"; done
 pack
 stable=$(python3 -c "import json; print(json.load(open('loop-report/report.json'))['stable'])" 2>/dev/null)
 if [ -n "$stable" ] && [ "$INDEPENDENT" = 1 ]; then  # the release's run: its name without the step
@@ -47,8 +49,8 @@ if [ -n "$stable" ] && [ "$INDEPENDENT" = 1 ]; then  # the release's run: its na
   pack
 fi
 if [ -n "$stable" ]; then
-  # stable's checkpoint as the loop's own evaluation of it resolved it: eval-<steps> for round 0, eval-r<k> after
-  case "$stable" in *-r[0-9]*-*) k=${stable%-*}; evaluated=eval-r${k##*-r} ;; *) evaluated=eval-${stable##*-} ;; esac
+  # stable's checkpoint as the loop's own evaluation of it resolved it: eval for round 0, eval-r<k> after
+  case "$stable" in *-r[0-9]*-*) k=${stable%-*}; evaluated=eval-r${k##*-r} ;; *) evaluated=eval ;; esac
   model=$(python3 -c "import json; print(json.load(open('loop-report/$evaluated/eval_report.json'))['policy'])" 2>/dev/null)
   gym_task=$([ "$TASK" = insertion ] && echo AlohaInsertion-v0 || echo AlohaTransferCube-v0)
   # lerobot's own evaluation, in gym-aloha's env. Synchronous envs: lerobot imports gym_aloha (which registers
