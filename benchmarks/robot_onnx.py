@@ -1,7 +1,7 @@
 """The robot's policy on ONNX Runtime against torch: action parity and per-step latency, on this machine's CPU.
 
 Run:  MUJOCO_GL=egl .venv/bin/python benchmarks/robot_onnx.py [--steps 200] [--passes 3] [--threads 2] [--spinning]
-          [--out benchmarks/results/robot_onnx_cpu.json]
+          [--int8] [--out benchmarks/results/robot_onnx_cpu.json]
 Smoke (the tiny ACT at 48x64, seconds):  ... benchmarks/robot_onnx.py --quick
 
 The policy is the h200 preset's (`robotloop.loop.pipeline.H200_RECIPE`): lerobot 0.6.1's default-size ACT (51.6M
@@ -19,6 +19,9 @@ observation), intra-op threads not spinning (`--spinning`: ONNX Runtime's defaul
    loop pays), over the same observations, `--passes` passes per backend, alternating torch and ONNX, each pass
    after a reset and 5 untimed steps. p50/p99/max per backend. Target: p99 <= 20 ms (50 Hz) on 2 CPU cores.
    The load average is recorded before and after: other work on the machine shows in it.
+3. With `--int8`, the export's int8 graph too (`robotloop.deploy.onnx_int8.quantize_int8`, what `deploy publish
+   --onnx-int8` ships and `--backend onnx-int8` runs): its parity against fp32 ONNX, and its latency in the same
+   alternation (torch, ONNX fp32, ONNX int8).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import onnxruntime
 import torch
 
 from robotloop.deploy.onnx_export import export_onnx
+from robotloop.deploy.onnx_int8 import quantize_int8
 from robotloop.deploy.onnx_runner import ONNX_DATA_FILE, OnnxRunner
 from robotloop.deploy.runner import PolicyRunner, make_tiny_checkpoint
 from robotloop.loop.pipeline import H200_RECIPE
@@ -67,12 +71,15 @@ def record_observations(runner: PolicyRunner, camera: tuple[int, int], steps: in
     return out
 
 
-def parity(torch_runner: PolicyRunner, onnx_runner: OnnxRunner, observations: list[dict]) -> dict:
+def parity(torch_runner: PolicyRunner | OnnxRunner, onnx_runner: OnnxRunner, observations: list[dict]) -> dict:
     torch_runner.reset()
     onnx_runner.reset()
     actions, chunks = 0.0, 0.0
     for obs in observations:
-        want_chunk = torch_runner._predict_chunk(torch_runner.to_batch(obs))
+        if isinstance(torch_runner, OnnxRunner):  # the int8 graph against fp32's
+            want_chunk = torch_runner.predict_chunk(torch_runner.to_inputs(obs))[0]
+        else:
+            want_chunk = torch_runner._predict_chunk(torch_runner.to_batch(obs))
         got_chunk = onnx_runner.predict_chunk(onnx_runner.to_inputs(obs))[0]
         chunks = max(chunks, float(np.abs(got_chunk - want_chunk).max()))
         actions = max(actions, float(np.abs(onnx_runner.act(obs) - torch_runner.act(obs)).max()))
@@ -109,6 +116,7 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
     parser.add_argument("--spinning", action="store_true", help="ONNX Runtime's threads busy-wait between operators")
+    parser.add_argument("--int8", action="store_true", help="also the export's int8 graph (deploy publish --onnx-int8)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -128,10 +136,23 @@ def main() -> None:
         assert torch_runner.ensembling and onnx_runner.ensembling  # one inference per step, on both
         observations = record_observations(torch_runner, camera, args.steps)
         matched = parity(torch_runner, onnx_runner, observations)
-        times: dict[str, list[float]] = {"torch_eager_cpu": [], "onnxruntime_cpu": []}
-        for _ in range(args.passes):  # alternating, so a burst of other load hits both
-            times["torch_eager_cpu"] += time_pass(torch_runner, observations)
-            times["onnxruntime_cpu"] += time_pass(onnx_runner, observations)
+        runners = {"torch_eager_cpu": torch_runner, "onnxruntime_cpu": onnx_runner}
+        int8 = None
+        if args.int8:
+            made = quantize_int8(export.directory)
+            runners["onnxruntime_cpu_int8"] = OnnxRunner.load(
+                export.directory, threads=args.threads, spinning=args.spinning, precision="int8"
+            )
+            int8 = {
+                "quantize_s": round(made.seconds, 1),
+                "check_batch_max_abs_diff": made.max_abs_diff,
+                "mb": round(made.file.stat().st_size / 1e6, 1),
+                "parity_against_fp32": parity(onnx_runner, runners["onnxruntime_cpu_int8"], observations),
+            }
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        for _ in range(args.passes):  # alternating, so a burst of other load hits each
+            for name, runner in runners.items():
+                times[name] += time_pass(runner, observations)
         onnx_mb = (export.directory / ONNX_DATA_FILE).stat().st_size / 1e6
     latency = {name: summary(t) for name, t in times.items()}
     results = {
@@ -159,6 +180,7 @@ def main() -> None:
         "parity": matched,
         "latency": latency,
         "speedup_p50": round(latency["torch_eager_cpu"]["p50_ms"] / latency["onnxruntime_cpu"]["p50_ms"], 2),
+        "int8": int8,
         "target_p99_ms": 20.0,
         "loadavg_before": [round(v, 2) for v in load_before],
         "loadavg_after": [round(v, 2) for v in os.getloadavg()],

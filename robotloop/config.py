@@ -35,7 +35,7 @@ from .errors import BadInput
 
 # The choices of two settings, named once: the settings fields below and the library (`robotloop.deploy.policy`,
 # `robotloop.deploy.publish`) take them from here.
-Backend = Literal["auto", "onnx", "torch"]
+Backend = Literal["auto", "onnx", "onnx-int8", "torch"]
 OnnxMode = Literal["required", "optional", "off"]
 
 
@@ -233,7 +233,8 @@ class RobotSettings(Section):
         default="auto",
         description="What runs a release's policy: auto (its ONNX export on ONNX Runtime where the release has one "
         "and onnxruntime here runs on robot.device, else torch), onnx (ONNX only: a release without an export, or a "
-        "robot without onnxruntime, is refused with the reason) or torch (the checkpoint through lerobot).",
+        "robot without onnxruntime, is refused with the reason), onnx-int8 (the export's int8 graph, for a CPU too "
+        "slow for fp32: releases published with --onnx-int8 only) or torch (the checkpoint through lerobot).",
     )
     poll_wait_s: float = Field(default=30.0, gt=0, le=60, description="Long-poll length for assignment changes.")
     heartbeat_s: float = Field(default=2.0, gt=0, description="Seconds between heartbeats.")

@@ -39,6 +39,7 @@ from robotloop.cli import app
 from robotloop.config import RobotSettings
 from robotloop.deploy.client import DeployClient, DeployError
 from robotloop.deploy.envs import SimControlEnv
+from robotloop.deploy.errors import PolicyLoadError
 from robotloop.deploy.fetch import XetFetcher
 from robotloop.deploy.keys import (
     BadSignature,
@@ -50,12 +51,21 @@ from robotloop.deploy.keys import (
 )
 from robotloop.deploy.local import start_local_deploy_service
 from robotloop.deploy.manifest import BadManifest, Manifest, SignedManifest
-from robotloop.deploy.onnx_runner import ONNX_DATA_FILE, ONNX_FILE, ONNX_FILES, ONNX_META_FILE, OnnxRunner
+from robotloop.deploy.onnx_int8 import INT8_ATOL
+from robotloop.deploy.onnx_runner import (
+    INT8_FILES,
+    ONNX_DATA_FILE,
+    ONNX_FILE,
+    ONNX_FILES,
+    ONNX_META_FILE,
+    OnnxRunner,
+)
 from robotloop.deploy.policy import load_policy
 from robotloop.deploy.publish import PublishedRelease, publish
 from robotloop.deploy.runner import make_tiny_checkpoint
 from robotloop.deploy.runtime import RobotRuntime
 from robotloop.deploy.store import IntegrityError, PullCancelled, ReleaseStore
+from robotloop.errors import BadValue
 from robotloop.rounds.fleet import fleet_episodes
 from robotloop.storage import BucketClient, BucketUrl, Entry, NotFound, StorageError
 from robotloop.train.policy import TINY_ACT, ACTSettings
@@ -1435,6 +1445,19 @@ def test_publish_reuses_the_export_training_left_beside_the_checkpoint_and_redoe
     store.pull(reused, deploy.trusted, XetFetcher(bucket_server.endpoint, WRITE_TOKEN, reused.manifest.bucket))
     policy = load_policy(store.model_dir("trained-v1"), backend="onnx", device="cpu")
     assert isinstance(policy, OnnxRunner)
+    with pytest.raises(PolicyLoadError, match="no int8 graph"):  # asked of a release published without one
+        load_policy(store.model_dir("trained-v1"), backend="onnx-int8", device="cpu")
+
+    # --onnx-int8: the export's int8 graph goes in beside it, signed; a robot runs it with backend onnx-int8.
+    int8 = publish(deploy.bucket, str(url), "trained-v1-int8", key, deploy.ops(), int8=True)
+    assert int8.onnx is not None and int8.onnx.reused and int8.onnx.files == (*ONNX_FILES, *INT8_FILES), int8.onnx
+    assert 0 < int8.onnx.int8_max_abs_diff <= INT8_ATOL, int8.onnx  # quantized, and near fp32
+    int8.verify(deploy.trusted)
+    store.pull(int8, deploy.trusted, XetFetcher(bucket_server.endpoint, WRITE_TOKEN, int8.manifest.bucket))
+    runner = load_policy(store.model_dir("trained-v1-int8"), backend="onnx-int8", device="cpu")
+    assert isinstance(runner, OnnxRunner) and runner.backend == "onnx-int8"
+    with pytest.raises(BadValue, match="not with onnx off"):
+        publish(deploy.bucket, str(url), "trained-v1-none", key, None, onnx="off", int8=True)
 
     # A later checkpoint whose folder kept the earlier export (copied along with it): new weights, old graph.
     later = _perturbed(ckpt, tmp_path / "later" / "pretrained_model", keep=("model.backbone.",))

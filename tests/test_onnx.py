@@ -21,13 +21,17 @@ from lerobot.policies.act.modeling_act import ACTTemporalEnsembler
 
 from robotloop.deploy.errors import BackendUnavailable
 from robotloop.deploy.onnx_export import EXPORTER_REVISION, OnnxExportError, export_onnx, export_runner, stale_export
+from robotloop.deploy.onnx_int8 import INT8_ATOL, quantize_int8
 from robotloop.deploy.onnx_runner import (
+    INT8_FILE,
+    INT8_META_FILE,
     ONNX_DATA_FILE,
     ONNX_FILE,
     ONNX_FILES,
     ONNX_META_FILE,
     OnnxRunner,
     TemporalEnsembler,
+    file_sha256,
 )
 from robotloop.deploy.runner import NonFiniteAction, PolicyLoadError, PolicyRunner, make_tiny_checkpoint
 from robotloop.errors import BadValue
@@ -156,6 +160,31 @@ def test_onnx_actions_match_torch_chunk_by_chunk_and_ensembled(tiny: Path, expor
     ensembled = OnnxRunner.load(exported, inference=ENSEMBLE)
     assert ensembled.ensembling and ensembled.n_action_steps == 1
     assert _run_both(PolicyRunner.load(tiny, inference=ENSEMBLE), ensembled, sim, 50, seed=1) <= 1e-4
+
+
+def test_the_int8_graph_acts_near_fp32_and_runs_only_where_it_was_made(
+    exported: Path, sim: AlohaSim, tmp_path: Path
+) -> None:
+    folder = Path(shutil.copytree(exported, tmp_path / "release"))
+    with pytest.raises(PolicyLoadError, match="no int8 graph"):
+        OnnxRunner.load(folder, precision="int8")
+    with pytest.raises(BadValue, match="precision 'fp16'"):
+        OnnxRunner.load(folder, precision="fp16")
+    with pytest.raises(OnnxExportError, match="no fp32 ONNX export"):
+        quantize_int8(tmp_path / "nothing-here")
+    made = quantize_int8(folder)
+    facts = json.loads((folder / INT8_META_FILE).read_text())
+    assert made.file == folder / INT8_FILE and facts["max_abs_diff"] == made.max_abs_diff
+    assert facts["source"][ONNX_DATA_FILE] == file_sha256(folder / ONNX_DATA_FILE)  # made of this export
+    assert facts["written"] == file_sha256(folder / INT8_FILE)
+    # Weights in int8: the quantized MatMuls, their activations quantized per pass.
+    ops = {node.op_type for node in onnx.load(str(folder / INT8_FILE)).graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops, ops
+    int8 = OnnxRunner.load(folder, inference=ENSEMBLE, precision="int8")
+    fp32 = OnnxRunner.load(folder, inference=ENSEMBLE)
+    assert (int8.backend, fp32.backend) == ("onnx-int8", "onnx")
+    # Another graph than fp32's, acting near it step by step (temporal ensembling over 40 sim steps).
+    assert 0 < _run_both(fp32, int8, sim, 40, seed=5) <= INT8_ATOL
 
 
 def test_batch_of_episodes_matches_torch(tiny: Path, exported: Path) -> None:

@@ -106,6 +106,14 @@ def publish(
         ),
     ] = None,
     no_onnx: Annotated[bool, typer.Option("--no-onnx", help="No ONNX export: --onnx off.")] = False,
+    onnx_int8: Annotated[
+        bool,
+        typer.Option(
+            "--onnx-int8",
+            help="Also the export's int8 graph (MatMul and Gemm weights in int8), for robot CPUs too slow for fp32: "
+            "robots run it with --backend onnx-int8. Evaluate it first (robotloop eval --backend onnx-int8).",
+        ),
+    ] = False,
     deploy_url: DeployUrl = None,
     deploy_token: DeployToken = None,
     as_json: JsonOutput = False,
@@ -132,7 +140,7 @@ def publish(
     signer = load_private_key(key or settings.deploy.key_file)
     deploy = _client(ctx, deploy_url, deploy_token) if register else None
     try:
-        signed = run(connect(settings), checkpoint, name, signer, deploy, channel, dest, onnx=mode)
+        signed = run(connect(settings), checkpoint, name, signer, deploy, channel, dest, onnx=mode, int8=onnx_int8)
     except OnnxExportError as error:  # the way out in the CLI's words: its flags
         raise fail(f"{error}. To release it for torch robots only: --onnx optional (or --no-onnx)") from None
     m = signed.manifest
@@ -157,6 +165,7 @@ def publish(
             # The trainer's export of this checkpoint went in as it is; else why the one found was not taken.
             "reused": export.reused,
             "redone": export.redone,
+            "int8_max_abs_diff": export.int8_max_abs_diff,
         },
     }
     show(result, as_json, _published_text)
@@ -178,6 +187,8 @@ def _published_text(r: dict) -> str:
             f", ONNX exported in {onnx['seconds']:.1f} s (max |ONNX - torch| {onnx['max_abs_diff']:.1g}, "
             f"{onnx['bytes_new'] / 1e6:.1f} MB new in the bucket)"
         )
+    if onnx is not None and onnx.get("int8_max_abs_diff") is not None:
+        exported += f", its int8 graph too (max |int8 - fp32| {onnx['int8_max_abs_diff']:.1g})"
     return (
         f"release {r['release']} of {r['checkpoint']}: {r['files']} files, {r['bytes'] / 1e6:.1f} MB{exported}, "
         f"signed by {r['key_id']}, manifest {r['manifest']}" + (f", channel {r['channel']}" if r["channel"] else "")

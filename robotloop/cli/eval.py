@@ -59,7 +59,8 @@ def eval_policy(
         str,
         typer.Option(
             help="torch (the checkpoint), onnx (a release's ONNX export on ONNX Runtime, as a robot without torch "
-            "runs it) or auto (ONNX where the policy has an export)."
+            "runs it), onnx-int8 (the export's int8 graph: deploy publish --onnx-int8) or auto (ONNX where the policy "
+            "has an export)."
         ),
     ] = "torch",
     ray: Annotated[str | None, typer.Option("--ray", help=RAY_HELP + " Each worker runs whole waves.")] = None,

@@ -64,7 +64,8 @@ def run(
         str | None,
         typer.Option(
             help="What runs each release: auto (its ONNX export on ONNX Runtime where it has one and onnxruntime is "
-            "installed, else torch), onnx or torch. Default: robot.backend (auto)."
+            "installed, else torch), onnx, onnx-int8 (its int8 graph, where published) or torch. Default: "
+            "robot.backend (auto)."
         ),
     ] = None,
     record: Annotated[

@@ -61,6 +61,7 @@ from .onnx_runner import (
     ONNX_META_FILE,
     STATE_KEY,
     OnnxMeta,
+    file_sha256,
     read_meta,
 )
 from .runner import REQUIRED_FILES, PolicyRunner
@@ -166,7 +167,7 @@ def export_runner(
         # Saved under its final name: the graph refers to its weights file by that name.
         program.save(str(staged / ONNX_FILE), external_data=True)
         diff = _compare(staged, names, inputs, expected, atol)
-        written = {name: _sha256(staged / name) for name in (ONNX_FILE, ONNX_DATA_FILE)}
+        written = {name: file_sha256(staged / name) for name in (ONNX_FILE, ONNX_DATA_FILE)}
         meta = OnnxMeta(
             cameras={k: (h, w, c) for k, (c, h, w) in runner.image_shapes.items()},
             policy_image_size=tuple(cfg.image_features[runner.image_keys[0]].shape[1:]) if runner.image_keys else None,
@@ -464,7 +465,7 @@ def stale_export(pretrained_dir: str | Path, *, atol: float = DEFAULT_ATOL) -> s
         return f"its check against torch found {meta.max_abs_diff:.3g}, over {atol:g}"
     try:
         ours = _sha256s(directory)
-        written = {name: _sha256(directory / name) for name in (ONNX_FILE, ONNX_DATA_FILE)}
+        written = {name: file_sha256(directory / name) for name in (ONNX_FILE, ONNX_DATA_FILE)}
     except OSError as error:  # a checkpoint file missing: not a checkpoint the export can be of
         return f"the checkpoint cannot be read: {error}"
     differ = sorted(name for name in ours.keys() | meta.source.keys() if ours.get(name) != meta.source.get(name))
@@ -487,15 +488,7 @@ def _sha256s(source: Path) -> dict[str, str]:
     names = {*REQUIRED_FILES, *(p.name for p in source.glob("*.safetensors"))}
     if (source / INPUTS_FILE).is_file():  # the camera sizes: the graph's input shapes
         names.add(INPUTS_FILE)
-    return {name: _sha256(source / name) for name in sorted(names)}
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda f=file: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return {name: file_sha256(source / name) for name in sorted(names)}
 
 
 __all__ = [

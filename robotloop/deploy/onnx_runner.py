@@ -28,12 +28,13 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -44,6 +45,11 @@ ONNX_FILE = "policy.onnx"
 ONNX_DATA_FILE = "policy.onnx.data"  # the weights, as ONNX external data: raw tensors, so Xet dedup finds them
 ONNX_META_FILE = "policy.onnx.json"
 ONNX_FILES = (ONNX_FILE, ONNX_DATA_FILE, ONNX_META_FILE)  # what an export writes: a release holds all three or none
+# The opt-in int8 variant (`onnx_int8.quantize_int8`): the same graph, MatMul and Gemm weights in int8, and its facts.
+INT8_FILE = "policy.int8.onnx"
+INT8_META_FILE = "policy.int8.json"
+INT8_FILES = (INT8_FILE, INT8_META_FILE)
+PRECISIONS = ("fp32", "int8")  # which graph of an export a runner loads
 META_FORMAT = 1
 STATE_KEY, IMAGE_PREFIX, ACTION_KEY = "observation.state", "observation.images.", "action"
 # The graph's dynamic batch dimension, as the export names it: a robot's session fixes it to 1 (see `OnnxRunner`).
@@ -150,6 +156,12 @@ def has_onnx(directory: str | Path) -> bool:
     return all((Path(directory) / name).is_file() for name in ONNX_FILES)
 
 
+def file_sha256(path: Path) -> str:
+    """The sha256 of the file at `path`, hex."""
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
 def read_meta(directory: str | Path) -> OnnxMeta:
     """The exported policy's metadata in `directory`.
 
@@ -225,13 +237,13 @@ class OnnxRunner:
         n_action_steps, temporal_ensemble_coeff: how it acts (the saved policy's, or `load`'s `inference`).
     """
 
-    backend: ClassVar[str] = "onnx"
     session: Any  # onnxruntime.InferenceSession
     meta: OnnxMeta
     path: Path
     n_action_steps: int
     temporal_ensemble_coeff: float | None
     open_batch_session: Callable[[], Any] | None = None  # the session for batches of several; None: `session`'s
+    precision: str = "fp32"  # which graph of the export runs: "fp32", or "int8" (`INT8_FILE`)
 
     def __post_init__(self) -> None:
         self.image_keys: list[str] = list(self.meta.cameras)
@@ -261,6 +273,7 @@ class OnnxRunner:
         inference: dict[str, Any] | None = None,
         threads: int | None = None,
         spinning: bool = False,
+        precision: str = "fp32",
     ) -> OnnxRunner:
         """Load the exported policy in `directory` (a checkpoint's `pretrained_model/` or a release's model folder).
 
@@ -270,7 +283,8 @@ class OnnxRunner:
         `{"n_action_steps": 1, "temporal_ensemble_coeff": 0.01}` or `{"n_action_steps": 20}`. `threads`: ONNX
         Runtime's intra-op threads (default: its own, one per physical core). `spinning`: let those threads
         busy-wait for work between operators (ONNX Runtime's default; off here: ~5% faster on an idle CPU, but 1.7x
-        slower per step with one of two cores busy with other work, as a robot's cores are).
+        slower per step with one of two cores busy with other work, as a robot's cores are). `precision`: "fp32" (the
+        export's graph) or "int8" (its opt-in int8 variant, `INT8_FILE`, made by `onnx_int8.quantize_int8`).
 
         Example:
             ```python
@@ -281,27 +295,42 @@ class OnnxRunner:
         Raises:
             BackendUnavailable (a PolicyLoadError): onnxruntime is not installed, or the device is not one it runs
                 on or its execution provider does not start here: this machine's setup.
-            PolicyLoadError: the files are missing or unreadable, ONNX Runtime cannot load the graph, the graph does
-                not take what its metadata says, or the `inference` overrides do not fit the policy.
+            PolicyLoadError: the files are missing or unreadable (an int8 graph asked of an export without one
+                included), ONNX Runtime cannot load the graph, the graph does not take what its metadata says, or
+                the `inference` overrides do not fit the policy.
+            BadValue: `precision` is not one of `PRECISIONS`.
         """
         path = Path(directory)
+        if precision not in PRECISIONS:
+            raise BadValue(f"precision {precision!r}: use {', '.join(PRECISIONS)}")
         ort = import_onnxruntime(path)
         if not has_onnx(path):
             raise PolicyLoadError(f"{path}: no exported ONNX policy ({ONNX_FILE}, {ONNX_DATA_FILE}, {ONNX_META_FILE})")
+        graph = path / (INT8_FILE if precision == "int8" else ONNX_FILE)
+        if not graph.is_file():
+            raise PolicyLoadError(
+                f"{path}: the release holds no int8 graph ({INT8_FILE}): publish it with --onnx-int8, or run its fp32 "
+                "graph (onnx_precision fp32)"
+            )
         meta = read_meta(path)
         steps, coeff = _acting(meta, inference or {})
         attempts = _attempts(device, ort.get_available_providers())
-        session = _start_session(ort, path, _session_options(ort, threads, spinning, batch_of_one=True), attempts)
-        _check_graph(session, meta, path)
+        session = _start_session(ort, graph, _session_options(ort, threads, spinning, batch_of_one=True), attempts)
+        _check_graph(session, meta, graph)
         started = [a for a in attempts if _first_provider(a[1]) == session.get_providers()[0]][:1]
 
         def open_batch_session() -> Any:
-            return _start_session(ort, path, _session_options(ort, threads, spinning, batch_of_one=False), started)
+            return _start_session(ort, graph, _session_options(ort, threads, spinning, batch_of_one=False), started)
 
         fixed = session.get_inputs()[0].shape[0] == 1  # an export from before names it otherwise: dynamic
-        return cls(session, meta, path, steps, coeff, open_batch_session if fixed else None)
+        return cls(session, meta, path, steps, coeff, open_batch_session if fixed else None, precision)
 
     # -- properties --------------------------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        """What runs the policy, as `load_policy` names it: "onnx" (the fp32 graph) or "onnx-int8"."""
+        return "onnx" if self.precision == "fp32" else f"onnx-{self.precision}"
+
     @property
     def image_size(self) -> tuple[int, int] | None:
         """(height, width) of the camera frames the runner takes (first camera): the policy resizes them itself."""
@@ -525,7 +554,7 @@ def _first_provider(providers: list[Any]) -> str:
     return providers[0] if isinstance(providers[0], str) else providers[0][0]
 
 
-def _start_session(ort: Any, path: Path, options: Any, attempts: list[Attempt]) -> Any:
+def _start_session(ort: Any, graph: Path, options: Any, attempts: list[Attempt]) -> Any:
     """The first session whose first provider starts (ONNX Runtime falls back silently when one cannot: its CUDA
     libraries missing, ...); only the last attempt's failure to load the graph is an error, an earlier one's is a
     provider that does not work here.
@@ -537,19 +566,19 @@ def _start_session(ort: Any, path: Path, options: Any, attempts: list[Attempt]) 
     for i, (device, providers) in enumerate(attempts):
         first = _first_provider(providers)
         try:
-            session = ort.InferenceSession(str(path / ONNX_FILE), options, providers=providers)
+            session = ort.InferenceSession(str(graph), options, providers=providers)
         except Exception as error:  # onnxruntime's Fail / InvalidGraph / NoSuchFile / EPFail, ...
             if i == len(attempts) - 1:
-                raise PolicyLoadError(f"{path / ONNX_FILE}: ONNX Runtime cannot load it: {error}") from error
+                raise PolicyLoadError(f"{graph}: ONNX Runtime cannot load it: {error}") from error
             failed.append(f"{device}: {error}")
             continue
         if session.get_providers()[0] == first:
             return session
         failed.append(f"{device}: ONNX Runtime could not start {first} here (it runs on {session.get_providers()})")
-    raise BackendUnavailable(f"{path}: {'; '.join(failed)}")
+    raise BackendUnavailable(f"{graph.parent}: {'; '.join(failed)}")
 
 
-def _check_graph(session: Any, meta: OnnxMeta, path: Path) -> None:
+def _check_graph(session: Any, meta: OnnxMeta, graph: Path) -> None:
     """The graph takes and gives what the metadata says (a metadata file from another export would mislead)."""
     want = {k: ["uint8", h, w, c] for k, (h, w, c) in meta.cameras.items()}
     if meta.state_dim is not None:
@@ -558,8 +587,8 @@ def _check_graph(session: Any, meta: OnnxMeta, path: Path) -> None:
     outputs = {o.name: list(o.shape[1:]) for o in session.get_outputs()}
     if got != want or outputs.get(ACTION_KEY) != [meta.chunk_size, meta.action_dim]:
         raise PolicyLoadError(
-            f"{path}: {ONNX_FILE} takes {got} and gives {outputs}, but {ONNX_META_FILE} says it takes {want} and gives "
-            f"{ACTION_KEY} [{meta.chunk_size}, {meta.action_dim}]: the two files are not of one export"
+            f"{graph.parent}: {graph.name} takes {got} and gives {outputs}, but {ONNX_META_FILE} says it takes {want} "
+            f"and gives {ACTION_KEY} [{meta.chunk_size}, {meta.action_dim}]: the two files are not of one export"
         )
 
 

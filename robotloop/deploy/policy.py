@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, get_args, runtime_checkable
+from typing import Any, Protocol, get_args, runtime_checkable
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class Policy(Protocol):
     for an observation that does not fit; both are RuntimeErrors or ValueErrors, which the control loop rolls back on.
     """
 
-    backend: ClassVar[str]  # "torch" or "onnx"
+    backend: str  # "torch", "onnx" or "onnx-int8" (`BACKENDS`, less "auto")
 
     @property
     def image_size(self) -> tuple[int, int] | None:
@@ -111,13 +111,13 @@ def load_policy(
     if backend not in BACKENDS:
         raise BadValue(f"backend {backend!r}: use {', '.join(BACKENDS)}")
     exported = has_onnx(path)
-    if backend == "onnx":
+    if backend in ("onnx", "onnx-int8"):
         if not exported:
             raise BackendUnavailable(
                 f"{path}: the release holds no ONNX policy (published without one: --no-onnx, or --onnx optional "
                 "and its export failed), and this robot runs ONNX only (robot.backend onnx)"
             )
-        return _onnx(path, device, inference)
+        return _onnx(path, device, inference, "int8" if backend == "onnx-int8" else "fp32")
     if backend == "auto" and exported and onnx_runs_here(device) is None:
         return _onnx(path, device, inference)
     if exported and not all((path / name).is_file() for name in REQUIRED_FILES):
@@ -142,10 +142,10 @@ def onnx_runs_here(device: str = "auto") -> str | None:
     return None
 
 
-def _onnx(path: Path, device: str, inference: dict[str, Any] | None) -> Policy:
+def _onnx(path: Path, device: str, inference: dict[str, Any] | None, precision: str = "fp32") -> Policy:
     from .onnx_runner import OnnxRunner
 
-    return OnnxRunner.load(path, device, inference)
+    return OnnxRunner.load(path, device, inference, precision=precision)
 
 
 def _torch(path: Path, device: str, inference: dict[str, Any] | None, exported: bool) -> Policy:

@@ -38,7 +38,7 @@ import logging
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import get_args
 
@@ -51,7 +51,7 @@ from .client import DeployClient, DeployError
 from .errors import OnnxExportError, PolicyLoadError
 from .keys import Signer
 from .manifest import SignedManifest, build_manifest, check_release_name
-from .onnx_runner import ONNX_FILES
+from .onnx_runner import INT8_FILES, ONNX_FILES
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,7 @@ class OnnxReport:
     error: str | None = None
     reused: bool = False
     redone: str | None = None
+    int8_max_abs_diff: float | None = None  # with `int8`: the int8 graph's largest |int8 - fp32| action
 
 
 @dataclass(frozen=True)
@@ -179,12 +180,14 @@ def publish(
     channel: str | None = None,
     to: BucketUrl | None = None,
     onnx: OnnxMode = "required",
+    int8: bool = False,
 ) -> PublishedRelease:
     """Build, sign and store the release manifest of `checkpoint`, with its policy exported to ONNX (`onnx`: see the
     module docstring), then register it (and point `channel` at it). `checkpoint`: a bucket URL, or a checkpoint on
     this machine, uploaded first under `to` (a bucket folder, e.g. ``hf://buckets/lab/demos/models/run1``: see
-    `upload_local_checkpoint`). The same checkpoint published again under the same name keeps the first release
-    (its export too) and registers it again.
+    `upload_local_checkpoint`). `int8`: the export's int8 graph goes into the release too (`onnx_int8`: opt-in,
+    for robot CPUs too slow for fp32; robots run it with backend ``onnx-int8``). The same checkpoint published
+    again under the same name keeps the first release (its export too) and registers it again.
 
     Example:
         ```python
@@ -199,12 +202,15 @@ def publish(
         this bucket. OnnxExportError: `onnx="required"` and the policy cannot be exported (the message names the
         layer; nothing was written under ``releases/<name>/``). DeployError: the deploy service refused it (then
         nothing of it is left in the bucket) or did not answer.
-        BadManifest: a bad release name. BadValue: `onnx` is not one of `ONNX_MODES`.
+        BadManifest: a bad release name. BadValue: `onnx` is not one of `ONNX_MODES`, or `int8` with `onnx` off.
+        OnnxExportError also: `int8` and the int8 graph cannot be made or is too far from fp32 (nothing published).
         robotloop.storage.StorageError: the bucket cannot be reached or written.
     """
     check_release_name(name)
     if onnx not in ONNX_MODES:
         raise BadValue(f"onnx={onnx!r}: use {', '.join(ONNX_MODES)}")
+    if int8 and onnx == "off":
+        raise BadValue("an int8 graph is made from the ONNX export: not with onnx off (--no-onnx)")
     if checkpoint.startswith("hf://"):
         step_url = resolve_checkpoint(client, BucketUrl.parse(checkpoint))
     elif to is None:
@@ -233,12 +239,15 @@ def publish(
         client.download_tree(model_url, model, entries)
         if stored is not None:  # published before: kept as it is if it is this checkpoint (no second export)
             checkpoint_files = build_manifest(model, name, step_url.bucket_id, str(step_url), hashes, lineage).files
-            if tuple(f for f in stored.manifest.files if f.path not in ONNX_FILES) != checkpoint_files:
+            exports = (*ONNX_FILES, *INT8_FILES)
+            if tuple(f for f in stored.manifest.files if f.path not in exports) != checkpoint_files:
                 raise PublishError(_name_taken(name, manifest_url(step_url.bucket_id, name)))
             signed, written = stored, False
         else:
             if onnx != "off":
                 report = _onnx(client, model_url, exported, model, Path(tmp) / "onnx", name, hashes, onnx)
+                if int8 and report.error is None:
+                    report = _int8(client, report, model, Path(tmp) / "int8", model_url, name, hashes)
             manifest = build_manifest(model, name, step_url.bucket_id, str(step_url), hashes, lineage)
             signed, written = _store(client, SignedManifest.sign(manifest, signer))
     if deploy is not None:
@@ -254,6 +263,39 @@ def publish(
                 _unstore(client, signed)
             raise
     return PublishedRelease(signed.manifest, signed.key_id, signed.signature, report)
+
+
+def _int8(
+    client: BucketClient,
+    report: OnnxReport,
+    model: Path,
+    out: Path,
+    model_url: BucketUrl,
+    name: str,
+    hashes: dict[str, str],
+) -> OnnxReport:
+    """The int8 graph of the export in `model`, made in `out`, uploaded into the release's folder and added to `model`
+    and `hashes`; `report` with it.
+
+    Raises:
+        OnnxExportError: it cannot be made, or is too far from fp32 (`onnx_int8.quantize_int8`).
+    """
+    from .onnx_int8 import quantize_int8
+
+    made = quantize_int8(model, out)
+    folder = manifest_url(model_url.bucket_id, name).path.rsplit("/", 1)[0]
+    uploaded = client.upload(out, BucketUrl(model_url.bucket_id, f"{folder}/files"))
+    for file in uploaded.files:
+        hashes[PurePosixPath(file.path).name] = file.xet_hash
+    for file in INT8_FILES:
+        os.replace(out / file, model / file)
+    return replace(
+        report,
+        files=(*report.files, *INT8_FILES),
+        seconds=report.seconds + made.seconds,
+        bytes_new=(report.bytes_new or 0) + uploaded.bytes_new,
+        int8_max_abs_diff=made.max_abs_diff,
+    )
 
 
 def _relative(entry: Entry, folder: BucketUrl) -> str:
