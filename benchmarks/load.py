@@ -1,11 +1,12 @@
 """Load held, bounded and on 127.0.0.1 only: a fleet on the deploy service, uploaders on the bucket server.
 
 Run:  .venv/bin/python benchmarks/load.py [--robots 200] [--uploaders 16] [--seconds 60] [--out load.json]
-      [--database postgresql://USER:PW@127.0.0.1/DB [--replicas 2]]
+      [--database postgresql://USER:PW@127.0.0.1/DB [--replicas 2]] [--fleet-procs 8]
 
-1. Fleet: `--robots` simulated robots (asyncio, one httpx client) long-poll their assignment (5 s) and heartbeat
-   every 2 s for `--seconds`, while an operator promotes a new release on their channel every 5 s. Figures: p50/p99
-   latency of heartbeats and of promotions, errors, and how long robots took to see each promotion.
+1. Fleet: `--robots` simulated robots (asyncio, spread over `--fleet-procs` processes) long-poll their assignment
+   (5 s) and heartbeat every 2 s for `--seconds`, while an operator promotes a new release on their channel every
+   5 s. Figures: p50/p99 latency of heartbeats and of promotions, errors, and how long robots took to see each
+   promotion.
 2. Uploads: `--uploaders` threads each upload files of 0.2-2 MB (random bytes) to their own folder through the real
    client (huggingface_hub + hf_xet) for `--seconds`; then every acknowledged file is read back and compared.
 With `--database`, each service runs as `--replicas` processes on that PostgreSQL database (the bucket servers over
@@ -21,12 +22,14 @@ import argparse
 import asyncio
 import hashlib
 import json
+import multiprocessing
 import os
 import random
 import statistics
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -52,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--database", default=None, help="postgresql://...: run --replicas of each service on it")
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument(
+        "--fleet-procs",
+        type=int,
+        default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+        help="processes the simulated robots are spread over (default: half the cores, at most 8)",
+    )
     args = ap.parse_args(argv)
     if args.database is None:
         args.replicas = 1
@@ -102,22 +111,67 @@ def fleet(client: BucketClient, work: Path, args) -> dict:
         client.upload(ckpt, url / "pretrained_model")
         publish(client, str(url), name, load_private_key(key), ops, channel=None)
     ops.promote("stable", names[0])
-    tokens = {f"robot-{i:03d}": ops.register_robot(f"robot-{i:03d}", channel="stable") for i in range(args.robots)}
+    robots = [(i, f"robot-{i:03d}") for i in range(args.robots)]
+    robots = [(i, name, ops.register_robot(name, channel="stable")) for i, name in robots]
+    urls = [s.url for s in services]
+    # The fleet in --fleet-procs processes, robot i in process i mod N (one asyncio loop and one httpx client each):
+    # one process's loop tops out at a few hundred requests a second, and a saturated generator measures itself.
+    start = time.time() + 5.0  # every process started and connected by then
+    end = start + args.seconds
     try:
-        return asyncio.run(_fleet_run([s.url for s in services], tokens, ops, names, args.seconds))
+        with ProcessPoolExecutor(args.fleet_procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            parts = [
+                pool.submit(_fleet_part, urls, robots[k :: args.fleet_procs], start, end)
+                for k in range(args.fleet_procs)
+            ]
+            promoted, promote_lat = _operator(ops, names, start, end)
+            results = [part.result() for part in parts]
     finally:
         for service in services:
             service.stop()
+    beats = [b for r in results for b in r["beats"]]
+    errors = [e for r in results for e in r["errors"]]
+    complete = [r for r in promoted if r != names[0]]
+    seen = {r: [t - promoted[r] for part in results for release, t in part["seen"] if release == r] for r in complete}
+    return {
+        "robots": len(robots),
+        "fleet_procs": args.fleet_procs,
+        "seconds": args.seconds,
+        "heartbeats": _percentiles(beats),
+        "promote": _percentiles(promote_lat),
+        "errors": len(errors),
+        "error_statuses": sorted(set(errors)),
+        "promotions": len(complete),
+        "fewest_robots_that_saw_a_promotion": min((len(seen[r]) for r in complete), default=len(robots)),
+        "seen_after": _percentiles([s for r in complete for s in seen[r]]),
+    }
 
 
-async def _fleet_run(
-    urls: list[str], tokens: dict[str, str], ops: DeployClient, names: list[str], seconds: float
-) -> dict:
-    beats, errors, seen = [], [], {}  # seen: release -> seconds after its promotion, per robot
-    promoted: dict[str, float] = {names[0]: time.monotonic()}
-    promote_lat: list[float] = []
-    end = time.monotonic() + seconds
-    limits = httpx.Limits(max_connections=2 * len(tokens) + 10, max_keepalive_connections=2 * len(tokens))
+def _operator(ops: DeployClient, names: list[str], start: float, end: float) -> tuple[dict[str, float], list[float]]:
+    """A new release promoted on the fleet's channel every 5 s: when each was promoted (wall clock), and how long
+    each promotion took."""
+    promoted, latencies = {names[0]: start}, []
+    for i, name in enumerate(names[1:], start=1):
+        time.sleep(max(0.0, start + 5.0 * i - time.time()))
+        if time.time() >= end - 5:
+            break
+        t0 = time.time()
+        ops.promote("stable", name, "load test")
+        promoted[name] = time.time()
+        latencies.append(promoted[name] - t0)
+    return promoted, latencies
+
+
+def _fleet_part(urls: list[str], robots: list[tuple[int, str, str]], start: float, end: float) -> dict:
+    """One process's robots from `start` to `end` (wall clock): heartbeat latencies, error statuses, and each
+    assignment change as (release, when seen)."""
+    return asyncio.run(_fleet_run(urls, robots, start, end))
+
+
+async def _fleet_run(urls: list[str], robots: list[tuple[int, str, str]], start: float, end: float) -> dict:
+    beats, errors, seen = [], [], []
+    limits = httpx.Limits(max_connections=2 * len(robots) + 10, max_keepalive_connections=2 * len(robots))
+    await asyncio.sleep(max(0.0, start - time.time()))
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
 
         async def robot(i: int, name: str, token: str) -> None:
@@ -125,7 +179,7 @@ async def _fleet_run(
             http = _Based(client, urls[i % len(urls)])
 
             async def heartbeats() -> None:
-                while time.monotonic() < end:
+                while time.time() < end:
                     t0 = time.monotonic()
                     r = await http.post(
                         f"/v1/robots/{name}/heartbeat", json={"running": known, "status": {}}, headers=auth
@@ -139,7 +193,7 @@ async def _fleet_run(
                     await asyncio.sleep(2.0)
 
             task = asyncio.create_task(heartbeats())
-            while time.monotonic() < end:
+            while time.time() < end:
                 params = {"wait_s": 5.0, **({"known": known} if known else {})}
                 r = await http.get(f"/v1/robots/{name}/assignment", params=params, headers=auth)
                 if r is None or r.status_code != 200:
@@ -147,34 +201,13 @@ async def _fleet_run(
                     await asyncio.sleep(1.0)
                     continue
                 release = r.json().get("release")
-                if release != known and release in promoted:
-                    seen.setdefault(release, []).append(time.monotonic() - promoted[release])
+                if release != known:
+                    seen.append((release, time.time()))
                 known = release
             await task
 
-        async def operator() -> None:
-            for name in names[1:]:
-                await asyncio.sleep(5.0)
-                if time.monotonic() >= end - 5:
-                    return
-                t0 = time.monotonic()
-                await asyncio.to_thread(ops.promote, "stable", name, "load test")
-                promote_lat.append(time.monotonic() - t0)
-                promoted[name] = time.monotonic()
-
-        await asyncio.gather(operator(), *(robot(i, n, t) for i, (n, t) in enumerate(tokens.items())))
-    complete = [r for r in promoted if r != names[0]]
-    return {
-        "robots": len(tokens),
-        "seconds": seconds,
-        "heartbeats": _percentiles(beats),
-        "promote": _percentiles(promote_lat),
-        "errors": len(errors),
-        "error_statuses": sorted(set(errors)),
-        "promotions": len(complete),
-        "fewest_robots_that_saw_a_promotion": min((len(seen.get(r, [])) for r in complete), default=len(tokens)),
-        "seen_after": _percentiles([s for r in complete for s in seen.get(r, [])]),
-    }
+        await asyncio.gather(*(robot(i, n, t) for i, n, t in robots))
+    return {"beats": beats, "errors": errors, "seen": seen}
 
 
 class _Based:
@@ -274,8 +307,9 @@ def _uploads(clients: list[BucketClient], base: BucketUrl, work: Path, args) -> 
         size = reader.stat(url).size
         if hashlib.sha256(reader.read_range(url, 0, size)).hexdigest() != digest:
             mismatched += 1
-    listings = [sorted((e.url.path, e.xet_hash) for e in c.ls(base, recursive=True) if isinstance(e, Entry))
-                for c in clients]  # fmt: skip
+    listings = [
+        sorted((e.url.path, e.xet_hash) for e in c.ls(base, recursive=True) if isinstance(e, Entry)) for c in clients
+    ]
     return {
         "uploaders": args.uploaders,
         "seconds": args.seconds,

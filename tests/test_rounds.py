@@ -15,9 +15,10 @@ import pytest
 from robotloop.deploy.evaluate import EpisodeResult, EvalReport
 from robotloop.errors import BadValue
 from robotloop.fleet import Takeovers
+from robotloop.loop.pipeline import LoopSettings
 from robotloop.rounds.fleet import fleet_episodes
 from robotloop.rounds.options import RoundsOptions
-from robotloop.rounds.run import STALL_MARGIN, STALL_STEPS, stall_steps_for
+from robotloop.rounds.run import STALL_MARGIN, STALL_STEPS, round_recipe, stall_steps_for
 from robotloop.sim.expert import StallTrigger, UserTrigger
 from robotloop.storage import BucketClient, BucketUrl
 from robotloop.train.checkpoint import read_lineage
@@ -190,3 +191,10 @@ def test_rounds_options_refuse_live_mode_and_take_the_presets_values():
     assert RoundsOptions(rounds=1, fleet=3).round_settings().fleet == 3
     with pytest.raises(BadValue, match="--rounds and --live"):
         RoundsOptions(rounds=1, live=True).round_settings()
+    # A round's training: a fine-tune of stable at a tenth of the rate, or round 0's recipe and steps from scratch.
+    loop = LoopSettings.preset("h200", task="insertion", device="cpu")
+    steps, act = round_recipe(loop, h200)
+    assert (steps, act.lr, act.lr_backbone, act.warmup_steps) == (3000, 1e-5, 1e-5, 300)
+    scratch = RoundsOptions(preset="h200", rounds=1, round_from_scratch=True, device="cpu").round_settings()
+    steps, act = round_recipe(loop, scratch)
+    assert (steps, act.lr, act.warmup_steps) == (15000, 1e-4, 500) and act == loop.act()

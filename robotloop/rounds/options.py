@@ -45,6 +45,11 @@ class RoundsOptions(LoopOptions):
         description="Steps without a new reward stage before the expert takes over (default: the task's, TransferCube "
         "180 and Insertion 230, raised above the slowest pace at which stable's own evaluation succeeded).",
     )
+    round_from_scratch: bool = Field(
+        default=False,
+        description="Each round (and its baseline) trains from random init on all its data with round 0's recipe and "
+        "steps, instead of fine-tuning stable (slower: what the round's data is worth fully trained in).",
+    )
     redemonstrate: bool = Field(default=True, description="The expert re-demonstrates each failed fleet scene.")
     fleet_check: bool = Field(
         default=False,
@@ -76,6 +81,7 @@ class RoundsOptions(LoopOptions):
             "lr_scale": self.round_lr_scale,
             "redemonstrate": self.redemonstrate,
             "fleet_check": self.fleet_check,
+            "from_scratch": self.round_from_scratch,
             "baseline": self.baseline,
         }
         return RoundSettings.for_preset(self.preset, **{k: v for k, v in given.items() if v is not None})

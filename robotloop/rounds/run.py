@@ -1,7 +1,7 @@
 """Rounds of the loop through the fleet: round 0 is `run_loop` (demos, train, publish to stable, evaluate); each
 further round runs a sim fleet on the stable release over fresh seeds, with the expert taking over stalls, re-
 demonstrates the scenes it failed, fine-tunes from the stable release's checkpoint on demos and fleet data
-together, publishes to canary, evaluates on the seeds stable was evaluated on, and promotes only what beats it.
+together (or, `RoundSettings.from_scratch`, trains anew on them with round 0's recipe), publishes to canary, evaluates on the seeds stable was evaluated on, and promotes only what beats it.
 
 Each round's expert frames (takeovers plus re-demonstrations) are what the round cost a human on hardware. The fair
 baseline (`RoundSettings.baseline`) spends the same frames on more scripted demos of fresh random scenes, trained
@@ -78,6 +78,9 @@ class RoundSettings:
     fleet_rate_hz: float = 50.0  # the sim robots' control rate; math.inf: as fast as the machine runs
     lr_scale: float = ROUND_LR_SCALE  # a fine-tune's peak learning rate, as a fraction of the recipe's
     fleet_check: bool = False  # also evaluate stable on the fleet's own scenes, episode by episode (`FleetCheck`)
+    # Each round (and its baseline) trains from random init on all its data with round 0's recipe and steps, instead
+    # of fine-tuning stable: slower, but what the data is worth when fully trained in, not only as a nudge.
+    from_scratch: bool = False
     weights: FrameWeights = field(default_factory=FrameWeights)  # demo 1, expert 2, success 1, failed 0
 
     def __post_init__(self) -> None:
@@ -122,6 +125,23 @@ def stall_steps_for(task: str, stable: EvalReport, given: int | None = None) -> 
         return given
     slowest = (stable.longest_stall_in_successes or {}).get("max", 0)
     return max(STALL_STEPS[task], slowest + STALL_MARGIN)
+
+
+def round_recipe(loop: LoopSettings, settings: RoundSettings) -> tuple[int, ACTSettings]:
+    """A round's training steps and recipe: round 0's from scratch (`settings.from_scratch`), else a fine-tune of
+    `settings.steps` (default: round 0's) at `settings.lr_scale` of its learning rates (`fine_tune_recipe`).
+
+    Example:
+        ```python
+        >>> steps, act = round_recipe(LoopSettings.preset("h200", task="insertion"), RoundSettings(steps=3000))
+        >>> steps, act.lr
+        (3000, 1e-05)
+        ```
+    """
+    if settings.from_scratch:
+        return loop.steps, loop.act()
+    steps = settings.steps or loop.steps
+    return steps, fine_tune_recipe(loop.act(), steps, settings.lr_scale)
 
 
 def fine_tune_recipe(act: ACTSettings, steps: int, lr_scale: float) -> ACTSettings:
@@ -315,9 +335,10 @@ class _Rounds:
         datasets = [loop.dataset_url, *self._written_datasets(redemo_frames)]
         name = f"{loop.run}-r{k}"
         run_url = BucketUrl.parse(f"{loop.bucket}/models/{name}")
-        steps = s.steps or loop.steps
-        with self._timed(stages, "train", f"round {k}: {steps} steps from {self.stable} on {len(datasets)} datasets"):
-            trained = self._train(datasets, run_url, steps, self.stable_checkpoint)
+        steps = round_recipe(loop, s)[0]
+        start = "random init" if s.from_scratch else self.stable
+        with self._timed(stages, "train", f"round {k}: {steps} steps from {start} on {len(datasets)} datasets"):
+            trained = self._train(datasets, run_url, self.stable_checkpoint)
         release = f"{name}-{trained.steps}"
         with self._timed(stages, "publish", f"{release} to canary"):
             publish(self.client, str(run_url), release, load_private_key(self.key), self.deploy, channel="canary")
@@ -342,7 +363,7 @@ class _Rounds:
             f"{stable_before:.1%}, {expert_frames} expert frames, "
             f"{minutes:.1f} min{', promoted' if promoted else ''}",
         )
-        baseline = self._baseline(k, expert_frames, steps, stages) if s.baseline else None
+        baseline = self._baseline(k, expert_frames, stages) if s.baseline else None
         return RoundResult(
             k,
             release,
@@ -444,8 +465,10 @@ class _Rounds:
         except NotFound:
             return False
 
-    def _train(self, datasets: list[BucketUrl], run_url: BucketUrl, steps: int, init_from: str) -> TrainReport:
+    def _train(self, datasets: list[BucketUrl], run_url: BucketUrl, init_from: str) -> TrainReport:
+        """Train `run_url` on `datasets` as `round_recipe` says: from `init_from` (a checkpoint), or from scratch."""
         loop = self.loop
+        steps, act = round_recipe(loop, self.settings)
         settings = TrainSettings(
             steps=steps,
             batch_size=loop.batch_size,
@@ -453,10 +476,9 @@ class _Rounds:
             checkpoint_every=steps,
             seed=loop.seed,
             device=loop.device,
-            init_from=init_from,
+            init_from=None if self.settings.from_scratch else init_from,
         )
         data = DataSettings(decode_workers=loop.decode_workers, weights=self.settings.weights)
-        act = fine_tune_recipe(loop.act(), steps, self.settings.lr_scale)
         return train(self.client, datasets, run_url, settings, act, data, self.on_train)
 
     def _evaluate(self, checkpoint: BucketUrl, folder: str, seeds: list[int] | None = None) -> EvalReport:
@@ -502,7 +524,7 @@ class _Rounds:
         )
         return check
 
-    def _baseline(self, k: int, expert_frames: int, steps: int, stages: dict[str, float]) -> Baseline:
+    def _baseline(self, k: int, expert_frames: int, stages: dict[str, float]) -> Baseline:
         """As many frames of scripted demos of fresh scenes as the round's expert spent, trained the same way."""
         loop = self.loop
         length = get_task(loop.task).episode_length  # a scripted demo's: it runs the task's whole episode
@@ -523,7 +545,7 @@ class _Rounds:
             )
             self.next_baseline_seed = rec.next_seed
             run_url = BucketUrl.parse(f"{loop.bucket}/models/{loop.run}-baseline-r{k}")
-            trained = self._train([loop.dataset_url, self.baseline_demos], run_url, steps, self.baseline_checkpoint)
+            trained = self._train([loop.dataset_url, self.baseline_demos], run_url, self.baseline_checkpoint)
             self.baseline_checkpoint = str(checkpoint_url(run_url, trained.steps))
             result = self._evaluate(checkpoint_url(run_url, trained.steps), f"eval-baseline-r{k}")
         frames = sum(c.frames for c in rec.committed)
