@@ -14,6 +14,7 @@ EVAL=${EVAL:-200}
 BASELINE=${BASELINE:-1}
 LEROBOT_EVAL=${LEROBOT_EVAL:-50}
 ONNX_EVAL=${ONNX_EVAL:-50}  # episodes of stable's ONNX export on ONNX Runtime's CPU provider (the image has no GPU one), 0: none
+INT8_EVAL=${INT8_EVAL:-50}  # episodes of its int8 graph (quantized here, as deploy publish --onnx-int8 does), 0: none
 INDEPENDENT=${INDEPENDENT:-1}  # 1: stable evaluated again over seeds 5000-5199 (3 min on the H200), 0: not
 ROUND_ARGS=${ROUND_ARGS:-}  # more `robotloop loop` options, e.g. "--round-steps 6000 --round-lr-scale 0.3"
 FLEET_CHECK=${FLEET_CHECK:-1}  # stable in lockstep on the fleet's own scenes, paired with the robots' episodes
@@ -66,6 +67,13 @@ if [ -n "$stable" ]; then
       --episodes "$ONNX_EVAL" --seed 1000 --workers 15 --videos 0 --backend onnx --device cpu --output-dir "$R/eval-onnx" \
       > "$R/eval_onnx.log" 2>&1
     echo "$(date -u +%FT%TZ) ONNX eval of $stable ($ONNX_EVAL episodes, seeds 1000+) exit $?" >> "$R/plan.log"
+  fi
+  if [ "$INT8_EVAL" -gt 0 ] && [ -n "$model" ]; then  # the same seeds as the fp32 ONNX eval, paired
+    python3 -c "import sys; from robotloop.deploy.onnx_int8 import quantize_int8; print(quantize_int8(sys.argv[1]))" \
+      "$model" > "$R/eval_int8.log" 2>&1 &&
+      python3 -m robotloop.cli eval --policy "$model" --sim "$TASK" --episodes "$INT8_EVAL" --seed 1000 --workers 15 \
+        --videos 0 --backend onnx-int8 --device cpu --output-dir "$R/eval-int8" >> "$R/eval_int8.log" 2>&1
+    echo "$(date -u +%FT%TZ) ONNX int8 eval of $stable ($INT8_EVAL episodes, seeds 1000+) exit $?" >> "$R/plan.log"
   fi
 fi
 pack

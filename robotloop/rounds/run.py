@@ -1,7 +1,8 @@
 """Rounds of the loop through the fleet: round 0 is `run_loop` (demos, train, publish to stable, evaluate); each
 further round runs a sim fleet on the stable release over fresh seeds, with the expert taking over stalls, re-
 demonstrates the scenes it failed, fine-tunes from the stable release's checkpoint on demos and fleet data
-together (or, `RoundSettings.from_scratch`, trains anew on them with round 0's recipe), publishes to canary, evaluates on the seeds stable was evaluated on, and promotes only what beats it.
+together (or, `RoundSettings.from_scratch`, trains anew on them with round 0's recipe), publishes to canary,
+evaluates on the seeds stable was evaluated on, and promotes only what beats it.
 
 Each round's expert frames (takeovers plus re-demonstrations) are what the round cost a human on hardware. The fair
 baseline (`RoundSettings.baseline`) spends the same frames on more scripted demos of fresh random scenes, trained
