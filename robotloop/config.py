@@ -193,6 +193,13 @@ class DeploySettings(ServiceSection):
         "policy that cannot be exported is an error naming the layer, and nothing is published), optional (it is "
         "then released without ONNX, and publish says why) or off.",
     )
+    # Opt-in: its actions are ~1e-3 from fp32's; a team turns it on once `robotloop eval --backend onnx-int8` says
+    # their policy keeps its success with it.
+    onnx_int8: bool = Field(
+        default=False,
+        description="Also the ONNX export's int8 graph in the release (MatMul and Gemm weights in int8), for robot "
+        "CPUs too slow for fp32: robots run it with robot.backend onnx-int8.",
+    )
 
 
 class UiSettings(ServiceSection):

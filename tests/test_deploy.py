@@ -1449,9 +1449,15 @@ def test_publish_reuses_the_export_training_left_beside_the_checkpoint_and_redoe
         load_policy(store.model_dir("trained-v1"), backend="onnx-int8", device="cpu")
 
     # --onnx-int8: the export's int8 graph goes in beside it, signed; a robot runs it with backend onnx-int8.
-    int8 = publish(deploy.bucket, str(url), "trained-v1-int8", key, deploy.ops(), int8=True)
-    assert int8.onnx is not None and int8.onnx.reused and int8.onnx.files == (*ONNX_FILES, *INT8_FILES), int8.onnx
-    assert 0 < int8.onnx.int8_max_abs_diff <= INT8_ATOL, int8.onnx  # quantized, and near fp32
+    argv = [*("--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN), "deploy", "publish", "--onnx-int8"]
+    argv += [*("--checkpoint", str(url), "--name", "trained-v1-int8", "--key", str(deploy.key)), "--json"]
+    said = CliRunner().invoke(app, [*argv, "--deploy-url", deploy.url, "--deploy-token", OPS])
+    assert said.exit_code == 0, said.output
+    made = json.loads(said.stdout)["onnx"]
+    assert made["reused"] and made["files"] == [*ONNX_FILES, *INT8_FILES], made
+    assert 0 < made["int8_max_abs_diff"] <= INT8_ATOL, made  # quantized, and near fp32
+    int8 = SignedManifest.from_dict(deploy.ops().release("trained-v1-int8")["manifest"])
+    assert {*ONNX_FILES, *INT8_FILES} <= {f.path for f in int8.manifest.files}
     int8.verify(deploy.trusted)
     store.pull(int8, deploy.trusted, XetFetcher(bucket_server.endpoint, WRITE_TOKEN, int8.manifest.bucket))
     runner = load_policy(store.model_dir("trained-v1-int8"), backend="onnx-int8", device="cpu")

@@ -107,13 +107,14 @@ def publish(
     ] = None,
     no_onnx: Annotated[bool, typer.Option("--no-onnx", help="No ONNX export: --onnx off.")] = False,
     onnx_int8: Annotated[
-        bool,
+        bool | None,
         typer.Option(
-            "--onnx-int8",
+            "--onnx-int8/--no-onnx-int8",
             help="Also the export's int8 graph (MatMul and Gemm weights in int8), for robot CPUs too slow for fp32: "
-            "robots run it with --backend onnx-int8. Evaluate it first (robotloop eval --backend onnx-int8).",
+            "robots run it with --backend onnx-int8. Evaluate it first (robotloop eval --backend onnx-int8). "
+            "Default: deploy.onnx_int8 (off).",
         ),
-    ] = False,
+    ] = None,
     deploy_url: DeployUrl = None,
     deploy_token: DeployToken = None,
     as_json: JsonOutput = False,
@@ -140,7 +141,8 @@ def publish(
     signer = load_private_key(key or settings.deploy.key_file)
     deploy = _client(ctx, deploy_url, deploy_token) if register else None
     try:
-        signed = run(connect(settings), checkpoint, name, signer, deploy, channel, dest, onnx=mode, int8=onnx_int8)
+        int8 = settings.deploy.onnx_int8 if onnx_int8 is None else onnx_int8
+        signed = run(connect(settings), checkpoint, name, signer, deploy, channel, dest, onnx=mode, int8=int8)
     except OnnxExportError as error:  # the way out in the CLI's words: its flags
         raise fail(f"{error}. To release it for torch robots only: --onnx optional (or --no-onnx)") from None
     m = signed.manifest
