@@ -7,10 +7,10 @@ was made from (sha256 of the fp32 graph and weights) and how far its actions are
 batch. The graph takes and gives what the fp32 one does, so `OnnxRunner.load(..., precision="int8")` runs it with
 the same metadata.
 
-Why opt-in: on the default-size ACT the int8 graph ran 1.73x faster per control step on a 2-core CPU, but its
-actions moved by up to ~3.5e-3 (radians) from fp32's, over the 1e-4 an fp32 export is held to. Whether that costs
-success is a property of the policy and the task: evaluate it (`robotloop eval --backend onnx --onnx-precision
-int8`) before robots run it (`robot.onnx_precision int8`). `robotloop deploy publish --onnx-int8` puts it in a
+Why opt-in: on the default-size ACT the int8 graph ran 1.35x faster per control step than fp32 on a 2-core CPU
+(BENCHMARKS.md), but its actions moved by up to ~3.5e-3 (radians) from fp32's, over the 1e-4 an fp32 export is held
+to. Whether that costs success is a property of the policy and the task: evaluate it (`robotloop eval --backend
+onnx-int8`) before robots run it (`robot.backend onnx-int8`). `robotloop deploy publish --onnx-int8` puts it in a
 release, signed like every other file.
 
 Needs the `onnx` package (the full install's): the robot only runs what publish made.
@@ -41,6 +41,7 @@ from .onnx_runner import (
     INT8_META_FILE,
     ONNX_DATA_FILE,
     ONNX_FILE,
+    STATE_KEY,
     file_sha256,
     has_onnx,
     read_meta,
@@ -120,7 +121,7 @@ def _compare(folder: Path, int8: Path, atol: float) -> float:
     rng = np.random.default_rng(0)
     feed = {key: rng.integers(0, 256, (2, h, w, c), dtype=np.uint8) for key, (h, w, c) in meta.cameras.items()}
     if meta.state_dim is not None:
-        feed["observation.state"] = rng.normal(0.0, 0.05, (2, meta.state_dim)).astype(np.float32)
+        feed[STATE_KEY] = rng.normal(0.0, 0.05, (2, meta.state_dim)).astype(np.float32)
     options = ort.SessionOptions()
     options.log_severity_level = 3
     cpu = ["CPUExecutionProvider"]  # the comparison's reference, wherever the robot will run it

@@ -283,17 +283,12 @@ def _int8(
     from .onnx_int8 import quantize_int8
 
     made = quantize_int8(model, out)
-    folder = manifest_url(model_url.bucket_id, name).path.rsplit("/", 1)[0]
-    uploaded = client.upload(out, BucketUrl(model_url.bucket_id, f"{folder}/files"))
-    for file in uploaded.files:
-        hashes[PurePosixPath(file.path).name] = file.xet_hash
-    for file in INT8_FILES:
-        os.replace(out / file, model / file)
+    bytes_new = _add_to_release(client, out, INT8_FILES, model, model_url, name, hashes)
     return replace(
         report,
         files=(*report.files, *INT8_FILES),
         seconds=report.seconds + made.seconds,
-        bytes_new=(report.bytes_new or 0) + uploaded.bytes_new,
+        bytes_new=(report.bytes_new or 0) + bytes_new,
         int8_max_abs_diff=made.max_abs_diff,
     )
 
@@ -352,13 +347,28 @@ def _onnx(
         for file in ONNX_FILES:  # the checkpoint's export, if it was downloaded: not this release's
             (model / file).unlink(missing_ok=True)
         return OnnxReport(seconds, error=why, redone=redone)
+    bytes_new = _add_to_release(client, out, export.files, model, model_url, name, hashes)
+    return OnnxReport(time.perf_counter() - start, export.files, export.max_abs_diff, bytes_new, redone=redone)
+
+
+def _add_to_release(
+    client: BucketClient,
+    out: Path,
+    files: tuple[str, ...],
+    model: Path,
+    model_url: BucketUrl,
+    name: str,
+    hashes: dict[str, str],
+) -> int:
+    """Upload the folder `out` into release `name`'s files, record their Xet hashes in `hashes` and move `files`
+    beside the checkpoint's in `model` (what the manifest lists and robots install); the bytes the upload added."""
     folder = manifest_url(model_url.bucket_id, name).path.rsplit("/", 1)[0]
     uploaded = client.upload(out, BucketUrl(model_url.bucket_id, f"{folder}/files"))
     for file in uploaded.files:
         hashes[PurePosixPath(file.path).name] = file.xet_hash
-    for file in export.files:  # beside the checkpoint's files: what the manifest lists and robots install
+    for file in files:
         os.replace(out / file, model / file)
-    return OnnxReport(time.perf_counter() - start, export.files, export.max_abs_diff, uploaded.bytes_new, redone=redone)
+    return uploaded.bytes_new
 
 
 def _lineage(client: BucketClient, step_url: BucketUrl) -> dict:
