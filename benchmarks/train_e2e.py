@@ -2,6 +2,8 @@
 
 Run (GPU machine):  python3 benchmarks/train_e2e.py --episodes 12 --batch 8 64 --steps 500 --out e2e.json
 DDP (two GPUs):     python3 benchmarks/train_e2e.py --only robotloop --batch 64 --nproc 1 2 --out ddp_h200x2.json
+Two nodes (CPU):    .venv/bin/python benchmarks/train_e2e.py --only robotloop --device cpu --tiny --image-size 48x64 \
+                        --episodes 6 --batch 4 --nproc 2 --nodes --steps 400 --skip 50 --decode-workers 1
 Smoke (CPU):        .venv/bin/python benchmarks/train_e2e.py --quick
 
 1. A bucket server on this machine (the embedded one, under --root) holds a LeRobot v3 dataset of scripted
@@ -20,6 +22,9 @@ Smoke (CPU):        .venv/bin/python benchmarks/train_e2e.py --quick
    as means over 20 windows); an N-GPU run's checkpoint is loaded with lerobot's `ACTPolicy.from_pretrained`.
    `ddp` in the output: speed-up over one GPU at batch B (target >= 1.8x on 2 GPUs), and whether the loss
    curve follows the reference's (every window after --skip within 10%).
+5. With --nodes, an N-process run is N torchrun launchers of one process each meeting at a c10d rendezvous on
+   127.0.0.1: what `torchrun --nnodes N` does across machines (each rank its own caches, the global rank picks
+   the checkpoint writer), here on one machine.
 """
 
 from __future__ import annotations
@@ -56,12 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-workers", type=int, default=8)
     ap.add_argument("--only", choices=["robotloop", "lerobot"], default=None)
     ap.add_argument("--lerobot-max-s", type=float, default=150.0)
+    ap.add_argument("--nodes", action="store_true", help="--nproc N as N one-process nodes (c10d rendezvous)")
+    ap.add_argument("--device", default=None, help="cuda (default) or cpu")
+    ap.add_argument("--tiny", action="store_true", help="the tiny ACT (what the suite trains), logged every step")
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny images, tiny ACT, few steps")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
     if args.quick:
         args.episodes, args.image_size, args.batch, args.steps, args.skip = 2, "48x64", [4], 6, 2
         args.decode_workers, args.lerobot_max_s, args.record_workers = 1, 60.0, 2
+        args.device, args.tiny = "cpu", True
+    args.device = args.device or "cuda"
 
     from robotloop.storage import BucketClient
     from robotloop.storage.embedded import ensure_embedded_server
@@ -98,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         "record_s": record_s,
         "steps": args.steps,
         "skip": args.skip,
+        "device": args.device,
+        "launch": "nodes (c10d rendezvous, one process each)" if args.nodes else "torchrun --standalone",
         "rows": rows,
         "ddp": ddp_verdicts(rows, args.skip),
     }
@@ -194,25 +206,27 @@ def checkpoint_facts(client, url: str, load: bool) -> dict:
     return facts
 
 
+def launchers(args, nproc: int, tmp: str) -> list[tuple[list[str], dict]]:
+    """The commands (and extra environment) that start one run of `nproc` processes: one plain process, one
+    `torchrun --standalone`, or with --nodes one torchrun per node, meeting at a c10d rendezvous."""
+    run = [sys.executable, "-m", "torch.distributed.run"]
+    if nproc == 1:
+        return [([sys.executable, "-m", "robotloop.train"], {})]
+    if not args.nodes:
+        return [([*run, "--standalone", "--nproc-per-node", str(nproc), "-m", "robotloop.train"], {})]
+    from robotloop.service_process import free_port
+
+    meet = ["--nnodes", str(nproc), "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-id", "bench"]
+    meet += ["--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    # each node its own caches and staging, as on separate machines
+    return [([*run, *meet, "-m", "robotloop.train"], {"XDG_CACHE_HOME": f"{tmp}/node{i}"}) for i in range(nproc)]
+
+
 def run_robotloop(args, env: dict, client, batch: int, nproc: int) -> dict:
-    name = f"robotloop-b{batch}-g{nproc}"
+    name = f"robotloop-b{batch}-{'n' if args.nodes and nproc > 1 else 'g'}{nproc}"
     with tempfile.TemporaryDirectory() as tmp:
         progress = Path(tmp) / "progress.jsonl"
-        launcher = [sys.executable, "-m", "robotloop.train"]
-        if nproc > 1:
-            launcher = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc-per-node",
-                str(nproc),
-                "-m",
-                "robotloop.train",
-            ]
-        device = "cpu" if args.quick else "cuda"
-        cmd = [
-            *launcher,
+        train = [
             "--dataset",
             DATASET,
             "--output",
@@ -222,7 +236,7 @@ def run_robotloop(args, env: dict, client, batch: int, nproc: int) -> dict:
             "--batch-size",
             str(batch),
             "--device",
-            device,
+            args.device,
             "--log-every",
             "25",
             "--checkpoint-every",
@@ -231,15 +245,19 @@ def run_robotloop(args, env: dict, client, batch: int, nproc: int) -> dict:
             str(args.decode_workers),
             "--progress-file",
             str(progress),
-        ] + (["--tiny", "--log-every", "1"] if args.quick else [])
+        ] + (["--tiny", "--log-every", "1"] if args.tiny else [])
         t0 = time.perf_counter()
-        run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        procs = [
+            subprocess.Popen([*cmd, *train], env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for cmd, extra in launchers(args, nproc, tmp)
+        ]
+        said = [p.communicate()[0].decode(errors="replace") for p in procs]
         wall = time.perf_counter() - t0
         records = [json.loads(line) for line in progress.read_text().splitlines()] if progress.exists() else []
     reports = [r for r in records if r["event"] == "progress"]
     done = next((r for r in records if r["event"] == "done"), None)
-    if run.returncode != 0 or done is None or not reports:
-        return {"run": name, "error": (run.stdout + run.stderr)[-3000:], "progress": reports}
+    if any(p.returncode != 0 for p in procs) or done is None or not reports:
+        return {"run": name, "error": "\n".join(s[-3000:] for s in said), "progress": reports}
     steady = [r for r in reports if r["step"] >= args.skip] or reports
     a, b = steady[0], steady[-1]
     span = b["elapsed_s"] - a["elapsed_s"]

@@ -2,6 +2,7 @@
 resumes bit-for-bit, and picks up an episode committed while it runs."""
 
 import json
+import re
 import threading
 
 import pytest
@@ -194,6 +195,9 @@ def test_two_nodes_under_torchrun_share_the_episodes_and_one_checkpoint(bucket_s
     said = [node.communicate(timeout=400)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(s[-3000:] for s in said)
     assert "".join(said).count("randomly initialised") == 2  # once per rank: said once, not twice
+    # Each rank logs the global batch's loss (the mean over the ranks), not its own half's: the same lines.
+    logged = [re.findall(r"step (\d+)/4 +loss ([\d.]+)", text) for text in said]
+    assert len(logged[0]) == 2 and logged[0] == logged[1], logged
     client.fetch(out / "checkpoints" / "000004", tmp_path / "ckpt")
     # Rank 0 exported the last checkpoint to ONNX (on the CPU) while rank 1 waited for its pointer.
     assert (tmp_path / "ckpt" / "pretrained_model" / "policy.onnx.json").is_file()

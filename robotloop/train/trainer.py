@@ -259,7 +259,7 @@ def _loop(
         if settings.gc_every and step % settings.gc_every == 0:
             gc.collect(1)
         if step % settings.log_every == 0 or step == settings.steps:
-            losses += [(s, float(v)) for s, v in pending]  # the one host sync per log interval
+            losses += _read_losses(pending)  # the one host sync per log interval
             pending.clear()
             elapsed = time.perf_counter() - t0
             waited = sampler.wait_s - wait0
@@ -285,7 +285,7 @@ def _loop(
                 on_progress(progress)
         stop = _agreed_stop(should_stop(), step % settings.log_every == 0 or step == settings.steps, sampler.device)
         if step % settings.checkpoint_every == 0 or step == settings.steps or stop:
-            losses += [(s, float(v)) for s, v in pending]
+            losses += _read_losses(pending)
             pending.clear()
             checkpoint(step, last=step == settings.steps and not stop)
         if stop:
@@ -302,6 +302,19 @@ def _loop(
         losses,
         exported[-1] if exported else None,
     )
+
+
+def _read_losses(pending: list[tuple[int, torch.Tensor]]) -> list[tuple[int, float]]:
+    """The pending steps' losses on the host, in one sync. Under DDP each is the mean over the ranks, in one
+    all-reduce: the global batch's loss, what one process at the same global batch logs (rank 0's own half would
+    read as a noisier curve, and the checkpoint keeps these)."""
+    if not pending:
+        return []
+    values = torch.stack([v.detach().float().reshape(()) for _, v in pending])
+    if dist.is_available() and dist.is_initialized() and (world := dist.get_world_size()) > 1:
+        dist.all_reduce(values)  # a sum: gloo has no average
+        values /= world
+    return [(s, v) for (s, _), v in zip(pending, values.tolist(), strict=True)]
 
 
 def _agreed_stop(stop: bool, log_step: bool, device: torch.device) -> bool:
