@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", action="store_true", help="--nproc N as N one-process nodes (c10d rendezvous)")
     ap.add_argument("--device", default=None, help="cuda (default) or cpu")
     ap.add_argument("--tiny", action="store_true", help="the tiny ACT (what the suite trains), logged every step")
+    ap.add_argument("--seed", type=int, default=None, help="the training runs' seed (default: robotloop train's)")
     ap.add_argument("--quick", action="store_true", help="CPU smoke run: tiny images, tiny ACT, few steps")
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         "record_s": record_s,
         "steps": args.steps,
         "skip": args.skip,
+        "seed": args.seed,
         "device": args.device,
         "launch": "nodes (c10d rendezvous, one process each)" if args.nodes else "torchrun --standalone",
         "rows": rows,
@@ -246,6 +248,7 @@ def run_robotloop(args, env: dict, client, batch: int, nproc: int) -> dict:
             "--progress-file",
             str(progress),
         ] + (["--tiny", "--log-every", "1"] if args.tiny else [])
+        train += ["--seed", str(args.seed)] if args.seed is not None else []
         t0 = time.perf_counter()
         procs = [
             subprocess.Popen([*cmd, *train], env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
