@@ -106,9 +106,12 @@ def start_capture(bucket_server, base: Path, *options: str) -> Iterator[Capture]
             assert time.monotonic() < deadline, "capture service did not start"
             time.sleep(0.1)
     staging = base / "cache" / "robotloop" / "recordings"
-    yield Capture(endpoint, BucketClient(bucket_server.endpoint, WRITE_TOKEN), base / "capture.log", staging)
-    proc.terminate()
-    proc.wait(10)
+    try:  # closing the generator (a test's `.close()`) raises GeneratorExit here: the service stops either way
+        yield Capture(endpoint, BucketClient(bucket_server.endpoint, WRITE_TOKEN), base / "capture.log", staging)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
 
 
 def frames(n: int, start: int = 0, tag: float = 0.0) -> dict:

@@ -105,7 +105,10 @@ def test_a_later_recording_never_reuses_a_seed(monkeypatch, tmp_path):
 
     starts: list[int] = []
 
-    def fake_record_sim(recorder, task, episodes, workers, image_size, seed_start, on_event, should_stop, ray):
+    def fake_record_sim(
+        recorder, task, episodes, workers, image_size, seed_start, max_attempts, on_event, should_stop, ray
+    ):
+        assert max_attempts == 2 * episodes  # what the loop checked against the evaluation's seeds
         starts.append(seed_start)
         return RecordReport(task, next_seed=seed_start + 5)
 

@@ -185,6 +185,17 @@ def test_the_int8_graph_acts_near_fp32_and_runs_only_where_it_was_made(
     assert (int8.backend, fp32.backend) == ("onnx-int8", "onnx")
     # Another graph than fp32's, acting near it step by step (temporal ensembling over 40 sim steps).
     assert 0 < _run_both(fp32, int8, sim, 40, seed=5) <= INT8_ATOL
+    # Calibrated on the task's frames, the convolutions (the backbone) go to int8 as well, and it still acts near.
+    observations = [fp32.to_inputs(sim.reset(seed=seed)) for seed in range(8)]
+    calibrated = quantize_int8(folder, calibration=observations)
+    again = json.loads((folder / INT8_META_FILE).read_text())
+    assert again["quantized"]["Conv"].endswith("calibrated on 8") and again["written"] != facts["written"]
+    assert calibrated.file == made.file and again["written"] == file_sha256(made.file)
+    graph = onnx.load(str(folder / INT8_FILE)).graph
+    convs = [n for n in graph.node if n.op_type == "Conv"]
+    quantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    assert convs and all(n.input[0] in quantized and n.input[1] in quantized for n in convs)  # int8 in, QDQ form
+    assert 0 < _run_both(fp32, OnnxRunner.load(folder, inference=ENSEMBLE, precision="int8"), sim, 40, 5) <= INT8_ATOL
 
 
 def test_batch_of_episodes_matches_torch(tiny: Path, exported: Path) -> None:

@@ -46,6 +46,7 @@ from ..train.layout import checkpoint_url
 from ..train.policy import TINY_ACT, ACTSettings
 from ..train.trainer import Progress, TrainReport, TrainSettings, train
 from .gpu import GpuMonitor
+from .seeds import DEMO_ATTEMPTS, check_demo_seeds, demo_first_seed
 
 # The recipe measured on one H200 from random init (benchmarks/recipes.py; BENCHMARKS.md lists what was tried and
 # what each scored): the policy sees the 480x640 camera at 120x160 (98% of 50 episodes in the sweep, against 88-96%
@@ -118,6 +119,7 @@ class LoopSettings:
         self.device = resolve_device(self.device)  # a missing GPU fails here, not after the recording stage
         if self.train_after is not None and self.train_after < 1:
             raise BadValue(f"train_after must be at least 1 demo (or None), not {self.train_after}")
+        check_demo_seeds(demo_first_seed(self.seed), DEMO_ATTEMPTS * self.episodes, self.eval_episodes)
         self.act()  # a bad recipe fails here, before anything is recorded
 
     @classmethod
@@ -328,7 +330,8 @@ def _record(
 
     # A restart takes new seeds (past the committed episodes); a later recording in this run starts past every
     # seed tried so far (failed demos are dropped, so the committed count alone would reuse their successors).
-    seed_start = max(1000 * s.seed + recorder.committed_episodes(), report.next_seed)
+    seed_start = max(demo_first_seed(s.seed) + recorder.committed_episodes(), report.next_seed)
+    check_demo_seeds(seed_start, DEMO_ATTEMPTS * episodes, s.eval_episodes)
     rec = record_sim(
         recorder,
         s.task,
@@ -336,6 +339,7 @@ def _record(
         s.record_workers,
         s.image_size,
         seed_start=seed_start,
+        max_attempts=DEMO_ATTEMPTS * episodes,
         on_event=count,
         should_stop=should_stop,
         ray=s.ray,

@@ -9,9 +9,9 @@ baseline (`RoundSettings.baseline`) spends the same frames on more scripted demo
 the same way from the same checkpoint, evaluated on the same seeds: what the fleet's data is worth beyond "more
 demos".
 
-Seeds: round 0's demos are 0 upwards (`LoopSettings.seed` * 1000), evaluations 1000 upwards (lerobot-eval's
-default start), fleet robots from `FLEET_SEEDS`, the baseline's demos from `BASELINE_SEEDS`: no scene is both
-trained on and evaluated.
+Seeds (`robotloop.loop.seeds`): evaluations 1000 upwards (lerobot-eval's default start) whatever the loop seed;
+round 0's demos, the fleet's scenes and the baseline's demos each in their own range of the loop seed's block: no
+scene is both trained on and evaluated.
 
 Example:
     ```python
@@ -40,6 +40,7 @@ from ..deploy.publish import publish
 from ..deploy.resolve import resolve_policy
 from ..errors import BadValue
 from ..loop.pipeline import LoopReport, LoopSettings, Stage, run_loop
+from ..loop.seeds import baseline_first_seed, check_fleet_seeds, fleet_first_seed
 from ..sim.tasks import get_task
 from ..storage import BucketClient, BucketUrl, NotFound
 from ..train.data import DataSettings
@@ -49,8 +50,6 @@ from ..train.trainer import Progress, TrainReport, TrainSettings, train
 from ..train.weights import FrameWeights
 from .fleet import FleetRobot, FleetRobotResult, fleet_episodes, run_fleet
 
-FLEET_SEEDS = 100_000  # + 10,000 per round + 1,000 per robot: fresh scenes, never the evaluation's (1000+)
-BASELINE_SEEDS = 500_000
 # K per task: the scripted demos themselves go up to 162 (TransferCube) and 212 (Insertion) steps between new reward
 # stages (robotloop.sim.expert.StallTrigger), so a smaller K would take over from a policy doing what they do.
 STALL_STEPS = {"transfer_cube": 180, "insertion": 230}
@@ -87,6 +86,7 @@ class RoundSettings:
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.fleet < 1 or self.fleet_episodes < 1:
             raise BadValue("rounds, fleet and fleet episodes must each be at least 1")
+        check_fleet_seeds(self.rounds, self.fleet, self.fleet_episodes)
         if self.stall_steps is not None and self.stall_steps < 1:
             raise BadValue(f"the stall trigger's K must be at least 1 step, not {self.stall_steps}")
         if not 0 < self.lr_scale <= 1:
@@ -312,7 +312,7 @@ class _Rounds:
         ]
         self.redemos = BucketUrl.parse(f"{loop.bucket}/datasets/{loop.task}-{loop.run}-redemos")
         self.baseline_demos = BucketUrl.parse(f"{loop.bucket}/datasets/{loop.task}-{loop.run}-baseline")
-        self.next_baseline_seed = BASELINE_SEEDS + 1000 * loop.seed
+        self.next_baseline_seed = baseline_first_seed(loop.seed)
         self.seen: set[tuple[str, int]] = set()  # (dataset, episode index) of the fleet episodes of earlier rounds
 
     def round(self, k: int) -> RoundResult:
@@ -418,7 +418,7 @@ class _Rounds:
                     task=loop.task,
                     image_size=loop.image_size,
                     device=loop.device,
-                    first_seed=FLEET_SEEDS + 10_000 * k + 1000 * i + 100_000 * loop.seed,
+                    first_seed=fleet_first_seed(loop.seed, k, i, s.fleet, s.fleet_episodes),
                     episodes=s.fleet_episodes,
                     policy_steps=loop.eval_max_steps or get_task(loop.task).episode_length,
                     stall_steps=self.stall_steps,
