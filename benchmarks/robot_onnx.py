@@ -1,7 +1,7 @@
 """The robot's policy on ONNX Runtime against torch: action parity and per-step latency, on this machine's CPU.
 
 Run:  MUJOCO_GL=egl .venv/bin/python benchmarks/robot_onnx.py [--steps 200] [--passes 3] [--threads 2] [--spinning]
-          [--int8] [--out benchmarks/results/robot_onnx_cpu.json]
+          [--int8] [--int8-calibrated] [--out benchmarks/results/robot_onnx_cpu.json]
 Smoke (the tiny ACT at 48x64, seconds):  ... benchmarks/robot_onnx.py --quick
 
 The policy is the h200 preset's (`robotloop.loop.pipeline.H200_RECIPE`): lerobot 0.6.1's default-size ACT (51.6M
@@ -22,6 +22,8 @@ observation), intra-op threads not spinning (`--spinning`: ONNX Runtime's defaul
 3. With `--int8`, the export's int8 graph too (`robotloop.deploy.onnx_int8.quantize_int8`, what `deploy publish
    --onnx-int8` ships and `--backend onnx-int8` runs): its parity against fp32 ONNX, and its latency in the same
    alternation (torch, ONNX fp32, ONNX int8).
+4. With `--int8-calibrated`, the int8 graph with its convolutions quantized too (`quantize_int8(calibration=...)`),
+   calibrated on 50 frames of another episode (seed 1) than the 200 timed and compared (seed 0).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from robotloop.sim import AlohaSim
 from robotloop.train.policy import TINY_ACT, ACTSettings
 
 WARMUP_STEPS = 5
+CALIBRATION_STEPS = 100  # every other one calibrates: 50 frames
 ACTING = ("image_size", "n_action_steps", "temporal_ensemble_coeff", "backbone_norm")
 
 
@@ -59,11 +62,11 @@ def build_checkpoint(directory: Path, quick: bool) -> tuple[Path, tuple[int, int
     return make_tiny_checkpoint(directory, (480, 640), settings=ACTSettings(**acting, dropout=0.0)), (480, 640)
 
 
-def record_observations(runner: PolicyRunner, camera: tuple[int, int], steps: int) -> list[dict]:
+def record_observations(runner: PolicyRunner, camera: tuple[int, int], steps: int, seed: int = 0) -> list[dict]:
     """`steps` TransferCube observations, the sim stepped with the torch policy's actions."""
     out = []
     with AlohaSim("transfer_cube", image_size=camera) as sim:
-        obs = sim.reset(seed=0)
+        obs = sim.reset(seed=seed)
         runner.reset()
         for _ in range(steps):
             out.append({"pixels": {"top": obs["pixels"]["top"].copy()}, "agent_pos": obs["agent_pos"].copy()})
@@ -117,6 +120,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own)")
     parser.add_argument("--spinning", action="store_true", help="ONNX Runtime's threads busy-wait between operators")
     parser.add_argument("--int8", action="store_true", help="also the export's int8 graph (deploy publish --onnx-int8)")
+    parser.add_argument(
+        "--int8-calibrated", action="store_true", help="also the int8 graph with its convolutions calibrated"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -148,6 +154,27 @@ def main() -> None:
                 "check_batch_max_abs_diff": made.max_abs_diff,
                 "mb": round(made.file.stat().st_size / 1e6, 1),
                 "parity_against_fp32": parity(onnx_runner, runners["onnxruntime_cpu_int8"], observations),
+            }
+        calibrated = None
+        if args.int8_calibrated:
+            # Calibrated on another episode's frames (seed 1) than the ones timed and compared (seed 0).
+            other = record_observations(torch_runner, camera, CALIBRATION_STEPS, seed=1)
+            folder = Path(tmp) / "int8-calibrated"
+            folder.mkdir()
+            for path in export.directory.iterdir():  # the fp32 export beside it: the runner reads its metadata
+                (folder / path.name).symlink_to(path)
+            made = quantize_int8(
+                export.directory, folder, calibration=[onnx_runner.to_inputs(obs) for obs in other[::2]]
+            )
+            runners["onnxruntime_cpu_int8_calibrated"] = OnnxRunner.load(
+                folder, threads=args.threads, spinning=args.spinning, precision="int8"
+            )
+            calibrated = {
+                "calibration_observations": len(other[::2]),
+                "quantize_s": round(made.seconds, 1),
+                "check_batch_max_abs_diff": made.max_abs_diff,
+                "mb": round(made.file.stat().st_size / 1e6, 1),
+                "parity_against_fp32": parity(onnx_runner, runners["onnxruntime_cpu_int8_calibrated"], observations),
             }
         times: dict[str, list[float]] = {name: [] for name in runners}
         for _ in range(args.passes):  # alternating, so a burst of other load hits each
@@ -181,6 +208,7 @@ def main() -> None:
         "latency": latency,
         "speedup_p50": round(latency["torch_eager_cpu"]["p50_ms"] / latency["onnxruntime_cpu"]["p50_ms"], 2),
         "int8": int8,
+        "int8_calibrated": calibrated,
         "target_p99_ms": 20.0,
         "loadavg_before": [round(v, 2) for v in load_before],
         "loadavg_after": [round(v, 2) for v in os.getloadavg()],
