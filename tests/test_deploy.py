@@ -54,6 +54,7 @@ from robotloop.deploy.manifest import BadManifest, Manifest, SignedManifest
 from robotloop.deploy.onnx_int8 import INT8_ATOL
 from robotloop.deploy.onnx_runner import (
     INT8_FILES,
+    INT8_META_FILE,
     ONNX_DATA_FILE,
     ONNX_FILE,
     ONNX_FILES,
@@ -1462,6 +1463,9 @@ def test_publish_reuses_the_export_training_left_beside_the_checkpoint_and_redoe
     store.pull(int8, deploy.trusted, XetFetcher(bucket_server.endpoint, WRITE_TOKEN, int8.manifest.bucket))
     runner = load_policy(store.model_dir("trained-v1-int8"), backend="onnx-int8", device="cpu")
     assert isinstance(runner, OnnxRunner) and runner.backend == "onnx-int8"
+    # No lineage names its training data (a checkpoint made elsewhere): MatMul and Gemm in int8, the convolutions not.
+    facts = json.loads((store.model_dir("trained-v1-int8") / INT8_META_FILE).read_text())
+    assert "Conv" not in facts["quantized"] and made["int8_calibration_frames"] == 0, facts
     with pytest.raises(BadValue, match="not with onnx off"):
         publish(deploy.bucket, str(url), "trained-v1-none", key, None, onnx="off", int8=True)
 

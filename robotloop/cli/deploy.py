@@ -110,8 +110,9 @@ def publish(
         bool | None,
         typer.Option(
             "--onnx-int8/--no-onnx-int8",
-            help="Also the export's int8 graph (MatMul and Gemm weights in int8), for robot CPUs too slow for fp32: "
-            "robots run it with --backend onnx-int8. Evaluate it first (robotloop eval --backend onnx-int8). "
+            help="Also the export's int8 graph (MatMul and Gemm weights in int8; the convolutions too, calibrated "
+            "on 50 frames of the training data where the checkpoint's lineage names it), for robot CPUs too slow "
+            "for fp32: robots run it with --backend onnx-int8. Evaluate it first (robotloop eval --backend onnx-int8). "
             "Default: deploy.onnx_int8 (off).",
         ),
     ] = None,
@@ -168,6 +169,8 @@ def publish(
             "reused": export.reused,
             "redone": export.redone,
             "int8_max_abs_diff": export.int8_max_abs_diff,
+            "int8_calibration_frames": export.int8_calibration_frames,
+            "int8_convolutions": export.int8_convolutions,
         },
     }
     show(result, as_json, _published_text)

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..storage import BucketClient, BucketUrl
 from .errors import OnnxExportError
 from .onnx_runner import (
     ACTION_KEY,
@@ -53,6 +54,8 @@ from .onnx_runner import (
 INT8_ATOL = 0.05
 # The fp32 step's time on 2 cores: MatMul 39%, Gemm 4%, Conv 34% (the backbone: in int8 only with calibration data).
 INT8_OPS = ["MatMul", "Gemm"]
+CALIBRATION_FRAMES = 50  # frames of the training data the convolutions' activation ranges are taken from
+CHECK_EVERY = 5  # of the calibration frames, every 5th is held out to check the graph on (10 of 50)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class Int8Export:
     file: Path
     max_abs_diff: float
     seconds: float
+    convolutions: str | None = None  # with calibration: in int8 (how), or why they stayed fp32
 
 
 def quantize_int8(
@@ -77,8 +81,10 @@ def quantize_int8(
     `calibration`: the graph's inputs for observations like the robot's (`OnnxRunner.to_inputs` of a few dozen
     frames from the task). With them the convolutions (the vision backbone) are quantized too, statically: their
     activations' ranges are taken from those observations, their weights per channel. On 2 cores that made the
-    default-size ACT's step 1.4x faster again than MatMul/Gemm alone (BENCHMARKS.md). Without them, MatMul and Gemm
-    only, with no data needed.
+    default-size ACT's step 1.4x faster again than MatMul/Gemm alone (BENCHMARKS.md). Every `CHECK_EVERY`-th is held
+    out to check the graph on; where the calibrated convolutions move the actions more than `atol` from fp32's
+    there, they stay fp32 (`INT8_META_FILE` says so and by how much). Without them, MatMul and Gemm only, with no
+    data needed.
 
     Raises:
         OnnxExportError: no fp32 export there, the `onnx` package is missing, or the int8 graph does not run or
@@ -95,33 +101,67 @@ def quantize_int8(
     except ImportError as error:  # onnxruntime's quantizer imports onnx: the full install has it, a robot's not
         raise OnnxExportError(f"quantizing needs the onnx package (pip install 'robotloop[full]'): {error}") from None
     out.mkdir(parents=True, exist_ok=True)
+    calibrate_on, check_on = _held_out(calibration or [])
     with tempfile.TemporaryDirectory(dir=out, prefix=".onnx-int8-") as tmp:
         staged = Path(tmp)
-        prepared = staged / "prepared.onnx"
         try:
             # Shape inference and graph clean-up first, as ONNX Runtime advises before quantizing.
+            prepared = staged / "prepared.onnx"
             quant_pre_process(
                 str(folder / ONNX_FILE), str(prepared), skip_symbolic_shape=True, save_as_external_data=True
             )
-            if calibration:
-                prepared = _quantize_convolutions(prepared, staged / "conv.onnx", calibration)
-            quantize_dynamic(
-                str(prepared), str(staged / INT8_FILE), weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS
-            )
+            graph = staged / INT8_FILE
+            if calibrate_on:
+                conv = _quantize_convolutions(prepared, staged / "conv.onnx", calibrate_on)
+                quantize_dynamic(str(conv), str(graph), weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS)
+                diff = _compare(folder, graph, check_on)
+                conv_facts = f"static uint8, per-channel weights, calibrated on {len(calibrate_on)}"
+            if not calibrate_on or not diff <= atol:  # a policy whose convolutions lose too much stays fp32 there
+                if calibrate_on:
+                    conv_facts = f"fp32 (in int8, calibrated, its actions were {diff:.3g} from fp32's, over {atol:g})"
+                quantize_dynamic(str(prepared), str(graph), weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS)
+                diff = _compare(folder, graph, check_on)
+        except OnnxExportError:
+            raise
         except Exception as error:  # the quantizer's own failures (onnx's checker, a graph it cannot read)
             raise OnnxExportError(f"{folder / ONNX_FILE}: ONNX Runtime's quantizer failed: {error}") from error
-        diff = _compare(folder, staged / INT8_FILE, atol)
+        if not diff <= atol:  # NaN fails too
+            raise OnnxExportError(f"the int8 graph's actions differ from fp32's by up to {diff:.3g} (at most {atol:g})")
         facts = {
             "source": {name: file_sha256(folder / name) for name in (ONNX_FILE, ONNX_DATA_FILE)},
-            "written": file_sha256(staged / INT8_FILE),
+            "written": file_sha256(graph),
             "quantized": {"weights": "int8", "activations": "dynamic uint8", "ops": INT8_OPS}
-            | ({"Conv": f"static uint8, per-channel weights, calibrated on {len(calibration)}"} if calibration else {}),
+            | ({"Conv": conv_facts} if calibrate_on else {}),
             "max_abs_diff": diff,
+            "checked_on": f"{len(check_on)} held-out calibration frames" if check_on else "2 random frames",
         }
         (staged / INT8_META_FILE).write_text(json.dumps(facts, indent=1) + "\n")
         for name in (INT8_FILE, INT8_META_FILE):  # its facts last: a reader that sees them sees the graph
             os.replace(staged / name, out / name)
-    return Int8Export(out / INT8_FILE, diff, time.perf_counter() - start)
+    return Int8Export(out / INT8_FILE, diff, time.perf_counter() - start, conv_facts if calibrate_on else None)
+
+
+def calibration_inputs(
+    client: BucketClient, datasets: Sequence[BucketUrl], directory: str | Path, count: int = CALIBRATION_FRAMES
+) -> list[dict[str, np.ndarray]]:
+    """`count` frames (with their states) drawn from `datasets`, the ones the policy trained on and so what its
+    robots see, as inputs of the export in `directory`: what `quantize_int8(calibration=...)` calibrates on.
+
+    Raises:
+        DataError (robotloop.train.data): the datasets cannot be read or hold nothing to draw.
+    """
+    from ..train.data import DataSettings, StreamingSampler  # torch: the full install, where publish runs
+
+    meta = read_meta(Path(directory))
+    with StreamingSampler(client, list(datasets), DataSettings(decode_workers=1, refresh_every_s=0)) as sampler:
+        batch = sampler.next_batch(count)
+    feeds = []
+    for i in range(count):  # the dataset's [3, H, W] frames as the graph takes them: [1, H, W, 3] uint8
+        feed = {key: batch[key][i : i + 1].permute(0, 2, 3, 1).contiguous().numpy() for key in meta.cameras}
+        if meta.state_dim is not None:
+            feed[STATE_KEY] = batch[STATE_KEY][i : i + 1].float().numpy()
+        feeds.append(feed)
+    return feeds
 
 
 def _quantize_convolutions(model: Path, out: Path, calibration: Sequence[Mapping[str, np.ndarray]]) -> Path:
@@ -150,12 +190,22 @@ def _quantize_convolutions(model: Path, out: Path, calibration: Sequence[Mapping
     return out
 
 
-def _compare(folder: Path, int8: Path, atol: float) -> float:
-    """max |int8 - fp32| over a fixed check batch of random frames and states near zero.
+def _held_out(calibration: Sequence[Mapping[str, np.ndarray]]) -> tuple[list, list]:
+    """(frames to calibrate on, frames to check on): every CHECK_EVERY-th frame is held out for the check, as
+    the calibrated graph is only meant to be near fp32's on frames like the ones it was calibrated on (random
+    frames drive its activations past the ranges it learned)."""
+    frames = list(calibration)
+    if len(frames) < 2 * CHECK_EVERY:
+        return frames, frames
+    return [f for i, f in enumerate(frames) if i % CHECK_EVERY], frames[::CHECK_EVERY]
+
+
+def _compare(folder: Path, int8: Path, check_on: Sequence[Mapping[str, np.ndarray]] = ()) -> float:
+    """max |int8 - fp32| over the `check_on` inputs (one batch), or a fixed check batch of random frames and
+    states near zero (NaN where int8's actions are not finite).
 
     Raises:
-        OnnxExportError: the int8 graph does not run, gives non-finite actions where fp32 does not, or is off by
-            more than `atol`.
+        OnnxExportError: the int8 graph does not run.
     """
     import onnxruntime as ort
 
@@ -164,6 +214,8 @@ def _compare(folder: Path, int8: Path, atol: float) -> float:
     feed = {key: rng.integers(0, 256, (2, h, w, c), dtype=np.uint8) for key, (h, w, c) in meta.cameras.items()}
     if meta.state_dim is not None:
         feed[STATE_KEY] = rng.normal(0.0, 0.05, (2, meta.state_dim)).astype(np.float32)
+    if check_on:
+        feed = {key: np.concatenate([f[key] for f in check_on]) for key in check_on[0]}
     options = ort.SessionOptions()
     options.log_severity_level = 3
     cpu = ["CPUExecutionProvider"]  # the comparison's reference, wherever the robot will run it
@@ -172,10 +224,7 @@ def _compare(folder: Path, int8: Path, atol: float) -> float:
         (got,) = ort.InferenceSession(str(int8), options, providers=cpu).run([ACTION_KEY], feed)
     except Exception as error:  # onnxruntime's own exception types
         raise OnnxExportError(f"the int8 graph does not run in ONNX Runtime: {error}") from error
-    diff = float(np.max(np.abs(got - expected)))
-    if not diff <= atol:  # NaN fails too
-        raise OnnxExportError(f"the int8 graph's actions differ from fp32's by up to {diff:.3g} (at most {atol:g})")
-    return diff
+    return float(np.max(np.abs(got - expected)))
 
 
-__all__ = ["INT8_ATOL", "Int8Export", "quantize_int8"]
+__all__ = ["CALIBRATION_FRAMES", "INT8_ATOL", "Int8Export", "calibration_inputs", "quantize_int8"]

@@ -79,6 +79,8 @@ class OnnxReport:
     reused: bool = False
     redone: str | None = None
     int8_max_abs_diff: float | None = None  # with `int8`: the int8 graph's largest |int8 - fp32| action
+    int8_calibration_frames: int = 0  # frames of the training data drawn to calibrate its convolutions on
+    int8_convolutions: str | None = None  # in int8 (calibrated on how many), or why they stayed fp32
 
 
 @dataclass(frozen=True)
@@ -247,7 +249,7 @@ def publish(
             if onnx != "off":
                 report = _onnx(client, model_url, exported, model, Path(tmp) / "onnx", name, hashes, onnx)
                 if int8 and report.error is None:
-                    report = _int8(client, report, model, Path(tmp) / "int8", model_url, name, hashes)
+                    report = _int8(client, report, model, Path(tmp) / "int8", model_url, name, hashes, lineage)
             manifest = build_manifest(model, name, step_url.bucket_id, str(step_url), hashes, lineage)
             signed, written = _store(client, SignedManifest.sign(manifest, signer))
     if deploy is not None:
@@ -273,16 +275,22 @@ def _int8(
     model_url: BucketUrl,
     name: str,
     hashes: dict[str, str],
+    lineage: dict,
 ) -> OnnxReport:
     """The int8 graph of the export in `model`, made in `out`, uploaded into the release's folder and added to `model`
-    and `hashes`; `report` with it.
+    and `hashes`; `report` with it. Its convolutions are calibrated on frames of the datasets `lineage` names (the
+    checkpoint's training data); a checkpoint without them (trained elsewhere) gets MatMul and Gemm in int8 only.
 
     Raises:
         OnnxExportError: it cannot be made, or is too far from fp32 (`onnx_int8.quantize_int8`).
+        DataError: the training data it calibrates on cannot be read.
     """
-    from .onnx_int8 import quantize_int8
+    from .onnx_int8 import calibration_inputs, quantize_int8
 
-    made = quantize_int8(model, out)
+    # The convolutions too where the training data is known (robotloop's lineage): calibrated on its frames.
+    datasets = [BucketUrl.parse(url) for url in lineage.get("datasets", [])]
+    calibration = calibration_inputs(client, datasets, model) if datasets else []
+    made = quantize_int8(model, out, calibration=calibration)
     bytes_new = _add_to_release(client, out, INT8_FILES, model, model_url, name, hashes)
     return replace(
         report,
@@ -290,6 +298,8 @@ def _int8(
         seconds=report.seconds + made.seconds,
         bytes_new=(report.bytes_new or 0) + bytes_new,
         int8_max_abs_diff=made.max_abs_diff,
+        int8_calibration_frames=len(calibration),
+        int8_convolutions=made.convolutions,
     )
 
 
