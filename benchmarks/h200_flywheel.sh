@@ -69,8 +69,9 @@ if [ -n "$stable" ]; then
     echo "$(date -u +%FT%TZ) ONNX eval of $stable ($ONNX_EVAL episodes, seeds 1000+) exit $?" >> "$R/plan.log"
   fi
   if [ "$INT8_EVAL" -gt 0 ] && [ -n "$model" ]; then  # the same seeds as the fp32 ONNX eval, paired
-    python3 -c "import sys; from robotloop.deploy.onnx_int8 import quantize_int8; print(quantize_int8(sys.argv[1]))" \
-      "$model" > "$R/eval_int8.log" 2>&1 &&
+    # as `deploy publish --onnx-int8` makes it: the convolutions calibrated on 50 frames of the run's training data
+    python3 benchmarks/int8_calibrated.py "$model" "hf://buckets/local/loop/models/${stable%-*}" \
+      > "$R/eval_int8.log" 2>&1 &&
       python3 -m robotloop.cli eval --policy "$model" --sim "$TASK" --episodes "$INT8_EVAL" --seed 1000 --workers 15 \
         --videos 0 --backend onnx-int8 --device cpu --output-dir "$R/eval-int8" >> "$R/eval_int8.log" 2>&1
     echo "$(date -u +%FT%TZ) ONNX int8 eval of $stable ($INT8_EVAL episodes, seeds 1000+) exit $?" >> "$R/plan.log"
