@@ -19,6 +19,7 @@ from robotloop.loop.seeds import (
     check_demo_seeds,
     check_fleet_seeds,
     demo_first_seed,
+    demo_seeds_left,
     fleet_first_seed,
 )
 from robotloop.rounds.run import RoundSettings
@@ -79,6 +80,9 @@ def test_refusals_come_before_anything_runs_and_say_what_to_change():
     assert baseline_first_seed(0) == BASELINE_SEEDS
     with pytest.raises(BadValue, match=f"use 0 to {MAX_LOOP_SEED}"):
         demo_first_seed(MAX_LOOP_SEED + 1)
+    # Live mode records until stopped: up to the evaluation's first seed under loop seed 0, the fleet's above.
+    assert demo_seeds_left(0, 200) == 1000 and demo_seeds_left(990, 200) == 10 and demo_seeds_left(1100, 200) == 0
+    assert demo_seeds_left(SEED_BLOCK, 200) == 100_000
     RoundSettings(rounds=39, fleet=10, fleet_episodes=6)
     with pytest.raises(BadValue, match="at most 39 rounds of that fleet"):
         RoundSettings(rounds=40, fleet=10, fleet_episodes=6)

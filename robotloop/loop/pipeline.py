@@ -46,7 +46,7 @@ from ..train.layout import checkpoint_url
 from ..train.policy import TINY_ACT, ACTSettings
 from ..train.trainer import Progress, TrainReport, TrainSettings, train
 from .gpu import GpuMonitor
-from .seeds import DEMO_ATTEMPTS, check_demo_seeds, demo_first_seed
+from .seeds import DEMO_ATTEMPTS, check_demo_seeds, demo_first_seed, demo_seeds_left
 
 # The recipe measured on one H200 from random init (benchmarks/recipes.py; BENCHMARKS.md lists what was tried and
 # what each scored): the policy sees the 480x640 camera at 120x160 (98% of 50 episodes in the sweep, against 88-96%
@@ -307,7 +307,7 @@ def _timed(report: LoopReport, stage: str, on_stage: Stage, what: str) -> Iterat
 def _record(
     recorder: DatasetRecorder,
     s: LoopSettings,
-    episodes: int,
+    episodes: int | None,
     report: LoopReport,
     on_demo: Demo | None = None,
     on_event: Callable[[str, int, Any], None] | None = None,
@@ -331,15 +331,19 @@ def _record(
     # A restart takes new seeds (past the committed episodes); a later recording in this run starts past every
     # seed tried so far (failed demos are dropped, so the committed count alone would reuse their successors).
     seed_start = max(demo_first_seed(s.seed) + recorder.committed_episodes(), report.next_seed)
-    check_demo_seeds(seed_start, DEMO_ATTEMPTS * episodes, s.eval_episodes)
+    # `episodes` None (live mode): until stopped, or until the seeds clear of the evaluation's run out.
+    attempts = DEMO_ATTEMPTS * episodes if episodes is not None else demo_seeds_left(seed_start, s.eval_episodes)
+    check_demo_seeds(seed_start, attempts, s.eval_episodes)
+    if attempts == 0:
+        return
     rec = record_sim(
         recorder,
         s.task,
-        episodes,
+        episodes if episodes is not None else attempts,
         s.record_workers,
         s.image_size,
         seed_start=seed_start,
-        max_attempts=DEMO_ATTEMPTS * episodes,
+        max_attempts=attempts,
         on_event=count,
         should_stop=should_stop,
         ray=s.ray,
@@ -378,7 +382,7 @@ class _Recording:
                 self.first.set()
 
         try:
-            _record(recorder, s, episodes or 1_000_000, report, on_demo, on_event, self._stop.is_set)
+            _record(recorder, s, episodes, report, on_demo, on_event, self._stop.is_set)
         except BaseException as error:  # noqa: BLE001 - handed to the caller's thread by finish()
             self.error = error
         finally:

@@ -76,6 +76,15 @@ def baseline_first_seed(loop_seed: int) -> int:
     return _block(loop_seed) + BASELINE_SEEDS
 
 
+def demo_seeds_left(seed_start: int, eval_episodes: int) -> int:
+    """How many demo seeds from `seed_start` on stay clear of the evaluations' `eval_episodes` seeds and of the
+    fleet's range: what a recording without an end (live mode) may use."""
+    ends = [seed_start - seed_start % SEED_BLOCK + FLEET_SEEDS]
+    if seed_start < EVAL_SEEDS + eval_episodes:
+        ends.append(EVAL_SEEDS)
+    return max(0, min(ends) - seed_start)
+
+
 def check_demo_seeds(seed_start: int, max_attempts: int, eval_episodes: int) -> None:
     """Refuse a recording whose seeds, `seed_start` up to `max_attempts` of them (failed demos move on to the next
     seed), could meet the evaluations' `eval_episodes` seeds from `EVAL_SEEDS` or run into the fleet's range.
@@ -107,5 +116,6 @@ __all__ = [
     "check_demo_seeds",
     "check_fleet_seeds",
     "demo_first_seed",
+    "demo_seeds_left",
     "fleet_first_seed",
 ]
