@@ -197,8 +197,9 @@ class DeploySettings(ServiceSection):
     # their policy keeps its success with it.
     onnx_int8: bool = Field(
         default=False,
-        description="Also the ONNX export's int8 graph in the release (MatMul and Gemm weights in int8), for robot "
-        "CPUs too slow for fp32: robots run it with robot.backend onnx-int8.",
+        description="Also the ONNX export's int8 graph in the release (MatMul and Gemm weights in int8; the "
+        "convolutions too, calibrated on the training data the checkpoint's lineage names), for robot CPUs too "
+        "slow for fp32: robots run it with robot.backend onnx-int8.",
     )
 
 

@@ -29,7 +29,7 @@ import json
 import os
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,7 +81,7 @@ def quantize_int8(
     `calibration`: the graph's inputs for observations like the robot's (`OnnxRunner.to_inputs` of a few dozen
     frames from the task). With them the convolutions (the vision backbone) are quantized too, statically: their
     activations' ranges are taken from those observations, their weights per channel. On 2 cores that made the
-    default-size ACT's step 1.4x faster again than MatMul/Gemm alone (BENCHMARKS.md). Every `CHECK_EVERY`-th is held
+    default-size ACT's step 1.5x faster again than MatMul/Gemm alone (BENCHMARKS.md). Every `CHECK_EVERY`-th is held
     out to check the graph on; where the calibrated convolutions move the actions more than `atol` from fp32's
     there, they stay fp32 (`INT8_META_FILE` says so and by how much). Without them, MatMul and Gemm only, with no
     data needed.
@@ -104,41 +104,39 @@ def quantize_int8(
     calibrate_on, check_on = _held_out(calibration or [])
     with tempfile.TemporaryDirectory(dir=out, prefix=".onnx-int8-") as tmp:
         staged = Path(tmp)
-        try:
-            # Shape inference and graph clean-up first, as ONNX Runtime advises before quantizing.
-            prepared = staged / "prepared.onnx"
-            quant_pre_process(
-                str(folder / ONNX_FILE), str(prepared), skip_symbolic_shape=True, save_as_external_data=True
-            )
-            graph = staged / INT8_FILE
-            if calibrate_on:
-                conv = _quantize_convolutions(prepared, staged / "conv.onnx", calibrate_on)
-                quantize_dynamic(str(conv), str(graph), weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS)
-                diff = _compare(folder, graph, check_on)
-                conv_facts = f"static uint8, per-channel weights, calibrated on {len(calibrate_on)}"
-            if not calibrate_on or not diff <= atol:  # a policy whose convolutions lose too much stays fp32 there
-                if calibrate_on:
-                    conv_facts = f"fp32 (in int8, calibrated, its actions were {diff:.3g} from fp32's, over {atol:g})"
-                quantize_dynamic(str(prepared), str(graph), weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS)
-                diff = _compare(folder, graph, check_on)
-        except OnnxExportError:
-            raise
-        except Exception as error:  # the quantizer's own failures (onnx's checker, a graph it cannot read)
-            raise OnnxExportError(f"{folder / ONNX_FILE}: ONNX Runtime's quantizer failed: {error}") from error
+        prepared, graph = staged / "prepared.onnx", staged / INT8_FILE
+        # Shape inference and graph clean-up first, as ONNX Runtime advises before quantizing.
+        _quantizer(
+            quant_pre_process, folder / ONNX_FILE, prepared, skip_symbolic_shape=True, save_as_external_data=True
+        )
+
+        def matmuls_in_int8(source: Path) -> float:  # written as `graph`; its max |int8 - fp32| action
+            _quantizer(quantize_dynamic, source, graph, weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS)
+            return _compare(folder, graph, check_on)
+
+        conv_facts = None
+        if calibrate_on:
+            diff = matmuls_in_int8(_quantize_convolutions(prepared, staged / "conv.onnx", calibrate_on))
+            conv_facts = f"static uint8, per-channel weights, calibrated on {len(calibrate_on)}"
+            if not diff <= atol:  # a policy whose convolutions lose too much in int8 keeps them fp32
+                conv_facts = f"fp32 (in int8, calibrated, its actions were {diff:.3g} from fp32's, over {atol:g})"
+                diff = matmuls_in_int8(prepared)
+        else:
+            diff = matmuls_in_int8(prepared)
         if not diff <= atol:  # NaN fails too
             raise OnnxExportError(f"the int8 graph's actions differ from fp32's by up to {diff:.3g} (at most {atol:g})")
         facts = {
             "source": {name: file_sha256(folder / name) for name in (ONNX_FILE, ONNX_DATA_FILE)},
             "written": file_sha256(graph),
             "quantized": {"weights": "int8", "activations": "dynamic uint8", "ops": INT8_OPS}
-            | ({"Conv": conv_facts} if calibrate_on else {}),
+            | ({"Conv": conv_facts} if conv_facts else {}),
             "max_abs_diff": diff,
             "checked_on": f"{len(check_on)} held-out calibration frames" if check_on else "2 random frames",
         }
         (staged / INT8_META_FILE).write_text(json.dumps(facts, indent=1) + "\n")
         for name in (INT8_FILE, INT8_META_FILE):  # its facts last: a reader that sees them sees the graph
             os.replace(staged / name, out / name)
-    return Int8Export(out / INT8_FILE, diff, time.perf_counter() - start, conv_facts if calibrate_on else None)
+    return Int8Export(out / INT8_FILE, diff, time.perf_counter() - start, conv_facts)
 
 
 def calibration_inputs(
@@ -164,6 +162,14 @@ def calibration_inputs(
     return feeds
 
 
+def _quantizer(step: Callable[..., object], source: Path, target: Path, **options: object) -> None:
+    """One of ONNX Runtime's quantizer steps, `source` to `target`, its failures as OnnxExportError."""
+    try:
+        step(str(source), str(target), **options)
+    except Exception as error:  # the quantizer's own failures (onnx's checker, a graph it cannot read)
+        raise OnnxExportError(f"{source}: ONNX Runtime's quantizer failed: {error}") from error
+
+
 def _quantize_convolutions(model: Path, out: Path, calibration: Sequence[Mapping[str, np.ndarray]]) -> Path:
     """`model` with its Conv layers in int8 (QDQ: ONNX Runtime runs them as int8 convolutions), the activations'
     ranges from the calibration inputs (min/max), written to `out`."""
@@ -176,10 +182,11 @@ def _quantize_convolutions(model: Path, out: Path, calibration: Sequence[Mapping
         def get_next(self) -> dict[str, np.ndarray] | None:
             return dict(feed) if (feed := next(self.feeds, None)) is not None else None
 
-    quantize_static(
-        str(model),
-        str(out),
-        Observations(),
+    _quantizer(
+        quantize_static,
+        model,
+        out,
+        calibration_data_reader=Observations(),
         quant_format=QuantFormat.QDQ,
         op_types_to_quantize=["Conv"],
         per_channel=True,

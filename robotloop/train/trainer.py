@@ -304,6 +304,11 @@ def _loop(
     )
 
 
+def _world_size() -> int:
+    """The ranks training together: 1 outside a process group."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def _read_losses(pending: list[tuple[int, torch.Tensor]]) -> list[tuple[int, float]]:
     """The pending steps' losses on the host, in one sync. Under DDP each is the mean over the ranks, in one
     all-reduce: the global batch's loss, what one process at the same global batch logs (rank 0's own half would
@@ -311,7 +316,7 @@ def _read_losses(pending: list[tuple[int, torch.Tensor]]) -> list[tuple[int, flo
     if not pending:
         return []
     values = torch.stack([v.detach().float().reshape(()) for _, v in pending])
-    if dist.is_available() and dist.is_initialized() and (world := dist.get_world_size()) > 1:
+    if (world := _world_size()) > 1:
         dist.all_reduce(values)  # a sum: gloo has no average
         values /= world
     return [(s, v) for (s, _), v in zip(pending, values.tolist(), strict=True)]
@@ -321,7 +326,7 @@ def _agreed_stop(stop: bool, log_step: bool, device: torch.device) -> bool:
     """Under DDP, ranks see a stop request (torchrun's SIGTERM) at different steps; one that checkpoints while the
     others wait in the next gradient all-reduce hangs them all. So the ranks decide together, at log steps (which
     sync with the host anyway): stop if any rank was asked to."""
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    if _world_size() == 1:
         return stop
     if not log_step:
         return False
