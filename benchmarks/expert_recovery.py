@@ -66,8 +66,13 @@ def run_case(job: tuple[str, str, str, int, int, int]) -> dict:
         sim.step(expert.act(obs))
         frames += 1
     outcome = "recovered" if sim.reward() == sim.task.max_reward else "failed"
-    return {**result, "outcome": outcome, "expert_frames": frames, "phases": expert.phases,
-            "seconds": time.perf_counter() - start}  # fmt: skip
+    return {
+        **result,
+        "outcome": outcome,
+        "expert_frames": frames,
+        "phases": expert.phases,
+        "seconds": time.perf_counter() - start,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -56,8 +56,8 @@ class PgServer:
 
     def start(self) -> None:
         options = f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=300"
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.data / "log"), "-o", options,
-                  "-w", "start")  # fmt: skip
+        log = str(self.data / "log")
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", log, "-o", options, "-w", "start")
 
     def stop(self, mode: str = "fast") -> None:
         """`fast`: roll back open transactions and close connections, as a restart under load does."""
@@ -88,10 +88,11 @@ def start_postgres() -> tuple[PgServer, Path]:
     server = PgServer(bindir, base / "data", free_port(), as_user)
     # A linguistic default collation (ICU's en-US, PostgreSQL 15 and later), as production databases have: the stores
     # must not depend on the database's collation for their code-point range scans (they say COLLATE "C").
-    major = int(subprocess.run([str(bindir / "initdb"), "--version"], capture_output=True, text=True).stdout.split()[-1]
-                .split(".")[0])  # fmt: skip
+    version = subprocess.run([str(bindir / "initdb"), "--version"], capture_output=True, text=True).stdout
+    major = int(version.split()[-1].split(".")[0])
     collation = ["--locale-provider=icu", "--icu-locale=en-US"] if major >= 15 else []
-    server._run(str(bindir / "initdb"), "-D", str(server.data), "-U", USER, "--auth=scram-sha-256",
-                f"--pwfile={pwfile}", "--encoding=UTF8", "--locale=C.UTF-8", *collation)  # fmt: skip
+    auth = ["-U", USER, "--auth=scram-sha-256", f"--pwfile={pwfile}"]
+    locale = ["--encoding=UTF8", "--locale=C.UTF-8", *collation]
+    server._run(str(bindir / "initdb"), "-D", str(server.data), *auth, *locale)
     server.start()
     return server, base

@@ -85,8 +85,12 @@ def _signed(tmp_path: Path, name: str) -> SignedManifest:
 
 def _batch(server: Server, lines: list[dict], timeout_s: float = 60) -> httpx.Response:
     body = "".join(json.dumps(line) + "\n" for line in lines)
-    return httpx.post(f"{server.endpoint}/api/buckets/{BUCKET.namespace}/{BUCKET.bucket}/batch", content=body,
-                      headers=AUTH, timeout=timeout_s)  # fmt: skip
+    return httpx.post(
+        f"{server.endpoint}/api/buckets/{BUCKET.namespace}/{BUCKET.bucket}/batch",
+        content=body,
+        headers=AUTH,
+        timeout=timeout_s,
+    )
 
 
 def _paths(server: Server, under: str) -> list[str]:
@@ -300,7 +304,7 @@ def test_a_wrong_database_url_or_password_is_one_line_at_start(postgres, tmp_pat
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for why, args in starts.items()
     }
     said = {why: proc.communicate(timeout=60) for why, proc in procs.items()}

@@ -7,17 +7,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from services.deploy import DeployOptions
 from services.options import serve_command
 
 from ..config import Settings, load_settings
-from .output import JsonOutput, fail, print_json, show
+from .output import JsonOutput, cli_console, fail, print_json, show
 
 app = typer.Typer(no_args_is_help=True, help="Ship checkpoints to robots: signed releases, channels, rollbacks.")
-console = Console()
+console = cli_console()  # a path stays whole on a narrow terminal: it can be copied
 
 DeployUrl = Annotated[str | None, typer.Option("--deploy-url", help="Deploy service. Default: deploy.url.")]
 DeployToken = Annotated[
