@@ -4,6 +4,9 @@ VENV  := .venv
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export MUJOCO_GL ?= egl
+# The suite in this many processes, a test file each at a time (its module fixtures are built once): most tests
+# wait on servers, subprocesses and sockets, so 2 workers on 2 cores took it from 29 to 18 minutes.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test install clean
 install: $(STAMP)
@@ -21,7 +24,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15 tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache
