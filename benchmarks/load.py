@@ -1,7 +1,7 @@
 """Load held, bounded and on 127.0.0.1 only: a fleet on the deploy service, uploaders on the bucket server.
 
 Run:  .venv/bin/python benchmarks/load.py [--robots 200] [--uploaders 16] [--seconds 60] [--out load.json]
-      [--database postgresql://USER:PW@127.0.0.1/DB [--replicas 2]] [--fleet-procs 8]
+      [--database postgresql://USER:PW@127.0.0.1/DB | --postgres] [--replicas 2] [--fleet-procs 8]
 
 1. Fleet: `--robots` simulated robots (asyncio, spread over `--fleet-procs` processes) long-poll their assignment
    (5 s) and heartbeat every 2 s for `--seconds`, while an operator promotes a new release on their channel every
@@ -12,7 +12,9 @@ Run:  .venv/bin/python benchmarks/load.py [--robots 200] [--uploaders 16] [--sec
 With `--database`, each service runs as `--replicas` processes on that PostgreSQL database (the bucket servers over
 one shared root): robot i talks to deploy replica i mod N, uploader i to bucket server i mod N; every acknowledged
 file is read back through another server than the one it was uploaded to, and the listings of all servers must be
-equal. Without it: one service each, on SQLite (the embedded default), the figures to compare with.
+equal. `--postgres` starts a throwaway PostgreSQL for the run as the suite does (tests/pgserver.py: initdb and
+pg_ctl of the `initdb` on PATH, on a free port) and stops it after. Without either: one service each, on SQLite (the
+embedded default), the figures to compare with.
 Both stop by themselves; nothing leaves 127.0.0.1.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import multiprocessing
@@ -29,6 +32,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -54,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--database", default=None, help="postgresql://...: run --replicas of each service on it")
+    ap.add_argument("--postgres", action="store_true", help="start a throwaway PostgreSQL and run on it")
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument(
         "--fleet-procs",
@@ -62,8 +67,34 @@ def main(argv: list[str] | None = None) -> int:
         help="processes the simulated robots are spread over (default: half the cores, at most 8)",
     )
     args = ap.parse_args(argv)
-    if args.database is None:
-        args.replicas = 1
+    if args.postgres and args.database:
+        ap.error("--postgres starts its own database: give it or --database, not both")
+    with contextlib.ExitStack() as stack:
+        if args.postgres:
+            args.database = stack.enter_context(throwaway_postgres())
+        if args.database is None:
+            args.replicas = 1
+        return run(args)
+
+
+@contextlib.contextmanager
+def throwaway_postgres() -> Iterator[str]:
+    """A PostgreSQL cluster in a temporary folder (the suite's helper), its database's URL; removed after."""
+    import shutil
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))  # the repository's root, where tests/ is
+    from tests.pgserver import start_postgres
+
+    server, base = start_postgres(icu=False)  # builds without ICU run too; collation does not matter for load
+    try:
+        yield server.database("robotloop")
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         server = ensure_embedded_server(work / "buckets")

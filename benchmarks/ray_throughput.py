@@ -1,7 +1,8 @@
 """Evaluation and recording throughput, process pool against Ray actors, over a range of worker counts.
 
-Run (16-core GPU machine, issue 31's target: Ray at 15 workers within 10% of the pool):
-        .venv/bin/python benchmarks/ray_throughput.py --workers 1 2 4 8 12 15 --device cuda --size full
+Run (16-core GPU machine, issue 31's target: Ray at 15 workers within 10% of the pool; benchmarks/h200_cluster.sh):
+        .venv/bin/python benchmarks/ray_throughput.py --workers 1 2 4 8 15 --episodes-per-worker 2 --device cuda \\
+        --size full --image-size 120x160 (the h200 preset's TransferCube camera and AV1 codec)
 Smoke (CPU): .venv/bin/python benchmarks/ray_throughput.py --workers 1 2 --episodes 2 --max-steps 20 \\
         --image-size 48x64 --size tiny --codec h264
 
@@ -34,11 +35,16 @@ from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_ser
 from robotloop.train.policy import ACTSettings
 
 
+def episodes_for(args: argparse.Namespace, workers: int) -> int:
+    return args.episodes_per_worker * workers if args.episodes_per_worker else args.episodes
+
+
 def eval_rate(policy: Path, args: argparse.Namespace, workers: int, ray: str | None) -> float:
-    batch = math.ceil(args.episodes / workers) if ray else None
+    episodes = episodes_for(args, workers)
+    batch = math.ceil(episodes / workers) if ray else None
     start = time.perf_counter()
     report = evaluate(
-        policy, args.task, args.episodes, workers, max_steps=args.max_steps, device=args.device, batch=batch, ray=ray
+        policy, args.task, episodes, workers, max_steps=args.max_steps, device=args.device, batch=batch, ray=ray
     )
     return 60 * len(report.episodes) / (time.perf_counter() - start)
 
@@ -51,7 +57,14 @@ def record_rate(args: argparse.Namespace, size: tuple[int, int], workers: int, r
             url = BucketUrl.parse(f"hf://buckets/bench/ray/datasets/w{workers}-{'ray' if ray else 'pool'}")
             recorder = DatasetRecorder(client, url, DatasetSpec.aloha(size, args.codec), staging=Path(tmp) / "stage")
             report = record_sim(
-                recorder, args.task, args.episodes, workers, size, args.max_steps, keep_failed=True, ray=ray
+                recorder,
+                args.task,
+                episodes_for(args, workers),
+                workers,
+                size,
+                args.max_steps,
+                keep_failed=True,
+                ray=ray,
             )
         finally:
             stop_embedded_server(Path(tmp) / "server")
@@ -63,6 +76,12 @@ def main() -> None:
     ap.add_argument("--task", default="transfer_cube")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8, 12, 15])
     ap.add_argument("--episodes", type=int, default=30)
+    ap.add_argument(
+        "--episodes-per-worker",
+        type=int,
+        default=None,
+        help="episodes = this x workers, instead of --episodes (each count's run then lasts about the same)",
+    )
     ap.add_argument("--max-steps", type=int, default=None)
     ap.add_argument("--image-size", default="480x640")
     ap.add_argument("--codec", default="libsvtav1")
@@ -83,7 +102,7 @@ def main() -> None:
                     row["eval_episodes_per_min"] = round(eval_rate(policy, args, workers, ray), 2)
                 if "record" not in args.skip:
                     row["record_episodes_per_min"] = round(record_rate(args, size, workers, ray), 2)
-                row.update(machine=f"{platform.node()} {os.cpu_count()} cores", episodes=args.episodes)
+                row.update(machine=f"{platform.node()} {os.cpu_count()} cores", episodes=episodes_for(args, workers))
                 print(json.dumps(row), flush=True)
 
 

@@ -73,8 +73,9 @@ class PgServer:
         return self.url(name)
 
 
-def start_postgres() -> tuple[PgServer, Path]:
-    """initdb + pg_ctl start; returns the server and the folder to remove after `stop()`."""
+def start_postgres(icu: bool = True) -> tuple[PgServer, Path]:
+    """initdb + pg_ctl start; returns the server and the folder to remove after `stop()`. `icu=False` for a build
+    without ICU (benchmarks/pack_cluster.sh's); the suite keeps ICU's collation (below)."""
     bindir = server_binaries()
     base = Path(tempfile.mkdtemp(prefix="robotloop-pg-"))
     as_user: list[str] = []
@@ -90,7 +91,7 @@ def start_postgres() -> tuple[PgServer, Path]:
     # must not depend on the database's collation for their code-point range scans (they say COLLATE "C").
     version = subprocess.run([str(bindir / "initdb"), "--version"], capture_output=True, text=True).stdout
     major = int(version.split()[-1].split(".")[0])
-    collation = ["--locale-provider=icu", "--icu-locale=en-US"] if major >= 15 else []
+    collation = ["--locale-provider=icu", "--icu-locale=en-US"] if icu and major >= 15 else []
     auth = ["-U", USER, "--auth=scram-sha-256", f"--pwfile={pwfile}"]
     locale = ["--encoding=UTF8", "--locale=C.UTF-8", *collation]
     server._run(str(bindir / "initdb"), "-D", str(server.data), *auth, *locale)

@@ -1,0 +1,48 @@
+#!/bin/bash
+# Issue 31's figures on the 16-core GPU machine, one after the other so that none shares the cores with another:
+#   1. Ray against the process pool: evaluation and recording episodes/min at 1, 2, 4, 8 and 15 workers
+#      (benchmarks/ray_throughput.py, the h200 preset's 120x160 camera, default-size ACT on the GPU);
+#   2. 1,000 simulated robots and 16 uploaders for 60 s on one SQLite deploy service and bucket server;
+#   3. the same on two deploy replicas and two bucket servers over one PostgreSQL (benchmarks/load.py).
+# Needs .gpu/ and .gpu-cluster/ unpacked (benchmarks/pack_cluster.sh says how). Start it detached and follow it:
+#   setsid nohup bash benchmarks/h200_cluster.sh /tmp/cl > /tmp/cl.log 2>&1 &
+#   bash benchmarks/device_follow.sh /tmp/cl 560      # its plan.log ends with " done"
+# SKIP="ray" or SKIP="load" leaves a part out; RAY_ARGS and LOAD_ARGS replace the sizes (a CPU smoke run:
+#   RAY_ARGS="--workers 1 --episodes 1 --max-steps 20 --image-size 48x64 --size tiny --codec h264"
+#   LOAD_ARGS="--robots 20 --fleet-procs 1 --uploaders 2 --seconds 5").
+set -u
+R=${1:-/tmp/cluster-bench}
+SKIP=${SKIP:-}
+RAY_ARGS=${RAY_ARGS:---workers 1 2 4 8 15 --episodes-per-worker 2 --device cuda --size full --image-size 120x160}
+LOAD_ARGS=${LOAD_ARGS:---robots 1000 --fleet-procs 8 --uploaders 16 --seconds 60}
+[ -e "$R" ] && mv "$R" "$R.before-$(date +%s)"
+mkdir -p "$R"
+export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
+root=$(cd "$(dirname "$0")/.." && pwd)
+work=$(mktemp -d)
+export XDG_CACHE_HOME=$work/cache
+cd "$root"
+pack() { (cd "$R" && tar czf results.tar.gz.part --exclude=results.tar.gz* . && mv results.tar.gz.part results.tar.gz); }
+step() { echo "$(date -u +%FT%TZ) $*" >> "$R/plan.log"; }
+command -v nvidia-smi > /dev/null && { nvidia-smi dmon -s um -d 5 > "$R/dmon.log" 2>&1 & }
+step "cluster start (main at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) cores)"
+
+if [[ $SKIP != *ray* ]]; then
+  # shellcheck disable=SC2086  # words
+  python3 benchmarks/ray_throughput.py $RAY_ARGS > "$R/ray_throughput.jsonl" 2> "$R/loop.log"
+  step "ray_throughput exit $?"
+  pack
+fi
+
+if [[ $SKIP != *load* ]]; then
+  read -ra load <<< "$LOAD_ARGS"
+  python3 benchmarks/load.py "${load[@]}" --out "$R/load_sqlite.json" > "$R/load_sqlite.log" 2>&1
+  step "load sqlite exit $?"
+  pack
+  # A throwaway PostgreSQL as the suite starts it (tests/pgserver.py), stopped after: the pack's build, no ICU.
+  python3 benchmarks/load.py "${load[@]}" --postgres --replicas 2 --out "$R/load_postgres.json" \
+    > "$R/load_postgres.log" 2>&1
+  step "load postgres exit $?"
+  pack
+fi
+step "done"
