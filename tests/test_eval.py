@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,11 @@ def test_parallel_eval_gives_a_sane_report(tiny: Path, tmp_path: Path) -> None:
         hi,
     ]
     assert [e["seed"] for e in saved["episodes"]] == [7, 8, 9]
+    # Where the time went: 12 lockstep steps in each of the two waves at most, split between the policy's forward
+    # passes and the sims', both inside the evaluation's wall time.
+    split = report.lockstep
+    assert 2 <= split.steps <= 24 and split.policy_s > 0 and split.sims_s > 0
+    assert split.policy_s + split.sims_s < report.wall_s and saved["lockstep"]["steps"] == split.steps
 
 
 def test_sims_in_lockstep_step_as_one_sim_does() -> None:
@@ -221,6 +227,11 @@ def test_cli_evaluates_a_checkpoint_in_a_bucket(tiny: Path, bucket_server, tmp_p
     # the step "latest" meant, printed before the episodes and kept in the report
     assert saved["checkpoint"] == f"{run}/checkpoints/000005" and f"policy: {run}/checkpoints/000005" in done.stdout
     assert len(_decode(saved["episodes"][0]["video"])) == 9
+    assert re.search(
+        r"time: \d+\.\d s in the policy's forward passes, \d+\.\d s stepping and rendering the sims "
+        r"\(8 lockstep steps\)",
+        " ".join(done.stdout.split()),
+    ), done.stdout
 
 
 def test_eval_json_is_the_report_alone_on_stdout(tiny: Path, tmp_path: Path) -> None:

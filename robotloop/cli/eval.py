@@ -123,6 +123,12 @@ def eval_policy(
         f"(95% CI {100 * lo:.1f}-{100 * hi:.1f}%), mean max reward {report.mean_max_reward:.2f}, "
         f"mean sum reward {report.mean_sum_reward:.1f}, {report.wall_s:.1f} s"
     )
+    if report.lockstep and report.lockstep.steps:
+        split = report.lockstep
+        console.print(
+            f"time: {split.policy_s:.1f} s in the policy's forward passes, {split.sims_s:.1f} s stepping and "
+            f"rendering the sims ({split.steps} lockstep steps)"
+        )
     for video in report.videos:
         console.print(f"video: {video}")
     console.print(f"report: {out / REPORT_FILE}")

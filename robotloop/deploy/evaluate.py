@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import itertools
 import json
@@ -77,6 +78,22 @@ class EpisodeResult:
 
 
 @dataclass
+class LockstepTime:
+    """Where a local evaluation's time went: the policy's batched forward passes in this process (the copies to the
+    device and the wait for its result included) against stepping and rendering the sims in the worker processes
+    (the slowest worker of each step, the pipes included). What to speed up next, measured on every run."""
+
+    steps: int = 0  # lockstep steps, over all waves
+    policy_s: float = 0.0
+    sims_s: float = 0.0
+
+    def add(self, policy_s: float, sims_s: float) -> None:
+        self.steps += 1
+        self.policy_s += policy_s
+        self.sims_s += sims_s
+
+
+@dataclass
 class EvalReport:
     """All episodes of one evaluation, with the aggregates lerobot-eval reports plus a 95% Wilson interval."""
 
@@ -92,6 +109,7 @@ class EvalReport:
     checkpoint: str | None = None  # the checkpoint that was (a run's "latest" resolved to a step; a release name)
     inference: dict | None = None  # how the policy acted: n_action_steps, temporal_ensemble_coeff
     nodes: dict[str, list[int]] = field(default_factory=dict)  # with Ray: the episodes each node's workers ran
+    lockstep: LockstepTime | None = None  # the process pool's split of the time (None: on Ray, each actor's own)
 
     @property
     def successes(self) -> int:
@@ -184,19 +202,24 @@ def _load_quietly(path: Path, device: str, inference: dict | None = None, backen
 
 
 # -- episodes in lockstep -----------------------------------------------------------------------------
-def _run_local(runner: Policy, start: Callable[[], SimBatch], slots: list[Slot]) -> Iterator[EpisodeResult]:
+def _run_local(
+    runner: Policy, start: Callable[[], SimBatch], slots: list[Slot], time_split: LockstepTime
+) -> Iterator[EpisodeResult]:
     """`slots` on this machine's batch of sim processes (`start()`), closed once the last episode is out."""
     with start() as sims:
-        yield from _run_lockstep(runner, sims, slots, sims.max_steps)
+        yield from _run_lockstep(runner, sims, slots, sims.max_steps, time_split)
 
 
-def _run_lockstep(runner: Policy, sims: SimBatch, slots: list[Slot], max_steps: int) -> Iterator[EpisodeResult]:
+def _run_lockstep(
+    runner: Policy, sims: SimBatch, slots: list[Slot], max_steps: int, time_split: LockstepTime | None = None
+) -> Iterator[EpisodeResult]:
     """Run `slots` in waves of the batch's size; yield each episode as it ends (a filmed one once its wave's videos
-    are written)."""
+    are written). `time_split` adds up where the time went."""
+    time_split = time_split or LockstepTime()
     for first in range(0, len(slots), sims.size):
         wave = slots[first : first + sims.size]
         filmed = []
-        for result in _run_wave(runner, sims, wave, max_steps):
+        for result in _run_wave(runner, sims, wave, max_steps, time_split):
             if wave[result.index - wave[0].index].record:
                 filmed.append(result)
             else:
@@ -206,7 +229,9 @@ def _run_lockstep(runner: Policy, sims: SimBatch, slots: list[Slot], max_steps: 
             yield replace(result, video=videos.get(result.index))
 
 
-def _run_wave(runner: Policy, sims: SimBatch, wave: list[Slot], max_steps: int) -> Iterator[EpisodeResult]:
+def _run_wave(
+    runner: Policy, sims: SimBatch, wave: list[Slot], max_steps: int, time_split: LockstepTime
+) -> Iterator[EpisodeResult]:
     """One wave, one policy forward pass per step for all its episodes. An episode ends at success or after
     `max_steps` steps; a finished episode's sim idles while the rest of its wave runs on."""
     n = len(wave)
@@ -229,8 +254,11 @@ def _run_wave(runner: Policy, sims: SimBatch, wave: list[Slot], max_steps: int) 
 
     for _ in range(max_steps):
         active = ~done
+        acting = time.perf_counter()
         actions = runner.act_batch({"top": images} if images is not None else {}, states)
+        stepping = time.perf_counter()
         images, states, rewards, successes = sims.step(actions, active)
+        time_split.add(stepping - acting, time.perf_counter() - stepping)
         steps[active] += 1
         sums[active] += rewards[active]
         for j in np.flatnonzero(active & (rewards > best)):  # a jump of two stages reaches both at this step
@@ -352,7 +380,9 @@ def evaluate(
         job = EvalJob(policy, worker_bucket, spec.name, steps, trained, device, inference, backend)
         results = evaluate_on_ray(ray, job, slots, size, workers, video_dir, report.nodes)
     else:
-        results = _run_local(runner, lambda: SimBatch(spec.name, size, workers, trained, steps, video_dir), slots)
+        report.lockstep = LockstepTime()
+        start_sims = functools.partial(SimBatch, spec.name, size, workers, trained, steps, video_dir)
+        results = _run_local(runner, start_sims, slots, report.lockstep)
     with contextlib.closing(results):  # a failing on_episode closes the workers now, not when collected
         for result in results:
             report.episodes.append(result)
