@@ -15,16 +15,10 @@ R=${1:-/tmp/cluster-bench}
 SKIP=${SKIP:-}
 RAY_ARGS=${RAY_ARGS:---workers 1 2 4 8 15 --episodes-per-worker 2 --device cuda --size full --image-size 120x160}
 LOAD_ARGS=${LOAD_ARGS:---robots 1000 --fleet-procs 8 --uploaders 16 --seconds 60}
-[ -e "$R" ] && mv "$R" "$R.before-$(date +%s)"
-mkdir -p "$R"
-export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
-root=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d)
-export XDG_CACHE_HOME=$work/cache
+source "$(dirname "$0")/device_setup.sh"
 cd "$root"
 pack() { (cd "$R" && tar czf results.tar.gz.part --exclude=results.tar.gz* . && mv results.tar.gz.part results.tar.gz); }
 step() { echo "$(date -u +%FT%TZ) $*" >> "$R/plan.log"; }
-command -v nvidia-smi > /dev/null && { nvidia-smi dmon -s um -d 5 > "$R/dmon.log" 2>&1 & }
 step "cluster start (main at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) cores)"
 
 if [[ $SKIP != *ray* ]]; then

@@ -18,19 +18,12 @@ INT8_EVAL=${INT8_EVAL:-50}  # episodes of its int8 graph (quantized here, as dep
 INDEPENDENT=${INDEPENDENT:-1}  # 1: stable evaluated again over seeds 5000-5199 (3 min on the H200), 0: not
 ROUND_ARGS=${ROUND_ARGS:-}  # more `robotloop loop` options, e.g. "--round-steps 6000 --round-lr-scale 0.3"
 FLEET_CHECK=${FLEET_CHECK:-1}  # stable in lockstep on the fleet's own scenes, paired with the robots' episodes
-# A results folder left by an earlier run (a device machine can keep /tmp) is moved aside, never mixed in.
-[ -e "$R" ] && mv "$R" "$R.before-$(date +%s)"
-mkdir -p "$R"
-export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
-root=$(cd "$(dirname "$0")/.." && pwd)
-work=$(mktemp -d)
-export XDG_CACHE_HOME=$work/cache
+source "$(dirname "$0")/device_setup.sh"
 cd "$work"
 pack() {  # the small files only: no weights, videos or bucket data
   (cd "$R" && find . -name videos -prune -o -type f \( -name '*.log' -o -name '*.json' -o -name '*.md' \) -size -8M \
     -print | tar czf results.tar.gz.part -T - && mv results.tar.gz.part results.tar.gz)
 }
-command -v nvidia-smi > /dev/null && { nvidia-smi dmon -s um -d 5 > "$R/dmon.log" 2>&1 & }
 echo "$(date -u +%FT%TZ) rounds start (main at $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))" >> "$R/plan.log"
 start=$(date +%s)
 baseline=$([ "$BASELINE" = 1 ] && echo --baseline)
