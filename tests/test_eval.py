@@ -90,6 +90,10 @@ def test_parallel_eval_gives_a_sane_report(tiny: Path, tmp_path: Path) -> None:
     split = report.lockstep
     assert 2 <= split.steps <= 24 and split.policy_s > 0 and split.sims_s > 0
     assert split.policy_s + split.sims_s < report.wall_s and saved["lockstep"]["steps"] == split.steps
+    # Each of the two workers stepped its sims for part of that wait, rendering for part of its own.
+    pairs = list(zip(split.workers_step_s, split.workers_render_s, strict=True))
+    assert len(pairs) == 2 and all(0 < rendering < stepping for stepping, rendering in pairs)
+    assert max(split.workers_step_s) < split.sims_s
 
 
 def test_sims_in_lockstep_step_as_one_sim_does() -> None:
@@ -229,7 +233,7 @@ def test_cli_evaluates_a_checkpoint_in_a_bucket(tiny: Path, bucket_server, tmp_p
     assert len(_decode(saved["episodes"][0]["video"])) == 9
     assert re.search(
         r"time: \d+\.\d s in the policy's forward passes, \d+\.\d s stepping and rendering the sims "
-        r"\(8 lockstep steps\)",
+        r"\(8 lockstep steps\); each sim worker busy \d+\.\d s on average, \d+\.\d s of it rendering",
         " ".join(done.stdout.split()),
     ), done.stdout
 

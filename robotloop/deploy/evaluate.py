@@ -85,12 +85,24 @@ class LockstepTime:
 
     steps: int = 0  # lockstep steps, over all waves
     policy_s: float = 0.0
-    sims_s: float = 0.0
+    sims_s: float = 0.0  # resets included
+    # Per sim worker process: its time resetting and stepping its sims (what `sims_s` waits on, less the pipes and
+    # the wait for the slowest worker), and of that the time rendering frames.
+    workers_step_s: list[float] = field(default_factory=list)
+    workers_render_s: list[float] = field(default_factory=list)
 
-    def add(self, policy_s: float, sims_s: float) -> None:
-        self.steps += 1
+    def add(self, policy_s: float, sims_s: float, steps: int = 1) -> None:
+        self.steps += steps
         self.policy_s += policy_s
         self.sims_s += sims_s
+
+    def add_workers(self, busy: list[tuple[float, float]]) -> None:
+        """`SimBatch.busy()` of a batch that ran, added to what earlier batches' workers spent."""
+        if not self.workers_step_s:
+            self.workers_step_s, self.workers_render_s = [0.0] * len(busy), [0.0] * len(busy)
+        for i, (step_s, render_s) in enumerate(busy):
+            self.workers_step_s[i] += step_s
+            self.workers_render_s[i] += render_s
 
 
 @dataclass
@@ -208,6 +220,7 @@ def _run_local(
     """`slots` on this machine's batch of sim processes (`start()`), closed once the last episode is out."""
     with start() as sims:
         yield from _run_lockstep(runner, sims, slots, sims.max_steps, time_split)
+        time_split.add_workers(sims.busy())
 
 
 def _run_lockstep(
@@ -239,7 +252,9 @@ def _run_wave(
         import torch
 
         torch.manual_seed(wave[0].seed)  # ACT's eval forward is deterministic; this covers policies that sample
+    resetting = time.perf_counter()
     images, states = sims.reset(wave)
+    time_split.add(0.0, time.perf_counter() - resetting, steps=0)
     runner.reset()
     start = time.perf_counter()
     steps, sums, best, done = np.zeros(n, int), np.zeros(n), np.zeros(n), np.zeros(n, bool)

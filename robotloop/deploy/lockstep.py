@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.shared_memory import SharedMemory
@@ -61,25 +62,34 @@ class _Sims:
         self.slots: list[Slot | None] = [None] * count
         self.states = np.zeros((0, STATE_DIM), np.float32)
         self.frames: dict[int, list[np.ndarray]] = {}
+        self.busy_s = 0.0  # time in `reset` and `step`, rendering included
 
     def reset(self, slots: list[Slot]) -> np.ndarray:
         """Start `slots[j]` in sim j (the sims past them idle); the states, [len(slots), 14]."""
+        start = time.perf_counter()
         self.slots = [*slots, *[None] * (len(self.sims) - len(slots))]
         self.frames = {}
         self.states = np.zeros((len(slots), STATE_DIM), np.float32)
         for j, slot in enumerate(slots):
             self._observe(j, self.sims[j].reset(seed=slot.seed))
+        self.busy_s += time.perf_counter() - start
         return self.states.copy()
 
     def step(self, actions: np.ndarray, active: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Step the active sims of this slice: states, rewards and successes. An inactive sim keeps its last frame
         and state, and gets reward 0 and no success."""
+        start = time.perf_counter()
         n = len(actions)
         rewards, successes = np.zeros(n), np.zeros(n, bool)
         for j in np.flatnonzero(active):
             obs, rewards[j], successes[j], _, _ = self.sims[j].step(actions[j])
             self._observe(j, obs)
+        self.busy_s += time.perf_counter() - start
         return self.states[:n].copy(), rewards, successes
+
+    def busy(self) -> tuple[float, float]:
+        """Seconds this slice spent resetting and stepping its sims, and of those rendering."""
+        return self.busy_s, sum(sim.camera.render_s for sim in self.sims if sim.camera is not None)
 
     def _observe(self, j: int, obs: dict) -> None:
         self.states[j] = obs["agent_pos"]
@@ -234,6 +244,10 @@ class SimBatch:
         for part in self._call("videos", lambda lo, hi: (), self.size):
             written.update(part)
         return written
+
+    def busy(self) -> list[tuple[float, float]]:
+        """Per worker process: seconds spent resetting and stepping its sims, and of those rendering."""
+        return self._call("busy", lambda lo, hi: (), self.size)
 
     def _frames(self, n: int) -> np.ndarray | None:
         return None if self.images is None else self.images[:n]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Any
 
 from ..errors import BadValue
@@ -90,10 +91,14 @@ class TopCamera:
         self.renderer = mujoco.Renderer(model, height=h, width=w)
         self.renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = shadows
         self.camera = camera
+        self.render_s = 0.0  # time spent rendering, for the evaluation's account of its time
 
     def __call__(self, data: mujoco.MjData) -> np.ndarray:
+        start = time.perf_counter()
         self.renderer.update_scene(data, camera=self.camera)
-        return self.renderer.render().copy()
+        frame = self.renderer.render().copy()
+        self.render_s += time.perf_counter() - start
+        return frame
 
     def close(self) -> None:
         self.renderer.close()
