@@ -32,7 +32,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     bucket = "hf://buckets/lab/rounds"
     cmd = [sys.executable, "-m", "robotloop.cli", "--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN]
     cmd += ["loop", "--rounds", "1", "--fleet", "2", "--fleet-episodes", "1", "--stall-steps", "10", "--baseline"]
-    cmd += ["--round-lr-scale", "0.5", "--fleet-check"]
+    cmd += ["--round-lr-scale", "0.5", "--fleet-check", "--round-data-share", "0.5"]
     cmd += ["--episodes", "1", "--steps", "4", "--round-steps", "4", "--batch-size", "2", "--eval-episodes", "1"]
     cmd += ["--eval-max-steps", "30", "--workers", "1", "--bucket", bucket, "--report-dir", "report"]
     env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
@@ -77,10 +77,19 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     assert len({f["seed"] for f in facts}) == 2 and all(f["seed"] > 100_000 for f in facts)  # fresh, unseen scenes
 
     # A round fine-tunes at a fraction of the recipe's learning rate; each checkpoint's lineage.json says which.
-    def trained_lr(model: str) -> float:
-        return read_lineage(client, checkpoint_url(BucketUrl.parse(f"{bucket}/models/{model}"), 4))["act"]["lr"]
+    def lineage_of(model: str) -> dict:
+        return read_lineage(client, checkpoint_url(BucketUrl.parse(f"{bucket}/models/{model}"), 4))
 
-    assert trained_lr(f"{run_name}-r1") == pytest.approx(0.5 * trained_lr(run_name))
+    assert lineage_of(f"{run_name}-r1")["act"]["lr"] == pytest.approx(0.5 * lineage_of(run_name)["act"]["lr"])
+    # Half of each fine-tune's draws from what the rounds gathered: a factor on each of those datasets (the fleet's,
+    # the re-demonstrations'; the baseline's demos), none on round 0's demos.
+    for model, gathered in (
+        (f"{run_name}-r1", datasets),
+        (f"{run_name}-baseline-r1", [f"{bucket}/datasets/transfer_cube-{run_name}-baseline"]),
+    ):
+        factors = lineage_of(model)["data"]["weights"]["datasets"]
+        assert set(gathered) <= set(factors) and all(f > 0 for f in factors.values()), (model, factors)
+        assert f"{bucket}/datasets/transfer_cube-{run_name}" not in factors
     pulled = [[row["bytes_pulled"] for row in r["robots"]] for r in rounds[1:]]
     assert all(b > 0 for b in pulled[0])
     text = (tmp_path / "report" / "report.md").read_text()

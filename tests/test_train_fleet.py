@@ -19,9 +19,10 @@ import pytest
 import torch
 
 from robotloop.capture import DatasetRecorder, DatasetSpec, Episode
-from robotloop.errors import BadInput
+from robotloop.errors import BadInput, BadValue
 from robotloop.storage import BucketClient, BucketUrl, NotFound
 from robotloop.train.data import NothingToTrain, StreamingSampler, Weighting
+from robotloop.train.data.weighting import dataset_frames, with_share
 from robotloop.train.weights import INTERVENTION_KEY as INTERVENTION
 from robotloop.train.weights import SUCCESS_KEY as SUCCESS
 from robotloop.train.weights import FrameWeights, autonomous_outcome
@@ -175,6 +176,26 @@ def test_demos_and_fleet_data_mix_by_role_and_dataset_weight(bucket_server, flee
         f"{fleet} (4 expert, 10 autonomous in successful episodes, 18 in failed or taken-over episodes): "
         "18 of 32 frames weigh 0, not trained on"
     ]
+
+
+def test_a_share_of_the_draws_goes_to_the_gathered_datasets_whatever_their_size(bucket_server, fleet, demos):
+    # The fleet's kept frames weigh 18 (10 autonomous successes at 1, 4 expert frames at 2) against the demos' 62
+    # frames at 0.5 (31): in proportion the fleet would get 18 of 49 draws; given a share of 0.6, it gets 60%.
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    base = FrameWeights(datasets={str(demos): 0.5})  # a factor already set stays, and one set on top multiplies
+    w = with_share(base, dataset_frames(client, [demos, fleet], base), {str(fleet)}, 0.6)
+    assert w.datasets[str(demos)] == 0.5 and w.datasets[str(fleet)] == pytest.approx(0.6 / 0.4 * 31 / 18)
+    with StreamingSampler(client, [demos, fleet], settings(weights=w)) as sampler:
+        sampler.wait_ready(timeout_s=120)
+        seen = counts(sampler)
+    frames = dict(enumerate(LENGTHS)) | {k: n for k, (n, _, _) in FLEET.items()}
+    assert_drawn_by_weight(seen, frames, lambda k, t: weight_of(k, t, w, str(demos), str(fleet)))
+    from_fleet = sum(n for (k, _), n in seen.items() if k in FLEET) / sum(seen.values())
+    assert from_fleet == pytest.approx(0.6, abs=0.02)  # 10,240 draws: 4 standard deviations
+    # Nothing on one side to scale: the weights as they were. A share that is not one: refused.
+    assert with_share(base, dataset_frames(client, [demos], base), {str(fleet)}, 0.5) == base
+    with pytest.raises(BadValue, match="between 0 and 1"):
+        with_share(base, [], set(), 1.0)
 
 
 def test_fleet_data_with_no_success_and_no_expert_frame_is_refused(bucket_server, failures, demos, caplog):

@@ -50,6 +50,14 @@ class RoundsOptions(LoopOptions):
         description="Each round (and its baseline) trains from random init on all its data with round 0's recipe and "
         "steps, instead of fine-tuning stable (slower: what the round's data is worth fully trained in).",
     )
+    round_data_share: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="Draw this share of each round's batches from the data the rounds gathered (fleet episodes, "
+        "re-demonstrations; the baseline's extra demos) against round 0's demos, e.g. 0.5 (default: in proportion "
+        "to their frames).",
+    )
     redemonstrate: bool = Field(default=True, description="The expert re-demonstrates each failed fleet scene.")
     fleet_check: bool = Field(
         default=False,
@@ -82,6 +90,7 @@ class RoundsOptions(LoopOptions):
             "redemonstrate": self.redemonstrate,
             "fleet_check": self.fleet_check,
             "from_scratch": self.round_from_scratch,
+            "data_share": self.round_data_share,
             "baseline": self.baseline,
         }
         return RoundSettings.for_preset(self.preset, **{k: v for k, v in given.items() if v is not None})

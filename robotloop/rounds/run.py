@@ -44,6 +44,7 @@ from ..loop.seeds import baseline_first_seed, check_fleet_seeds, fleet_first_see
 from ..sim.tasks import get_task
 from ..storage import BucketClient, BucketUrl, NotFound
 from ..train.data import DataSettings
+from ..train.data.weighting import dataset_frames, with_share
 from ..train.layout import checkpoint_url
 from ..train.policy import ACTSettings
 from ..train.trainer import Progress, TrainReport, TrainSettings, train
@@ -82,6 +83,9 @@ class RoundSettings:
     # of fine-tuning stable: slower, but what the data is worth when fully trained in, not only as a nudge.
     from_scratch: bool = False
     weights: FrameWeights = field(default_factory=FrameWeights)  # demo 1, expert 2, success 1, failed 0
+    # The share of each batch drawn from the data the rounds gathered (fleet episodes and re-demonstrations; the
+    # baseline's own extra demos), against round 0's demos; None: as `weights` make it (in proportion to frames).
+    data_share: float | None = None
 
     def __post_init__(self) -> None:
         if self.rounds < 1 or self.fleet < 1 or self.fleet_episodes < 1:
@@ -91,6 +95,8 @@ class RoundSettings:
             raise BadValue(f"the stall trigger's K must be at least 1 step, not {self.stall_steps}")
         if not 0 < self.lr_scale <= 1:
             raise BadValue(f"a round's learning-rate scale must be in (0, 1], not {self.lr_scale}")
+        if self.data_share is not None and not 0 < self.data_share < 1:
+            raise BadValue(f"the rounds' data share of the draws must be in (0, 1), not {self.data_share}")
 
     @classmethod
     def for_preset(cls, preset: str, **overrides: Any) -> RoundSettings:
@@ -479,8 +485,16 @@ class _Rounds:
             device=loop.device,
             init_from=None if self.settings.from_scratch else init_from,
         )
-        data = DataSettings(decode_workers=loop.decode_workers, weights=self.settings.weights)
+        data = DataSettings(decode_workers=loop.decode_workers, weights=self._weights(datasets))
         return train(self.client, datasets, run_url, settings, act, data, self.on_train)
+
+    def _weights(self, datasets: list[BucketUrl]) -> FrameWeights:
+        """The frame weights, with the gathered datasets' factor that gives them `data_share` of the draws."""
+        weights, share = self.settings.weights, self.settings.data_share
+        if share is None:
+            return weights
+        gathered = {str(url) for url in datasets if url != self.loop.dataset_url}
+        return with_share(weights, dataset_frames(self.client, datasets, weights), gathered, share)
 
     def _evaluate(self, checkpoint: BucketUrl, folder: str, seeds: list[int] | None = None) -> EvalReport:
         loop = self.loop

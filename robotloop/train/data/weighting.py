@@ -5,13 +5,15 @@ of each kind of frame (the log line, the checkpoint's lineage, the refusal of a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
+from ...errors import BadValue
+from ...storage import BucketClient, BucketUrl
 from ..weights import INTERVENTION_KEY, SUCCESS_KEY, FrameWeights, Role, autonomous_outcome
-from .catalog import EpisodeRef
+from .catalog import DatasetSource, EpisodeRef
 
 
 @dataclass
@@ -27,6 +29,16 @@ class SourceFrames:
     autonomous_failed: int = 0  # in failed episodes, and in successful ones the expert took over
     dropped: int = 0
     unknown_episodes: int = 0  # no stats in their metadata: known once decoded, not counted here
+
+    def mass(self, weights: FrameWeights) -> float:
+        """The summed weight of the counted frames: how much of the run's draws this dataset takes."""
+        if self.role == "demo":
+            return self.frames * weights.frame_weight("demo", False, True, self.dataset)
+        return (
+            self.expert * weights.frame_weight("fleet", False, True, self.dataset)
+            + self.autonomous_success * weights.frame_weight("fleet", True, False, self.dataset)
+            + self.autonomous_failed * weights.frame_weight("fleet", False, False, self.dataset)
+        )
 
     def describe(self) -> str:
         """One line, e.g. `hf://.../fleet (40 expert, 50 autonomous in successful episodes, 30 in failed or
@@ -98,3 +110,38 @@ class Weighting:
             s.dropped += ref.expert_frames if expert_weight == 0 else 0
             s.dropped += autonomous if autonomous_weight == 0 else 0
         return list(out.values())
+
+
+def dataset_frames(client: BucketClient, urls: list[BucketUrl], weights: FrameWeights) -> list[SourceFrames]:
+    """What each dataset holds of each kind of frame as committed now (its episodes' metadata, nothing decoded)."""
+    refs = [ref for url in urls for ref in DatasetSource(client, url).episodes]
+    return Weighting(weights).sources(refs)
+
+
+def with_share(weights: FrameWeights, sources: list[SourceFrames], chosen: set[str], share: float) -> FrameWeights:
+    """`weights` with one factor more on each dataset in `chosen`, so that their frames make up `share` of the draws
+    (their relative weights kept), whatever their size next to the others': a round's gathered data is drawn as
+    often as the literature's intervention-weighted regression draws corrections (half of every batch), not in
+    proportion to a few thousand frames against a demo set ten times larger. Unchanged where either side has no
+    weight to scale.
+
+    Example:
+        ```python
+        >>> demos = SourceFrames("demos", "demo", episodes=10, frames=4000)
+        >>> fleet = SourceFrames("fleet", "fleet", episodes=2, frames=800, expert=400, autonomous_failed=400)
+        >>> with_share(FrameWeights(), [demos, fleet], {"fleet"}, 0.5).datasets     # 4000 = 400 x 2 x 5
+        {'fleet': 5.0}
+        ```
+
+    Raises:
+        BadValue: `share` is not between 0 and 1 (both excluded).
+    """
+    if not 0 < share < 1:
+        raise BadValue(f"a share of the draws is between 0 and 1, got {share}")
+    picked = sum(s.mass(weights) for s in sources if s.dataset in chosen)
+    rest = sum(s.mass(weights) for s in sources if s.dataset not in chosen)
+    if picked == 0 or rest == 0:
+        return weights
+    factor = share / (1 - share) * rest / picked
+    datasets = {**weights.datasets, **{d: weights.factor(d) * factor for d in chosen}}
+    return replace(weights, datasets=datasets)
