@@ -124,9 +124,9 @@ def eval_policy(
         f"(95% CI {100 * lo:.1f}-{100 * hi:.1f}%), mean max reward {report.mean_max_reward:.2f}, "
         f"mean sum reward {report.mean_sum_reward:.1f}, {report.wall_s:.1f} s"
     )
-    if report.lockstep and report.lockstep.workers_step_s:
+    if report.lockstep and report.lockstep.workers_busy_s:
         split = report.lockstep
-        busy, rendering = statistics.mean(split.workers_step_s), statistics.mean(split.workers_render_s)
+        busy, rendering = statistics.mean(split.workers_busy_s), statistics.mean(split.workers_render_s)
         console.print(
             f"time: {split.policy_s:.1f} s in the policy's forward passes, {split.sims_s:.1f} s stepping and "
             f"rendering the sims ({split.steps} lockstep steps); each sim worker busy {busy:.1f} s on average, "

@@ -88,7 +88,7 @@ class LockstepTime:
     sims_s: float = 0.0  # resets included
     # Per sim worker process: its time resetting and stepping its sims (what `sims_s` waits on, less the pipes and
     # the wait for the slowest worker), and of that the time rendering frames.
-    workers_step_s: list[float] = field(default_factory=list)
+    workers_busy_s: list[float] = field(default_factory=list)
     workers_render_s: list[float] = field(default_factory=list)
 
     def add(self, policy_s: float, sims_s: float, steps: int = 1) -> None:
@@ -98,10 +98,10 @@ class LockstepTime:
 
     def add_workers(self, busy: list[tuple[float, float]]) -> None:
         """`SimBatch.busy()` of a batch that ran, added to what earlier batches' workers spent."""
-        if not self.workers_step_s:
-            self.workers_step_s, self.workers_render_s = [0.0] * len(busy), [0.0] * len(busy)
-        for i, (step_s, render_s) in enumerate(busy):
-            self.workers_step_s[i] += step_s
+        if not self.workers_busy_s:
+            self.workers_busy_s, self.workers_render_s = [0.0] * len(busy), [0.0] * len(busy)
+        for i, (busy_s, render_s) in enumerate(busy):
+            self.workers_busy_s[i] += busy_s
             self.workers_render_s[i] += render_s
 
 
