@@ -1,6 +1,7 @@
 # Sourced by the GPU-machine scripts (h200_flywheel.sh, h200_cluster.sh) once they have set R, their results folder:
 # a fresh $R (one left by an earlier run, since a machine can keep /tmp, is moved aside, never mixed in), the
-# environment, a cache of the run's own under $work, the repository's root as $root, and nvidia-smi dmon beside it.
+# environment, a cache of the run's own under $work, the repository's root as $root, nvidia-smi dmon beside it, and
+# `step TEXT`, which adds a timed line to $R/plan.log (device_follow.sh waits for its " done").
 [ -e "$R" ] && mv "$R" "$R.before-$(date +%s)"
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
@@ -8,3 +9,6 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 work=$(mktemp -d)
 export XDG_CACHE_HOME=$work/cache
 command -v nvidia-smi > /dev/null && { nvidia-smi dmon -s um -d 5 > "$R/dmon.log" 2>&1 & }
+# `step "x exit $?"` reads the exit status where it is called: inside `echo "$(date) ... $?"` the date's command
+# substitution runs first and $? is always 0 (the flywheel's plan.log said "exit 0" for steps that failed).
+step() { echo "$(date -u +%FT%TZ) $*" >> "$R/plan.log"; }

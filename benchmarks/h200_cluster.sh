@@ -18,7 +18,6 @@ LOAD_ARGS=${LOAD_ARGS:---robots 1000 --fleet-procs 8 --uploaders 16 --seconds 60
 source "$(dirname "$0")/device_setup.sh"
 cd "$root"
 pack() { (cd "$R" && tar czf results.tar.gz.part --exclude=results.tar.gz* . && mv results.tar.gz.part results.tar.gz); }
-step() { echo "$(date -u +%FT%TZ) $*" >> "$R/plan.log"; }
 step "cluster start (main at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) cores)"
 
 if [[ $SKIP != *ray* ]]; then

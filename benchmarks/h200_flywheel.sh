@@ -18,28 +18,36 @@ INT8_EVAL=${INT8_EVAL:-50}  # episodes of its int8 graph (quantized here, as dep
 INDEPENDENT=${INDEPENDENT:-1}  # 1: stable evaluated again over seeds 5000-5199 (3 min on the H200), 0: not
 ROUND_ARGS=${ROUND_ARGS:-}  # more `robotloop loop` options, e.g. "--round-steps 6000 --round-lr-scale 0.3"
 FLEET_CHECK=${FLEET_CHECK:-1}  # stable in lockstep on the fleet's own scenes, paired with the robots' episodes
+# A rehearsal of the whole script on a CPU machine, before device time is spent on it (every step, tiny sizes):
+#   PRESET=cpu WORKERS=2 DEVICE=cpu EVAL=2 INDEPENDENT_EPISODES=2 LEROBOT_EVAL=1 ONNX_EVAL=2 INT8_EVAL=2 \
+#   ROUND_ARGS="--episodes 1 --steps 4 --round-steps 4 --fleet 1 --fleet-episodes 1" bash benchmarks/h200_flywheel.sh /tmp/fw
+PRESET=${PRESET:-h200}
+WORKERS=${WORKERS:-15}  # sim workers of every evaluation after the loop's
+DEVICE=${DEVICE:-cuda}  # where lerobot-eval runs the policy
+INDEPENDENT_EPISODES=${INDEPENDENT_EPISODES:-200}
 source "$(dirname "$0")/device_setup.sh"
 cd "$work"
 pack() {  # the small files only: no weights, videos or bucket data
   (cd "$R" && find . -name videos -prune -o -type f \( -name '*.log' -o -name '*.json' -o -name '*.md' \) -size -8M \
     -print | tar czf results.tar.gz.part -T - && mv results.tar.gz.part results.tar.gz)
 }
-echo "$(date -u +%FT%TZ) rounds start (main at $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))" >> "$R/plan.log"
+step "rounds start (main at $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))"
 start=$(date +%s)
 baseline=$([ "$BASELINE" = 1 ] && echo --baseline)
 check=$([ "$FLEET_CHECK" = 1 ] && echo --fleet-check)
 # shellcheck disable=SC2086  # $baseline and $check are one flag or none, $ROUND_ARGS words
-python3 -m robotloop.cli loop --preset h200 --task "$TASK" --rounds "$ROUNDS" $baseline $check $ROUND_ARGS --eval-episodes "$EVAL" \
+python3 -m robotloop.cli loop --preset "$PRESET" --task "$TASK" --rounds "$ROUNDS" $baseline $check $ROUND_ARGS --eval-episodes "$EVAL" \
   > "$R/loop.log" 2>&1
-echo "$(date -u +%FT%TZ) rounds exit $? after $(( $(date +%s) - start )) s" >> "$R/plan.log"
+step "rounds exit $? after $(( $(date +%s) - start )) s"
 cp loop-report/report.json loop-report/report.md "$R/" 2>/dev/null
 for f in loop-report/eval/eval_report.json loop-report/eval-*/eval_report.json; do [ -f "$f" ] && cp "$f" "$R/$(basename "$(dirname "$f")").json"; done
 pack
 stable=$(python3 -c "import json; print(json.load(open('loop-report/report.json'))['stable'])" 2>/dev/null)
 if [ -n "$stable" ] && [ "$INDEPENDENT" = 1 ]; then  # the release's run: its name without the step
-  python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/${stable%-*}" --sim "$TASK" --episodes 200 \
-    --seed 5000 --workers 15 --videos 0 --output-dir "$R/eval-5000" > "$R/eval5000.log" 2>&1
-  echo "$(date -u +%FT%TZ) eval of $stable over seeds 5000-5199 exit $?" >> "$R/plan.log"
+  python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/${stable%-*}" --sim "$TASK" \
+    --episodes "$INDEPENDENT_EPISODES" --seed 5000 --workers "$WORKERS" --videos 0 --output-dir "$R/eval-5000" \
+    > "$R/eval5000.log" 2>&1
+  step "eval of $stable over $INDEPENDENT_EPISODES seeds from 5000 exit $?"
   pack
 fi
 if [ -n "$stable" ]; then
@@ -51,25 +59,25 @@ if [ -n "$stable" ]; then
   # the envs) in the driver only, and the async workers it spawns failed with "Namespace gym_aloha not found".
   if [ "$LEROBOT_EVAL" -gt 0 ] && [ -n "$model" ]; then
     python3 -m lerobot.scripts.lerobot_eval --policy.path="$model" --env.type=aloha --env.task="$gym_task" \
-      --eval.n_episodes="$LEROBOT_EVAL" --eval.batch_size=10 --eval.use_async_envs=false --policy.device=cuda \
+      --eval.n_episodes="$LEROBOT_EVAL" --eval.batch_size=10 --eval.use_async_envs=false --policy.device="$DEVICE" \
       --seed=7000 --output_dir="$R/lerobot-eval" > "$R/lerobot_eval.log" 2>&1
-    echo "$(date -u +%FT%TZ) lerobot-eval of $stable ($LEROBOT_EVAL episodes, seed 7000) exit $?" >> "$R/plan.log"
+    step "lerobot-eval of $stable ($LEROBOT_EVAL episodes, seed 7000) exit $?"
   fi
   if [ "$ONNX_EVAL" -gt 0 ]; then  # the checkpoint's ONNX export (training leaves it beside the last checkpoint)
     python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/${stable%-*}" --sim "$TASK" \
-      --episodes "$ONNX_EVAL" --seed 1000 --workers 15 --videos 0 --backend onnx --device cpu --output-dir "$R/eval-onnx" \
+      --episodes "$ONNX_EVAL" --seed 1000 --workers "$WORKERS" --videos 0 --backend onnx --device cpu --output-dir "$R/eval-onnx" \
       > "$R/eval_onnx.log" 2>&1
-    echo "$(date -u +%FT%TZ) ONNX eval of $stable ($ONNX_EVAL episodes, seeds 1000+) exit $?" >> "$R/plan.log"
+    step "ONNX eval of $stable ($ONNX_EVAL episodes, seeds 1000+) exit $?"
   fi
   if [ "$INT8_EVAL" -gt 0 ] && [ -n "$model" ]; then  # the same seeds as the fp32 ONNX eval, paired
     # as `deploy publish --onnx-int8` makes it: the convolutions calibrated on 50 frames of the run's training data
-    python3 benchmarks/int8_calibrated.py "$model" "hf://buckets/local/loop/models/${stable%-*}" \
+    python3 "$root/benchmarks/int8_calibrated.py" "$model" "hf://buckets/local/loop/models/${stable%-*}" \
       > "$R/eval_int8.log" 2>&1 &&
-      python3 -m robotloop.cli eval --policy "$model" --sim "$TASK" --episodes "$INT8_EVAL" --seed 1000 --workers 15 \
+      python3 -m robotloop.cli eval --policy "$model" --sim "$TASK" --episodes "$INT8_EVAL" --seed 1000 --workers "$WORKERS" \
         --videos 0 --backend onnx-int8 --device cpu --output-dir "$R/eval-int8" >> "$R/eval_int8.log" 2>&1
-    echo "$(date -u +%FT%TZ) ONNX int8 eval of $stable ($INT8_EVAL episodes, seeds 1000+) exit $?" >> "$R/plan.log"
+    step "ONNX int8 eval of $stable ($INT8_EVAL episodes, seeds 1000+) exit $?"
   fi
 fi
 pack
-echo "$(date -u +%FT%TZ) done" >> "$R/plan.log"
+step "done"
 pack
