@@ -32,7 +32,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     bucket = "hf://buckets/lab/rounds"
     cmd = [sys.executable, "-m", "robotloop.cli", "--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN]
     cmd += ["loop", "--rounds", "1", "--fleet", "2", "--fleet-episodes", "1", "--stall-steps", "10", "--baseline"]
-    cmd += ["--round-lr-scale", "0.5", "--fleet-check", "--round-data-share", "0.5"]
+    cmd += ["--round-lr-scale", "0.5", "--fleet-check", "--round-data-share", "0.5", "--fleet-rate-hz", "inf"]
     cmd += ["--episodes", "1", "--steps", "4", "--round-steps", "4", "--batch-size", "2", "--eval-episodes", "1"]
     cmd += ["--eval-max-steps", "30", "--workers", "1", "--bucket", bucket, "--report-dir", "report"]
     env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}

@@ -29,6 +29,12 @@ class RoundsOptions(LoopOptions):
     fleet_episodes: int | None = Field(
         default=None, ge=1, le=10_000, description="Episodes per robot per round (cpu 2, h200 6)."
     )
+    fleet_rate_hz: float | None = Field(
+        default=None,
+        gt=0,
+        description="The sim robots' control rate in Hz (default 50, ALOHA's); inf: as fast as the machine runs them "
+        "(a sim has no clock to keep up with: fewer minutes for the fleet stage).",
+    )
     round_steps: int | None = Field(
         default=None, ge=1, le=100_000_000, description="Fine-tuning steps per round (default: --steps)."
     )
@@ -84,6 +90,7 @@ class RoundsOptions(LoopOptions):
             "rounds": self.rounds or 1,
             "fleet": self.fleet,
             "fleet_episodes": self.fleet_episodes,
+            "fleet_rate_hz": self.fleet_rate_hz,
             "steps": self.round_steps,
             "stall_steps": self.stall_steps,
             "lr_scale": self.round_lr_scale,
