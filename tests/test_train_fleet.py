@@ -178,22 +178,27 @@ def test_demos_and_fleet_data_mix_by_role_and_dataset_weight(bucket_server, flee
     ]
 
 
-def test_a_share_of_the_draws_goes_to_the_gathered_datasets_whatever_their_size(bucket_server, fleet, demos):
-    # The fleet's kept frames weigh 18 (10 autonomous successes at 1, 4 expert frames at 2) against the demos' 62
-    # frames at 0.5 (31): in proportion the fleet would get 18 of 49 draws; given a share of 0.6, it gets 60%.
+def test_a_share_of_the_draws_goes_to_the_experts_gathered_frames_whatever_their_number(bucket_server, fleet, demos):
+    # The fleet's 4 expert frames weigh 8 (at 2) against the rest: the demos' 62 frames at 0.5 (31) and the fleet's
+    # 10 autonomous successes (10). In proportion they would get 8 of 49 draws; given a share of 0.6, they get 60%,
+    # by one factor on the expert weight; the policy's own frames keep theirs.
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
-    base = FrameWeights(datasets={str(demos): 0.5})  # a factor already set stays, and one set on top multiplies
-    w = with_share(base, dataset_frames(client, [demos, fleet], base), {str(fleet)}, 0.6)
-    assert w.datasets[str(demos)] == 0.5 and w.datasets[str(fleet)] == pytest.approx(0.6 / 0.4 * 31 / 18)
+    base = FrameWeights(datasets={str(demos): 0.5})
+    w = with_share(base, dataset_frames(client, [demos, fleet], base), set(), 0.6)
+    assert w.expert == pytest.approx(2.0 * 0.6 / 0.4 * 41 / 8) and w.datasets == base.datasets
+    assert (w.demo, w.autonomous_success, w.autonomous_failed) == (1.0, 1.0, 0.0)
     with StreamingSampler(client, [demos, fleet], settings(weights=w)) as sampler:
         sampler.wait_ready(timeout_s=120)
         seen = counts(sampler)
     frames = dict(enumerate(LENGTHS)) | {k: n for k, (n, _, _) in FLEET.items()}
     assert_drawn_by_weight(seen, frames, lambda k, t: weight_of(k, t, w, str(demos), str(fleet)))
-    from_fleet = sum(n for (k, _), n in seen.items() if k in FLEET) / sum(seen.values())
-    assert from_fleet == pytest.approx(0.6, abs=0.02)  # 10,240 draws: 4 standard deviations
-    # Nothing on one side to scale: the weights as they were. A share that is not one: refused.
-    assert with_share(base, dataset_frames(client, [demos], base), {str(fleet)}, 0.5) == base
+    expert = sum(n for (k, t), n in seen.items() if k in FLEET and t in FLEET[k][2]) / sum(seen.values())
+    assert expert == pytest.approx(0.6, abs=0.02)  # 10,240 draws: 4 standard deviations
+    # Extra demo datasets (re-demonstrations) count as the expert's: here the demos themselves, at 0.6 with the fleet's.
+    both = with_share(base, dataset_frames(client, [demos, fleet], base), {str(demos)}, 0.6)
+    assert both.expert / 2.0 == pytest.approx(both.datasets[str(demos)] / 0.5) == pytest.approx(1.5 * 10 / 39)
+    # No expert frame gathered (a round whose robots all succeeded alone): the weights as they were.
+    assert with_share(base, dataset_frames(client, [demos], base), set(), 0.5) == base
     with pytest.raises(BadValue, match="between 0 and 1"):
         with_share(base, [], set(), 1.0)
 

@@ -60,9 +60,9 @@ class RoundsOptions(LoopOptions):
         default=None,
         gt=0,
         lt=1,
-        description="Draw this share of each round's batches from the data the rounds gathered (fleet episodes, "
-        "re-demonstrations; the baseline's extra demos) against round 0's demos, e.g. 0.5 (default: in proportion "
-        "to their frames).",
+        description="Draw this share of each round's batches from the expert frames the rounds gathered (takeovers, "
+        "re-demonstrations; the baseline's extra demos) against the rest, e.g. 0.5 (default: in proportion to "
+        "their frames).",
     )
     redemonstrate: bool = Field(default=True, description="The expert re-demonstrates each failed fleet scene.")
     fleet_check: bool = Field(

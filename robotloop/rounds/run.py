@@ -83,8 +83,8 @@ class RoundSettings:
     # of fine-tuning stable: slower, but what the data is worth when fully trained in, not only as a nudge.
     from_scratch: bool = False
     weights: FrameWeights = field(default_factory=FrameWeights)  # demo 1, expert 2, success 1, failed 0
-    # The share of each batch drawn from the data the rounds gathered (fleet episodes and re-demonstrations; the
-    # baseline's own extra demos), against round 0's demos; None: as `weights` make it (in proportion to frames).
+    # The share of each batch drawn from the expert frames the rounds gathered (takeovers, re-demonstrations; the
+    # baseline's extra demos), against the rest; None: as `weights` make it (in proportion to frames).
     data_share: float | None = None
 
     def __post_init__(self) -> None:
@@ -489,12 +489,12 @@ class _Rounds:
         return train(self.client, datasets, run_url, settings, act, data, self.on_train)
 
     def _weights(self, datasets: list[BucketUrl]) -> FrameWeights:
-        """The frame weights, with the gathered datasets' factor that gives them `data_share` of the draws."""
+        """The frame weights, with the expert's gathered frames drawn as `data_share` of the draws (`with_share`)."""
         weights, share = self.settings.weights, self.settings.data_share
         if share is None:
             return weights
-        gathered = {str(url) for url in datasets if url != self.loop.dataset_url}
-        return with_share(weights, dataset_frames(self.client, datasets, weights), gathered, share)
+        extra_demos = {str(url) for url in datasets if url != self.loop.dataset_url}  # re-demos, baseline demos
+        return with_share(weights, dataset_frames(self.client, datasets, weights), extra_demos, share)
 
     def _evaluate(self, checkpoint: BucketUrl, folder: str, seeds: list[int] | None = None) -> EvalReport:
         loop = self.loop

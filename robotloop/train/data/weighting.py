@@ -118,19 +118,21 @@ def dataset_frames(client: BucketClient, urls: list[BucketUrl], weights: FrameWe
     return Weighting(weights).sources(refs)
 
 
-def with_share(weights: FrameWeights, sources: list[SourceFrames], chosen: set[str], share: float) -> FrameWeights:
-    """`weights` with one factor more on each dataset in `chosen`, so that their frames make up `share` of the draws
-    (their relative weights kept), whatever their size next to the others': a round's gathered data is drawn as
-    often as the literature's intervention-weighted regression draws corrections (half of every batch), not in
-    proportion to a few thousand frames against a demo set ten times larger. Unchanged where either side has no
-    weight to scale.
+def with_share(weights: FrameWeights, sources: list[SourceFrames], extra_demos: set[str], share: float) -> FrameWeights:
+    """`weights` with the expert's gathered frames drawn as `share` of the draws, whatever their number next to the
+    rest: every fleet dataset's intervention frames (takeovers) and every frame of the demo datasets in
+    `extra_demos` (re-demonstrations, a baseline's extra demos), by one factor on the `expert` weight and on those
+    datasets. As intervention-weighted regression draws corrections (half of every batch), not in proportion to a
+    few thousand frames against a demo set ten times larger. The policy's own frames are not the expert's and keep
+    their weight: a round that drew half its batches from the fleet's autonomous successes fell from 99% to 84.5%
+    (TransferCube, H200, 2026-12-05). Unchanged where there is no expert frame gathered, or nothing else.
 
     Example:
         ```python
         >>> demos = SourceFrames("demos", "demo", episodes=10, frames=4000)
         >>> fleet = SourceFrames("fleet", "fleet", episodes=2, frames=800, expert=400, autonomous_failed=400)
-        >>> with_share(FrameWeights(), [demos, fleet], {"fleet"}, 0.5).datasets     # 4000 = 400 x 2 x 5
-        {'fleet': 5.0}
+        >>> with_share(FrameWeights(), [demos, fleet], set(), 0.5).expert     # 400 x 2 x 5 = 4000
+        10.0
         ```
 
     Raises:
@@ -138,10 +140,17 @@ def with_share(weights: FrameWeights, sources: list[SourceFrames], chosen: set[s
     """
     if not 0 < share < 1:
         raise BadValue(f"a share of the draws is between 0 and 1, got {share}")
-    picked = sum(s.mass(weights) for s in sources if s.dataset in chosen)
-    rest = sum(s.mass(weights) for s in sources if s.dataset not in chosen)
+
+    def gathered(s: SourceFrames) -> float:
+        if s.role == "demo":
+            return s.mass(weights) if s.dataset in extra_demos else 0.0
+        return s.expert * weights.frame_weight("fleet", False, True, s.dataset)
+
+    picked = sum(gathered(s) for s in sources)
+    rest = sum(s.mass(weights) for s in sources) - picked
     if picked == 0 or rest == 0:
         return weights
     factor = share / (1 - share) * rest / picked
-    datasets = {**weights.datasets, **{d: weights.factor(d) * factor for d in chosen}}
-    return replace(weights, datasets=datasets)
+    demos = {s.dataset for s in sources if s.role == "demo" and s.dataset in extra_demos}
+    datasets = {**weights.datasets, **{d: weights.factor(d) * factor for d in demos}}
+    return replace(weights, expert=weights.expert * factor, datasets=datasets)
