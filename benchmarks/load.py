@@ -43,6 +43,7 @@ from robotloop.deploy.keys import generate_keypair, load_private_key
 from robotloop.deploy.local import start_local_deploy_service
 from robotloop.deploy.publish import publish
 from robotloop.deploy.runner import make_tiny_checkpoint
+from robotloop.errors import RobotloopError
 from robotloop.service_process import free_port, start_service_process
 from robotloop.storage import BucketClient, BucketUrl, Entry
 from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
@@ -155,7 +156,7 @@ def fleet(client: BucketClient, work: Path, args) -> dict:
                 pool.submit(_fleet_part, urls, robots[k :: args.fleet_procs], start, end)
                 for k in range(args.fleet_procs)
             ]
-            promoted, promote_lat = _operator(ops, names, start, end)
+            promoted, promote_lat, promote_failed = _operator(ops, names, start, end)
             results = [part.result() for part in parts]
     finally:
         for service in services:
@@ -170,6 +171,7 @@ def fleet(client: BucketClient, work: Path, args) -> dict:
         "seconds": args.seconds,
         "heartbeats": _percentiles(beats),
         "promote": _percentiles(promote_lat),
+        "promotions_failed": promote_failed,
         "errors": len(errors),
         "error_statuses": sorted(set(errors)),
         "promotions": len(complete),
@@ -178,19 +180,25 @@ def fleet(client: BucketClient, work: Path, args) -> dict:
     }
 
 
-def _operator(ops: DeployClient, names: list[str], start: float, end: float) -> tuple[dict[str, float], list[float]]:
-    """A new release promoted on the fleet's channel every 5 s: when each was promoted (wall clock), and how long
-    each promotion took."""
-    promoted, latencies = {names[0]: start}, []
+def _operator(
+    ops: DeployClient, names: list[str], start: float, end: float
+) -> tuple[dict[str, float], list[float], list[str]]:
+    """A new release promoted on the fleet's channel every 5 s: when each was promoted (wall clock), how long each
+    promotion took, and the promotions that failed (the service's answer: an error of the run, not its end)."""
+    promoted, latencies, failed = {names[0]: start}, [], []
     for i, name in enumerate(names[1:], start=1):
         time.sleep(max(0.0, start + 5.0 * i - time.time()))
         if time.time() >= end - 5:
             break
         t0 = time.time()
-        ops.promote("stable", name, "load test")
+        try:
+            ops.promote("stable", name, "load test")
+        except RobotloopError as error:
+            failed.append(f"{name}: {error}")
+            continue
         promoted[name] = time.time()
         latencies.append(promoted[name] - t0)
-    return promoted, latencies
+    return promoted, latencies, failed
 
 
 def _fleet_part(urls: list[str], robots: list[tuple[int, str, str]], start: float, end: float) -> dict:
