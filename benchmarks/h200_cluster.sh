@@ -4,7 +4,8 @@
 #      (benchmarks/ray_throughput.py, the h200 preset's 120x160 camera, default-size ACT on the GPU);
 #   2. 1,000 simulated robots and 16 uploaders for 60 s on one SQLite deploy service and bucket server;
 #   3. the same on two deploy replicas and two bucket servers over one PostgreSQL (benchmarks/load.py).
-# Needs .gpu/ and .gpu-cluster/ unpacked (benchmarks/pack_cluster.sh says how). Start it detached and follow it:
+# Needs .gpu/'s and .gpu-cluster/'s packages unpacked (benchmarks/pack_cluster.sh says how). Start it detached and
+# follow it:
 #   setsid nohup bash benchmarks/h200_cluster.sh /tmp/cl > /tmp/cl.log 2>&1 &
 #   bash benchmarks/device_follow.sh /tmp/cl 560      # its plan.log ends with " done"
 # SKIP="ray" or SKIP="load" leaves a part out; RAY_ARGS and LOAD_ARGS replace the sizes (a CPU smoke run:

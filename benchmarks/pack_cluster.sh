@@ -3,13 +3,16 @@
 # without its dashboard client, Java jars and libraries: RLlib, Serve, Data, Train, Tune; binaries stripped of
 # their symbols) with the dependencies the image lacks, and a PostgreSQL server (the `pgserver` wheel's
 # self-contained build: it needs only libc and zlib, where Debian's packages would need the image's ICU, LDAP and
-# OpenSSL at Debian's versions). About 35 MiB: too much to travel with .gpu/ (64 MiB in all), so it goes in the
-# next call to the same warm machine, which keeps .gpu/ from the call before.
+# OpenSSL at Debian's versions). About 29 MiB: too much to travel with .gpu/ (64 MiB in all), so it goes in the
+# next call to the same warm machine. That machine does not keep .gpu/ itself (a call's carry replaces the last's),
+# but keeps what .gpu/env.sh unpacked: /tmp/site and the EGL loaders (seen 2026-12-05).
 #
 #   ../shared/gpu/pack.sh && bash benchmarks/pack_cluster.sh      # here, after make install
 #   device run 1: carry [".gpu"],         command: source .gpu/env.sh && <anything, or true>
-#   device run 2: carry [".gpu-cluster"], command: source .gpu/env.sh && source .gpu-cluster/env.sh && \
-#                 bash benchmarks/h200_cluster.sh
+#   device run 2 (within 30 s): carry [".gpu-cluster"], command:
+#     source .gpu-cluster/env.sh && \
+#     (setsid nohup bash benchmarks/h200_cluster.sh /tmp/cl > /tmp/cl.log 2>&1 &) && sleep 20 && \
+#     bash benchmarks/device_follow.sh /tmp/cl 540
 set -euo pipefail
 py=$PWD/.venv/bin/python
 [[ -x $py ]] || { echo "pack_cluster: no $py (run make install first)" >&2; exit 2; }
@@ -41,8 +44,12 @@ cp -a "$work"/wheel/x/pgserver/pginstall/bin/{postgres,initdb,pg_ctl} "$work/$in
 chmod -R a+rX "$work/pg" && chmod a+x "$work/$install"/bin/*  # the zip kept no modes; root runs it as nobody
 (cd "$work" && tar -cf - site pg | xz -T0 -6 > "$OLDPWD/.gpu-cluster/cluster.tar.xz")
 cat > .gpu-cluster/env.sh <<'SH'
-# Sourced after .gpu/env.sh: Ray's core and a PostgreSQL server, unpacked to /tmp/cluster (about 10 s).
+# Sourced on a machine where .gpu/env.sh ran before (its /tmp/site and EGL loaders stay there): Ray's core and a
+# PostgreSQL server, unpacked to /tmp/cluster (about 10 s), and .gpu/env.sh's environment again.
 [ -d /tmp/cluster ] || { mkdir -p /tmp/cluster && tar -xJf .gpu-cluster/cluster.tar.xz -C /tmp/cluster; }
-export PYTHONPATH=/tmp/cluster/site:$PYTHONPATH PATH=/tmp/cluster/pg/pgserver/pginstall/bin:$PATH
+export PYTHONPATH=/tmp/cluster/site:/tmp/site:$PWD PATH=/tmp/cluster/pg/pgserver/pginstall/bin:$PATH \
+  PYTHONUNBUFFERED=1 HF_HUB_DISABLE_TELEMETRY=1 MUJOCO_GL=egl \
+  __EGL_VENDOR_LIBRARY_FILENAMES=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json \
+  VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 SH
 echo "pack_cluster: .gpu-cluster/ ($(du -sm .gpu-cluster | cut -f1) MiB)" >&2
