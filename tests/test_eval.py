@@ -98,7 +98,8 @@ def test_parallel_eval_gives_a_sane_report(tiny: Path, tmp_path: Path) -> None:
 
 def test_sims_in_lockstep_step_as_one_sim_does() -> None:
     """Each sim of a batch, in whichever worker process holds it, renders and steps as a lone AlohaSim of its seed
-    does; an inactive sim holds still; a sim's error reaches the caller, and the batch still closes."""
+    does (the sims of one process share one renderer); an inactive sim holds still; a sim's error reaches the
+    caller, and the batch still closes."""
     seeds, steps = [3, 4, 5], 12
     demos = [record_demo("transfer_cube", seed, SIZE, max_steps=steps) for seed in seeds]
     with SimBatch("transfer_cube", size=3, workers=2, image_size=SIZE, max_steps=steps) as sims:
@@ -107,18 +108,18 @@ def test_sims_in_lockstep_step_as_one_sim_does() -> None:
         for j, demo in enumerate(demos):
             np.testing.assert_array_equal(images[j], demo.frames[0])
             np.testing.assert_array_equal(states[j], demo.states[0])
-        active = np.array([True, False, True])  # sim 1 holds still from the first step
-        held = images[1].copy()
+        active = np.array([True, True, False])  # sim 2 holds still from the first step
+        held = images[2].copy()
         for t in range(steps - 1):
             actions = np.stack([d.actions[t] for d in demos])
             images, states, rewards, successes = sims.step(actions, active)
-            for j in (0, 2):
+            for j in (0, 1):  # two sims filmed in turn by their process's one renderer
                 np.testing.assert_array_equal(images[j], demos[j].frames[t + 1])
                 # 1e-9 apart: the demo's sim is one cached across seeds (its solver's warm start carries over)
                 np.testing.assert_allclose(states[j], demos[j].states[t + 1], atol=1e-6)
                 assert rewards[j] == demos[j].rewards[t]
-            np.testing.assert_array_equal(images[1], held)
-            assert rewards[1] == 0 and not successes[1]
+            np.testing.assert_array_equal(images[2], held)
+            assert rewards[2] == 0 and not successes[2]
         bad = np.stack([d.actions[0] for d in demos])
         bad[2, 0] = np.nan
         with pytest.raises(ValueError, match="non-finite"):

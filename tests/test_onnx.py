@@ -198,6 +198,42 @@ def test_the_int8_graph_acts_near_fp32_and_runs_only_where_it_was_made(
     assert 0 < _run_both(fp32, OnnxRunner.load(folder, inference=ENSEMBLE, precision="int8"), sim, 40, 5) <= INT8_ATOL
 
 
+def test_the_dynamic_pass_is_given_no_shapes_of_weights_to_go_stale(
+    exported: Path, sim: AlohaSim, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ONNX Runtime 1.30's dynamic quantizer turns each Gemm with `transB` into a MatMul by transposing its weight in
+    place, then infers shapes again: a shape of that weight left in `value_info` by the passes before stopped it
+    (`ShapeInferenceError: ... differ in dimension 0: (14) vs (512)` on the H200 machine). Whatever version runs
+    here, the graph it is given names no weight in `value_info`, and that rewrite leaves it inferable: with the
+    calibrated convolutions and without."""
+    import onnxruntime.quantization as quantization
+    from onnx import numpy_helper
+
+    real, given = quantization.quantize_dynamic, []
+
+    def as_onnxruntime_1_30_rewrites_it(source: str, target: str, **options: object) -> None:
+        model = onnx.load(source)
+        weights = {tensor.name: tensor for tensor in model.graph.initializer}
+        assert not weights.keys() & {info.name for info in model.graph.value_info}
+        for node in model.graph.node:  # 1.30's Gemm to MatMul: the transB weight transposed under its own name
+            transposed = [a for a in node.attribute if a.name == "transB" and a.i]
+            if node.op_type == "Gemm" and transposed:
+                weight = weights[node.input[1]]
+                weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight).T.copy(), weight.name))
+                transposed[0].i = 0  # so the node takes it as it now is (the MatMul 1.30 makes of it does)
+                given.append(weight.name)
+        onnx.shape_inference.infer_shapes(model, strict_mode=True)  # where 1.30 stopped
+        real(source, target, **options)
+
+    monkeypatch.setattr(quantization, "quantize_dynamic", as_onnxruntime_1_30_rewrites_it)
+    folder = Path(shutil.copytree(exported, tmp_path / "release"))
+    assert quantize_int8(folder).max_abs_diff <= INT8_ATOL
+    assert "policy.model.encoder_robot_state_input_proj.weight" in given  # [64, 14]: transposed, its shape changes
+    observations = [OnnxRunner.load(folder).to_inputs(sim.reset(seed=seed)) for seed in range(8)]
+    calibrated = quantize_int8(folder, calibration=observations)
+    assert calibrated.convolutions.startswith("static") and calibrated.max_abs_diff <= INT8_ATOL
+
+
 def test_batch_of_episodes_matches_torch(tiny: Path, exported: Path) -> None:
     rng = np.random.default_rng(3)
     torch_runner, onnx_runner = (

@@ -33,6 +33,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     cmd = [sys.executable, "-m", "robotloop.cli", "--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN]
     cmd += ["loop", "--rounds", "1", "--fleet", "2", "--fleet-episodes", "1", "--stall-steps", "10", "--baseline"]
     cmd += ["--round-lr-scale", "0.5", "--fleet-check", "--round-data-share", "0.5", "--fleet-rate-hz", "inf"]
+    cmd += ["--round-success-weight", "0"]
     cmd += ["--episodes", "1", "--steps", "4", "--round-steps", "4", "--batch-size", "2", "--eval-episodes", "1"]
     cmd += ["--eval-max-steps", "30", "--workers", "1", "--bucket", bucket, "--report-dir", "report"]
     env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
@@ -86,6 +87,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     # round 0's demos keep theirs.
     fine_tune = lineage_of(f"{run_name}-r1")["data"]["weights"]
     assert 0 < fine_tune["expert"] != 2.0 and f"{bucket}/datasets/transfer_cube-{run_name}" not in fine_tune["datasets"]
+    assert fine_tune["autonomous_success"] == 0  # --round-success-weight 0: the policy's own wins are not drawn
     baseline = lineage_of(f"{run_name}-baseline-r1")["data"]["weights"]
     assert set(baseline["datasets"]) == {f"{bucket}/datasets/transfer_cube-{run_name}-baseline"}
     pulled = [[row["bytes_pulled"] for row in r["robots"]] for r in rounds[1:]]

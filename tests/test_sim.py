@@ -97,6 +97,23 @@ def test_observation_and_action_shapes() -> None:
         assert sim.render().shape == (48, 64, 3)
 
 
+def test_sims_share_a_camera() -> None:
+    """A sim filming with another's camera sees its own scene; closing it leaves the owner's camera working; a
+    camera of another size is refused."""
+    with (
+        AlohaSim("transfer_cube", image_size=(24, 32)) as owner,
+        AlohaSim("transfer_cube", image_size=(24, 32)) as alone,
+    ):
+        borrower = AlohaSim("transfer_cube", image_size=(24, 32), camera=owner.camera)
+        owner.reset(seed=1), alone.reset(seed=2)
+        np.testing.assert_array_equal(borrower.reset(seed=2)["pixels"]["top"], alone.render())
+        assert not np.array_equal(owner.render(), alone.render())  # seed 1's scene, not the last one filmed
+        borrower.close()
+        assert owner.render().shape == (24, 32, 3)
+        with pytest.raises(ValueError, match="shared camera renders"):
+            AlohaSim("transfer_cube", image_size=(48, 64), camera=owner.camera)
+
+
 def test_gymnasium_api() -> None:
     import gymnasium as gym
 

@@ -56,7 +56,12 @@ class _Sims:
     ) -> None:
         from ..sim import AlohaSim
 
-        self.sims = [AlohaSim(task, image_size=image_size, max_episode_steps=max_steps) for _ in range(count)]
+        first = AlohaSim(task, image_size=image_size, max_episode_steps=max_steps)
+        # one renderer for the slice: one GL context, not one per sim to switch between every step
+        self.sims = [first] + [
+            AlohaSim(task, image_size=image_size, max_episode_steps=max_steps, camera=first.camera)
+            for _ in range(count - 1)
+        ]
         self.images = images  # this slice's rows of the shared frames, [count, H, W, 3]
         self.video_dir = video_dir
         self.slots: list[Slot | None] = [None] * count
@@ -89,7 +94,8 @@ class _Sims:
 
     def busy(self) -> tuple[float, float]:
         """Seconds this slice spent resetting and stepping its sims, and of those rendering."""
-        return self.busy_s, sum(sim.camera.render_s for sim in self.sims if sim.camera is not None)
+        camera = self.sims[0].camera  # the slice's one renderer
+        return self.busy_s, camera.render_s if camera is not None else 0.0
 
     def _observe(self, j: int, obs: dict) -> None:
         self.states[j] = obs["agent_pos"]
@@ -112,7 +118,7 @@ class _Sims:
         return written
 
     def close(self) -> None:
-        for sim in self.sims:
+        for sim in self.sims[::-1]:  # the first, which owns the shared renderer, last
             sim.close()
 
 

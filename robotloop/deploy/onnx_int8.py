@@ -111,6 +111,7 @@ def quantize_int8(
         )
 
         def matmuls_in_int8(source: Path) -> float:  # written as `graph`; its max |int8 - fp32| action
+            source = _without_initializer_shapes(source, staged / f"{source.stem}.dynamic.onnx")
             _quantizer(quantize_dynamic, source, graph, weight_type=QuantType.QInt8, op_types_to_quantize=INT8_OPS)
             return _compare(folder, graph, check_on)
 
@@ -168,6 +169,28 @@ def _quantizer(step: Callable[..., object], source: Path, target: Path, **option
         step(str(source), str(target), **options)
     except Exception as error:  # the quantizer's own failures (onnx's checker, a graph it cannot read)
         raise OnnxExportError(f"{source}: ONNX Runtime's quantizer failed: {error}") from error
+
+
+def _without_initializer_shapes(model: Path, out: Path) -> Path:
+    """`model` without the shapes its `value_info` gives its initializers (weights), written to `out` in the same
+    folder (its external weights stay where they are, named from there).
+
+    Why: shape inference (`quant_pre_process`, `quantize_static`) leaves a shape for every weight in `value_info`,
+    and ONNX Runtime 1.30's dynamic quantizer turns each Gemm whose weight is transposed (`transB`: every torch
+    Linear) into a MatMul by transposing that weight in place under its own name, then infers shapes again: the
+    weight's old shape there no longer fits it (`ShapeInferenceError: Inferred shape and existing shape differ in
+    dimension 0: (14) vs (512)`: the state projection's [512, 14] weight). 1.32 writes the transposed weight under
+    a new name instead. An initializer's own dims give its shape: nothing else is lost.
+    """
+    import onnx
+
+    proto = onnx.load(str(model), load_external_data=False)
+    weights = {tensor.name for tensor in proto.graph.initializer}
+    kept = [info for info in proto.graph.value_info if info.name not in weights]
+    del proto.graph.value_info[:]
+    proto.graph.value_info.extend(kept)
+    onnx.save(proto, str(out))
+    return out
 
 
 def _quantize_convolutions(model: Path, out: Path, calibration: Sequence[Mapping[str, np.ndarray]]) -> Path:

@@ -64,6 +64,14 @@ class RoundsOptions(LoopOptions):
         "re-demonstrations; the baseline's extra demos) against the rest, e.g. 0.5 (default: in proportion to "
         "their frames).",
     )
+    round_success_weight: float | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Weight of the fleet's autonomous frames in episodes the policy won on its own, against a demo "
+        "frame's 1 (default 1; 0: train on demos and the expert's frames only: the policy's own successes are no "
+        "expert data, and at half the draws they cost TransferCube 14.5 points).",
+    )
     redemonstrate: bool = Field(default=True, description="The expert re-demonstrates each failed fleet scene.")
     fleet_check: bool = Field(
         default=False,
@@ -82,6 +90,7 @@ class RoundsOptions(LoopOptions):
             BadValue: rounds given with --live.
         """
         from ..errors import BadValue
+        from ..train.weights import FrameWeights
         from .run import RoundSettings
 
         if self.rounds and self.live:
@@ -100,4 +109,6 @@ class RoundsOptions(LoopOptions):
             "data_share": self.round_data_share,
             "baseline": self.baseline,
         }
+        if self.round_success_weight is not None:
+            given["weights"] = FrameWeights(autonomous_success=self.round_success_weight)
         return RoundSettings.for_preset(self.preset, **{k: v for k, v in given.items() if v is not None})

@@ -81,10 +81,16 @@ def shadow_map_size(height: int, width: int) -> int:
 
 
 class TopCamera:
-    """Offscreen renderer of the `top` camera at a fixed size."""
+    """Offscreen renderer of the `top` camera at a fixed size.
+
+    One renderer (one GL context) can film any number of sims of the same task, one `data` at a time: a worker
+    stepping ~13 sims side by side switched between 13 EGL contexts every step, and rendering was 97% of its time
+    on the H200 (BENCHMARKS.md, "Rounds on one H200, TransferCube").
+    """
 
     def __init__(self, model: mujoco.MjModel, size: ImageSize, camera: str = "top", shadows: bool = True):
         h, w = size
+        self.size = (h, w)
         model.vis.global_.offheight = max(model.vis.global_.offheight, h)
         model.vis.global_.offwidth = max(model.vis.global_.offwidth, w)
         model.vis.quality.shadowsize = shadow_map_size(h, w)
@@ -113,6 +119,9 @@ class AlohaSim:
         seed: used by the first `reset()` that gets no seed; later seedless resets draw from it.
         max_episode_steps: `truncated` turns True at this step count (default: task.episode_length = 400).
         shadows: render shadows as gym-aloha does (default). False halves CPU (llvmpipe) render time, for tests.
+        camera: another sim's `camera` (same task and image size) to render with, instead of a renderer of its own:
+            sims stepped side by side in one process then share one GL context (see `TopCamera`). The sim does
+            not close a camera it was given.
     """
 
     def __init__(
@@ -122,6 +131,7 @@ class AlohaSim:
         seed: int | None = None,
         max_episode_steps: int | None = None,
         shadows: bool = True,
+        camera: TopCamera | None = None,
     ):
         self.task = get_task(task)
         self.model = load_model(assets_dir() / self.task.joint_xml)
@@ -130,7 +140,12 @@ class AlohaSim:
             raise RuntimeError(f"unexpected scene layout nq={self.model.nq} nu={self.model.nu}")
         self.n_substeps = n_substeps(self.model)
         self.image_size = parse_image_size(image_size)
-        self.camera = TopCamera(self.model, self.image_size, shadows=shadows) if self.image_size else None
+        if camera is not None and camera.size != self.image_size:
+            raise BadValue(f"a shared camera renders {camera.size}, this sim's image size is {self.image_size}")
+        self._owns_camera = camera is None
+        if camera is None and self.image_size:
+            camera = TopCamera(self.model, self.image_size, shadows=shadows)
+        self.camera = camera
         self.reward_fn = self.task.make_reward(self.model)
         self.max_episode_steps = max_episode_steps or self.task.episode_length
         self._first_seed = seed
@@ -222,9 +237,9 @@ class AlohaSim:
         return obs
 
     def close(self) -> None:
-        if self.camera is not None:
+        if self.camera is not None and self._owns_camera:
             self.camera.close()
-            self.camera = None
+        self.camera = None
 
     def __enter__(self) -> AlohaSim:
         return self
