@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import os
 import random
+import resource
 import statistics
 import tempfile
 import threading
@@ -129,6 +130,30 @@ def _percentiles(values: list[float]) -> dict:
     }
 
 
+def _tcp_counters() -> dict[str, int]:
+    """The kernel's listen-queue and reset counters (Linux /proc/net/netstat), to tell a full accept backlog from a
+    service that closed its sockets."""
+    wanted = {"ListenOverflows", "ListenDrops", "TCPAbortOnData", "TCPAbortOnClose", "TCPReqQFullDrop"}
+    try:
+        lines = Path("/proc/net/netstat").read_text().splitlines()
+    except OSError:
+        return {}
+    counters = {}
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        counters.update({n: int(v) for n, v in zip(names.split()[1:], values.split()[1:], strict=False) if n in wanted})
+    return counters
+
+
+def _keep_logs(work: Path, out: Path | None, replicas: int) -> None:
+    """Copy each deploy service's log beside --out (the temporary folder goes with the run)."""
+    import shutil
+
+    for i in range(replicas if out else 0):
+        log = work / f"deploy{i}" / "deploy.log"
+        if log.exists():
+            shutil.copy(log, out.with_name(f"{out.stem}_deploy{i}.log"))
+
+
 def fleet(client: BucketClient, work: Path, args) -> dict:
     database = ("--database", args.database) if args.database else ()
     services = [start_local_deploy_service(work / f"deploy{i}", OPS, extra_args=database) for i in range(args.replicas)]
@@ -150,6 +175,7 @@ def fleet(client: BucketClient, work: Path, args) -> dict:
     # one process's loop tops out at a few hundred requests a second, and a saturated generator measures itself.
     start = time.time() + 5.0  # every process started and connected by then
     end = start + args.seconds
+    counters_before = _tcp_counters()
     try:
         with ProcessPoolExecutor(args.fleet_procs, mp_context=multiprocessing.get_context("spawn")) as pool:
             parts = [
@@ -161,6 +187,8 @@ def fleet(client: BucketClient, work: Path, args) -> dict:
     finally:
         for service in services:
             service.stop()
+        _keep_logs(work, args.out, len(services))
+    counters = {k: v - counters_before.get(k, 0) for k, v in _tcp_counters().items()}
     beats = [b for r in results for b in r["beats"]]
     errors = [e for r in results for e in r["errors"]]
     complete = [r for r in promoted if r != names[0]]
@@ -177,6 +205,8 @@ def fleet(client: BucketClient, work: Path, args) -> dict:
         "promotions": len(complete),
         "fewest_robots_that_saw_a_promotion": min((len(seen[r]) for r in complete), default=len(robots)),
         "seen_after": _percentiles([s for r in complete for s in seen[r]]),
+        "open_files_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+        "tcp_counters_during": counters,
     }
 
 

@@ -4,9 +4,11 @@ Each of `--workers` processes holds `--sims` TransferCube sims, as `SimBatch` sl
 cores (15 workers, ~13 sims each), and steps them all `--steps` times with a fixed action, filming each after its
 step. Mode `own`: every sim has its renderer (its own EGL context), as before; `shared`: the sims of a process film
 with the first one's. Both modes run one after the other in one command, on the same scenes, and the frames of the
-two are checked equal.
+two are checked equal. Then `--shadows` sizes (0: shadows off) with the shared renderer, each against the default
+size's frames: the share of pixels more than 8 levels off.
 
-    MUJOCO_GL=egl python benchmarks/render_share.py --workers 15 --sims 13 --steps 100 --size 120x160
+    MUJOCO_GL=egl python benchmarks/render_share.py --workers 15 --sims 13 --steps 100 --size 120x160 \
+        --shadows 2048 1024 0
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ import platform
 import statistics
 import time
 
+import numpy as np
 
-def _work(job: tuple[str, int, int, tuple[int, int], int]) -> dict:
-    mode, sims, steps, size, worker = job
-    from robotloop.sim import AlohaSim
 
-    first = AlohaSim("transfer_cube", image_size=size)
+def _work(job: tuple[str, int | None, int, int, tuple[int, int], int]) -> dict:
+    mode, shadow, sims, steps, size, worker = job
+    from robotloop.sim import AlohaSim, env
+
+    if shadow:  # another shadow-map side than `shadow_map_size` picks for this image size
+        env.shadow_map_size = lambda h, w: shadow
+    first = AlohaSim("transfer_cube", image_size=size, shadows=shadow != 0)
     camera = first.camera if mode == "shared" else None
     group = [first] + [AlohaSim("transfer_cube", image_size=size, camera=camera) for _ in range(sims - 1)]
     for j, sim in enumerate(group):
@@ -43,11 +49,11 @@ def _work(job: tuple[str, int, int, tuple[int, int], int]) -> dict:
     render = sum(c.render_s for c in cameras)
     for sim in group[::-1]:
         sim.close()
-    return {"wall_s": wall, "render_s": render, "digest": digest.hexdigest()}
+    return {"wall_s": wall, "render_s": render, "digest": digest.hexdigest(), "last": frame}
 
 
-def run(mode: str, args: argparse.Namespace, size: tuple[int, int]) -> dict:
-    jobs = [(mode, args.sims, args.steps, size, w) for w in range(args.workers)]
+def run(mode: str, shadow: int | None, args: argparse.Namespace, size: tuple[int, int]) -> dict:
+    jobs = [(mode, shadow, args.sims, args.steps, size, w) for w in range(args.workers)]
     with mp.get_context("spawn").Pool(args.workers) as pool:
         start = time.perf_counter()
         parts = pool.map(_work, jobs)
@@ -56,11 +62,13 @@ def run(mode: str, args: argparse.Namespace, size: tuple[int, int]) -> dict:
     render = [p["render_s"] for p in parts]
     return {
         "mode": mode,
+        "shadow_map": "default" if shadow is None else shadow or "off",
         "wall_s": round(wall, 2),
         "frames_per_s": round(frames / statistics.mean(p["wall_s"] for p in parts), 1),  # all workers together
         "render_ms_per_frame_median_worker": round(statistics.median(render) / (args.sims * args.steps) * 1e3, 3),
         "render_share_of_step": round(sum(render) / sum(p["wall_s"] for p in parts), 3),
         "digests": [p["digest"] for p in parts],
+        "last_frames": np.stack([p["last"] for p in parts]).astype(np.int16),
     }
 
 
@@ -70,11 +78,18 @@ def main() -> None:
     parser.add_argument("--sims", type=int, default=13)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--size", default="120x160")
+    parser.add_argument("--shadows", type=int, nargs="*", default=[], help="shadow-map sides to try (0: off)")
     parser.add_argument("--out", default=None, help="write the results as JSON here too")
     args = parser.parse_args()
     size = tuple(int(x) for x in args.size.split("x"))
-    results = [run(mode, args, size) for mode in ("own", "shared")]
+    results = [run("own", None, args, size), run("shared", None, args, size)]
+    results += [run("shared", shadow, args, size) for shadow in args.shadows]
+    reference = results[0]["last_frames"]
+    for r in results:
+        r["pixels_off_by_more_than_8"] = round(float((np.abs(r.pop("last_frames") - reference) > 8).mean()), 5)
     same = results[0].pop("digests") == results[1].pop("digests")
+    for r in results:
+        r.pop("digests", None)
     speedup = results[0]["render_ms_per_frame_median_worker"] / results[1]["render_ms_per_frame_median_worker"]
     report = {
         "machine": platform.node(),

@@ -1,7 +1,7 @@
 """How every robotloop service runs: one uvicorn setup for all of them (bucket, capture, trainer, deploy, ui).
 
 Each service's own ``serve(options, settings)`` builds its app and calls :func:`serve_app`, so they share the
-port check before the banner, uvicorn's log level and the bound on graceful shutdown.
+port check before the banner, uvicorn's log level, the bound on graceful shutdown and on open connections.
 
 Example::
 
@@ -19,6 +19,35 @@ from services.ports import require_free_port
 
 # Open requests (robots' long-polls, followed job logs, slow uploads) would otherwise hold shutdown until they end.
 GRACEFUL_SHUTDOWN_S = 5
+# File descriptors kept back from connections: the database, the log, the files and sockets a request opens.
+RESERVED_FILES = 128
+
+
+def raise_open_files_limit() -> int | None:
+    """Raise this process's soft limit on open files to its hard limit; the soft limit now (None: no such limit).
+
+    Each robot holds a connection or two (its long-poll, its heartbeat), and a soft limit of 1,024, many systems'
+    default, is what a deploy service with 1,000 robots ran out of: asyncio's accept then fails with "Too many open
+    files", logs a traceback each time, and new connections wait in the listen queue (BENCHMARKS.md, issue 31).
+    """
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # e.g. macOS caps the soft limit below a large hard one: keep what we have
+            pass
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def connection_limit(open_files: int | None) -> int | None:
+    """Connections served at once under this many open files (None: no limit); past it uvicorn answers 503 and
+    closes, a status robots retry after, instead of running out of descriptors."""
+    return None if open_files is None else max(16, open_files - RESERVED_FILES)
 
 
 def serve_app(
@@ -39,6 +68,9 @@ def serve_app(
     require_free_port(host, port)
     log_for_service()
     log.info("%s", banner)
+    open_files = raise_open_files_limit()
+    limit = connection_limit(open_files)
+    log.info("open files limit %s: at most %s connections at once, 503 past them", open_files, limit)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
@@ -47,6 +79,11 @@ def serve_app(
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        limit_concurrency=limit,
     )
     Server(config).run()
