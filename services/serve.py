@@ -1,7 +1,7 @@
 """How every robotloop service runs: one uvicorn setup for all of them (bucket, capture, trainer, deploy, ui).
 
 Each service's own ``serve(options, settings)`` builds its app and calls :func:`serve_app`, so they share the
-port check before the banner, uvicorn's log level, the bound on graceful shutdown and on open connections.
+port check before the banner, uvicorn's log level, the bounds on graceful shutdown, idle and open connections.
 
 Example::
 
@@ -19,6 +19,10 @@ from services.ports import require_free_port
 
 # Open requests (robots' long-polls, followed job logs, slow uploads) would otherwise hold shutdown until they end.
 GRACEFUL_SHUTDOWN_S = 5
+# How long an idle connection stays open: longer than clients keep theirs (httpx drops an idle connection after 5 s).
+# Were it uvicorn's default 5 s too, a server closing a connection as a client reuses it resets that request, the
+# likelier the busier its loop (an operator's promote was reset with 1,000 robots on one deploy service).
+KEEP_ALIVE_S = 30
 # File descriptors kept back from connections: the database, the log, the files and sockets a request opens.
 RESERVED_FILES = 128
 
@@ -84,6 +88,7 @@ def serve_app(
         port=port,
         log_level="warning",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_keep_alive=KEEP_ALIVE_S,
         limit_concurrency=limit,
     )
     Server(config).run()

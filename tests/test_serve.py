@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import resource
+import socket
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import httpx
 
 from robotloop.deploy.client import DeployClient
 from robotloop.deploy.local import start_local_deploy_service
-from services.serve import RESERVED_FILES, connection_limit
+from services.serve import KEEP_ALIVE_S, RESERVED_FILES, connection_limit
 
 LOW_SOFT_LIMIT = 256  # the soft limit the service is started under; 600 long-polls need more descriptors than that
 LONG_POLLS = 600
@@ -80,3 +82,29 @@ def test_connections_are_bounded_below_the_open_files_limit() -> None:
     assert connection_limit(None) is None
     assert connection_limit(1024) == 1024 - RESERVED_FILES  # a soft limit that could not be raised: 503 past 896
     assert connection_limit(100) == 16  # never none at all
+
+
+def test_the_service_keeps_an_idle_connection_longer_than_clients_do(tmp_path: Path) -> None:
+    """httpx drops an idle connection after 5 s; the service keeps one for KEEP_ALIVE_S, so it is always the client
+    that closes, never the server under a request the client is sending on it (a reset)."""
+    service = start_local_deploy_service(tmp_path / "deploy")
+    try:
+        host, port = service.url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("GET", "/v1/health")
+        assert conn.getresponse().read() == b'{"status":"ok"}'
+        time.sleep(6)  # past httpx's 5 s and uvicorn's default keep-alive
+        assert conn.sock is not None  # the one connection, still held
+        conn.sock.setblocking(False)
+        try:
+            closed = conn.sock.recv(1, socket.MSG_PEEK) == b""
+        except BlockingIOError:  # nothing to read: still open
+            closed = False
+        conn.sock.setblocking(True)
+        assert not closed
+        conn.request("GET", "/v1/health")  # and it still answers on it
+        assert conn.getresponse().status == 200
+        conn.close()
+        assert KEEP_ALIVE_S > 5
+    finally:
+        service.stop()
