@@ -13,6 +13,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from ..loop.options import LoopOptions
+from ..train.options import MAX_WEIGHT
 
 
 class RoundsOptions(LoopOptions):
@@ -67,7 +68,7 @@ class RoundsOptions(LoopOptions):
     round_success_weight: float | None = Field(
         default=None,
         ge=0,
-        le=1000,
+        le=MAX_WEIGHT,
         description="Weight of the fleet's autonomous frames in episodes the policy won on its own, against a demo "
         "frame's 1 (default 1; 0: train on demos and the expert's frames only: the policy's own successes are no "
         "expert data, and at half the draws they cost TransferCube 14.5 points).",
