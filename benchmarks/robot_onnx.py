@@ -1,8 +1,10 @@
-"""The robot's policy on ONNX Runtime against torch: action parity and per-step latency, on this machine's CPU.
+"""The robot's policy on ONNX Runtime against torch: action parity and per-step latency, on this machine's CPU
+(or, `--device cuda`, its GPU: torch on CUDA against ONNX Runtime's CUDA execution provider).
 
 Run:  MUJOCO_GL=egl .venv/bin/python benchmarks/robot_onnx.py [--steps 200] [--passes 3] [--threads 2] [--spinning]
           [--int8] [--int8-calibrated] [--out benchmarks/results/robot_onnx_cpu.json]
 Smoke (the tiny ACT at 48x64, seconds):  ... benchmarks/robot_onnx.py --quick
+GPU machine (onnxruntime-gpu carried: benchmarks/pack_ort_gpu.sh):  ... benchmarks/robot_onnx.py --device cuda
 
 The policy is the h200 preset's (`robotloop.loop.pipeline.H200_RECIPE`): lerobot 0.6.1's default-size ACT (51.6M
 parameters, random weights: only parity and time matter here) seeing the 480x640 camera at 120x160 (its
@@ -123,6 +125,9 @@ def main() -> None:
     parser.add_argument(
         "--int8-calibrated", action="store_true", help="also the int8 graph with its convolutions calibrated"
     )
+    parser.add_argument(
+        "--device", default="cpu", choices=["cpu", "cuda"], help="where both run (cuda: ONNX Runtime's CUDA provider)"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -133,16 +138,19 @@ def main() -> None:
         export = export_onnx(ckpt, Path(tmp) / "onnx")
         export_s = time.perf_counter() - start
         start = time.perf_counter()
-        torch_runner = PolicyRunner.load(ckpt)
+        torch_runner = PolicyRunner.load(ckpt, device=args.device)
         torch_load_s = time.perf_counter() - start
         start = time.perf_counter()
-        onnx_runner = OnnxRunner.load(export.directory, threads=args.threads, spinning=args.spinning)
+        onnx_runner = OnnxRunner.load(
+            export.directory, device=args.device, threads=args.threads, spinning=args.spinning
+        )
         onnx_load_s = time.perf_counter() - start
         batch_fixed = onnx_runner.session.get_inputs()[0].shape[0] == 1
         assert torch_runner.ensembling and onnx_runner.ensembling  # one inference per step, on both
         observations = record_observations(torch_runner, camera, args.steps)
         matched = parity(torch_runner, onnx_runner, observations)
-        runners = {"torch_eager_cpu": torch_runner, "onnxruntime_cpu": onnx_runner}
+        eager, onnx = f"torch_eager_{args.device}", f"onnxruntime_{args.device}"
+        runners = {eager: torch_runner, onnx: onnx_runner}
         int8 = None
         if args.int8:
             made = quantize_int8(export.directory)
@@ -186,6 +194,8 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.processor() or platform.machine()}",
         "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__},
+        "device": args.device,
+        "onnxruntime_provider": onnx_runner.runs_on,
         "threads": {"torch": torch.get_num_threads(), "onnxruntime": args.threads or "default"},
         "onnxruntime_session": {
             "batch_fixed_to_1": batch_fixed,
@@ -206,7 +216,7 @@ def main() -> None:
         "load_s": {"torch": round(torch_load_s, 2), "onnxruntime": round(onnx_load_s, 2)},
         "parity": matched,
         "latency": latency,
-        "speedup_p50": round(latency["torch_eager_cpu"]["p50_ms"] / latency["onnxruntime_cpu"]["p50_ms"], 2),
+        "speedup_p50": round(latency[eager]["p50_ms"] / latency[onnx]["p50_ms"], 2),
         "int8": int8,
         "int8_calibrated": calibrated,
         "target_p99_ms": 20.0,
