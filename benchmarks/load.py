@@ -166,7 +166,8 @@ def fleet(client: BucketClient, work: Path, args) -> dict:
     for step, name in enumerate(names, start=1):
         url = BucketUrl.parse(f"{RUN}/checkpoints/{step:06d}")
         client.upload(ckpt, url / "pretrained_model")
-        publish(client, str(url), name, load_private_key(key), ops, channel=None)
+        # no ONNX export: these robots are assigned releases, never load them (an export took ~6 s a release here)
+        publish(client, str(url), name, load_private_key(key), ops, channel=None, onnx="off")
     ops.promote("stable", names[0])
     robots = [(i, f"robot-{i:03d}") for i in range(args.robots)]
     robots = [(i, name, ops.register_robot(name, channel="stable")) for i, name in robots]
