@@ -18,6 +18,7 @@ INT8_EVAL=${INT8_EVAL:-50}  # episodes of its int8 graph (quantized here, as dep
 INDEPENDENT=${INDEPENDENT:-1}  # 1: stable evaluated again over seeds 5000-5199 (3 min on the H200), 0: not
 ROUND_ARGS=${ROUND_ARGS:-}  # more `robotloop loop` options, e.g. "--round-steps 6000 --round-lr-scale 0.3"
 FLEET_CHECK=${FLEET_CHECK:-1}  # stable in lockstep on the fleet's own scenes, paired with the robots' episodes
+SHADOW_EVAL=${SHADOW_EVAL:-0}  # e.g. 2048: stable evaluated again on the same $EVAL seeds with smaller shadow maps, 0: not
 # A rehearsal of the whole script on a CPU machine, before device time is spent on it (every step, tiny sizes):
 #   PRESET=cpu WORKERS=2 DEVICE=cpu EVAL=2 INDEPENDENT_EPISODES=2 LEROBOT_EVAL=1 ONNX_EVAL=2 INT8_EVAL=2 \
 #   ROUND_ARGS="--episodes 1 --steps 4 --round-steps 4 --fleet 1 --fleet-episodes 1" bash benchmarks/h200_flywheel.sh /tmp/fw
@@ -48,6 +49,13 @@ if [ -n "$stable" ] && [ "$INDEPENDENT" = 1 ]; then  # the release's run: its na
     --episodes "$INDEPENDENT_EPISODES" --seed 5000 --workers "$WORKERS" --videos 0 --output-dir "$R/eval-5000" \
     > "$R/eval5000.log" 2>&1
   step "eval of $stable over $INDEPENDENT_EPISODES seeds from 5000 exit $?"
+  pack
+fi
+if [ -n "$stable" ] && [ "$SHADOW_EVAL" != 0 ]; then  # what rendering faster costs: the same seeds as the loop's
+  python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/${stable%-*}" --sim "$TASK" \
+    --episodes "$EVAL" --seed 1000 --workers "$WORKERS" --videos 0 --shadow-map "$SHADOW_EVAL" \
+    --output-dir "$R/eval-shadow-$SHADOW_EVAL" > "$R/eval_shadow.log" 2>&1
+  step "eval of $stable with $SHADOW_EVAL shadow maps ($EVAL seeds from 1000) exit $?"
   pack
 fi
 if [ -n "$stable" ]; then

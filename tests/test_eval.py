@@ -21,6 +21,8 @@ from robotloop.deploy.evaluate import evaluate, locate_and_evaluate, resolve_pol
 from robotloop.deploy.lockstep import SimBatch, Slot
 from robotloop.deploy.runner import PolicyLoadError, make_tiny_checkpoint
 from robotloop.errors import BadInput, BadValue
+from robotloop.sim import AlohaSim
+from robotloop.sim.env import shadow_map_size
 from robotloop.sim.scripted import record_demo
 from robotloop.storage import BucketClient, BucketUrl
 
@@ -137,7 +139,8 @@ def test_bad_arguments_are_refused(tiny: Path, tmp_path: Path) -> None:
 
     from robotloop.cli import app
 
-    for option in (["--sim", "nosuch"], ["--output-dir", str(tiny / "config.json")]):  # usage errors, before work
+    usage = (["--sim", "nosuch"], ["--output-dir", str(tiny / "config.json")], ["--shadow-map", "3000"])
+    for option in usage:  # usage errors, before work
         result = CliRunner().invoke(app, ["eval", "--policy", str(tiny), *option], env={"COLUMNS": "300"})
         assert result.exit_code == 2, result.output
 
@@ -242,7 +245,7 @@ def test_cli_evaluates_a_checkpoint_in_a_bucket(tiny: Path, bucket_server, tmp_p
 def test_eval_json_is_the_report_alone_on_stdout(tiny: Path, tmp_path: Path) -> None:
     """`robotloop eval --json`: stdout is one JSON document (the report, its summary, where it was saved); the
     policy line, progress and table a person sees go to stderr."""
-    args = ["--policy", str(tiny), "--episodes", "1", "--max-steps", "3", "--videos", "0"]
+    args = ["--policy", str(tiny), "--episodes", "1", "--max-steps", "3", "--videos", "0", "--shadow-map", "2048"]
     done = subprocess.run(
         [sys.executable, "-m", "robotloop.cli", "eval", *args, "--output-dir", str(tmp_path / "out"), "--json"],
         env={**os.environ, "COLUMNS": "200"},
@@ -254,6 +257,7 @@ def test_eval_json_is_the_report_alone_on_stdout(tiny: Path, tmp_path: Path) -> 
     report = json.loads(done.stdout)
     assert report["summary"]["n_episodes"] == 1 and report["episodes"][0]["steps"] == 3
     assert report["checkpoint"] == str(tiny.parent) and report["task"] == "transfer_cube"
+    assert report["shadow_map"] == 2048  # --shadow-map reached the sims' report
     assert report["report_file"] == str(tmp_path / "out" / "eval_report.json")
     assert json.loads((tmp_path / "out" / "eval_report.json").read_text())["summary"] == report["summary"]
     assert "policy: " in done.stderr and "success 0/1" in " ".join(done.stderr.split())
@@ -265,6 +269,24 @@ def test_given_seeds_run_in_their_order_and_must_match_the_episode_count(tiny: P
     assert [(e.index, e.seed) for e in report.episodes] == [(0, 105), (1, 7), (2, 42)]
     with pytest.raises(BadValue, match="2 seeds given for 3 episodes"):
         evaluate(tiny, "transfer_cube", episodes=3, max_steps=2, seeds=[1, 2])
+
+
+def test_the_sims_shadow_maps_can_be_chosen_and_the_report_says_which(tiny: Path) -> None:
+    """`--shadow-map`: a batch's sims film with the given maps, as a lone sim given them does (and not as the
+    default's); the report records the side used, the default's too; a side the sim does not take is refused."""
+    with SimBatch("transfer_cube", size=2, workers=2, image_size=SIZE, max_steps=3, shadow_map=4096) as sims:
+        images, _ = sims.reset([Slot(0, 11), Slot(1, 12)])
+        with (
+            AlohaSim("transfer_cube", image_size=SIZE, shadow_map=4096) as lone,
+            AlohaSim("transfer_cube", image_size=SIZE) as default,
+        ):
+            for j, seed in enumerate((11, 12)):
+                np.testing.assert_array_equal(images[j], lone.reset(seed=seed)["pixels"]["top"])
+            assert not np.array_equal(images[1], default.reset(seed=12)["pixels"]["top"])
+    assert evaluate(tiny, "transfer_cube", episodes=1, max_steps=2, shadow_map=2048).shadow_map == 2048
+    assert evaluate(tiny, "transfer_cube", episodes=1, max_steps=2).shadow_map == shadow_map_size(*SIZE) == 1024
+    with pytest.raises(BadValue, match="one of 256, 512"):
+        evaluate(tiny, "transfer_cube", episodes=1, max_steps=2, shadow_map=3000)
 
 
 def test_the_onnx_export_evaluates_as_the_checkpoint_does(tiny: Path, tmp_path: Path) -> None:

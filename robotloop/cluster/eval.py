@@ -49,6 +49,7 @@ class EvalJob:
     device: str
     inference: dict | None
     backend: str
+    shadow_map: int | None = None  # the sims' shadow maps (None: `shadow_map_size` of the image)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,9 @@ class EvalWorker:
         found = locate_policy(job.policy, lambda: client)  # into this node's cache (robotloop's cache dir)
         self.runner = _load_quietly(found.path, job.device, job.inference, job.backend)
         self.films = Path(tempfile.mkdtemp(prefix="robotloop-eval-"))
-        self.sims = SimBatch(job.task, size, 1, job.image_size, job.max_steps, str(self.films))
+        self.sims = SimBatch(
+            job.task, size, 1, job.image_size, job.max_steps, str(self.films), shadow_map=job.shadow_map
+        )
 
     def run(self, wave: list[Slot]) -> WaveDone:
         """Run `wave` as the local evaluation runs a wave; its filmed episodes' mp4s come back as bytes."""

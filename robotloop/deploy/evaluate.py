@@ -122,6 +122,7 @@ class EvalReport:
     inference: dict | None = None  # how the policy acted: n_action_steps, temporal_ensemble_coeff
     nodes: dict[str, list[int]] = field(default_factory=dict)  # with Ray: the episodes each node's workers ran
     lockstep: LockstepTime | None = None  # the process pool's split of the time (None: on Ray, each actor's own)
+    shadow_map: int | None = None  # the side of the sims' shadow maps (None: nothing rendered)
 
     @property
     def successes(self) -> int:
@@ -311,6 +312,7 @@ def evaluate(
     ray: str | None = None,
     worker_policy: str | None = None,
     worker_bucket: tuple[str, str | None] | None = None,
+    shadow_map: int | None = None,
 ) -> EvalReport:
     """Run `episodes` sim episodes of `task` with the policy in `policy_dir`, `workers` processes in parallel.
 
@@ -337,6 +339,9 @@ def evaluate(
         worker_policy: with `ray`, what each actor locates the policy from on its node (default `policy_dir`): a
             checkpoint URL, so that every node downloads the same step from the bucket.
         worker_bucket: with `ray`, the bucket endpoint and token actors download a `worker_policy` URL with.
+        shadow_map: side of the sims' shadow maps (default: `robotloop.sim.env.shadow_map_size` of the camera,
+            gym-aloha's 4096 at 480x640, as the loop records). Smaller renders faster on a GPU and moves a few
+            pixels: what success that costs a policy recorded with the default is what this measures.
 
     Raises:
         ValueError: bad arguments, unknown task, or an image size the policy was not trained on.
@@ -345,8 +350,10 @@ def evaluate(
         robotloop.cluster.RayUnavailable: with `ray`, no Ray or no cluster there, or workers kept dying.
     """
     from ..sim import get_task
+    from ..sim.env import check_shadow_map, shadow_map_size
 
     spec = get_task(task)  # KeyError/ValueError for an unknown task
+    check_shadow_map(shadow_map)
     if episodes < 1 or workers < 1 or videos < 0 or (batch is not None and batch < 1):
         raise BadValue(
             f"episodes, workers and batch must be >= 1 and videos >= 0, got {episodes}, {workers}, {batch}, {videos}"
@@ -383,6 +390,7 @@ def evaluate(
         source=source,
         checkpoint=checkpoint,
         inference=_acting(runner),
+        shadow_map=(shadow_map or shadow_map_size(*trained)) if trained is not None else None,
     )
     start = time.perf_counter()
     # A state-only policy: the sim renders nothing, so there is nothing to film.
@@ -392,11 +400,13 @@ def evaluate(
         from ..cluster.eval import EvalJob, evaluate_on_ray
 
         policy = worker_policy or str(policy_dir)
-        job = EvalJob(policy, worker_bucket, spec.name, steps, trained, device, inference, backend)
+        job = EvalJob(policy, worker_bucket, spec.name, steps, trained, device, inference, backend, shadow_map)
         results = evaluate_on_ray(ray, job, slots, size, workers, video_dir, report.nodes)
     else:
         report.lockstep = LockstepTime()
-        start_sims = functools.partial(SimBatch, spec.name, size, workers, trained, steps, video_dir)
+        start_sims = functools.partial(
+            SimBatch, spec.name, size, workers, trained, steps, video_dir, shadow_map=shadow_map
+        )
         results = _run_local(runner, start_sims, slots, report.lockstep)
     with contextlib.closing(results):  # a failing on_episode closes the workers now, not when collected
         for result in results:

@@ -53,10 +53,11 @@ class _Sims:
         max_steps: int,
         images: np.ndarray | None,
         video_dir: str | None,
+        shadow_map: int | None = None,
     ) -> None:
         from ..sim import AlohaSim
 
-        first = AlohaSim(task, image_size=image_size, max_episode_steps=max_steps)
+        first = AlohaSim(task, image_size=image_size, max_episode_steps=max_steps, shadow_map=shadow_map)
         # one renderer for the slice: one GL context, not one per sim to switch between every step
         self.sims = [first] + [
             AlohaSim(task, image_size=image_size, max_episode_steps=max_steps, camera=first.camera)
@@ -147,12 +148,12 @@ def _serve(conn: Connection, parent_pid: int, shm_name: str | None, rows: tuple[
     start_worker(parent_pid)
     shm = SharedMemory(shm_name) if shm_name else None
     try:
-        task, image_size, max_steps, video_dir, size = args
+        task, image_size, max_steps, video_dir, size, shadow_map = args
         images = None
         if shm is not None:
             frames = np.ndarray((size, *image_size, 3), np.uint8, buffer=shm.buf)
             images = frames[rows[0] : rows[1]]
-        sims = _Sims(task, rows[1] - rows[0], image_size, max_steps, images, video_dir)
+        sims = _Sims(task, rows[1] - rows[0], image_size, max_steps, images, video_dir, shadow_map)
         conn.send(("ok", None))
         while True:
             method, call_args = conn.recv()
@@ -188,8 +189,10 @@ class SimBatch:
         image_size: tuple[int, int] | None,
         max_steps: int,
         video_dir: str | None = None,
+        shadow_map: int | None = None,
     ) -> None:
         self.size, self.image_size, self.max_steps = size, image_size, max_steps
+        self.shadow_map = shadow_map  # None: `shadow_map_size` of the image
         workers = max(1, min(workers, size))
         self._shm: SharedMemory | None = None
         self.images: np.ndarray | None = None
@@ -204,7 +207,7 @@ class SimBatch:
         self._procs: list[Any] = []
         try:
             if workers == 1:
-                self._local = _Sims(task, size, image_size, max_steps, self.images, video_dir)
+                self._local = _Sims(task, size, image_size, max_steps, self.images, video_dir, shadow_map)
             else:
                 self._start(task, max_steps, video_dir)
         except BaseException:
@@ -217,7 +220,7 @@ class SimBatch:
         shm_name = self._shm.name if self._shm else None
         for rows in self.rows:
             ours, theirs = ctx.Pipe()
-            args = (task, self.image_size, max_steps, video_dir, self.size)
+            args = (task, self.image_size, max_steps, video_dir, self.size, self.shadow_map)
             proc = ctx.Process(target=_serve, args=(theirs, os.getpid(), shm_name, rows, args), daemon=True)
             proc.start()
             theirs.close()

@@ -69,6 +69,20 @@ def check_action(action: Any, dim: int = ACTION_DIM) -> np.ndarray:
     return arr
 
 
+SHADOW_MAP_SIDES = (256, 512, 1024, 2048, 4096, 8192)
+
+
+def check_shadow_map(side: int | None) -> int | None:
+    """`side` if it is a shadow-map side the sim takes (a power of two, 256-8192), None as it is.
+
+    Raises:
+        BadValue: any other value.
+    """
+    if side is not None and side not in SHADOW_MAP_SIDES:
+        raise BadValue(f"a shadow map's side is one of {', '.join(map(str, SHADOW_MAP_SIDES))}, not {side}")
+    return side
+
+
 def shadow_map_size(height: int, width: int) -> int:
     """Side of the shadow maps for an image of this size.
 
@@ -88,12 +102,20 @@ class TopCamera:
     on the H200 (BENCHMARKS.md, "Rounds on one H200, TransferCube").
     """
 
-    def __init__(self, model: mujoco.MjModel, size: ImageSize, camera: str = "top", shadows: bool = True):
+    def __init__(
+        self,
+        model: mujoco.MjModel,
+        size: ImageSize,
+        camera: str = "top",
+        shadows: bool = True,
+        shadow_map: int | None = None,
+    ):
         h, w = size
         self.size = (h, w)
+        self.shadow_map = check_shadow_map(shadow_map) or shadow_map_size(h, w)
         model.vis.global_.offheight = max(model.vis.global_.offheight, h)
         model.vis.global_.offwidth = max(model.vis.global_.offwidth, w)
-        model.vis.quality.shadowsize = shadow_map_size(h, w)
+        model.vis.quality.shadowsize = self.shadow_map
         self.renderer = mujoco.Renderer(model, height=h, width=w)
         self.renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = shadows
         self.camera = camera
@@ -119,6 +141,9 @@ class AlohaSim:
         seed: used by the first `reset()` that gets no seed; later seedless resets draw from it.
         max_episode_steps: `truncated` turns True at this step count (default: task.episode_length = 400).
         shadows: render shadows as gym-aloha does (default). False halves CPU (llvmpipe) render time, for tests.
+        shadow_map: side of the lights' shadow maps (default: `shadow_map_size` of the image, gym-aloha's 4096 at
+            480x640). Smaller renders faster on a GPU (2048 at 240x320: 2.6x on an H200) and moves a few pixels:
+            a policy should be evaluated with the maps its data was recorded with.
         camera: another sim's `camera` (same task and image size) to render with, instead of a renderer of its own:
             sims stepped side by side in one process then share one GL context (see `TopCamera`). The sim does
             not close a camera it was given.
@@ -132,6 +157,7 @@ class AlohaSim:
         max_episode_steps: int | None = None,
         shadows: bool = True,
         camera: TopCamera | None = None,
+        shadow_map: int | None = None,
     ):
         self.task = get_task(task)
         self.model = load_model(assets_dir() / self.task.joint_xml)
@@ -144,7 +170,7 @@ class AlohaSim:
             raise BadValue(f"a shared camera renders {camera.size}, this sim's image size is {self.image_size}")
         self._owns_camera = camera is None
         if camera is None and self.image_size:
-            camera = TopCamera(self.model, self.image_size, shadows=shadows)
+            camera = TopCamera(self.model, self.image_size, shadows=shadows, shadow_map=shadow_map)
         self.camera = camera
         self.reward_fn = self.task.make_reward(self.model)
         self.max_episode_steps = max_episode_steps or self.task.episode_length
