@@ -26,11 +26,9 @@ import numpy as np
 
 def _work(job: tuple[str, int | None, int, int, tuple[int, int], int]) -> dict:
     mode, shadow, sims, steps, size, worker = job
-    from robotloop.sim import AlohaSim, env
+    from robotloop.sim import AlohaSim
 
-    if shadow:  # another shadow-map side than `shadow_map_size` picks for this image size
-        env.shadow_map_size = lambda h, w: shadow
-    first = AlohaSim("transfer_cube", image_size=size, shadows=shadow != 0)
+    first = AlohaSim("transfer_cube", image_size=size, shadows=shadow != 0, shadow_map=shadow or None)
     camera = first.camera if mode == "shared" else None
     group = [first] + [AlohaSim("transfer_cube", image_size=size, camera=camera) for _ in range(sims - 1)]
     for j, sim in enumerate(group):

@@ -58,7 +58,7 @@ class _Sims:
         from ..sim import AlohaSim
 
         first = AlohaSim(task, image_size=image_size, max_episode_steps=max_steps, shadow_map=shadow_map)
-        # one renderer for the slice: one GL context, not one per sim to switch between every step
+        # one renderer for the slice: one GL context to build, not one per sim
         self.sims = [first] + [
             AlohaSim(task, image_size=image_size, max_episode_steps=max_steps, camera=first.camera)
             for _ in range(count - 1)

@@ -98,8 +98,8 @@ class TopCamera:
     """Offscreen renderer of the `top` camera at a fixed size.
 
     One renderer (one GL context) can film any number of sims of the same task, one `data` at a time: a worker
-    stepping ~13 sims side by side switched between 13 EGL contexts every step, and rendering was 97% of its time
-    on the H200 (BENCHMARKS.md, "Rounds on one H200, TransferCube").
+    stepping ~13 sims side by side then builds one context, not 13 (13 s less per evaluation start on the H200; a
+    frame costs the same, its time is the shadow maps': BENCHMARKS.md, "One renderer per lockstep worker").
     """
 
     def __init__(
