@@ -327,3 +327,24 @@ def test_scrub_reads_the_index_the_servers_keep_in_postgres(buckets, seed, postg
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 0, result.output
     assert "nothing damaged" in result.output and "checked 0 xorbs" not in result.output
+
+
+def test_a_replica_wakes_its_long_polls_once_for_its_own_change_and_once_for_anothers(postgres):
+    """`RegistryDb.version` (what long-polls watch) moves once per assignment change: a replica's own write is not
+    counted again when its follower thread reads the shared version row, another replica's is counted once."""
+    from robotloop.deploy.registry.db import VERSION_POLL_S, RegistryDb
+
+    url = postgres.database("registry_version_wakes")
+    ours, theirs = RegistryDb(url), RegistryDb(url)
+    try:
+        time.sleep(3 * VERSION_POLL_S)  # both followers have read the row once
+        ours.tx([("UPDATE channels SET release = NULL WHERE name = ?", ("stable",))])  # wakes polls
+        time.sleep(5 * VERSION_POLL_S)
+        assert ours.version == 1  # before: 2, once written and once read back by the follower
+        assert theirs.version == 1  # the other replica's follower saw it
+        theirs.tx([("UPDATE channels SET release = NULL WHERE name = ?", ("stable",))])
+        time.sleep(5 * VERSION_POLL_S)
+        assert (ours.version, theirs.version) == (2, 2)
+    finally:
+        ours.close()
+        theirs.close()

@@ -154,6 +154,9 @@ class RegistryDb:
     def __init__(self, database: Path | str) -> None:
         self.lock = threading.RLock()
         self.version = 0  # bumped by every change that may alter an assignment
+        # The highest `assignments_version` row this replica knows of, its own writes' included: the follower bumps
+        # `version` only past it, so that a replica's own change does not wake its long-polls a second time.
+        self._row_known = 0
         self.closing = False
         self.shared = is_postgres_url(database)
         self.conn: sqlite3.Connection | PgConnection
@@ -176,14 +179,15 @@ class RegistryDb:
 
     def _follow_replicas(self, url: str) -> None:
         # Its own connection: the long-polls' wake-ups must not queue behind requests on the shared one.
-        conn, seen = None, None
+        conn, first = None, True
         while not self.closing:
             try:
                 conn = conn or connect_postgres(url, "deploy")
                 value = conn.execute("SELECT value FROM assignments_version WHERE id = 1").fetchone()[0]
-                if seen is not None and value != seen:
-                    self.version += 1
-                seen = value
+                with self.lock:  # after any own write that committed `value` has counted it
+                    if value > self._row_known and not first:  # another replica's change (the row only grows)
+                        self.version += 1
+                    self._row_known, first = max(self._row_known, value), False
             except RobotloopError as error:  # the database is down: the requests say so (503); look again
                 log.debug("assignment version not read: %s", error)
             time.sleep(VERSION_POLL_S)
@@ -212,14 +216,17 @@ class RegistryDb:
             self.conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self.conn
+                row = None
                 if wakes_polls:  # what the other replicas follow
                     self.conn.execute("UPDATE assignments_version SET value = value + 1 WHERE id = 1")
+                    row = self.conn.execute("SELECT value FROM assignments_version WHERE id = 1").fetchone()[0]
                 self.conn.execute("COMMIT")
             except BaseException:
                 self.conn.execute("ROLLBACK")
                 raise
             if wakes_polls:
                 self.version += 1
+                self._row_known = max(self._row_known, row)
 
     def tx(self, sql_params: list[tuple[str, tuple]], wakes_polls: bool = True) -> None:
         """Run the statements as one transaction (`transaction`)."""
