@@ -241,6 +241,36 @@ def test_a_dataset_with_other_features_is_not_appended_to(bucket_server, tmp_pat
         DatasetRecorder(client, url, other, staging=tmp_path / "b").commit(big)
 
 
+def test_commits_go_on_into_the_new_files_lerobot_starts_past_its_size_limits(bucket_server, tmp_path):
+    """lerobot starts new data and video files once the current ones pass `data_files_size_in_mb` and
+    `video_files_size_in_mb` (a robot recording all day gets there): the next commits grow the new files, the
+    recorder finds them (`growing_files`, read with pyarrow) where lerobot's own metadata says, and lerobot reads
+    every episode across the files."""
+    from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
+
+    from robotloop.capture.append import growing_files
+
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/capture/datasets/rotating")
+    DatasetRecorder(client, url, SPEC, staging=tmp_path / "a").commit(synthetic_episode(0))
+    info_file = client.download(url / "meta" / "info.json", tmp_path / "info.json")
+    info = json.loads(info_file.read_text())
+    info["data_files_size_in_mb"] = info["video_files_size_in_mb"] = 1e-4  # past it after one episode
+    info_file.write_text(json.dumps(info))
+    client.upload(info_file, url / "meta" / "info.json")
+    recorder = DatasetRecorder(client, url, SPEC, staging=tmp_path / "b")
+    for k in (1, 2):
+        recorder.commit(synthetic_episode(k))
+        meta = LeRobotDatasetMetadata(url.bucket_id, root=recorder.root)
+        video = str(meta.get_video_file_path(k, "observation.images.top"))
+        assert growing_files(recorder.root) == [str(meta.get_data_file_path(k)), video]
+        assert video.endswith(f"file-{k:03d}.mp4"), video  # a new file for each episode past the limit
+    dataset = load_with_lerobot(client, url, tmp_path / "read")
+    assert dataset.meta.total_episodes == 3 and len(dataset) == 36
+    assert [dataset[12 * k]["action"].tolist() for k in range(3)] == [[float(k)] * 14 for k in range(3)]
+    assert dataset[35]["observation.images.top"].shape == (3, 24, 32)
+
+
 def _children(pid: int) -> set[int]:
     """Processes whose parent is `pid`, from /proc."""
     found = set()

@@ -224,11 +224,9 @@ class DatasetRecorder:
         known[rel] = entry.xet_hash
 
     def _tail_files(self) -> list[str]:
-        from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
+        from .append import growing_files
 
-        meta = LeRobotDatasetMetadata(self.url.bucket_id, root=self.root)
-        last = meta.total_episodes - 1
-        return [str(meta.get_data_file_path(last))] + [str(meta.get_video_file_path(last, k)) for k in meta.video_keys]
+        return growing_files(self.root)
 
     def _known_hashes(self) -> dict[str, str]:
         path = self.staging / "hashes.json"
