@@ -16,9 +16,11 @@ LEROBOT_EVAL=${LEROBOT_EVAL:-50}
 ONNX_EVAL=${ONNX_EVAL:-50}  # episodes of stable's ONNX export on ONNX Runtime's CPU provider (the image has no GPU one), 0: none
 INT8_EVAL=${INT8_EVAL:-50}  # episodes of its int8 graph (quantized here, as deploy publish --onnx-int8 does), 0: none
 INDEPENDENT=${INDEPENDENT:-1}  # 1: stable evaluated again over seeds 5000-5199 (3 min on the H200), 0: not
-ROUND_ARGS=${ROUND_ARGS:-}  # more `robotloop loop` options, e.g. "--round-steps 6000 --round-lr-scale 0.3"
+ROUND_ARGS=${ROUND_ARGS:-}  # more `robotloop loop` options, e.g. "--round-steps 6000 --round-lr-scale 0.3"; with
+# "--shadow-map 2048" the whole run films (and so evaluates) with 2048-texel shadow maps; SHADOW_EVAL then compares
+# against them, not against gym-aloha's 4096
 FLEET_CHECK=${FLEET_CHECK:-1}  # stable in lockstep on the fleet's own scenes, paired with the robots' episodes
-SHADOW_EVAL=${SHADOW_EVAL:-0}  # e.g. 2048: stable evaluated again on the same $EVAL seeds with smaller shadow maps, 0: not
+SHADOW_EVAL=${SHADOW_EVAL:-0}  # e.g. 2048: stable evaluated again on the same $EVAL seeds with these shadow maps, 0: not
 # A rehearsal of the whole script on a CPU machine, before device time is spent on it (every step, tiny sizes):
 #   PRESET=cpu WORKERS=2 DEVICE=cpu EVAL=2 INDEPENDENT_EPISODES=2 LEROBOT_EVAL=1 ONNX_EVAL=2 INT8_EVAL=2 \
 #   ROUND_ARGS="--episodes 1 --steps 4 --round-steps 4 --fleet 1 --fleet-episodes 1" bash benchmarks/h200_flywheel.sh /tmp/fw

@@ -320,6 +320,28 @@ def test_another_spec_for_an_open_dataset_is_a_conflict(capture):
         robot.abort(eid)
 
 
+def test_a_sim_cameras_rendering_is_kept_and_another_is_refused_at_open(capture, tmp_path):
+    from robotloop.capture.recorder import camera_shadow_map
+
+    dataset = "hf://buckets/lab/capture/datasets/rendered"
+    with CaptureClient(capture.endpoint, ROBOT_A) as robot:
+        eid = robot.open(dataset, CAMERAS, STATE, ACTION, shadow_map=2048)
+        robot.send_frames(eid, **frames(3))
+        robot.close(eid, "transfer the cube")
+        with pytest.raises(CaptureError, match="2048-texel shadow maps") as e:
+            robot.open(dataset, CAMERAS, STATE, ACTION)  # gym-aloha's rendering: other pixels, another dataset
+        assert e.value.status == 409
+        with pytest.raises(CaptureError, match="shadow_map") as e:
+            robot.open(f"{dataset}-bad", CAMERAS, STATE, ACTION, shadow_map=3000)
+        assert e.value.status == 400 and "256, 512" in str(e.value)
+    info = json.loads(capture.bucket.download(BucketUrl.parse(f"{dataset}/meta/info.json"), tmp_path / "i").read_text())
+    assert camera_shadow_map(info["features"]["observation.images.top"]) == 2048
+    assert bucket_files(capture, f"{dataset}-bad") == []
+    fresh = EpisodeSessions(capture.bucket, vcodec="h264", staging=tmp_path / "fresh")  # a restarted service
+    with pytest.raises(SpecConflict, match="rendered with 2048-texel shadow maps"):
+        fresh.open("robot-x", BucketUrl.parse(dataset), CAMERAS, STATE, ACTION)
+
+
 def test_idle_episodes_expire_and_each_robot_has_an_open_cap(capture, tmp_path):
     """The library directly, with a clock we move: idle episodes go, and free their robot's slot."""
     now = [0.0]

@@ -353,3 +353,25 @@ def test_a_full_disk_drops_the_episode_with_its_reason_and_recording_resumes_onc
     dataset = _read(client, url, tmp_path / "read")  # the dataset holds the later episode only
     facts = (tmp_path / "read" / "meta" / "fleet_episodes.jsonl").read_text().splitlines()
     assert dataset.meta.total_episodes == 1 and [json.loads(line)["seed"] for line in facts] == [2]
+
+
+def test_a_sim_cameras_rendering_goes_into_the_fleet_datasets_features(bucket_server, tmp_path, monkeypatch):
+    """A sim robot filming with other shadow maps than gym-aloha's says so in its fleet dataset (as demos do), so
+    training refuses to mix it with data rendered otherwise; it is the camera's, not an episode fact."""
+    from robotloop.capture.recorder import EPISODE_FACTS_FILE, camera_shadow_map
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/fleet/datasets/rendered")
+    fleet = FleetRecorder(client, url, RecordChoice("all"), queue_frames=100, staging=tmp_path / "staging")
+    fleet.begin(EpisodeFacts("r1", "v7", TASK, 1), shadow_map=2048)
+    for t in range(4):
+        fleet.frame(_obs(t), np.zeros(14, np.float32), np.zeros(14, np.float32), False, 1.0, False)
+    fleet.end()
+    fleet.close()
+    assert fleet.stats.recorded == 1, fleet.stats.as_dict()
+    info = json.loads(client.download(url / "meta" / "info.json", tmp_path / "info.json").read_text())
+    assert camera_shadow_map(info["features"]["observation.images.top"]) == 2048
+    (line,) = client.download(url / EPISODE_FACTS_FILE, tmp_path / "facts.jsonl").read_text().splitlines()
+    assert "shadow_map" not in json.loads(line)

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from robotloop.capture.recorder import camera_shadow_map
 from robotloop.deploy.evaluate import EpisodeResult, EvalReport
 from robotloop.errors import BadValue
 from robotloop.fleet import Takeovers
@@ -33,7 +34,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     cmd = [sys.executable, "-m", "robotloop.cli", "--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN]
     cmd += ["loop", "--rounds", "1", "--fleet", "2", "--fleet-episodes", "1", "--stall-steps", "10", "--baseline"]
     cmd += ["--round-lr-scale", "0.5", "--fleet-check", "--round-data-share", "0.5", "--fleet-rate-hz", "inf"]
-    cmd += ["--round-success-weight", "0"]
+    cmd += ["--round-success-weight", "0", "--shadow-map", "512"]  # 512: cheaper than 48x64's default 1024 on a CPU
     cmd += ["--episodes", "1", "--steps", "4", "--round-steps", "4", "--batch-size", "2", "--eval-episodes", "1"]
     cmd += ["--eval-max-steps", "30", "--workers", "1", "--bucket", bucket, "--report-dir", "report"]
     env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
@@ -76,6 +77,14 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     assert len(facts) == 2 and {f["robot_id"] for f in facts} == {"fleet-1", "fleet-2"}
     assert all(f["kind"] in ("takeover", "expert") and f["expert_frames"] > 0 for f in facts), facts
     assert len({f["seed"] for f in facts}) == 2 and all(f["seed"] > 100_000 for f in facts)  # fresh, unseen scenes
+    # One rendering for the whole run: the demos, the fleet's episodes and the baseline's demos were filmed with the
+    # run's shadow maps, the policies keep them, and every evaluation rendered with them.
+    for name in ("", "-fleet-1", "-fleet-2", "-baseline"):
+        url = BucketUrl.parse(f"{bucket}/datasets/transfer_cube-{run_name}{name}/meta/info.json")
+        info = json.loads(client.download(url, tmp_path / f"info{name}.json").read_text())
+        assert camera_shadow_map(info["features"]["observation.images.top"]) == 512, name
+    evaluations = list((tmp_path / "report").rglob("eval_report.json"))
+    assert len(evaluations) >= 3 and {json.loads(e.read_text())["shadow_map"] for e in evaluations} == {512}
 
     # A round fine-tunes at a fraction of the recipe's learning rate; each checkpoint's lineage.json says which.
     def lineage_of(model: str) -> dict:

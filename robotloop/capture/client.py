@@ -67,9 +67,11 @@ class CaptureClient(ServiceClient):
         fps: int = 50,
         robot_type: str | None = None,
         fleet: bool = False,
+        shadow_map: int | None = None,
     ) -> str:
         """Open an episode in the dataset at `dataset` (an hf://buckets/... URL); returns its id. `fleet`: a fleet
-        dataset (its frames also have `intervention` and `policy_action`; its episodes, facts).
+        dataset (its frames also have `intervention` and `policy_action`; its episodes, facts). `shadow_map`: a
+        sim's cameras render with shadow maps of this side (None: gym-aloha's for the frame size).
 
         Raises:
             CaptureError: refused (bad URL or shapes 400/422, token 401/403, other features 409, a fleet dataset
@@ -84,6 +86,8 @@ class CaptureClient(ServiceClient):
             "robot_type": robot_type,
             "fleet": fleet,
         }
+        if shadow_map is not None:  # absent, not null: a service from before the field takes the request as it was
+            body["shadow_map"] = shadow_map
         return self._call("POST", "/v1/episodes", json=body)["episode_id"]
 
     def send_frames(

@@ -42,6 +42,7 @@ import numpy as np
 from ..compat import dropped_video_frames, video_encoder_queues
 from ..config import cache_home
 from ..errors import BadValue
+from ..sim.constants import check_shadow_map, shadow_map_size
 from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError, private_dir
 from .episode import BadEpisode, Episode, check_array
 
@@ -51,6 +52,9 @@ INTERVENTION_KEY, POLICY_ACTION_KEY = "intervention", "policy_action"  # a fleet
 # One JSON object per committed episode that came with facts of its own (a fleet robot's id, release, seed, kind):
 # beside lerobot's metadata, which has no place for them; lerobot's readers ignore the file.
 EPISODE_FACTS_FILE = "meta/fleet_episodes.jsonl"
+# A sim camera's rendering, in its feature's `info` (lerobot keeps keys it does not know there): the side of the
+# lights' shadow maps, written only where it is not gym-aloha's for the frame size (`shadow_map_size`).
+SHADOW_MAP_INFO = "sim.shadow_map"
 COMMIT_ATTEMPTS = 5  # syncs and appends again when another recorder committed meanwhile
 _DTYPES = {"video": np.uint8, "float32": np.float32, "bool": np.bool_}  # lerobot's dtype names -> numpy's
 
@@ -70,25 +74,37 @@ class DatasetSpec:
     # A fleet dataset's per-frame `intervention` (bool: the expert's action) and `policy_action` (what the policy
     # proposed) columns; a dataset without them is scripted demos, every frame the expert's.
     fleet: bool = False
+    # A sim's cameras: the side of the shadow maps they render with (None: `shadow_map_size` of the frame, as
+    # gym-aloha renders). Training reads it back and saves it with the policy, so evaluation renders the same.
+    shadow_map: int | None = None
 
     def __post_init__(self) -> None:
-        """Raises ValueError for a codec lerobot cannot encode with, here rather than after a recorded episode."""
+        """Raises ValueError for a codec lerobot cannot encode with or a bad shadow-map side, here rather than
+        after a recorded episode."""
         from lerobot.configs.video import VALID_VIDEO_CODECS, VIDEO_CODECS_ALIASES
 
+        check_shadow_map(self.shadow_map)
         if VIDEO_CODECS_ALIASES.get(self.vcodec, self.vcodec) not in VALID_VIDEO_CODECS:
             raise BadValue(f"video codec {self.vcodec!r}: lerobot encodes with one of {sorted(VALID_VIDEO_CODECS)}")
 
     @classmethod
-    def aloha(cls, image_size: tuple[int, int] = (480, 640), vcodec: str = "libsvtav1") -> DatasetSpec:
+    def aloha(
+        cls, image_size: tuple[int, int] = (480, 640), vcodec: str = "libsvtav1", shadow_map: int | None = None
+    ) -> DatasetSpec:
         """ALOHA bimanual: the `top` camera, 14-d joint state and action, 50 Hz, as gym-aloha."""
         h, w = image_size
-        return cls({"top": (h, w, 3)}, 14, 14, 50, "aloha", vcodec)
+        return cls({"top": (h, w, 3)}, 14, 14, 50, "aloha", vcodec, shadow_map=shadow_map)
 
     def features(self) -> dict[str, dict]:
-        feats = {
-            f"observation.images.{name}": {"dtype": "video", "shape": shape, "names": ["height", "width", "channels"]}
-            for name, shape in self.cameras.items()
-        }
+        feats = {}
+        for name, shape in self.cameras.items():
+            feats[f"observation.images.{name}"] = {
+                "dtype": "video",
+                "shape": shape,
+                "names": ["height", "width", "channels"],
+            }
+            if (side := self.rendered_shadow_map(shape[:2])) is not None:
+                feats[f"observation.images.{name}"]["info"] = {SHADOW_MAP_INFO: side}
         feats[STATE_KEY] = {"dtype": "float32", "shape": (self.state_dim,), "names": None}
         feats[ACTION_KEY] = {"dtype": "float32", "shape": (self.action_dim,), "names": None}
         if self.with_reward:
@@ -98,6 +114,20 @@ class DatasetSpec:
             feats[INTERVENTION_KEY] = {"dtype": "bool", "shape": (1,), "names": None}
             feats[POLICY_ACTION_KEY] = {"dtype": "float32", "shape": (self.action_dim,), "names": None}
         return feats
+
+    def rendered_shadow_map(self, size: tuple[int, int]) -> int | None:
+        """What a camera of this frame size stores of its rendering: `shadow_map`, or None where that is the
+        default for the size (so a dataset rendered as gym-aloha renders says nothing new)."""
+        if self.shadow_map is None or self.shadow_map == shadow_map_size(*size):
+            return None
+        return self.shadow_map
+
+
+def camera_shadow_map(feature: dict) -> int | None:
+    """The shadow-map side a dataset's camera feature (meta/info.json) was rendered with, when it is not the
+    default for its frame size (`DatasetSpec.shadow_map`); None otherwise, and for real cameras."""
+    side = (feature.get("info") or {}).get(SHADOW_MAP_INFO)
+    return int(side) if side is not None else None
 
 
 @dataclass(frozen=True)
@@ -649,6 +679,14 @@ def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
             f"{spec.fps} fps{_feature_differences(have, want)}"
         )
     cameras = [k for k in spec.features() if k.startswith(f"{OBS_IMAGES}.")]
+    for key in cameras:
+        have_side, want_side = camera_shadow_map(info["features"][key]), camera_shadow_map(spec.features()[key])
+        if have_side != want_side:
+            return (
+                f"holds {key} frames rendered with {_shadows(have_side)}; these episodes are rendered with "
+                f"{_shadows(want_side)}: one dataset, one rendering, so record with the dataset's shadow map or "
+                "into a new dataset"
+            )
     stored = {(info["features"][k].get("info") or {}).get("video.codec") for k in cameras}
     stored.discard(None)
     ours = stream_codec(spec.vcodec)
@@ -658,6 +696,10 @@ def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
             "one codec (lerobot refuses to mix them), so record with the dataset's codec or into a new dataset"
         )
     return None
+
+
+def _shadows(side: int | None) -> str:
+    return f"{side}-texel shadow maps" if side is not None else "the default shadow maps for their size"
 
 
 def _feature_differences(have: dict[str, list], want: dict[str, list]) -> str:

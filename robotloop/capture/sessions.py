@@ -363,22 +363,26 @@ class EpisodeSessions:
         fps: int = 50,
         robot_type: str | None = None,
         fleet: bool = False,
+        shadow_map: int | None = None,
     ) -> str:
         """Open an episode of `robot` in the dataset at `url`; returns its id. `fleet`: the dataset is a fleet
         dataset (`DatasetSpec(fleet=True)`: every frame also has `intervention` and `policy_action`, and each
-        episode a line of facts).
+        episode a line of facts). `shadow_map`: a sim's cameras render with shadow maps of this side
+        (`DatasetSpec.shadow_map`).
 
         Raises:
             BadEpisode: no camera, or an image shape that is not (H, W, 3).
             TooManyEpisodes: `robot` already has `limits.max_open_per_robot` episodes open.
-            SpecConflict: the dataset exists with other cameras, dims or fps, or is a fleet dataset and `fleet` is
-                not asked for (or the reverse).
+            SpecConflict: the dataset exists with other cameras, dims, fps or shadow maps, or is a fleet dataset
+                and `fleet` is not asked for (or the reverse).
             robotloop.storage.StorageError: the service cannot create or read the bucket.
         """
         if not cameras or any(len(s) != 3 or s[2] != 3 or min(s) < 1 for s in cameras.values()):
             raise BadEpisode(f"cameras must map names to (height, width, 3) RGB shapes; got {cameras}")
         cameras = {k: tuple(v) for k, v in cameras.items()}
-        spec = DatasetSpec(cameras, state_dim, action_dim, fps, robot_type, self.vcodec, fleet=fleet)
+        spec = DatasetSpec(
+            cameras, state_dim, action_dim, fps, robot_type, self.vcodec, fleet=fleet, shadow_map=shadow_map
+        )
         self.expire()
         recorder = self._dataset(url, spec).recorder  # outside the lock: it may talk to the bucket
         episode_id = secrets.token_hex(16)  # unguessable: ids are never a capability, but need not leak either
@@ -661,6 +665,7 @@ def _describe(spec: DatasetSpec) -> str:
     return (
         f"cameras {spec.cameras}, state_dim {spec.state_dim}, action_dim {spec.action_dim}, fps {spec.fps}, "
         f"robot type {spec.robot_type!r}, {fleet}"
+        + (f", {spec.shadow_map}-texel shadow maps" if spec.shadow_map is not None else "")
     )
 
 

@@ -68,7 +68,7 @@ def _demo(
         writer.add(lerobot_frame(target.spec, {"top": frame}, state, action, reward, solved, TASK_TEXT[task]))
 
     try:
-        demo = record_demo(task, seed, image_size=image_size, max_steps=max_steps, on_step=stream)
+        demo = record_demo(task, seed, image_size, max_steps, on_step=stream, shadow_map=target.spec.shadow_map)
     except BaseException:  # a frame the writer refused has been discarded already; the sim's own errors not
         writer.discard()
         raise
@@ -109,7 +109,8 @@ def record_sim(
     seeds: Sequence[int] | None = None,
     ray: str | None = None,
 ) -> RecordReport:
-    """Record `episodes` successful scripted demos of `task` into `recorder`'s dataset.
+    """Record `episodes` successful scripted demos of `task` into `recorder`'s dataset, filmed as its spec says
+    (`DatasetSpec.shadow_map`: the lights' shadow maps).
 
     Seeds run from `seed_start` upwards; `seeds` instead gives the scenes to demonstrate, each tried once (the
     re-demonstrations of a fleet's failed episodes). A failed demo is reported in `failed_seeds` and dropped, or with

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..cluster import RAY_HELP, check_address
 from ..errors import BadInput
-from .output import JsonOutput, cli_console, json_result, progress_bars
+from .output import JsonOutput, ShadowMapOption, cli_console, json_result, progress_bars
 
 console = cli_console()
 
@@ -65,18 +65,12 @@ def eval_policy(
         ),
     ] = "torch",
     ray: Annotated[str | None, typer.Option("--ray", help=RAY_HELP + " Each worker runs whole waves.")] = None,
-    shadow_map: Annotated[
-        int | None,
-        typer.Option(
-            help="Side of the sim lights' shadow maps, 256-8192 (default: gym-aloha's 4096 at 480x640, as recorded). "
-            "2048 rendered 2.6x faster at 240x320 on an H200 and moves a few pixels."
-        ),
-    ] = None,
+    shadow_map: ShadowMapOption = None,
     as_json: JsonOutput = False,
 ) -> dict:
     """Evaluate a trained policy in the ALOHA sim: episodes run in lockstep, seeded, with rollout videos."""
     from ..deploy.evaluate import REPORT_FILE, default_output_dir, locate_and_evaluate
-    from ..sim.env import check_shadow_map, parse_image_size
+    from ..sim.constants import parse_image_size
     from ..sim.tasks import get_task
     from ..train.device import resolve_device
 
@@ -88,10 +82,6 @@ def eval_policy(
         size = parse_image_size(image_size)
     except BadInput:
         raise typer.BadParameter(f"{image_size!r}: expected HxW, e.g. 480x640", param_hint="--image-size") from None
-    try:
-        check_shadow_map(shadow_map)
-    except BadInput as error:
-        raise typer.BadParameter(str(error), param_hint="--shadow-map") from None
     if ray is not None:
         try:
             check_address(ray)

@@ -13,7 +13,7 @@ from ..cluster import RAY_HELP, check_address
 from ..errors import BadInput
 from ..sim.constants import parse_image_size
 from ..storage import BadBucketUrl, BucketUrl, connect
-from .output import cli_console, fail, progress_bars, quiet_encoders
+from .output import ShadowMapOption, cli_console, fail, progress_bars, quiet_encoders
 
 console = cli_console()
 CAMERAS_HELP = (
@@ -78,6 +78,7 @@ def record(
     fps: Annotated[int, typer.Option(min=1, help="Hardware: recording rate.")] = 30,
     task: Annotated[str, typer.Option(help="Hardware: the task instruction stored with each frame.")] = "",
     ray: Annotated[str | None, typer.Option("--ray", help=RAY_HELP + " Each worker commits its own episodes.")] = None,
+    shadow_map: ShadowMapOption = None,
 ) -> None:
     """Record episodes (scripted sim, or LeRobot hardware with --robot.type); each is committed when it ends.
 
@@ -98,7 +99,7 @@ def record(
             check_address(ray)
         except BadInput as error:
             raise typer.BadParameter(str(error), param_hint="--ray") from None
-    recorder = DatasetRecorder(connect(ctx.obj), url, DatasetSpec.aloha(size, vcodec=codec))
+    recorder = DatasetRecorder(connect(ctx.obj), url, DatasetSpec.aloha(size, codec, shadow_map))
     first = recorder.committed_episodes()
     with progress_bars(console, "{task.description}") as bars:
         bar = bars.add_task(f"recording {sim}", total=episodes, note="")

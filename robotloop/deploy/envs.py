@@ -37,8 +37,10 @@ class SimControlEnv:
     """An `AlohaSim` task at its control rate (50 Hz for ALOHA); episodes end at success or `episode_steps`.
 
     `image_size=FROM_POLICY`: the camera takes the size of the first policy the robot runs (the size saved beside
-    it, `PolicyRunner.image_size`, as `robotloop eval` renders), then keeps it, as a real camera would: `sized` is
-    False until `fit(size)` builds the sim, in the thread that renders (MuJoCo's EGL context is that thread's).
+    it, `PolicyRunner.image_size`, as `robotloop eval` renders), and its shadow maps unless `shadow_map` is given,
+    then keeps them, as a real camera would: `sized` is False until `fit(size, shadow_map)` builds the sim, in the
+    thread that renders (MuJoCo's EGL context is that thread's). `shadow_map`: the side of the lights' shadow maps
+    (None: the policy's data's, else gym-aloha's for the size, `robotloop.sim.constants.shadow_map_size`).
     """
 
     def __init__(
@@ -48,8 +50,10 @@ class SimControlEnv:
         episode_steps: int = 400,
         seed: int = 0,
         rate_hz: float = 50.0,
+        shadow_map: int | None = None,
     ) -> None:
         from ..sim import get_task
+        from ..sim.constants import check_shadow_map
 
         # An unknown task fails now, not when the first policy arrives. Its instruction is what a recorded episode
         # of it says (the scripted demos' `task`).
@@ -58,6 +62,7 @@ class SimControlEnv:
         # ALOHA's 50 Hz; `math.inf`: as fast as the machine runs (a simulated fleet's clock is its own).
         self.rate_hz = rate_hz
         self.sim = None
+        self._shadow_map = check_shadow_map(shadow_map)
         if image_size != FROM_POLICY:
             self.fit(image_size)
 
@@ -70,17 +75,25 @@ class SimControlEnv:
         """The camera's (H, W); None: not sized yet, or a sim that renders nothing."""
         return self.sim.image_size if self.sim is not None else None
 
-    def fit(self, image_size: tuple[int, int] | None) -> None:
-        """Build the sim with its camera at `image_size` (None: no camera). Once: a robot's camera stays as it is.
+    @property
+    def shadow_map(self) -> int | None:
+        """The camera's shadow-map side; None: not sized yet, or a sim that renders nothing."""
+        camera = self.sim.camera if self.sim is not None else None
+        return camera.shadow_map if camera is not None else None
+
+    def fit(self, image_size: tuple[int, int] | None, shadow_map: int | None = None) -> None:
+        """Build the sim with its camera at `image_size` (None: no camera) and `shadow_map` (the policy's; the
+        side given at construction wins). Once: a robot's camera stays as it is.
 
         Raises:
-            BadValue: a bad size, or the sim was sized already.
+            BadValue: a bad size or shadow-map side, or the sim was sized already.
         """
         from ..sim import AlohaSim
 
         if self.sim is not None:
             raise BadValue(f"the sim camera is {format_image_size(self.sim.image_size)} already")
-        self.sim = AlohaSim(self.task, image_size=image_size, max_episode_steps=self.episode_steps)
+        side = self._shadow_map if self._shadow_map is not None else shadow_map
+        self.sim = AlohaSim(self.task, image_size=image_size, max_episode_steps=self.episode_steps, shadow_map=side)
 
     def reset(self) -> dict[str, Any]:
         self.seed += 1

@@ -339,9 +339,10 @@ def evaluate(
         worker_policy: with `ray`, what each actor locates the policy from on its node (default `policy_dir`): a
             checkpoint URL, so that every node downloads the same step from the bucket.
         worker_bucket: with `ray`, the bucket endpoint and token actors download a `worker_policy` URL with.
-        shadow_map: side of the sims' shadow maps (default: `robotloop.sim.env.shadow_map_size` of the camera,
-            gym-aloha's 4096 at 480x640, as the loop records). Smaller renders faster on a GPU and moves a few
-            pixels: what success that costs a policy recorded with the default is what this measures.
+        shadow_map: side of the sims' shadow maps (default: those the policy's data was recorded with,
+            `PolicyRunner.shadow_map`, else `robotloop.sim.constants.shadow_map_size` of the camera, gym-aloha's 4096
+            at 480x640). Smaller renders faster on a GPU and moves a few pixels at shadow edges: given for a policy
+            recorded with other maps, what success that costs is what this measures.
 
     Raises:
         ValueError: bad arguments, unknown task, or an image size the policy was not trained on.
@@ -350,7 +351,7 @@ def evaluate(
         robotloop.cluster.RayUnavailable: with `ray`, no Ray or no cluster there, or workers kept dying.
     """
     from ..sim import get_task
-    from ..sim.env import check_shadow_map, shadow_map_size
+    from ..sim.constants import check_shadow_map, shadow_map_size
 
     spec = get_task(task)  # KeyError/ValueError for an unknown task
     check_shadow_map(shadow_map)
@@ -367,6 +368,7 @@ def evaluate(
     if set(runner.image_keys) - {"observation.images.top"}:
         raise BadValue(f"the policy reads cameras {runner.image_keys}; the ALOHA sim renders only 'top'")
     trained = runner.image_size
+    shadow_map = shadow_map or runner.shadow_map  # render as the policy's data was rendered
     if image_size is not None and tuple(image_size) != trained:
         raise BadValue(
             f"the policy was trained on {format_image_size(trained)}; it cannot be evaluated at "

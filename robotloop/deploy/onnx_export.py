@@ -181,6 +181,7 @@ def export_runner(
             max_abs_diff=diff,
             exporter=EXPORTER_REVISION,
             written=written,
+            shadow_map=runner.shadow_map,
         )
         (staged / ONNX_META_FILE).write_text(json.dumps(meta.to_dict(), indent=1) + "\n")
         files = (ONNX_FILE, ONNX_DATA_FILE, ONNX_META_FILE)

@@ -79,6 +79,8 @@ class OnnxMeta:
         exporter: the revision of the exporter that wrote it (`onnx_export.EXPORTER_REVISION`; 0: one older than
             the field). written: sha256 of the graph and weights files as the export wrote them (empty: older).
             With `source`, what `onnx_export.stale_export` checks before publish reuses an export.
+        shadow_map: the shadow-map side the policy's data's sim cameras rendered with, None for gym-aloha's
+            (`PolicyRunner.shadow_map`).
     """
 
     cameras: dict[str, tuple[int, int, int]]
@@ -93,6 +95,7 @@ class OnnxMeta:
     max_abs_diff: float
     exporter: int = 0
     written: dict[str, str] = field(default_factory=dict)
+    shadow_map: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         inputs = [
@@ -116,6 +119,7 @@ class OnnxMeta:
             "max_abs_diff": self.max_abs_diff,
             "exporter": self.exporter,
             "written": self.written,
+            "shadow_map": self.shadow_map,
         }
 
     @classmethod
@@ -148,6 +152,7 @@ class OnnxMeta:
             # Absent from exports made before they were recorded: such an export is made again at publish.
             exporter=int(raw.get("exporter", 0)),
             written={str(k): str(v) for k, v in raw.get("written", {}).items()},
+            shadow_map=int(raw["shadow_map"]) if raw.get("shadow_map") is not None else None,
         )
 
 
@@ -252,6 +257,7 @@ class OnnxRunner:
             k: (c, h, w) for k, (h, w, c) in self.meta.cameras.items()
         }
         self.state_dim: int | None = self.meta.state_dim
+        self.shadow_map: int | None = self.meta.shadow_map
         self.action_dim: int = self.meta.action_dim
         self.chunk_size: int = self.meta.chunk_size
         self.ensembling: bool = self.temporal_ensemble_coeff is not None

@@ -55,6 +55,9 @@ class Policy(Protocol):
     """
 
     backend: str  # "torch", "onnx" or "onnx-int8" (`BACKENDS`, less "auto")
+    # The sim cameras' shadow-map side its data was rendered with, where not gym-aloha's for the size (None: it
+    # was); a sim that films for it renders with the same (`SimControlEnv.fit`, `evaluate`).
+    shadow_map: int | None
 
     @property
     def image_size(self) -> tuple[int, int] | None:

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from ..errors import BadValue
+from ..sim.constants import check_shadow_map
 from .errors import NonFiniteAction, PolicyLoadError  # noqa: F401 - also importable from here
 from .policy import REQUIRED_FILES  # what `save_pretrained` writes; all must be there to load
 
@@ -63,6 +64,7 @@ class PolicyRunner:
     Attributes:
         policy: lerobot's ACTPolicy (eval mode). preprocessor / postprocessor: lerobot's saved pipelines.
         device: where the model runs. path: the directory it was loaded from.
+        shadow_map: the shadow-map side its data's sim cameras rendered with, None for gym-aloha's (`INPUTS_FILE`).
     """
 
     backend: ClassVar[str] = "torch"
@@ -77,7 +79,7 @@ class PolicyRunner:
         self.image_keys: list[str] = list(cfg.image_features)
         # The camera frames the runner takes, (C, H, W) per camera: the policy's input size, or the size its
         # preprocessor resizes from (written by the trainer beside config.json) when the policy sees smaller frames.
-        cameras = _camera_sizes(self.path)
+        cameras, self.shadow_map = _saved_inputs(self.path)
         self.image_shapes: dict[str, tuple[int, int, int]] = {
             k: (cfg.image_features[k].shape[0], *cameras.get(k, cfg.image_features[k].shape[1:]))
             for k in self.image_keys
@@ -266,19 +268,23 @@ class PolicyRunner:
         return batch
 
 
-def _camera_sizes(path: Path) -> dict[str, tuple[int, int]]:
-    """The camera sizes the trainer recorded beside the policy (`INPUTS_FILE`); {} for checkpoints without it."""
+def _saved_inputs(path: Path) -> tuple[dict[str, tuple[int, int]], int | None]:
+    """What the trainer recorded beside the policy (`INPUTS_FILE`): the camera sizes, and the sim cameras' shadow-map
+    side where the data was not rendered as gym-aloha renders (None: it was). ({}, None) for checkpoints without it.
+    """
     import json
 
     from ..train.policy import INPUTS_FILE
 
     file = path / INPUTS_FILE
     if not file.is_file():
-        return {}
+        return {}, None
     try:
-        cameras = json.loads(file.read_text())["cameras"]
-        return {str(k): (int(v[0]), int(v[1])) for k, v in cameras.items()}
-    except (ValueError, KeyError, TypeError, IndexError) as error:
+        saved = json.loads(file.read_text())
+        cameras = {str(k): (int(v[0]), int(v[1])) for k, v in saved["cameras"].items()}
+        shadow_map = saved.get("shadow_map")
+        return cameras, check_shadow_map(int(shadow_map)) if shadow_map is not None else None
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as error:
         raise PolicyLoadError(f"{file}: not a readable camera size file: {error}") from None
 
 
@@ -337,9 +343,11 @@ def make_tiny_checkpoint(
     seed: int = 0,
     chunk_size: int = 10,
     settings: ACTSettings | None = None,
+    shadow_map: int | None = None,
 ) -> Path:
     """Save a small random-weight ACT for the ALOHA features (one `top` camera, 14-d state and action), for
     tests and benchmarks. Stats centre actions on the sim's start pose (std 0.05), so its commands stay near it.
+    `shadow_map`: the camera's data was rendered with shadow maps of this side (`DatasetSpec.shadow_map`).
 
     `settings` replaces the tiny architecture (dim 64, one encoder layer, `chunk_size` actions per chunk),
     e.g. `ACTSettings()` for lerobot's full-size ACT in latency benchmarks.
@@ -366,7 +374,7 @@ def make_tiny_checkpoint(
         "min": start - 1,
         "max": start + 1,
     }
-    features = DatasetSpec.aloha(image_size).features()
+    features = DatasetSpec.aloha(image_size, shadow_map=shadow_map).features()
     # build_policy's "random backbone" warning is expected here
     with _quiet("robotloop.train.policy"):
         policy = build_policy(features, {"observation.state": vec, "action": vec}, settings)

@@ -215,7 +215,7 @@ class RobotRuntime:
         self._first_frame = threading.Event()  # set with the first observation: warm-ups wait for it
         # A sim camera sized by the first policy (`SimControlEnv(image_size=FROM_POLICY)`): the updater asks for a
         # size, the control thread (the one that renders) builds the sim and renders the first frame.
-        self._camera_wanted: tuple[tuple[int, int] | None] | None = None
+        self._camera_wanted: tuple[tuple[int, int] | None, int | None] | None = None  # size, shadow map
         self._camera_error: Exception | None = None
         self.slots = PolicySlots()
         self.ledger = ReleaseLedger.load(store.root / "runtime.json", options.health_window)
@@ -336,7 +336,7 @@ class RobotRuntime:
         if wanted is None:
             return None, None
         try:
-            self.env.fit(wanted[0])
+            self.env.fit(*wanted)
         except ValueError as error:  # a size the sim cannot render: that release does not fit this robot
             self._camera_error = error
             return None, None
@@ -346,13 +346,13 @@ class RobotRuntime:
         """Updater thread: the observation to warm `runner` up on, the latest one, once the control thread has one
         (a warm-up skipped for want of it would let a policy that does not fit the robot drive it, and be rolled
         back for good). A camera that takes its size from the first policy is sized for `runner` first
-        (`PolicyRunner.image_size`, what `robotloop eval` renders). None when the runtime stops first.
+        (`PolicyRunner.image_size` and `.shadow_map`, what `robotloop eval` renders). None when the runtime stops first.
 
         Raises:
             ValueError: the sim cannot render the policy's size (the updater skips that release).
         """
         if not _sized(self.env) and not self._first_frame.is_set():
-            self._camera_wanted = (runner.image_size,)
+            self._camera_wanted = (runner.image_size, runner.shadow_map)
         while not self._first_frame.wait(0.1):
             error, self._camera_error = self._camera_error, None
             if error is not None:
@@ -373,7 +373,8 @@ class RobotRuntime:
         if self.recording is not None and active is not None:  # what a release does; not the wait for the first
             task = getattr(self.env, "instruction", None) or getattr(self.env, "task", None) or "-"
             seed = getattr(self.env, "seed", None)
-            self.recording.begin(EpisodeFacts(self.options.robot_id, active.release, task, seed))
+            facts = EpisodeFacts(self.options.robot_id, active.release, task, seed)
+            self.recording.begin(facts, getattr(self.env, "shadow_map", None))  # a sim camera's rendering
         return obs, _EpisodeTally(active.release if active else None, mixed=active is None)
 
     def _finish(self, episode: _EpisodeTally) -> None:

@@ -125,6 +125,7 @@ class _Open:
 
     episode: int
     facts: EpisodeFacts
+    shadow_map: int | None = None  # a sim camera's shadow-map side (`DatasetSpec.shadow_map`)
     live: Any = None  # robotloop.capture.LiveEpisode, begun at the episode's first frame
     tally: FleetTally = field(default_factory=FleetTally)
 
@@ -201,14 +202,15 @@ class FleetRecorder:
         self._process.start()
 
     # -- control thread: never waits ----------------------------------------------------------------------------
-    def begin(self, facts: EpisodeFacts) -> None:
-        """A new episode starts (an episode still open is dropped: its end never came)."""
+    def begin(self, facts: EpisodeFacts, shadow_map: int | None = None) -> None:
+        """A new episode starts (an episode still open is dropped: its end never came). `shadow_map`: a sim
+        camera's shadow-map side (None: gym-aloha's for the frame size), kept in the fleet dataset's features."""
         self._episode += 1
         self._streaming = self.choice.mode != "off" and self._rng.random() < self.choice.sample
         if self.choice.mode != "off" and not self._streaming:
             self.stats.add("not_sampled")
         if self._streaming:
-            self._put(("begin", facts))
+            self._put(("begin", (facts, shadow_map)))
 
     def frame(
         self,
@@ -308,12 +310,12 @@ class _Writer:
 
     def _handle(self, current: _Open | None, episode: int, kind: str, payload: Any) -> _Open | None:
         if kind == "begin":
-            return _Open(episode, payload)
+            return _Open(episode, *payload)
         if current is None:
             return None
         if kind == "frame":
             if current.live is None:
-                current.live = self._begin(payload, current.facts.task)
+                current.live = self._begin(payload, current.facts.task, current.shadow_map)
             if self.capture is not None:
                 current.live.add(payload)
             else:
@@ -334,24 +336,32 @@ class _Writer:
         self.stats.add("recorded")
         return None
 
-    def _begin(self, tick: _Tick, task: str) -> Any:
+    def _begin(self, tick: _Tick, task: str, shadow_map: int | None) -> Any:
         """The episode's live writer: lerobot's (`LiveEpisode`), or one open on the capture service."""
         if self.capture is None:
-            return self._recorder_for(tick).begin(task)
+            return self._recorder_for(tick, shadow_map).begin(task)
         t = self.target
         cameras = {name: tuple(np.shape(image)) for name, image in tick.obs["pixels"].items()}
         episode_id = self.capture.open(
-            t.url, cameras, len(tick.obs["agent_pos"]), len(tick.action), t.fps, t.robot_type, fleet=True
+            t.url, cameras, len(tick.obs["agent_pos"]), len(tick.action), t.fps, t.robot_type, True, shadow_map
         )
         return _ServiceEpisode(self.capture, episode_id, task, t.fps)
 
-    def _recorder_for(self, tick: _Tick) -> DatasetRecorder:
-        """The fleet dataset's recorder, its features from the first frame (BadEpisode later if one differs)."""
+    def _recorder_for(self, tick: _Tick, shadow_map: int | None) -> DatasetRecorder:
+        """The fleet dataset's recorder, its features from the first frame and its episode's rendering (BadEpisode
+        later if one differs)."""
         if self.recorder is None:
             t = self.target
             cameras = {name: tuple(np.shape(image)) for name, image in tick.obs["pixels"].items()}
             spec = DatasetSpec(
-                cameras, len(tick.obs["agent_pos"]), len(tick.action), t.fps, t.robot_type, t.vcodec, fleet=True
+                cameras,
+                len(tick.obs["agent_pos"]),
+                len(tick.action),
+                t.fps,
+                t.robot_type,
+                t.vcodec,
+                fleet=True,
+                shadow_map=shadow_map,
             )
             self.recorder = DatasetRecorder(self.client, BucketUrl.parse(t.url), spec, t.staging)
             self.recorder.committed_episodes()  # BadEpisode now if the bucket's dataset has other features

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..cluster import check_address
 from ..options import Flag
-from ..sim.constants import parse_image_size
+from ..sim.constants import check_shadow_map, parse_image_size
 from ..storage import BucketUrl
 
 Preset = Literal["cpu", "h200"]
@@ -68,12 +68,22 @@ class LoopOptions(BaseModel):
         default=None,
         description="Record and evaluate with Ray actors: auto, local or a cluster ADDRESS (robotloop[ray]).",
     )
+    shadow_map: int | None = Field(
+        default=None,
+        description="Side of the sim lights' shadow maps for everything the run films, 256-8192 (default: "
+        "gym-aloha's, 4096 at 480x640). Saved with the data and the policy, so evaluation renders the same.",
+    )
 
     @field_validator("image_size")
     @classmethod
     def _image_size(cls, value: str | None) -> str | None:
         parse_image_size(value)  # BadValue (a ValueError): the model reports it under --image-size
         return value
+
+    @field_validator("shadow_map")
+    @classmethod
+    def _shadow_map(cls, value: int | None) -> int | None:
+        return check_shadow_map(value)  # BadValue: reported under --shadow-map
 
     @field_validator("bucket")
     @classmethod
@@ -129,5 +139,6 @@ class LoopOptions(BaseModel):
             report_dir=self.report_dir,
             backbone_weights=self.backbone_weights,
             ray=self.ray,
+            shadow_map=self.shadow_map,
             **chosen,
         )

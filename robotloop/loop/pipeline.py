@@ -38,7 +38,7 @@ from ..deploy.resolve import resolve_policy
 from ..deploy.runtime import RobotRuntime
 from ..deploy.store import ReleaseStore
 from ..errors import BadValue
-from ..sim.constants import format_image_size
+from ..sim.constants import check_shadow_map, format_image_size
 from ..storage import BucketClient, BucketUrl
 from ..train.data import DataSettings
 from ..train.device import resolve_device
@@ -109,11 +109,16 @@ class LoopSettings:
     seed: int = 0
     # Recording and evaluation's sim workers as Ray actors of this cluster (`robotloop.cluster`); None: processes.
     ray: str | None = None
+    # The sim cameras' shadow-map side for everything the run films: demos, the fleet, re-demonstrations, the
+    # baseline, and (saved with the policy) evaluation. None: gym-aloha's, 4096 at 480x640, which is most of an
+    # H200's frame time (2048 rendered 2.6x faster at 240x320; BENCHMARKS.md).
+    shadow_map: int | None = None
 
     def __post_init__(self) -> None:
         """Raises ValueError (BadBucketUrl included) before anything starts: unknown task, bad bucket URL, ..."""
         check_task(self.task)
         BucketUrl.parse(self.bucket)
+        check_shadow_map(self.shadow_map)
         if self.ray is not None:
             check_address(self.ray)
         self.device = resolve_device(self.device)  # a missing GPU fails here, not after the recording stage
@@ -161,6 +166,10 @@ class LoopSettings:
     @property
     def run_url(self) -> BucketUrl:
         return BucketUrl.parse(f"{self.bucket}/models/{self.run}")
+
+    def dataset_spec(self) -> DatasetSpec:
+        """What every dataset of the run records: the camera size, codec and rendering."""
+        return DatasetSpec.aloha(self.image_size, self.vcodec, self.shadow_map)
 
     def act(self) -> ACTSettings:
         """The policy's settings: architecture, then the preset's recipe (`policy`), then the speed options.
@@ -245,9 +254,7 @@ def run_loop(
 def _run_stages(
     s: LoopSettings, report: LoopReport, client: BucketClient, on_stage: Stage, on_train, on_demo: Demo | None
 ) -> None:
-    recorder = DatasetRecorder(
-        client, s.dataset_url, DatasetSpec.aloha(s.image_size, s.vcodec), staging=s.report_dir / "staging"
-    )
+    recorder = DatasetRecorder(client, s.dataset_url, s.dataset_spec(), staging=s.report_dir / "staging")
     on_train = _counting_episodes(report, on_train)
     overlap = not s.live and s.train_after is not None and s.train_after < s.episodes
     recording = None
@@ -456,7 +463,7 @@ def _robot(client: BucketClient, deploy: DeployClient, key: Path, report: LoopRe
     published = time.monotonic()
 
     def control() -> None:  # MuJoCo's EGL context belongs to the thread that made it
-        env = SimControlEnv(s.task, s.image_size, episode_steps=s.eval_max_steps or 400)
+        env = SimControlEnv(s.task, s.image_size, episode_steps=s.eval_max_steps or 400, shadow_map=s.shadow_map)
         runtimes.append(
             RobotRuntime(
                 env,

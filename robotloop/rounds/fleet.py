@@ -45,6 +45,7 @@ class FleetRobot:
     storage_token: str | None
     task: str
     image_size: tuple[int, int]
+    shadow_map: int | None  # its camera's shadow-map side (None: gym-aloha's for the size)
     device: str
     first_seed: int  # its episodes run the scenes first_seed + 1, + 2, ...
     episodes: int
@@ -132,6 +133,7 @@ def _run_robot(robot: FleetRobot) -> FleetRobotResult:
         episode_steps=robot.policy_steps + MAX_REPLAN_STEPS,
         seed=robot.first_seed,
         rate_hz=robot.rate_hz,
+        shadow_map=robot.shadow_map,
     )
     client = BucketClient(robot.endpoint, robot.storage_token)
     fps = 50 if math.isinf(robot.rate_hz) else round(robot.rate_hz)  # a dataset's fps is the robot's real rate

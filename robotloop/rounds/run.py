@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..capture import DatasetRecorder, DatasetSpec
+from ..capture import DatasetRecorder
 from ..capture.sim_record import record_sim
 from ..deploy.client import DeployClient
 from ..deploy.evaluate import EvalReport, evaluate
@@ -423,6 +423,7 @@ class _Rounds:
                     storage_token=self.client.token,
                     task=loop.task,
                     image_size=loop.image_size,
+                    shadow_map=loop.shadow_map,
                     device=loop.device,
                     first_seed=fleet_first_seed(loop.seed, k, i, s.fleet, s.fleet_episodes),
                     episodes=s.fleet_episodes,
@@ -450,8 +451,9 @@ class _Rounds:
     def _redemonstrate(self, seeds: list[int]) -> int:
         """The scripted expert on each failed episode's scene, from its initial state; the frames committed."""
         loop = self.loop
-        spec = DatasetSpec.aloha(loop.image_size, loop.vcodec)
-        recorder = DatasetRecorder(self.client, self.redemos, spec, staging=loop.report_dir / "staging-redemos")
+        recorder = DatasetRecorder(
+            self.client, self.redemos, loop.dataset_spec(), staging=loop.report_dir / "staging-redemos"
+        )
         rec = record_sim(
             recorder, loop.task, len(seeds), loop.record_workers, loop.image_size, seeds=seeds, ray=loop.ray
         )
@@ -544,8 +546,9 @@ class _Rounds:
         loop = self.loop
         length = get_task(loop.task).episode_length  # a scripted demo's: it runs the task's whole episode
         demos = max(1, math.ceil(expert_frames / length))
-        spec = DatasetSpec.aloha(loop.image_size, loop.vcodec)
-        recorder = DatasetRecorder(self.client, self.baseline_demos, spec, staging=loop.report_dir / "staging-baseline")
+        recorder = DatasetRecorder(
+            self.client, self.baseline_demos, loop.dataset_spec(), staging=loop.report_dir / "staging-baseline"
+        )
         with self._timed(
             stages, "baseline", f"round {k}: {demos} more scripted demos ({expert_frames} frames), same training"
         ):

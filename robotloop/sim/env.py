@@ -8,7 +8,6 @@ Reward: 0..4 staged contact reward; `info["is_success"]` is `reward == max_rewar
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Any
@@ -28,9 +27,11 @@ from robotloop.sim.constants import (  # noqa: E402
     STATE_DIM,
     ImageSize,
     assets_dir,
+    check_shadow_map,
     normalize_gripper,
     normalize_gripper_velocity,
     parse_image_size,
+    shadow_map_size,
     unnormalize_gripper,
 )
 from robotloop.sim.physics import forward_without_actuation, legacy_step, load_model, n_substeps  # noqa: E402
@@ -67,31 +68,6 @@ def check_action(action: Any, dim: int = ACTION_DIM) -> np.ndarray:
     if not np.all(np.isfinite(arr)):
         raise BadValue(f"action has non-finite values: {arr}")
     return arr
-
-
-SHADOW_MAP_SIDES = (256, 512, 1024, 2048, 4096, 8192)
-
-
-def check_shadow_map(side: int | None) -> int | None:
-    """`side` if it is a shadow-map side the sim takes (a power of two, 256-8192), None as it is.
-
-    Raises:
-        BadValue: any other value.
-    """
-    if side is not None and side not in SHADOW_MAP_SIDES:
-        raise BadValue(f"a shadow map's side is one of {', '.join(map(str, SHADOW_MAP_SIDES))}, not {side}")
-    return side
-
-
-def shadow_map_size(height: int, width: int) -> int:
-    """Side of the shadow maps for an image of this size.
-
-    Each of the scene's three lights renders a shadow map of this side squared every frame; at MuJoCo's 4096 that
-    is most of a CPU (llvmpipe) frame for small images. Eight shadow-map texels per image pixel, at least 1024:
-    at 48x64 and 96x128 that is 1024, which moves under 0.6% of the pixels by more than 8 levels (shadow edges;
-    `benchmarks/render.py`). 480x640, gym-aloha's size, keeps 4096.
-    """
-    return min(4096, max(1024, 1 << math.ceil(math.log2(8 * max(height, width)))))
 
 
 class TopCamera:

@@ -294,8 +294,10 @@ def _mocap_scene(task: str) -> MocapScene:
 
 
 @lru_cache(maxsize=4)
-def _joint_sim(task: str, image_size: ImageSize | None, shadows: bool = True) -> AlohaSim:
-    return AlohaSim(task, image_size=image_size, shadows=shadows)
+def _joint_sim(
+    task: str, image_size: ImageSize | None, shadows: bool = True, shadow_map: int | None = None
+) -> AlohaSim:
+    return AlohaSim(task, image_size=image_size, shadows=shadows, shadow_map=shadow_map)
 
 
 def record_demo(
@@ -305,12 +307,14 @@ def record_demo(
     max_steps: int | None = None,
     shadows: bool = True,
     on_step: Callable[[np.ndarray | None, np.ndarray, np.ndarray, float], None] | None = None,
+    shadow_map: int | None = None,
 ) -> Demo:
     """Scripted demo for `seed`: objects placed as `gym_aloha` `reset(seed=seed)` places them.
 
     `max_steps` defaults to the task's episode length (400, as ACT's scripted datasets). Simulators are
     cached per process (one mocap scene per task, one renderer per task and image size).
-    `shadows=False` renders without shadows (faster on CPU; images then differ from gym-aloha's).
+    `shadows=False` renders without shadows (faster on CPU; images then differ from gym-aloha's); `shadow_map`
+    sets their maps' side (default: `shadow_map_size` of the image, gym-aloha's 4096 at 480x640).
     `on_step(frame, state, action, reward)` is called after each step, as it happens (a recorder streams the
     frames into its encoder while the replay renders the next ones).
     """
@@ -319,7 +323,7 @@ def record_demo(
     steps = max_steps or spec.episode_length
     objects = spec.sample_objects(seed)
     mocap = rollout_mocap(spec, objects, steps, _mocap_scene(spec.name))
-    sim = _joint_sim(spec.name, size, shadows)
+    sim = _joint_sim(spec.name, size, shadows, shadow_map)
     obs = sim.reset(seed, object_pose=objects)
     frames, states, rewards = [], [], []
     actions = mocap.joint_traj[:steps]

@@ -44,6 +44,7 @@ from lerobot.utils.constants import ACTION, IMAGENET_STATS, OBS_IMAGES, OBS_STAT
 from lerobot.utils.feature_utils import dataset_to_policy_features
 from torch import Tensor, nn
 
+from ..capture.recorder import camera_shadow_map
 from ..compat import normalizer_tensor_stats
 from ..errors import BadValue
 from .fp8 import Accelerator, AutoFp8, Measure, ShapeTiming, StepTimer, convert_linears, gpu_measure, setup_fp8
@@ -421,6 +422,7 @@ class TrainablePolicy:
         fp8_auto: AutoFp8 | None = None,
         camera_sizes: dict[str, tuple[int, int]] | None = None,
         fp8_job: Fp8AutoJob | None = None,
+        shadow_map: int | None = None,
     ) -> None:
         self.policy = policy
         self.preprocessor = preprocessor
@@ -431,6 +433,8 @@ class TrainablePolicy:
         self.image_keys: list[str] = list(cfg.image_features)
         # The frame size each camera records at (what the policy's preprocessor resizes from).
         self.camera_sizes = camera_sizes or {k: tuple(cfg.image_features[k].shape[1:]) for k in self.image_keys}
+        # The sim cameras' shadow-map side where the data was not rendered as gym-aloha renders (None: it was).
+        self.shadow_map = shadow_map
         self._resize = next((s for s in preprocessor.steps if isinstance(s, ImageCropResizeProcessorStep)), None)
         self._base_lrs: list[float] = []
         norm = next(s for s in preprocessor.steps if isinstance(s, NormalizerProcessorStep))
@@ -641,8 +645,10 @@ class TrainablePolicy:
         self.policy.save_pretrained(directory, state_dict=self.state_dict_fp32())
         self.preprocessor.save_pretrained(directory)
         self.postprocessor.save_pretrained(directory)
-        cameras = {k: list(v) for k, v in self.camera_sizes.items()}
-        (directory / INPUTS_FILE).write_text(json.dumps({"cameras": cameras}, indent=1))
+        inputs: dict[str, Any] = {"cameras": {k: list(v) for k, v in self.camera_sizes.items()}}
+        if self.shadow_map is not None:  # evaluation and sim robots render as the data was rendered
+            inputs["shadow_map"] = self.shadow_map
+        (directory / INPUTS_FILE).write_text(json.dumps(inputs, indent=1))
         return directory
 
 
@@ -731,7 +737,22 @@ def build_policy(
         job = Fp8AutoJob(
             features, stats, settings, str(device), accelerator, fp8_auto.cache_path, fp8_measure, fp8_time_step
         )
-    return TrainablePolicy(policy, preprocessor, postprocessor, settings, device, fp8_layers, fp8_auto, cameras, job)
+    shadow_map = _data_shadow_map(features)
+    return TrainablePolicy(
+        policy, preprocessor, postprocessor, settings, device, fp8_layers, fp8_auto, cameras, job, shadow_map
+    )
+
+
+def _data_shadow_map(features: dict[str, Any]) -> int | None:
+    """The shadow-map side the dataset's sim cameras were rendered with (`DatasetSpec.shadow_map`), or None.
+
+    Raises:
+        BadValue: cameras rendered with different ones (no sim renders them so).
+    """
+    sides = {camera_shadow_map(v) for v in features.values() if isinstance(v, dict) and v.get("dtype") == "video"}
+    if len(sides) > 1:
+        raise BadValue(f"the dataset's cameras were rendered with different shadow maps: {sorted(map(str, sides))}")
+    return next(iter(sides), None)
 
 
 __all__ = [

@@ -7,8 +7,8 @@ frame wire format)::
     GET    /v1/stats                       what open episodes hold and how episodes ended (`EpisodeSessions.stats`);
                                            any robot token, read-only ones too
     POST   /v1/episodes                    JSON {"dataset", "cameras": {name: [H, W, 3]}, "state_dim", "action_dim",
-                                           "fps"?, "robot_type"?, "fleet"? (default false)} -> 201 {"episode_id",
-                                           "cameras" (byte order), "fleet", ...}
+                                           "fps"?, "robot_type"?, "fleet"? (default false), "shadow_map"? (a sim's)}
+                                           -> 201 {"episode_id", "cameras" (byte order), "fleet", ...}
     POST   /v1/episodes/{id}/frames        a frame batch (application/octet-stream) -> {"episode_id", "frames"}
     POST   /v1/episodes/{id}/close         JSON {"task", "facts"? (fleet only)} -> the CommitReport's fields, plus
                                            "episode_id"
@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
@@ -67,6 +67,7 @@ from robotloop.capture.sessions import EpisodeSessions, Fact, Limits
 from robotloop.config import Settings
 from robotloop.errors import BadValue
 from robotloop.output import quiet_encoders
+from robotloop.sim.constants import check_shadow_map
 from robotloop.storage import BucketClient, BucketUrl, connect
 from services.capture import CaptureOptions
 from services.errors import json_errors
@@ -122,6 +123,14 @@ class OpenRequest(BaseModel):
     fps: int = Field(default=50, ge=1, le=1000)
     robot_type: str | None = Field(default=None, max_length=100)
     fleet: bool = Field(default=False, description="a fleet dataset: frames also have intervention, policy_action")
+    shadow_map: int | None = Field(
+        default=None, description="a sim's cameras: the side of their shadow maps (256-8192; none: gym-aloha's)"
+    )
+
+    @field_validator("shadow_map")
+    @classmethod
+    def _shadow_map(cls, side: int | None) -> int | None:
+        return check_shadow_map(side)  # BadValue, a ValueError: 422 naming the field
 
 
 class CloseRequest(BaseModel):
@@ -196,7 +205,7 @@ def create_app(settings: Settings, tokens_file: Path | str, client: BucketClient
         url = BucketUrl.parse(body.dataset)
         tokens.authorize(who.token, url.namespace, write=True, bucket_public=False)  # the robot's scope, not ours
         shape = (dict(body.cameras), body.state_dim, body.action_dim, body.fps, body.robot_type)
-        eid = sessions.open(who.id, url, *shape, fleet=body.fleet)
+        eid = sessions.open(who.id, url, *shape, fleet=body.fleet, shadow_map=body.shadow_map)
         log.info("%s opened %sepisode %s in %s", who.id, "a fleet " if body.fleet else "", eid, url)
         per_frame = sum(h * w * c for h, w, c in body.cameras.values())  # the raw image bytes of one frame
         return {

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from ...capture.recorder import camera_shadow_map
 from ...storage import BucketClient, BucketUrl, Entry, NotFound, StorageError
 from ..weights import INTERVENTION_KEY, SUCCESS_KEY, Role, role_of
 from .errors import DatasetMismatch
@@ -304,8 +305,8 @@ class EpisodeCatalog:
         # What a batch stacks must agree; the rest may differ (a fleet dataset's intervention, a demo's reward).
         def signature(src: DatasetSource) -> dict:
             streamed = (STATE_KEY, ACTION_KEY)
-            return {
-                k: (v["dtype"], list(v["shape"]))
+            return {  # a camera's rendering too: a sim's frames with other shadow maps are other pixels
+                k: (v["dtype"], list(v["shape"]), camera_shadow_map(v))
                 for k, v in src.features.items()
                 if k in streamed or v["dtype"] == "video"
             }
