@@ -91,9 +91,11 @@ def turn(work: Path, bucket, ops, mode: str, k: int, size, seconds: float, devic
     while not made or made[0].stats.steps == 0:
         time.sleep(0.01)
     robot = made[0]
+    cpu0 = cpu_seconds()
     steps0, t0, gap0 = robot.stats.steps, time.monotonic(), robot.stats.max_gap_s
     time.sleep(seconds)
     hz = (robot.stats.steps - steps0) / (time.monotonic() - t0)
+    cpu1 = cpu_seconds()
     robot.stop()
     thread.join(30)
     if recording is not None:
@@ -106,9 +108,28 @@ def turn(work: Path, bucket, ops, mode: str, k: int, size, seconds: float, devic
         "episodes": len(robot.stats.episodes),
         "recorded": recording.stats.recorded if recording else 0,
         "dropped": recording.stats.dropped if recording else 0,
+        # CPU seconds per second of the window, by process: what recording's work takes from the robot's cores.
+        "cpu_per_s": {k: round((cpu1.get(k, 0.0) - cpu0.get(k, 0.0)) / seconds, 3) for k in cpu1},
     }
     print(row, flush=True)
     return row
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU time (user + system) so far of the robot's process and of each kind of process it started: its fleet
+    writer, the bucket server, the deploy service (on a real robot the last two run elsewhere)."""
+    import psutil
+
+    me = psutil.Process()
+    used = {"robot": sum(me.cpu_times()[:2])}
+    for child in me.children(recursive=True):
+        try:
+            line = " ".join(child.cmdline())
+            kind = "bucket_server" if "services.bucket" in line else "deploy" if "services.deploy" in line else "writer"
+            used[kind] = used.get(kind, 0.0) + sum(child.cpu_times()[:2])
+        except psutil.Error:  # gone meanwhile
+            continue
+    return used
 
 
 def main() -> None:
@@ -149,6 +170,9 @@ def main() -> None:
             "max_gap_ms": max(r["max_gap_ms"] for r in mine),
             "recorded": sum(r["recorded"] for r in mine),
             "dropped": sum(r["dropped"] for r in mine),
+            "median_cpu_per_s": {
+                k: statistics.median(r["cpu_per_s"].get(k, 0.0) for r in mine) for k in mine[0]["cpu_per_s"]
+            },
         }
     ratio = summary["all"]["median_control_hz"] / summary["off"]["median_control_hz"]
     print(f"recording on / off: {ratio:.3f} of the control rate; {json.dumps(summary)}")
