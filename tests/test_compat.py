@@ -131,3 +131,30 @@ def test_lerobot_streaming_encoder_frame_queues(tmp_path) -> None:
     finally:
         encoder.cancel_episode()
     assert compat.video_encoder_queues(type("NoEncoder", (), {})()) == []
+
+
+def test_lerobot_dataset_metadata_loaded_with_the_episodes_table_by_pyarrow(tmp_path) -> None:
+    """lerobot's LeRobotDatasetMetadata._load_metadata sets info, tasks, episodes and stats: ours, overriding it to
+    read the episodes table with pyarrow, gives a metadata object equal to lerobot's, attribute for attribute."""
+    import numpy as np
+    from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
+
+    from robotloop.capture import DatasetSpec, Episode
+    from robotloop.capture.append import append_episode
+    from robotloop.capture.recorder import write_episode
+
+    spec = DatasetSpec({"top": (16, 24, 3)}, 14, 14, vcodec="h264")
+
+    def episode(k: int) -> Episode:
+        zeros = np.full((4, 14), k, np.float32)
+        return Episode({"top": np.zeros((4, 16, 24, 3), np.uint8)}, zeros, zeros, "x", np.zeros(4, np.float32))
+
+    root = Path(write_episode(spec, "lab/compat", tmp_path, episode(0)).root)
+    append_episode(root, Path(write_episode(spec, "lab/compat", tmp_path, episode(1)).root), "lab/compat")
+    theirs, ours = LeRobotDatasetMetadata("lab/compat", root=root), compat.local_dataset_metadata("lab/compat", root)
+    assert isinstance(ours, LeRobotDatasetMetadata) and ours.total_episodes == 2
+    assert sorted(vars(ours)) == sorted(vars(theirs)), "lerobot's _load_metadata sets other attributes now"
+    assert (ours.info, ours.stats.keys()) == (theirs.info, theirs.stats.keys())
+    assert ours.tasks.equals(theirs.tasks)
+    assert ours.episodes.features == theirs.episodes.features
+    assert ours.episodes.to_list() == theirs.episodes.to_list()

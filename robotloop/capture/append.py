@@ -32,10 +32,13 @@ def append_episode(dst_root: Path, src_root: Path, repo_id: str) -> None:
         finalize_aggregation,
         validate_all_metadata,
     )
-    from lerobot.datasets.dataset_metadata import LeRobotDatasetMetadata
 
-    dst = LeRobotDatasetMetadata(repo_id, root=dst_root)
-    src = LeRobotDatasetMetadata(repo_id, root=src_root)
+    from ..compat import local_dataset_metadata
+
+    # lerobot's metadata objects, their episodes tables read the fast way: two of these per commit were most of a
+    # small episode's commit on 2 cores (BENCHMARKS.md, "Control rate with recording on").
+    dst = local_dataset_metadata(repo_id, dst_root)
+    src = local_dataset_metadata(repo_id, src_root)
     validate_all_metadata([dst, src])
     before = SimpleNamespace(total_episodes=dst.total_episodes, total_frames=dst.total_frames, stats=dst.stats)
     new_tasks = [t for t in src.tasks.index if t not in dst.tasks.index]
