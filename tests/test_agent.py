@@ -130,6 +130,7 @@ def test_agent_records_trains_publishes_rolls_back_and_evaluates(services: Setti
                 "max_steps": 30,
                 "codec": "h264",
                 "keep_failed": True,
+                "shadow_map": 512,  # cheaper than 48x64's default 1024 on a CPU; the policy keeps it
             },
         ),
         ("dataset_info", {"dataset": DATASET}),
@@ -224,6 +225,7 @@ def test_agent_records_trains_publishes_rolls_back_and_evaluates(services: Setti
     assert evaluated["n_episodes"] == 1 and evaluated["successes"] == 0
     report = json.loads(Path(evaluated["report"]).read_text())
     assert report["source"] == RUN and report["image_size"] == [48, 64] and len(report["episodes"]) == 1
+    assert report["shadow_map"] == 512  # filmed as its data was: the side went dataset -> training -> evaluation
 
 
 def test_bad_arguments_are_error_results_the_agent_reads(services: Settings, tmp_path: Path):

@@ -91,6 +91,7 @@ class RobotloopTools:
         workers: int = Field(1, ge=1, le=64),
         codec: str = "libsvtav1",
         keep_failed: bool = False,
+        shadow_map: int | None = None,
     ) -> dict[str, Any]:
         """Record scripted demonstrations in the ALOHA simulator into a LeRobot dataset in a bucket (appends to an
         existing dataset; each episode is committed as it finishes). Failed demos are dropped unless keep_failed.
@@ -104,6 +105,8 @@ class RobotloopTools:
             workers: sim worker processes
             codec: video codec, libsvtav1 (lerobot's default) or h264 (faster on CPU)
             keep_failed: also commit failed demos (marked by next.success never being true)
+            shadow_map: side of the sim lights' shadow maps, 256-8192 (default gym-aloha's, 4096 at 480x640);
+                kept with the dataset, so training and evaluation render the same
         """
         from ..capture import DatasetRecorder, DatasetSpec
         from ..capture.sim_record import check_task, record_sim
@@ -111,7 +114,7 @@ class RobotloopTools:
 
         check_task(task)
         url, size = BucketUrl.parse(dataset), parse_image_size(image_size)
-        recorder = DatasetRecorder(self.ctx.bucket, url, DatasetSpec.aloha(size, vcodec=codec))
+        recorder = DatasetRecorder(self.ctx.bucket, url, DatasetSpec.aloha(size, codec, shadow_map))
         before = recorder.committed_episodes()
         report = record_sim(recorder, task, episodes, workers, size, max_steps, before, keep_failed=keep_failed)
         return {
