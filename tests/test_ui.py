@@ -490,6 +490,7 @@ def test_an_episode_plays_its_own_segment_of_the_shared_video(ui, fleet_views, b
     shown = ui.call("GET", "/api/dataset", params={"url": FLEET_DATASET}, cookies=cookies).json()
     demos = ui.call("GET", "/api/dataset", params={"url": DATASET}, cookies=cookies).json()
     assert shown["role"] == "fleet" and demos["role"] == "demo" and "takeovers" not in demos["episodes"][0]
+    assert (shown["shadow_maps"], demos["shadow_maps"]) == ({"observation.images.top": 2048}, {})
     assert [(e["fleet"]["robot"], e["fleet"]["kind"], e["success"], e["takeovers"]) for e in shown["episodes"]] == [
         ("fleet-r1", "takeover", True, [[TAKEOVER.start, TAKEOVER.stop]]),
         ("fleet-r2", "autonomous", False, []),
@@ -498,6 +499,9 @@ def test_an_episode_plays_its_own_segment_of_the_shared_video(ui, fleet_views, b
     rows = page.locator("#episodes tbody tr")
     expect(rows).to_have_count(2)
     expect(page.locator("#dataset-facts")).to_contain_text("8 expert frames in 1 takeovers, robots fleet-r1, fleet-r2")
+    expect(page.locator("#dataset-facts")).to_contain_text(
+        "filmed with 2048-texel shadow maps (observation.images.top)"
+    )
     expect(page.locator("#episodes thead th")).to_have_text(
         ["episode", "frames", "task", "success", "robot", "release", "kind", "expert frames", "takeovers"]
     )
@@ -533,7 +537,7 @@ def _record_fleet(bucket: BucketClient, staging: Path) -> None:
     from robotloop.capture.recorder import episode_frame
     from robotloop.fleet import EpisodeFacts
 
-    spec = DatasetSpec({"top": (24, 32, 3)}, 14, 14, fps=FPS, vcodec="h264", fleet=True)
+    spec = DatasetSpec({"top": (24, 32, 3)}, 14, 14, fps=FPS, vcodec="h264", fleet=True, shadow_map=2048)
     recorder = DatasetRecorder(bucket, BucketUrl.parse(FLEET_DATASET), spec, staging=staging)
     n, task = 20, "transfer the cube"
     for k, (robot, expert) in enumerate((("fleet-r1", TAKEOVER), ("fleet-r2", range(0)))):

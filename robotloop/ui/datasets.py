@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..capture.recorder import EPISODE_FACTS_FILE, INTERVENTION_KEY, SUCCESS_KEY
+from ..capture.recorder import EPISODE_FACTS_FILE, INTERVENTION_KEY, SUCCESS_KEY, camera_shadow_map
 from ..clients import ServiceClients
 from ..storage import BucketUrl, Entry
 from ..storage import NotFound as StorageNotFound
@@ -176,6 +176,10 @@ class DatasetViews:
             "fps": source.fps,
             "features": {k: {"dtype": v["dtype"], "shape": list(v["shape"])} for k, v in source.features.items()},
             "video_keys": source.video_keys,
+            # The sim cameras filmed with other shadow maps than gym-aloha's (`DatasetSpec.shadow_map`): side by key.
+            "shadow_maps": {
+                k: side for k in source.video_keys if (side := camera_shadow_map(source.features[k])) is not None
+            },
             "episodes": episodes,
         }
 
