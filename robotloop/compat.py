@@ -127,7 +127,7 @@ def video_encoder_queues(writer: Any) -> list[queue.Queue]:
 
 
 def local_dataset_metadata(repo_id: str, root: Path) -> Any:
-    """lerobot's ``LeRobotDatasetMetadata`` of the dataset at `root` (local, never downloaded), equal to lerobot's
+    """lerobot's ``LeRobotDatasetMetadata`` of the local dataset at `root` (a recorder's copy), equal to lerobot's
     own but for how its `episodes` table is read: with pyarrow, only the columns lerobot keeps (not ``stats/*``).
 
     Raises:

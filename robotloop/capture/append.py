@@ -97,20 +97,18 @@ def growing_files(root: Path) -> list[str]:
 
     import pyarrow.parquet as pq
 
+    from .info import episode_files
+
     info = json.loads((root / "meta" / "info.json").read_text())
     files = sorted((root / "meta" / "episodes").glob("*/*.parquet"))
     if not files:
         raise FileNotFoundError(f"{root}: no episodes metadata (meta/episodes/*/*.parquet)")
     videos = [k for k, v in info["features"].items() if v["dtype"] == "video"]
-    columns = ["episode_index", "data/chunk_index", "data/file_index"]
+    columns = ["data/chunk_index", "data/file_index"]
     columns += [f"videos/{k}/{index}" for k in videos for index in ("chunk_index", "file_index")]
     table = pq.read_table(files[-1], columns=columns)
     last = {name: table.column(name)[table.num_rows - 1].as_py() for name in columns}
-    paths = [info["data_path"].format(chunk_index=last["data/chunk_index"], file_index=last["data/file_index"])]
-    for k in videos:
-        chunk, file = last[f"videos/{k}/chunk_index"], last[f"videos/{k}/file_index"]
-        paths.append(info["video_path"].format(video_key=k, chunk_index=chunk, file_index=file))
-    return paths
+    return list(episode_files(info, last, videos).values())
 
 
 def _shift_stats(stats: dict, offsets: dict[str, int]) -> dict:

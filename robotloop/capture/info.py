@@ -53,3 +53,14 @@ def dataset_info(client: BucketClient, url: BucketUrl) -> DatasetInfo:
         info.get("robot_type"),
         info.get("codebase_version"),
     )
+
+
+def episode_files(info: dict, row: dict, video_keys: list[str]) -> dict[str, str]:
+    """The paths, relative to the dataset, of an episode's data file (key "") and video files (by video key), from
+    `meta/info.json` (`info`) and the episode's row of `meta/episodes` (`row`: its chunk and file indices)."""
+    data = info["data_path"].format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])
+    paths = {"": data}
+    for key in video_keys:
+        chunk, file = row[f"videos/{key}/chunk_index"], row[f"videos/{key}/file_index"]
+        paths[key] = info["video_path"].format(video_key=key, chunk_index=chunk, file_index=file)
+    return paths

@@ -666,8 +666,9 @@ def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
     """
     from lerobot.utils.constants import DEFAULT_FEATURES, OBS_IMAGES
 
+    features = spec.features()
     have = {k: list(v["shape"]) for k, v in info["features"].items() if k not in DEFAULT_FEATURES}
-    want = {k: list(v["shape"]) for k, v in spec.features().items()}
+    want = {k: list(v["shape"]) for k, v in features.items()}
     if info.get("robot_type") != spec.robot_type:
         return (
             f"holds episodes of robot type {info.get('robot_type')!r}, not {spec.robot_type!r}: one dataset, one "
@@ -678,9 +679,9 @@ def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
             f"holds a dataset with features {have} at {info.get('fps')} fps; episodes here have {want} at "
             f"{spec.fps} fps{_feature_differences(have, want)}"
         )
-    cameras = [k for k in spec.features() if k.startswith(f"{OBS_IMAGES}.")]
+    cameras = [k for k in features if k.startswith(f"{OBS_IMAGES}.")]
     for key in cameras:
-        have_side, want_side = camera_shadow_map(info["features"][key]), camera_shadow_map(spec.features()[key])
+        have_side, want_side = camera_shadow_map(info["features"][key]), camera_shadow_map(features[key])
         if have_side != want_side:
             return (
                 f"holds {key} frames rendered with {_shadows(have_side)}; these episodes are rendered with "

@@ -130,7 +130,7 @@ class OpenRequest(BaseModel):
     @field_validator("shadow_map")
     @classmethod
     def _shadow_map(cls, side: int | None) -> int | None:
-        return check_shadow_map(side)  # BadValue, a ValueError: 422 naming the field
+        return check_shadow_map(side)  # BadValue, a ValueError: a 400 naming the field
 
 
 class CloseRequest(BaseModel):

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from ...capture.info import episode_files
 from ...capture.recorder import camera_shadow_map
 from ...storage import BucketClient, BucketUrl, Entry, NotFound, StorageError
 from ..weights import INTERVENTION_KEY, SUCCESS_KEY, Role, role_of
@@ -183,16 +184,7 @@ class DatasetSource:
 
     def _paths(self, row: dict) -> dict[str, str]:
         """Bucket paths of an episode's data file and video files (key "" for data)."""
-        info, base = self.info, self._prefix
-        paths = {
-            "": base + info["data_path"].format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])
-        }
-        for key in self.video_keys:
-            rel = info["video_path"].format(
-                video_key=key, chunk_index=row[f"videos/{key}/chunk_index"], file_index=row[f"videos/{key}/file_index"]
-            )
-            paths[key] = base + rel
-        return paths
+        return {key: self._prefix + rel for key, rel in episode_files(self.info, row, self.video_keys).items()}
 
     def _episode(self, row: dict, entries: dict[str, Entry], users: dict[str, int]) -> EpisodeRef | None:
         files = {}
