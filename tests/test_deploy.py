@@ -659,6 +659,33 @@ def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot, tmp_
 
 
 # -- the command line, and LeRobot hardware (test double) ------------------------------------------------------------
+
+
+def test_a_robot_with_one_release_to_run_stops_when_it_is_rolled_back(deploy, tmp_path):
+    """A fleet round's sim robot (`stop_when_refused`): its release failing, it stops and says why, instead of
+    holding still for another release that never comes (a round waited an hour for robots that could not load)."""
+    token = deploy.ops().register_robot("r-once", channel="once", rotate=True)
+    deploy.release("once-nan", "nan", channel="once")
+    env = SimControlEnv("transfer_cube", IMAGE, episode_steps=15)
+    settings = RobotSettings(robot_id="r-once", poll_wait_s=10, heartbeat_s=0.5)
+    runtime = RobotRuntime(
+        env,
+        DeployClient(deploy.url, token),
+        ReleaseStore(tmp_path / "store"),
+        deploy.trusted,
+        settings,
+        _fetcher(deploy),
+    )
+    t0 = time.monotonic()
+    try:
+        stats = runtime.run(duration_s=120, episodes=2, stop_when_refused=True)
+    finally:
+        env.close()
+    assert time.monotonic() - t0 < 60, "the robot waited on after its only release was rolled back"
+    assert [r["release"] for r in stats.rollbacks] == ["once-nan"] and "NonFiniteAction" in stats.rollbacks[0]["reason"]
+    assert stats.finished == 0 and runtime.running is None
+
+
 def _flat(text: str) -> str:
     """CLI output with rich's line wrapping undone."""
     return " ".join(text.split())

@@ -326,7 +326,14 @@ def test_lerobot_policy_spellings_reach_the_saved_config(bucket_server, tmp_path
 def test_collecting_garbage_by_hand_trains_the_same_and_gives_automatic_collection_back(bucket_server, tmp_path):
     import gc
 
+    from robotloop.train.policy import TrainablePolicy
+
+    def policies_alive() -> int:
+        gc.collect()
+        return sum(issubclass(type(o), TrainablePolicy) for o in gc.get_objects())  # type(): no proxy's __getattr__
+
     client, url, _ = _dataset(bucket_server, tmp_path, "gc")
+    before = policies_alive()
     reports = []
     for gc_every in (None, 2):
         out = BucketUrl.parse(f"hf://buckets/lab/train/models/gc-{gc_every}")
@@ -335,4 +342,6 @@ def test_collecting_garbage_by_hand_trains_the_same_and_gives_automatic_collecti
         )
         reports.append(train(client, [url], out, settings, ACTSettings(**TINY), DataSettings(decode_workers=1)))
         assert gc.isenabled()  # as it was before the run
+        # Nothing of a finished run is left referenced, so release_cuda_memory can hand its GPU memory back.
+        assert policies_alive() == before
     assert reports[0].losses == reports[1].losses  # the collector's schedule changes no number

@@ -211,6 +211,7 @@ class RobotRuntime:
         )
         self._stop = threading.Event()
         self._episodes_wanted: int | None = None
+        self._stop_when_refused = False
         self._latest_obs: dict | None = None
         self._first_frame = threading.Event()  # set with the first observation: warm-ups wait for it
         # A sim camera sized by the first policy (`SimControlEnv(image_size=FROM_POLICY)`): the updater asks for a
@@ -251,10 +252,15 @@ class RobotRuntime:
         are kept, so the next start resumes it)."""
         self._stop.set()
 
-    def run(self, duration_s: float | None = None, episodes: int | None = None) -> RuntimeStats:
+    def run(
+        self, duration_s: float | None = None, episodes: int | None = None, stop_when_refused: bool = False
+    ) -> RuntimeStats:
         """Run until `stop()` (or `duration_s`, or `episodes` finished episodes of a release: a sim robot's
-        share of a fleet round); starts and joins the updater and reporter threads."""
+        share of a fleet round); starts and joins the updater and reporter threads. With `stop_when_refused`, a
+        release refused or rolled back also stops the robot (its `stats` say why): a robot given one release to run
+        (a fleet round's) would otherwise hold still, waiting for another that never comes."""
         self._episodes_wanted = episodes
+        self._stop_when_refused = stop_when_refused
         threads = [
             threading.Thread(target=self._updater.run, name="robotloop-updater", daemon=True),
             threading.Thread(target=self._reporter.run, name="robotloop-reporter", daemon=True),
@@ -424,6 +430,8 @@ class RobotRuntime:
         if release and for_good:
             self.ledger.refuse(release)
         self._reporter.event(kind, named, other, reason)
+        if self._stop_when_refused:
+            self._stop.set()
 
     # -- reporter thread -------------------------------------------------------------------------------------
     def _snapshot(self) -> Snapshot:

@@ -164,10 +164,11 @@ def _run_robot(robot: FleetRobot) -> FleetRobotResult:
         takeovers=takeovers,
     )
     try:
-        stats = runtime.run(episodes=robot.episodes)
+        stats = runtime.run(episodes=robot.episodes, stop_when_refused=True)
     finally:
         recording.close()  # the last episode's commit is waited for: the driver reads the bucket next
         env.close()
+    refused = [*stats.rollbacks, *stats.refused]  # its release could not run (a load failure, say): no round data
     return FleetRobotResult(
         robot.robot_id,
         stats.finished,
@@ -176,6 +177,7 @@ def _run_robot(robot: FleetRobot) -> FleetRobotResult:
         takeovers.stats.as_dict(),
         stats.control_hz,
         sum(p.bytes_fetched for p in stats.pulls),
+        error=f"release {refused[0]['release']} could not run: {refused[0]['reason']}" if refused else None,
         backend=runtime.backend,
     )
 

@@ -34,3 +34,23 @@ def resolve_device(device: str) -> str:
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise BadValue(f"device {device!r}: this machine has {torch.cuda.device_count()} GPU(s)")
     return device
+
+
+def release_cuda_memory() -> None:
+    """Give back to the GPU what a finished training in this process still holds, so that the processes started
+    next (the loop's sim robots and evaluation workers, each with its own CUDA context) have the memory.
+
+    Two things keep it otherwise, for as long as the process lives: torch.compile's CUDA graphs (the `cuda_graphs`
+    option) keep a private memory pool while their compiled code is cached, and the code cache is global (it hangs
+    on the policy class's methods, not on one policy); and torch's caching allocator keeps every freed block. On an
+    80 GB card the h200 preset's training left too little for ten fleet robots (2026-12-05: "CUDA error: out of
+    memory" as each loaded its release). The cost: the next training in this process compiles again (from the
+    on-disk compile caches). Call it with no training running in this process; a no-op where CUDA was never used.
+    """
+    if not torch.cuda.is_initialized():
+        return
+    import gc
+
+    torch._dynamo.reset()  # drops the compiled code, and with it the CUDA graph trees and their memory pools
+    gc.collect()
+    torch.cuda.empty_cache()

@@ -36,6 +36,7 @@ from .checkpoint import (
     save_checkpoint,
 )
 from .data import DataSettings, StreamingSampler
+from .device import release_cuda_memory
 from .layout import checkpoint_url, latest_step, resolve_checkpoint
 from .policy import ACTSettings, build_policy
 from .progress import Progress  # the wire type of on_progress (re-exported: callers import it from here)
@@ -126,6 +127,22 @@ def train(
         no expert frame, and no demos). robotloop.storage.NotFound: `init_from` holds no checkpoint.
         ModelMismatch (a ValueError): the checkpoint resumed or started from is of another model.
     """
+    try:
+        return _train(client, datasets, output, settings, act, data, on_progress, should_stop)
+    finally:  # the policy, optimizer and sampler are gone with _train's frame: their GPU memory can go back
+        release_cuda_memory()
+
+
+def _train(
+    client: BucketClient,
+    datasets: list[BucketUrl],
+    output: BucketUrl,
+    settings: TrainSettings,
+    act: ACTSettings | None,
+    data: DataSettings | None,
+    on_progress: Callable[[Progress], None] | None,
+    should_stop: Callable[[], bool],
+) -> TrainReport:
     last = latest_step(client, output)
     if last is not None and not settings.resume:  # two runs' checkpoints in one folder: last.json would mix them
         raise BadValue(
