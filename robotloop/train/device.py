@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from ..errors import BadValue
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(device: str) -> str:
@@ -51,6 +55,9 @@ def release_cuda_memory() -> None:
         return
     import gc
 
-    torch._dynamo.reset()  # drops the compiled code, and with it the CUDA graph trees and their memory pools
-    gc.collect()
-    torch.cuda.empty_cache()
+    try:
+        torch._dynamo.reset()  # drops the compiled code, and with it the CUDA graph trees and their memory pools
+        gc.collect()
+        torch.cuda.empty_cache()
+    except Exception as error:  # noqa: BLE001 - a device already failing (the training's own error) must not be hidden
+        log.warning("GPU memory not given back after training: %s", error)
