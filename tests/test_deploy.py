@@ -530,6 +530,12 @@ def robot(deploy, tmp_path) -> Iterator[RobotRuntime]:
         yield runtime
 
 
+def _sim_robot(deploy: Deploy, tmp_path: Path, env, token: str, settings: RobotSettings, **kw) -> RobotRuntime:
+    """A robot runtime over `env`, following the deploy fixture's service with its own store in `tmp_path`."""
+    store = ReleaseStore(tmp_path / "store")
+    return RobotRuntime(env, DeployClient(deploy.url, token), store, deploy.trusted, settings, _fetcher(deploy), **kw)
+
+
 @contextmanager
 def _running_robot(deploy: Deploy, tmp_path: Path, robot_id: str, channel: str, **options) -> Iterator[RobotRuntime]:
     """`robot`'s robot, as `robot_id` on `channel`, with `options` (RobotSettings fields) over the fixture's."""
@@ -541,17 +547,7 @@ def _running_robot(deploy: Deploy, tmp_path: Path, robot_id: str, channel: str, 
 
     def control_thread() -> None:  # MuJoCo's EGL context belongs to the thread that made it
         env = SimControlEnv("transfer_cube", IMAGE, episode_steps=15)
-        made.append(
-            RobotRuntime(
-                env,
-                DeployClient(deploy.url, token),
-                ReleaseStore(tmp_path / "store"),
-                deploy.trusted,
-                settings,
-                _fetcher(deploy),
-                score=lambda episode: -episode.action_jerk,
-            )
-        )
+        made.append(_sim_robot(deploy, tmp_path, env, token, settings, score=lambda episode: -episode.action_jerk))
         try:
             made[0].run()
         finally:
@@ -658,9 +654,6 @@ def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot, tmp_
     } <= kinds
 
 
-# -- the command line, and LeRobot hardware (test double) ------------------------------------------------------------
-
-
 def test_a_robot_with_one_release_to_run_stops_when_it_is_rolled_back(deploy, tmp_path):
     """A fleet round's sim robot (`stop_when_refused`): its release failing, it stops and says why, instead of
     holding still for another release that never comes (a round waited an hour for robots that could not load)."""
@@ -668,14 +661,7 @@ def test_a_robot_with_one_release_to_run_stops_when_it_is_rolled_back(deploy, tm
     deploy.release("once-nan", "nan", channel="once")
     env = SimControlEnv("transfer_cube", IMAGE, episode_steps=15)
     settings = RobotSettings(robot_id="r-once", poll_wait_s=10, heartbeat_s=0.5)
-    runtime = RobotRuntime(
-        env,
-        DeployClient(deploy.url, token),
-        ReleaseStore(tmp_path / "store"),
-        deploy.trusted,
-        settings,
-        _fetcher(deploy),
-    )
+    runtime = _sim_robot(deploy, tmp_path, env, token, settings)
     t0 = time.monotonic()
     try:
         stats = runtime.run(duration_s=120, episodes=2, stop_when_refused=True)
@@ -684,6 +670,9 @@ def test_a_robot_with_one_release_to_run_stops_when_it_is_rolled_back(deploy, tm
     assert time.monotonic() - t0 < 60, "the robot waited on after its only release was rolled back"
     assert [r["release"] for r in stats.rollbacks] == ["once-nan"] and "NonFiniteAction" in stats.rollbacks[0]["reason"]
     assert stats.finished == 0 and runtime.running is None
+
+
+# -- the command line, and LeRobot hardware (test double) ------------------------------------------------------------
 
 
 def _flat(text: str) -> str:
