@@ -1,6 +1,6 @@
 """Does `release_cuda_memory` give a compiled, CUDA-graphed training's memory back? A quick GPU check.
 
-    python3 benchmarks/cuda_release_check.py
+python3 benchmarks/cuda_release_check.py
 """
 
 import torch
