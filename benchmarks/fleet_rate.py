@@ -3,9 +3,10 @@
 Everything real, on localhost: the embedded bucket server (a temporary root), the deploy service, one signed release
 of a freshly built ACT (random weights: only timing matters), and sim robots (ALOHA TransferCube at 50 Hz) that run
 it. Each turn starts a robot with recording `off` or `all` (every episode streamed into a fleet dataset and
-committed), waits for its first action, then counts its actions for `--seconds`; the modes take turns, so drift is
-shared. Printed and written: per mode, the median control rate over turns, the longest gap between two actions, and
-the episodes recorded.
+committed), waits for its first action (and, recording, for its writer process to be ready: its start, a few CPU
+seconds once per robot, is reported apart as `writer_start`), then counts its actions for `--seconds`: the steady
+state of a robot that runs for hours. The modes take turns, so drift is shared. Printed and written: per mode, the
+median control rate over turns, the longest gap between two actions, and the episodes recorded.
 
     MUJOCO_GL=egl .venv/bin/python benchmarks/fleet_rate.py --tiny --image-size 48x64 --turns 3 --seconds 20
     MUJOCO_GL=egl python3 benchmarks/fleet_rate.py --image-size 120x160 --device cuda   # the h200 preset's policy
@@ -64,9 +65,10 @@ def release(work: Path, bucket: BucketClient, ops: DeployClient, size, tiny: boo
 def turn(work: Path, bucket, ops, mode: str, k: int, size, seconds: float, device: str, episode_steps: int) -> dict:
     robot_id = f"{mode}-{k}"
     token = ops.register_robot(robot_id, channel="bench")
-    recording = None
+    recording, writer_start = None, {}
     if mode != "off":
         url = BucketUrl.parse(f"hf://buckets/bench/fleet/datasets/{robot_id}")
+        started = time.monotonic()
         recording = FleetRecorder(bucket, url, RecordChoice(mode), vcodec="h264")
     made: list[RobotRuntime] = []
 
@@ -91,6 +93,9 @@ def turn(work: Path, bucket, ops, mode: str, k: int, size, seconds: float, devic
     while not made or made[0].stats.steps == 0:
         time.sleep(0.01)
     robot = made[0]
+    if recording is not None:  # the steady state: the writer's start (its imports, once per robot) is not in it
+        assert recording.wait_ready(120), "the fleet writer did not start"
+        writer_start = {"s": round(time.monotonic() - started, 2), "cpu_s": round(cpu_seconds()["writer"], 2)}
     cpu0 = cpu_seconds()
     steps0, t0, gap0 = robot.stats.steps, time.monotonic(), robot.stats.max_gap_s
     time.sleep(seconds)
@@ -108,6 +113,7 @@ def turn(work: Path, bucket, ops, mode: str, k: int, size, seconds: float, devic
         "episodes": len(robot.stats.episodes),
         "recorded": recording.stats.recorded if recording else 0,
         "dropped": recording.stats.dropped if recording else 0,
+        "writer_start": writer_start,  # seconds from the recorder's creation to its writer ready, and its CPU seconds
         # CPU seconds per second of the window, by process: what recording's work takes from the robot's cores.
         "cpu_per_s": {k: round((cpu1.get(k, 0.0) - cpu0.get(k, 0.0)) / seconds, 3) for k in cpu1},
     }

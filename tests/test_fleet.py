@@ -103,6 +103,7 @@ def test_all_keeps_successes_and_a_sample_share_skips_episodes_before_they_strea
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     url = BucketUrl.parse("hf://buckets/lab/fleet/datasets/all")
     fleet = FleetRecorder(client, url, RecordChoice("all", sample=0.5), seed=3)
+    assert fleet.wait_ready(60)  # its writer started and imported lerobot's writer before any episode came
     for seed in range(8):
         _episode(fleet, seed, frames=3, success=seed % 2 == 0)
     fleet.close()

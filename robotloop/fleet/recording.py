@@ -189,17 +189,23 @@ class FleetRecorder:
         self.stats = RecordingStats(ctx)
         self._queue = ctx.Queue(maxsize=queue_frames)
         self._given_up = ctx.Value("q", 0)  # the last episode the control thread gave up on (the queue was full)
+        self._ready = ctx.Event()  # set by the writer once it can take an episode at full speed
         self._rng = random.Random(seed)
         self._episode = 0  # the control thread's current episode number
         self._streaming = False  # whether the control thread's current episode goes to the writer
         target = _Target(client.endpoint, client.token, str(url), choice, fps, robot_type, vcodec, staging, via)
         self._process = ctx.Process(
             target=_writer_main,
-            args=(target, self._queue, self.stats, self._given_up, os.getpid()),
+            args=(target, self._queue, self.stats, self._given_up, self._ready, os.getpid()),
             name="robotloop-fleet-writer",
             daemon=True,
         )
         self._process.start()
+
+    def wait_ready(self, timeout_s: float = 60.0) -> bool:
+        """Wait until the writer process has started and imported what it records with (seconds of CPU, once);
+        whether it has. Recording needs no wait: episodes queue meanwhile. For a benchmark of the steady state."""
+        return self._ready.wait(timeout_s)
 
     # -- control thread: never waits ----------------------------------------------------------------------------
     def begin(self, facts: EpisodeFacts, shadow_map: int | None = None) -> None:
@@ -250,7 +256,7 @@ class FleetRecorder:
             self.stats.add("dropped", "the recording queue was full")
 
 
-def _writer_main(target: _Target, items, stats: RecordingStats, given_up, parent_pid: int) -> None:
+def _writer_main(target: _Target, items, stats: RecordingStats, given_up, ready, parent_pid: int) -> None:
     """The writer process: stream each episode into the fleet dataset, commit or drop it at its end."""
     from ..workers import start_worker
 
@@ -258,10 +264,14 @@ def _writer_main(target: _Target, items, stats: RecordingStats, given_up, parent
     # Only a writer that encodes video itself quiets the encoders: a slim install sending frames to a capture
     # service has no av.
     if target.via is None:
+        from ..capture.recorder import import_episode_writer
         from ..output import quiet_encoders
 
         quiet_encoders()
-    _Writer(target, stats, given_up).run(items)
+        import_episode_writer()  # at the robot's start, not inside its first recorded episode
+    writer = _Writer(target, stats, given_up)
+    ready.set()
+    writer.run(items)
 
 
 class _Writer:
