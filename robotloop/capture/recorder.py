@@ -594,13 +594,11 @@ def _drop_episode(dataset, writing: bool) -> None:
 
 
 def import_episode_writer() -> None:
-    """Import now what recording an episode imports at its first use: lerobot's dataset writer and the append
-    (~3.5 CPU seconds). A long-lived writer (a robot's fleet recorder) calls it at its start, so that the cost
-    falls beside the robot's own start and not inside its first recorded episode."""
+    """Import now what recording an episode imports at its first use: lerobot's dataset writer and the aggregation
+    the append uses (~3.5 CPU seconds). A long-lived writer (a robot's fleet recorder) calls it at its start, so
+    that the cost falls beside the robot's own start and not inside its first recorded episode."""
     import lerobot.datasets.aggregate  # noqa: F401 - imported for its side effect: loaded once, here
     import lerobot.datasets.lerobot_dataset  # noqa: F401
-
-    from . import append  # noqa: F401
 
 
 def _episode_dataset(spec: DatasetSpec, repo_id: str, staging: Path, encoder_queue_frames: int | None):
