@@ -158,3 +158,26 @@ def test_lerobot_dataset_metadata_loaded_with_the_episodes_table_by_pyarrow(tmp_
     assert ours.tasks.equals(theirs.tasks)
     assert ours.episodes.features == theirs.episodes.features
     assert ours.episodes.to_list() == theirs.episodes.to_list()
+
+
+def test_lerobot_dataset_writer_embeds_images_only_where_a_feature_needs_it() -> None:
+    """lerobot's DatasetWriter calls its module's `embed_images` global; ours skips a table with nothing to embed
+    (returned as it is) and hands one with an image feature to lerobot's, which embeds its bytes."""
+    import datasets
+    import numpy as np
+    from lerobot.datasets import dataset_writer
+    from PIL import Image
+
+    compat.embed_images_only_where_needed()
+    compat.embed_images_only_where_needed()  # idempotent: wrapped once
+    embed = dataset_writer.embed_images
+    assert embed.__module__ == "robotloop.compat", "lerobot's DatasetWriter no longer calls its embed_images global"
+    state = datasets.Features({"observation.state": datasets.Sequence(datasets.Value("float32"), length=2)})
+    table = datasets.Dataset.from_dict({"observation.state": [[0.0, 1.0]] * 3}, features=state)
+    assert embed(table) is table
+    image = np.zeros((4, 4, 3), np.uint8)
+    images = datasets.Dataset.from_dict(
+        {"image": [Image.fromarray(image)] * 2}, features=datasets.Features({"image": datasets.Image()})
+    )
+    embedded = embed(images)
+    assert embedded is not images and embedded.with_format("arrow")["image"][0]["bytes"].as_py()

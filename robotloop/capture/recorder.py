@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..compat import dropped_video_frames, video_encoder_queues
+from ..compat import dropped_video_frames, embed_images_only_where_needed, video_encoder_queues
 from ..config import cache_home
 from ..errors import BadValue
 from ..sim.constants import check_shadow_map, shadow_map_size
@@ -606,6 +606,7 @@ def _episode_dataset(spec: DatasetSpec, repo_id: str, staging: Path, encoder_que
     from lerobot.configs.video import RGBEncoderConfig
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
+    embed_images_only_where_needed()
     root = Path(tempfile.mkdtemp(prefix="episode-", dir=staging)) / "dataset"
     # streaming_encoding: frames go straight to the encoder instead of through temporary PNG files,
     # which cost more than the encode itself (measured: 5.8 s of a 400-frame 480x640 commit).
