@@ -288,6 +288,14 @@ def _checkpoint(client, url: str, dest) -> tuple[dict, dict]:
     return load_file(dest / "pretrained_model" / "model.safetensors"), json.loads((dest / "lineage.json").read_text())
 
 
+def _normalizer(checkpoint) -> dict[str, list]:
+    """The normalization stats a fetched checkpoint's preprocessor saved: "action.mean" -> values."""
+    from safetensors.numpy import load_file
+
+    (path,) = (checkpoint / "pretrained_model").glob("policy_preprocessor_step_*_normalizer_processor.safetensors")
+    return {k: v.ravel().tolist() for k, v in load_file(path).items()}
+
+
 def test_a_round_fine_tunes_from_the_last_rounds_weights(bucket_server, demos, fleet, tmp_path):
     from robotloop.train.policy import ACTSettings
 
@@ -313,9 +321,17 @@ def test_a_round_fine_tunes_from_the_last_rounds_weights(bucket_server, demos, f
     }
     fleet_frames = {s["dataset"]: s for s in lineage["sources"]}[str(fleet)]
     assert (fleet_frames["frames"], fleet_frames["dropped"], fleet_frames["expert"]) == (32, 18, 4)
-    # Resumed, the run still says where it came from.
+    # It normalizes as round 1 did, though the fleet's actions (1000k + t) move the data's stats far: new stats
+    # would move every input and output the weights map. Asked for the data's, it takes those.
+    assert _normalizer(tmp_path / "r2") == _normalizer(tmp_path / "r1")
+    data_stats = _train(client, [demos, fleet], second / "data", 1, act=still, init_from=str(first), init_stats="data")
+    _checkpoint(client, data_stats.checkpoints[-1], tmp_path / "r2-data")
+    own, theirs = _normalizer(tmp_path / "r2-data"), _normalizer(tmp_path / "r1")
+    assert own["action.mean"] != theirs["action.mean"] and max(own["action.max"]) > 1000
+    # Resumed, the run still says where it came from, and normalizes as its first session did.
     resumed = _train(client, [demos, fleet], second, steps=3, act=still, seed=8, resume=True)
     assert _checkpoint(client, resumed.checkpoints[-1], tmp_path / "r2b")[1]["init_from"] == lineage["init_from"]
+    assert _normalizer(tmp_path / "r2b") == _normalizer(tmp_path / "r1")
 
     with pytest.raises(ValueError, match=r"another model: chunk_size 5 \(asked: 4\).*without --init-from"):
         _train(

@@ -29,6 +29,7 @@ CHANGED: dict[str, Any] = {
     "device": "cuda:1",
     "resume": True,
     "init_from": "hf://buckets/lab/demos/models/run0/checkpoints/000500",
+    "init_stats": "data",
     "log_every": 2,
     "checkpoint_every": 5,
     "decode_workers": 2,

@@ -177,6 +177,31 @@ def init_weights(client: BucketClient, checkpoint: BucketUrl, policy) -> None:
         _load_weights(model, policy, str(checkpoint), INIT_HINT)
 
 
+def trained_stats(client: BucketClient, checkpoint: BucketUrl) -> dict[str, dict[str, list]]:
+    """The normalization stats `checkpoint`'s policy was trained with (its preprocessor's normalizer), in dataset
+    stats form (feature -> {"mean", "std", "min", "max", ...} as lists); `{}`, said in the log, for a checkpoint
+    that saved none (one of another tool, with its weights only)."""
+    from safetensors.numpy import load_file
+
+    model = checkpoint / "pretrained_model"
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            pipeline = client.download(model / "policy_preprocessor.json", Path(tmp) / "pipeline.json")
+        except NotFound:
+            pipeline = None
+        steps = json.loads(pipeline.read_text())["steps"] if pipeline else []
+        files = [s.get("state_file") for s in steps if s.get("registry_name") == "normalizer_processor"]
+        if not files or not files[0]:
+            log.warning("%s saved no normalization stats: the run normalizes with its data's", checkpoint)
+            return {}
+        flat = load_file(client.download(model / files[0], Path(tmp) / "normalizer.safetensors"))
+    stats: dict[str, dict[str, list]] = {}
+    for name, value in flat.items():  # "observation.images.top.mean": the feature, then the statistic
+        feature, statistic = name.rsplit(".", 1)
+        stats.setdefault(feature, {})[statistic] = value.tolist()
+    return stats
+
+
 def read_lineage(client: BucketClient, checkpoint: BucketUrl) -> dict:
     """A checkpoint's lineage.json (`{}` when it has none: a checkpoint of another tool)."""
     try:

@@ -90,6 +90,7 @@ def train(
         device=device,
         resume=o.resume,
         init_from=o.init_from,
+        init_stats=o.init_stats,
         onnx=o.onnx,
     )
     stop = threading.Event()

@@ -54,6 +54,11 @@ class TrainOptions(BaseModel):
         description="Start a new run from another's weights (how a round fine-tunes the last): a run URL (its last "
         "checkpoint) or <run>/checkpoints/<step>; its optimizer and step count are not taken.",
     )
+    init_stats: Literal["checkpoint", "data"] = Field(
+        default="checkpoint",
+        description="With --init-from, the normalization stats: the checkpoint's (its weights were trained with "
+        "them) or the new data's (lerobot-train's way for a pretrained policy on another dataset).",
+    )
     log_every: int = Field(default=50, ge=1, le=MAX_STEPS, description="Steps between progress reports.")
     checkpoint_every: int = Field(
         default=1000, ge=1, le=MAX_STEPS, description="Steps between checkpoints (the last step always writes one)."

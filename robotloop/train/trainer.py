@@ -34,6 +34,7 @@ from .checkpoint import (
     onnx_exporter_installed,
     read_lineage,
     save_checkpoint,
+    trained_stats,
 )
 from .data import DataSettings, StreamingSampler
 from .device import release_cuda_memory
@@ -59,6 +60,11 @@ class TrainSettings:
     # A new run starting from another's weights (not its optimizer or step count): a run URL (its last complete
     # checkpoint) or a step folder. A resumed run has its own weights: there it is only the lineage's.
     init_from: str | None = None
+    # The normalization of a run started `init_from` a checkpoint: "checkpoint" keeps the stats its weights were
+    # trained with (features it lacks take the data's), "data" takes the new data's, as lerobot-train does for a
+    # pretrained policy on another dataset. A round goes on with the same task: new stats would move every input
+    # and output the weights map, so the fine-tune would start from another policy than the one it improves on.
+    init_stats: Literal["checkpoint", "data"] = "checkpoint"
     # Wait until every episode is buffered before step 1 (when the data fits the buffer): the run is then
     # bit-for-bit reproducible and resumable. Off: training starts with the first decoded episodes.
     deterministic: bool = False
@@ -153,6 +159,8 @@ def _train(
         raise BadValue(f"{output} is already at step {last}: ask for more steps than that to train on")
     if settings.onnx not in ("auto", "off"):
         raise BadValue(f"onnx={settings.onnx!r}: use auto or off")
+    if settings.init_stats not in ("checkpoint", "data"):
+        raise BadValue(f"init_stats={settings.init_stats!r}: use checkpoint or data")
     init = None  # resolved now: a wrong URL fails before the data streams in
     if settings.init_from and last is None:
         init = resolve_checkpoint(client, BucketUrl.parse(settings.init_from))
@@ -163,7 +171,12 @@ def _train(
     data = dataclasses.replace(data or DataSettings(), device=device, seed=settings.seed, chunk_size=act.chunk_size)
     with StreamingSampler(client, datasets, data, rank, world) as sampler:  # a missing dataset fails here, first
         client.create_bucket(output)
-        policy = build_policy(sampler.features, sampler.stats, act, device)
+        stats = sampler.stats
+        if last is not None:  # a resumed run normalizes as it did: with the stats its first session saved
+            stats = {**stats, **trained_stats(client, checkpoint_url(output, last))}
+        elif init is not None and settings.init_stats == "checkpoint":
+            stats = {**stats, **trained_stats(client, init)}
+        policy = build_policy(sampler.features, stats, act, device)
         optimizer = policy.optimizer()
         if world > 1:
             policy.grad_sync = _average_gradients
