@@ -15,6 +15,7 @@ BASELINE=${BASELINE:-1}
 LEROBOT_EVAL=${LEROBOT_EVAL:-50}
 ONNX_EVAL=${ONNX_EVAL:-50}  # episodes of stable's ONNX export on ONNX Runtime's CPU provider (the image has no GPU one), 0: none
 INT8_EVAL=${INT8_EVAL:-50}  # episodes of its int8 graph (quantized here, as deploy publish --onnx-int8 does), 0: none
+ONNX_SEED=${ONNX_SEED:-1000}  # the ONNX and int8 evaluations' first seed (1000: paired with the loop's own evaluation)
 INDEPENDENT=${INDEPENDENT:-1}  # 1: stable evaluated again over seeds 5000-5199 (3 min on the H200), 0: not
 ROUND_ARGS=${ROUND_ARGS:-}  # more `robotloop loop` options, e.g. "--round-steps 6000 --round-lr-scale 0.3"; with
 # "--shadow-map 2048" the whole run films (and so evaluates) with 2048-texel shadow maps; SHADOW_EVAL then compares
@@ -75,17 +76,17 @@ if [ -n "$stable" ]; then
   fi
   if [ "$ONNX_EVAL" -gt 0 ]; then  # the checkpoint's ONNX export (training leaves it beside the last checkpoint)
     python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/${stable%-*}" --sim "$TASK" \
-      --episodes "$ONNX_EVAL" --seed 1000 --workers "$WORKERS" --videos 0 --backend onnx --device cpu --output-dir "$R/eval-onnx" \
+      --episodes "$ONNX_EVAL" --seed "$ONNX_SEED" --workers "$WORKERS" --videos 0 --backend onnx --device cpu --output-dir "$R/eval-onnx" \
       > "$R/eval_onnx.log" 2>&1
-    step "ONNX eval of $stable ($ONNX_EVAL episodes, seeds 1000+) exit $?"
+    step "ONNX eval of $stable ($ONNX_EVAL episodes, seeds $ONNX_SEED+) exit $?"
   fi
   if [ "$INT8_EVAL" -gt 0 ] && [ -n "$model" ]; then  # the same seeds as the fp32 ONNX eval, paired
     # as `deploy publish --onnx-int8` makes it: the convolutions calibrated on 50 frames of the run's training data
     python3 "$root/benchmarks/int8_calibrated.py" "$model" "hf://buckets/local/loop/models/${stable%-*}" \
       > "$R/eval_int8.log" 2>&1 &&
-      python3 -m robotloop.cli eval --policy "$model" --sim "$TASK" --episodes "$INT8_EVAL" --seed 1000 --workers "$WORKERS" \
+      python3 -m robotloop.cli eval --policy "$model" --sim "$TASK" --episodes "$INT8_EVAL" --seed "$ONNX_SEED" --workers "$WORKERS" \
         --videos 0 --backend onnx-int8 --device cpu --output-dir "$R/eval-int8" >> "$R/eval_int8.log" 2>&1
-    step "ONNX int8 eval of $stable ($INT8_EVAL episodes, seeds 1000+) exit $?"
+    step "ONNX int8 eval of $stable ($INT8_EVAL episodes, seeds $ONNX_SEED+) exit $?"
   fi
 fi
 pack
