@@ -301,6 +301,68 @@ def _round_zero(first: LoopReport, seconds: float) -> RoundResult:
     )
 
 
+def fleet_dataset_urls(loop: LoopSettings, robots: int) -> list[str]:
+    """The datasets the fleet's robots record into, one per robot (written or not yet)."""
+    return [f"{loop.bucket}/datasets/{loop.task}-{loop.run}-fleet-{i + 1}" for i in range(robots)]
+
+
+def train_round(
+    client: BucketClient,
+    loop: LoopSettings,
+    settings: RoundSettings,
+    datasets: list[BucketUrl],
+    run_url: BucketUrl,
+    init_from: str,
+    on_train: Callable[[Progress], None] | None = None,
+    seed: int | None = None,
+) -> TrainReport:
+    """Train `run_url` on `datasets` as a round does (`round_recipe`): from `init_from` (a checkpoint), or from
+    scratch with `settings.from_scratch`; `seed` (default: the loop's) seeds the weights and the sampler.
+
+    Raises:
+        robotloop.storage.StorageError: the bucket cannot be read or written.
+    """
+    steps, act = round_recipe(loop, settings)
+    train_settings = TrainSettings(
+        steps=steps,
+        batch_size=loop.batch_size,
+        log_every=max(1, min(50, steps // 10)),
+        checkpoint_every=steps,
+        seed=loop.seed if seed is None else seed,
+        device=loop.device,
+        init_from=None if settings.from_scratch else init_from,
+    )
+    weights = settings.weights
+    if settings.data_share is not None:  # the expert's gathered frames drawn as that share of the draws
+        extra_demos = {str(url) for url in datasets if url != loop.dataset_url}  # re-demos, baseline demos
+        weights = with_share(weights, dataset_frames(client, datasets, weights), extra_demos, settings.data_share)
+    data = DataSettings(decode_workers=loop.decode_workers, weights=weights)
+    return train(client, datasets, run_url, train_settings, act, data, on_train)
+
+
+def evaluate_checkpoint(
+    client: BucketClient, loop: LoopSettings, checkpoint: BucketUrl, folder: str, seeds: list[int] | None = None
+) -> EvalReport:
+    """`checkpoint` in the loop's sims: on `seeds`, or on the loop's evaluation seeds; the report under
+    `loop.report_dir / folder`."""
+    model = resolve_policy(str(checkpoint), lambda: client, loop.report_dir / "checkpoints")
+    return evaluate(
+        model,
+        loop.task,
+        len(seeds) if seeds else loop.eval_episodes,
+        loop.eval_workers,
+        seeds=seeds,
+        max_steps=loop.eval_max_steps,
+        image_size=loop.image_size,
+        videos=0,
+        output_dir=loop.report_dir / folder,
+        device=loop.device,
+        ray=loop.ray,  # each Ray worker downloads the checkpoint itself
+        worker_policy=str(checkpoint),
+        worker_bucket=(client.endpoint, client.token),
+    )
+
+
 class _Rounds:
     """The state rounds share: the stable release, its checkpoint and score, the datasets so far."""
 
@@ -313,9 +375,7 @@ class _Rounds:
         self.stable_success = first.eval.success_rate
         self.stall_steps = stall_steps_for(loop.task, first.eval, settings.stall_steps)
         self.baseline_checkpoint = self.stable_checkpoint
-        self.fleet_datasets = [
-            f"{loop.bucket}/datasets/{loop.task}-{loop.run}-fleet-{i + 1}" for i in range(settings.fleet)
-        ]
+        self.fleet_datasets = fleet_dataset_urls(loop, settings.fleet)
         self.redemos = BucketUrl.parse(f"{loop.bucket}/datasets/{loop.task}-{loop.run}-redemos")
         self.baseline_demos = BucketUrl.parse(f"{loop.bucket}/datasets/{loop.task}-{loop.run}-baseline")
         self.next_baseline_seed = baseline_first_seed(loop.seed)
@@ -475,47 +535,10 @@ class _Rounds:
             return False
 
     def _train(self, datasets: list[BucketUrl], run_url: BucketUrl, init_from: str) -> TrainReport:
-        """Train `run_url` on `datasets` as `round_recipe` says: from `init_from` (a checkpoint), or from scratch."""
-        loop = self.loop
-        steps, act = round_recipe(loop, self.settings)
-        settings = TrainSettings(
-            steps=steps,
-            batch_size=loop.batch_size,
-            log_every=max(1, min(50, steps // 10)),
-            checkpoint_every=steps,
-            seed=loop.seed,
-            device=loop.device,
-            init_from=None if self.settings.from_scratch else init_from,
-        )
-        data = DataSettings(decode_workers=loop.decode_workers, weights=self._weights(datasets))
-        return train(self.client, datasets, run_url, settings, act, data, self.on_train)
-
-    def _weights(self, datasets: list[BucketUrl]) -> FrameWeights:
-        """The frame weights, with the expert's gathered frames drawn as `data_share` of the draws (`with_share`)."""
-        weights, share = self.settings.weights, self.settings.data_share
-        if share is None:
-            return weights
-        extra_demos = {str(url) for url in datasets if url != self.loop.dataset_url}  # re-demos, baseline demos
-        return with_share(weights, dataset_frames(self.client, datasets, weights), extra_demos, share)
+        return train_round(self.client, self.loop, self.settings, datasets, run_url, init_from, self.on_train)
 
     def _evaluate(self, checkpoint: BucketUrl, folder: str, seeds: list[int] | None = None) -> EvalReport:
-        loop = self.loop
-        model = resolve_policy(str(checkpoint), lambda: self.client, loop.report_dir / "checkpoints")
-        return evaluate(
-            model,
-            loop.task,
-            len(seeds) if seeds else loop.eval_episodes,
-            loop.eval_workers,
-            seeds=seeds,
-            max_steps=loop.eval_max_steps,
-            image_size=loop.image_size,
-            videos=0,
-            output_dir=loop.report_dir / folder,
-            device=loop.device,
-            ray=loop.ray,  # each Ray worker downloads the checkpoint itself
-            worker_policy=str(checkpoint),
-            worker_bucket=(self.client.endpoint, self.client.token),
-        )
+        return evaluate_checkpoint(self.client, self.loop, checkpoint, folder, seeds)
 
     def _fleet_check(self, k: int, episodes: list[dict[str, Any]], stages: dict[str, float]) -> FleetCheck:
         """Stable in lockstep on the seeds of the fleet's episodes, paired with what the robots did alone."""

@@ -1,0 +1,150 @@
+"""Why a round loses: variants of round 1's training, side by side on one GPU, each evaluated on stable's seeds.
+
+Run after `robotloop loop --rounds 1` (e.g. `benchmarks/h200_flywheel.sh`), in the folder that ran it (its
+`loop-report/` and the embedded bucket with the demos, the fleet's datasets and stable's checkpoint):
+
+    python3 benchmarks/round_ablation.py --variants demos,scratch,seed1 --out $R/ablation
+
+Variants (each trains as the loop's round does, `robotloop.rounds.run.train_round`, unless it says otherwise):
+- `demos`: the round's fine-tune from stable on the demos alone, no fleet data: what the fine-tune itself does.
+- `scratch`: round 0's recipe and steps from random init on the demos and the fleet's datasets: what the fleet's data
+  does without a fine-tune.
+- `seed1`: round 0 again (its recipe, from random init, on the demos alone) with another seed: round 0's own spread.
+- `fleet`: the round as the loop ran it, trained again (its evaluation is in the loop's report already).
+
+The trainings run at once, each in its own process on the one GPU; then each checkpoint is evaluated in turn on the
+loop's evaluation seeds, and the failed seeds are compared with stable's and the loop's round's.
+Output: `--out/ablation.json` and one `eval-<variant>/eval_report.json` each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from robotloop.loop.pipeline import LoopSettings
+from robotloop.rounds.fleet import fleet_episodes
+from robotloop.rounds.run import RoundSettings, evaluate_checkpoint, fleet_dataset_urls, round_recipe, train_round
+from robotloop.storage import BucketUrl, connect
+from robotloop.train.layout import checkpoint_url
+from robotloop.train.weights import FrameWeights
+
+VARIANTS = {  # (datasets, from scratch, seed)
+    "demos": ("demos", False, None),
+    "scratch": ("all", True, None),
+    "seed1": ("demos", True, 1),
+    "fleet": ("all", False, None),
+}
+
+
+def settings_from_report(report: dict) -> tuple[LoopSettings, RoundSettings]:
+    """The loop's and the rounds' settings as the loop's report.json saved them."""
+    s = dict(report["settings"])
+    s["image_size"] = tuple(s["image_size"])
+    s["report_dir"] = Path(s["report_dir"])
+    s["policy"] = {k: tuple(v) if isinstance(v, list) else v for k, v in s["policy"].items()}
+    r = dict(report["rounds_settings"])
+    r["weights"] = FrameWeights(**r["weights"])
+    return LoopSettings(**s), RoundSettings(**r)
+
+
+def datasets_of(loop: LoopSettings, rounds: RoundSettings, which: str, client) -> list[BucketUrl]:
+    """The demos, or the demos and every fleet dataset with episodes in it."""
+    if which == "demos":
+        return [loop.dataset_url]
+    urls = fleet_dataset_urls(loop, rounds.fleet)
+    written = {e["dataset"] for e in fleet_episodes(client, urls)}
+    return [loop.dataset_url, *(BucketUrl.parse(u) for u in urls if u in written)]
+
+
+def train_variant(report: dict, variant: str) -> None:
+    loop, rounds = settings_from_report(report)
+    which, scratch, seed = VARIANTS[variant]
+    client = connect()
+    rounds = replace(rounds, from_scratch=scratch)
+    run_url = BucketUrl.parse(f"{loop.bucket}/models/{loop.run}-ablation-{variant}")
+    stable = str(checkpoint_url(loop.run_url, loop.steps))
+    t0 = time.monotonic()
+    trained = train_round(client, loop, rounds, datasets_of(loop, rounds, which, client), run_url, stable, seed=seed)
+    print(json.dumps({"variant": variant, "steps": trained.steps, "train_s": time.monotonic() - t0}), flush=True)
+
+
+def failed_seeds(path: Path) -> set[int]:
+    return {e["seed"] for e in json.loads(path.read_text())["episodes"] if not e["success"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--report", type=Path, default=Path("loop-report/report.json"))
+    ap.add_argument("--variants", default="demos,scratch,seed1")
+    ap.add_argument("--out", type=Path, default=Path("ablation"))
+    ap.add_argument("--train-one", help=argparse.SUPPRESS)  # a child process: train this variant and exit
+    args = ap.parse_args()
+    report = json.loads(args.report.read_text())
+    if args.train_one:
+        return train_variant(report, args.train_one)
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        sys.exit(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    loop, rounds = settings_from_report(report)
+    client = connect()  # the embedded bucket server, started once before the children share it
+    t0 = time.monotonic()
+    children = {}
+    for v in variants:
+        log = open(args.out / f"train-{v}.log", "w")  # noqa: SIM115 - closed with the child
+        cmd = [sys.executable, __file__, "--report", str(args.report), "--train-one", v]
+        children[v] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
+    results: dict[str, dict] = {}
+    for v, (proc, log) in children.items():
+        results[v] = {"train_exit": proc.wait()}
+        log.close()
+    train_s = time.monotonic() - t0
+    report_dir = loop.report_dir
+    stable_failed = failed_seeds(report_dir / "eval" / "eval_report.json")
+    round_failed = failed_seeds(report_dir / "eval-r1" / "eval_report.json")
+    for v in variants:
+        if results[v]["train_exit"] != 0:
+            continue
+        run_url = BucketUrl.parse(f"{loop.bucket}/models/{loop.run}-ablation-{v}")
+        steps = round_recipe(loop, replace(rounds, from_scratch=VARIANTS[v][1]))[0]
+        e = evaluate_checkpoint(client, loop, checkpoint_url(run_url, steps), f"ablation-{v}")
+        path = report_dir / f"ablation-{v}" / "eval_report.json"
+        failed = failed_seeds(path)
+        (args.out / f"eval-{v}").mkdir(exist_ok=True)
+        (args.out / f"eval-{v}" / "eval_report.json").write_text(path.read_text())
+        lo, hi = e.success_ci95
+        results[v] |= {
+            "success": e.success_rate,
+            "ci95": [lo, hi],
+            "episodes": len(e.episodes),
+            "failed_seeds": sorted(failed),
+            "failed_also_in_round": len(failed & round_failed),
+            "failed_also_in_stable": len(failed & stable_failed),
+        }
+        print(
+            f"{v}: {e.success_rate:.1%} (CI {lo:.1%}-{hi:.1%}), {len(failed & round_failed)} of {len(failed)} "
+            f"failed seeds also failed in the round",
+            flush=True,
+        )
+    out = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "run": loop.run,
+        "task": loop.task,
+        "train_s_side_by_side": train_s,
+        "stable_failed": len(stable_failed),
+        "round_failed": len(round_failed),
+        "variants": results,
+    }
+    (args.out / "ablation.json").write_text(json.dumps(out, indent=1))
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
