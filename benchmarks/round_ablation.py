@@ -12,8 +12,10 @@ Variants (each trains as the loop's round does, `robotloop.rounds.run.train_roun
 - `seed1`: round 0 again (its recipe, from random init, on the demos alone) with another seed: round 0's own spread.
 - `fleet`: the round as the loop ran it, trained again (its evaluation is in the loop's report already).
 
-The trainings run at once, each in its own process on the one GPU; then each checkpoint is evaluated in turn on the
-loop's evaluation seeds, and the failed seeds are compared with stable's and the loop's round's.
+The trainings run at once, each in its own process on the one GPU, where it has 120 GiB or more (an H200; a round's
+training took ~50 GB of an H100), else one after the other; one that fails beside the others is trained again alone.
+Then each checkpoint is evaluated in turn on the loop's evaluation seeds, and the failed seeds are compared with
+stable's and the loop's round's.
 Output: `--out/ablation.json` and one `eval-<variant>/eval_report.json` each.
 """
 
@@ -74,6 +76,28 @@ def train_variant(report: dict, variant: str) -> None:
     print(json.dumps({"variant": variant, "steps": trained.steps, "train_s": time.monotonic() - t0}), flush=True)
 
 
+def train_all(args: argparse.Namespace, variants: list[str], at_once: int) -> dict[str, int]:
+    """Each variant's training in a child process of its own, `at_once` at a time; their exit codes."""
+    codes: dict[str, int] = {}
+    for i in range(0, len(variants), at_once):
+        batch = {}
+        for v in variants[i : i + at_once]:
+            log = open(args.out / f"train-{v}.log", "a")  # noqa: SIM115 - closed with the child
+            cmd = [sys.executable, __file__, "--report", str(args.report), "--train-one", v]
+            batch[v] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
+        for v, (proc, log) in batch.items():
+            codes[v] = proc.wait()
+            log.close()
+    return codes
+
+
+def _gpu_gib() -> float:
+    """The GPU's memory (0 without one): a round's training took ~50 GB of an H100's 80, so several fit an H200."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else 0.0
+
+
 def failed_seeds(path: Path) -> set[int]:
     return {e["seed"] for e in json.loads(path.read_text())["episodes"] if not e["success"]}
 
@@ -83,6 +107,7 @@ def main() -> None:
     ap.add_argument("--report", type=Path, default=Path("loop-report/report.json"))
     ap.add_argument("--variants", default="demos,scratch,seed1")
     ap.add_argument("--out", type=Path, default=Path("ablation"))
+    ap.add_argument("--parallel", type=int, help="trainings at once (default: all on a GPU of 120 GiB or more, else 1)")
     ap.add_argument("--train-one", help=argparse.SUPPRESS)  # a child process: train this variant and exit
     args = ap.parse_args()
     report = json.loads(args.report.read_text())
@@ -96,15 +121,11 @@ def main() -> None:
     loop, rounds = settings_from_report(report)
     client = connect()  # the embedded bucket server, started once before the children share it
     t0 = time.monotonic()
-    children = {}
-    for v in variants:
-        log = open(args.out / f"train-{v}.log", "w")  # noqa: SIM115 - closed with the child
-        cmd = [sys.executable, __file__, "--report", str(args.report), "--train-one", v]
-        children[v] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
-    results: dict[str, dict] = {}
-    for v, (proc, log) in children.items():
-        results[v] = {"train_exit": proc.wait()}
-        log.close()
+    at_once = args.parallel or (len(variants) if _gpu_gib() >= 120 else 1)
+    results = {v: {"train_exit": code} for v, code in train_all(args, variants, at_once).items()}
+    again = [v for v in variants if results[v]["train_exit"] != 0] if at_once > 1 else []
+    for v, code in train_all(args, again, 1).items():  # out of memory beside the others: alone
+        results[v] = {"train_exit": code, "trained_alone_after_failing_beside_others": True}
     train_s = time.monotonic() - t0
     report_dir = loop.report_dir
     stable_failed = failed_seeds(report_dir / "eval" / "eval_report.json")
