@@ -23,7 +23,7 @@ import os
 import queue
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,10 @@ class FleetRobotResult:
     bytes_pulled: int
     error: str | None = None  # the robot failed: why
     backend: str | None = None  # what ran the release, e.g. "torch (cuda:0)" (`RobotRuntime.backend`)
+    # Seconds from the driver's start of the robots until: its code runs (process start, imports), its assignment,
+    # its release loaded and warmed up, its swap-in (its first action follows), its last episode's end, its recorder
+    # closed (the last commit). Where a fleet stage's time goes beside the control itself.
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def run_fleet(robots: list[FleetRobot], timeout_s: float = 3600.0) -> list[FleetRobotResult]:
@@ -79,8 +83,10 @@ def run_fleet(robots: list[FleetRobot], timeout_s: float = 3600.0) -> list[Fleet
     ctx = mp.get_context("spawn")  # MuJoCo's EGL context and CUDA must start fresh in each robot
     results = ctx.Queue()
     # Not daemons: each robot starts its recorder's writer process. `start_worker` ends a robot with its driver.
+    started = time.time()  # wall clock: the robots' own monotonic clocks are not the driver's
     processes = [
-        ctx.Process(target=_robot_main, args=(r, results, os.getpid()), name=f"fleet-{r.robot_id}") for r in robots
+        ctx.Process(target=_robot_main, args=(r, results, os.getpid(), started), name=f"fleet-{r.robot_id}")
+        for r in robots
     ]
     for process in processes:
         process.start()
@@ -103,10 +109,10 @@ def run_fleet(robots: list[FleetRobot], timeout_s: float = 3600.0) -> list[Fleet
     ]
 
 
-def _robot_main(robot: FleetRobot, results: Any, parent_pid: int) -> None:
+def _robot_main(robot: FleetRobot, results: Any, parent_pid: int, started: float) -> None:
     start_worker(parent_pid)
     try:
-        results.put(_run_robot(robot))
+        results.put(_run_robot(robot, started))
     except Exception as error:  # noqa: BLE001 - reported to the driver, which goes on with the other robots
         log.warning("fleet robot %s failed: %s", robot.robot_id, error)
         results.put(
@@ -114,8 +120,11 @@ def _robot_main(robot: FleetRobot, results: Any, parent_pid: int) -> None:
         )
 
 
-def _run_robot(robot: FleetRobot) -> FleetRobotResult:
+def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
     import zlib
+
+    since = time.time() - started - time.monotonic()  # + a monotonic time here: seconds since the driver's start
+    running_at = time.monotonic()
 
     from ..config import RobotSettings
     from ..deploy.client import DeployClient
@@ -165,9 +174,18 @@ def _run_robot(robot: FleetRobot) -> FleetRobotResult:
     )
     try:
         stats = runtime.run(episodes=robot.episodes, stop_when_refused=True)
+        ended_at = time.monotonic()
     finally:
         recording.close()  # the last episode's commit is waited for: the driver reads the bucket next
         env.close()
+    marks = {
+        "running": running_at,
+        "assigned": min(stats.assigned_at.values(), default=None),
+        "ready": min(stats.ready_at.values(), default=None),
+        "swapped_in": stats.swaps[0]["at"] if stats.swaps else None,
+        "episodes_done": ended_at,
+        "closed": time.monotonic(),
+    }
     refused = [*stats.rollbacks, *stats.refused]  # its release could not run (a load failure, say): no round data
     return FleetRobotResult(
         robot.robot_id,
@@ -179,6 +197,7 @@ def _run_robot(robot: FleetRobot) -> FleetRobotResult:
         sum(p.bytes_fetched for p in stats.pulls),
         error=f"release {refused[0]['release']} could not run: {refused[0]['reason']}" if refused else None,
         backend=runtime.backend,
+        timings={k: round(since + t, 2) for k, t in marks.items() if t is not None},
     )
 
 

@@ -606,6 +606,7 @@ def _robot_row(r: FleetRobotResult) -> dict[str, Any]:
         "bytes_pulled": r.bytes_pulled,
         "error": r.error,
         "backend": r.backend,
+        "timings": r.timings,
     }
 
 
