@@ -21,7 +21,7 @@ ROUND_ARGS=${ROUND_ARGS:-}  # more `robotloop loop` options, e.g. "--round-steps
 # "--shadow-map 2048" the whole run films (and so evaluates) with 2048-texel shadow maps; SHADOW_EVAL then compares
 # against them, not against gym-aloha's 4096
 FLEET_CHECK=${FLEET_CHECK:-1}  # stable in lockstep on the fleet's own scenes, paired with the robots' episodes
-ABLATION=${ABLATION:-}  # e.g. demos,scratch,seed1: round 1's training variants (benchmarks/round_ablation.py) after the loop
+ABLATION=${ABLATION:-}  # e.g. demos,seed1,scratch: round 1's training variants (benchmarks/round_ablation.py) after the loop
 SHADOW_EVAL=${SHADOW_EVAL:-0}  # e.g. 2048: stable evaluated again on the same $EVAL seeds with these shadow maps, 0: not
 # A rehearsal of the whole script on a CPU machine, before device time is spent on it (every step, tiny sizes):
 #   PRESET=cpu WORKERS=2 DEVICE=cpu EVAL=2 INDEPENDENT_EPISODES=2 LEROBOT_EVAL=1 ONNX_EVAL=2 INT8_EVAL=2 \

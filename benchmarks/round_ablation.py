@@ -3,7 +3,7 @@
 Run after `robotloop loop --rounds 1` (e.g. `benchmarks/h200_flywheel.sh`), in the folder that ran it (its
 `loop-report/` and the embedded bucket with the demos, the fleet's datasets and stable's checkpoint):
 
-    python3 benchmarks/round_ablation.py --variants demos,scratch,seed1 --out $R/ablation
+    python3 benchmarks/round_ablation.py --variants demos,seed1,scratch --out $R/ablation
 
 Variants (each trains as the loop's round does, `robotloop.rounds.run.train_round`, unless it says otherwise):
 - `demos`: the round's fine-tune from stable on the demos alone, no fleet data: what the fine-tune itself does.
@@ -13,10 +13,11 @@ Variants (each trains as the loop's round does, `robotloop.rounds.run.train_roun
 - `fleet`: the round as the loop ran it, trained again (its evaluation is in the loop's report already).
 
 The trainings run at once, each in its own process on the one GPU, where it has 120 GiB or more (an H200; a round's
-training took ~50 GB of an H100), else one after the other; one that fails beside the others is trained again alone.
-Then each checkpoint is evaluated in turn on the loop's evaluation seeds, and the failed seeds are compared with
-stable's and the loop's round's.
-Output: `--out/ablation.json` and one `eval-<variant>/eval_report.json` each.
+training took ~50 GB of an H100), else one after the other, each evaluated before the next trains (so a cut run keeps
+what it finished, in the order given: put the most telling first); one that fails beside the others is trained
+again alone. Each checkpoint is evaluated on the loop's evaluation seeds, and its failed seeds compared with
+stable's and the loop's round's. Output: `--out/ablation.json` (rewritten after each variant) and one
+`eval-<variant>/eval_report.json` each.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def failed_seeds(path: Path) -> set[int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--report", type=Path, default=Path("loop-report/report.json"))
-    ap.add_argument("--variants", default="demos,scratch,seed1")
+    ap.add_argument("--variants", default="demos,seed1,scratch")
     ap.add_argument("--out", type=Path, default=Path("ablation"))
     ap.add_argument("--parallel", type=int, help="trainings at once (default: all on a GPU of 120 GiB or more, else 1)")
     ap.add_argument("--train-one", help=argparse.SUPPRESS)  # a child process: train this variant and exit
@@ -120,51 +121,47 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     loop, rounds = settings_from_report(report)
     client = connect()  # the embedded bucket server, started once before the children share it
-    t0 = time.monotonic()
     at_once = args.parallel or (len(variants) if _gpu_gib() >= 120 else 1)
-    results = {v: {"train_exit": code} for v, code in train_all(args, variants, at_once).items()}
-    again = [v for v in variants if results[v]["train_exit"] != 0] if at_once > 1 else []
-    for v, code in train_all(args, again, 1).items():  # out of memory beside the others: alone
-        results[v] = {"train_exit": code, "trained_alone_after_failing_beside_others": True}
-    train_s = time.monotonic() - t0
-    report_dir = loop.report_dir
-    stable_failed = failed_seeds(report_dir / "eval" / "eval_report.json")
-    round_failed = failed_seeds(report_dir / "eval-r1" / "eval_report.json")
-    for v in variants:
-        if results[v]["train_exit"] != 0:
-            continue
-        run_url = BucketUrl.parse(f"{loop.bucket}/models/{loop.run}-ablation-{v}")
-        steps = round_recipe(loop, replace(rounds, from_scratch=VARIANTS[v][1]))[0]
-        e = evaluate_checkpoint(client, loop, checkpoint_url(run_url, steps), f"ablation-{v}")
-        path = report_dir / f"ablation-{v}" / "eval_report.json"
-        failed = failed_seeds(path)
-        (args.out / f"eval-{v}").mkdir(exist_ok=True)
-        (args.out / f"eval-{v}" / "eval_report.json").write_text(path.read_text())
-        lo, hi = e.success_ci95
-        results[v] |= {
-            "success": e.success_rate,
-            "ci95": [lo, hi],
-            "episodes": len(e.episodes),
-            "failed_seeds": sorted(failed),
-            "failed_also_in_round": len(failed & round_failed),
-            "failed_also_in_stable": len(failed & stable_failed),
-        }
-        print(
-            f"{v}: {e.success_rate:.1%} (CI {lo:.1%}-{hi:.1%}), {len(failed & round_failed)} of {len(failed)} "
-            f"failed seeds also failed in the round",
-            flush=True,
-        )
-    out = {
-        "date": time.strftime("%Y-%m-%d %H:%M"),
-        "run": loop.run,
-        "task": loop.task,
-        "train_s_side_by_side": train_s,
-        "stable_failed": len(stable_failed),
-        "round_failed": len(round_failed),
-        "variants": results,
-    }
-    (args.out / "ablation.json").write_text(json.dumps(out, indent=1))
+    stable_failed = failed_seeds(loop.report_dir / "eval" / "eval_report.json")
+    round_failed = failed_seeds(loop.report_dir / "eval-r1" / "eval_report.json")
+    out = {"date": time.strftime("%Y-%m-%d %H:%M"), "run": loop.run, "task": loop.task, "trainings_at_once": at_once}
+    out |= {"stable_failed": len(stable_failed), "round_failed": len(round_failed), "variants": {}}
+    # In batches of `at_once`, each batch evaluated before the next trains: a run cut short keeps what it finished.
+    for i in range(0, len(variants), at_once):
+        batch, t0 = variants[i : i + at_once], time.monotonic()
+        codes = train_all(args, batch, at_once)
+        again = [v for v in batch if codes[v] != 0] if at_once > 1 else []
+        codes |= train_all(args, again, 1)  # out of memory beside the others: alone
+        for v in batch:
+            out["variants"][v] = {"train_exit": codes[v], "train_s": time.monotonic() - t0, "alone_again": v in again}
+            if codes[v] == 0:
+                out["variants"][v] |= evaluate_variant(client, loop, rounds, v, args.out, round_failed, stable_failed)
+            (args.out / "ablation.json").write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))
+
+
+def evaluate_variant(client, loop, rounds, variant: str, out: Path, round_failed: set, stable_failed: set) -> dict:
+    """The variant's checkpoint on the loop's evaluation seeds; its failed seeds against the round's and stable's."""
+    run_url = BucketUrl.parse(f"{loop.bucket}/models/{loop.run}-ablation-{variant}")
+    steps = round_recipe(loop, replace(rounds, from_scratch=VARIANTS[variant][1]))[0]
+    e = evaluate_checkpoint(client, loop, checkpoint_url(run_url, steps), f"ablation-{variant}")
+    path = loop.report_dir / f"ablation-{variant}" / "eval_report.json"
+    (out / f"eval-{variant}").mkdir(exist_ok=True)
+    (out / f"eval-{variant}" / "eval_report.json").write_text(path.read_text())
+    failed, (lo, hi) = failed_seeds(path), e.success_ci95
+    print(
+        f"{variant}: {e.success_rate:.1%} (CI {lo:.1%}-{hi:.1%}), {len(failed & round_failed)} of {len(failed)} "
+        "failed seeds also failed in the round",
+        flush=True,
+    )
+    return {
+        "success": e.success_rate,
+        "ci95": [lo, hi],
+        "episodes": len(e.episodes),
+        "failed_seeds": sorted(failed),
+        "failed_also_in_round": len(failed & round_failed),
+        "failed_also_in_stable": len(failed & stable_failed),
+    }
 
 
 if __name__ == "__main__":
