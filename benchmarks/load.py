@@ -249,12 +249,13 @@ async def _fleet_run(urls: list[str], robots: list[tuple[int, str, str]], start:
         # request, so with 250 connections each request cost ~10 ms of the generator's CPU (2026-12-05, 2 cores:
         # the fleet's processes at 100% of their core, the deploy service at 20%).
         async with httpx.AsyncClient(base_url=urls[i % len(urls)], headers=auth, timeout=60) as client:
-            http = _Robot(client)
 
             async def heartbeats() -> None:
                 while time.time() < end:
                     t0 = time.monotonic()
-                    r = await http.send("POST", f"/v1/robots/{name}/heartbeat", json={"running": known, "status": {}})
+                    r = await _send(
+                        client, "POST", f"/v1/robots/{name}/heartbeat", json={"running": known, "status": {}}
+                    )
                     if r is None:
                         errors.append(0)
                     elif r.status_code == 200:
@@ -266,7 +267,7 @@ async def _fleet_run(urls: list[str], robots: list[tuple[int, str, str]], start:
             task = asyncio.create_task(heartbeats())
             while time.time() < end:
                 params = {"wait_s": 5.0, **({"known": known} if known else {})}
-                r = await http.send("GET", f"/v1/robots/{name}/assignment", params=params)
+                r = await _send(client, "GET", f"/v1/robots/{name}/assignment", params=params)
                 if r is None or r.status_code != 200:
                     errors.append(0 if r is None else r.status_code)
                     await asyncio.sleep(1.0)
@@ -281,19 +282,13 @@ async def _fleet_run(urls: list[str], robots: list[tuple[int, str, str]], start:
     return {"beats": beats, "errors": errors, "seen": seen}
 
 
-class _Robot:
-    """One robot's httpx.AsyncClient, its base URL that robot's replica."""
-
-    def __init__(self, client: httpx.AsyncClient) -> None:
-        self.client = client
-
-    async def send(self, method: str, path: str, **kwargs) -> httpx.Response | None:
-        """The answer; None when there was none (a connection the server dropped, a timeout): an error the figures
-        count as status 0, where it once ended the whole run with the fleet's other requests in flight."""
-        try:
-            return await self.client.request(method, path, **kwargs)
-        except httpx.HTTPError:
-            return None
+async def _send(client: httpx.AsyncClient, method: str, path: str, **kwargs) -> httpx.Response | None:
+    """The answer; None when there was none (a connection the server dropped, a timeout): an error the figures
+    count as status 0, where it once ended the whole run with the fleet's other requests in flight."""
+    try:
+        return await client.request(method, path, **kwargs)
+    except httpx.HTTPError:
+        return None
 
 
 def _bucket_servers(client: BucketClient, work: Path, args) -> tuple[list[BucketClient], list]:

@@ -31,8 +31,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from robotloop.loop.pipeline import LoopSettings
-from robotloop.rounds.fleet import fleet_episodes
-from robotloop.rounds.run import RoundSettings, evaluate_checkpoint, fleet_dataset_urls, round_recipe, train_round
+from robotloop.rounds.run import (
+    RoundSettings,
+    evaluate_checkpoint,
+    fleet_dataset_urls,
+    round_recipe,
+    train_round,
+    written_fleet_datasets,
+)
 from robotloop.storage import BucketUrl, connect
 from robotloop.train.layout import checkpoint_url
 from robotloop.train.weights import FrameWeights
@@ -60,9 +66,7 @@ def datasets_of(loop: LoopSettings, rounds: RoundSettings, which: str, client) -
     """The demos, or the demos and every fleet dataset with episodes in it."""
     if which == "demos":
         return [loop.dataset_url]
-    urls = fleet_dataset_urls(loop, rounds.fleet)
-    written = {e["dataset"] for e in fleet_episodes(client, urls)}
-    return [loop.dataset_url, *(BucketUrl.parse(u) for u in urls if u in written)]
+    return [loop.dataset_url, *written_fleet_datasets(client, fleet_dataset_urls(loop, rounds.fleet))]
 
 
 def train_variant(report: dict, variant: str) -> None:
@@ -77,18 +81,17 @@ def train_variant(report: dict, variant: str) -> None:
     print(json.dumps({"variant": variant, "steps": trained.steps, "train_s": time.monotonic() - t0}), flush=True)
 
 
-def train_all(args: argparse.Namespace, variants: list[str], at_once: int) -> dict[str, int]:
-    """Each variant's training in a child process of its own, `at_once` at a time; their exit codes."""
-    codes: dict[str, int] = {}
-    for i in range(0, len(variants), at_once):
-        batch = {}
-        for v in variants[i : i + at_once]:
-            log = open(args.out / f"train-{v}.log", "a")  # noqa: SIM115 - closed with the child
-            cmd = [sys.executable, __file__, "--report", str(args.report), "--train-one", v]
-            batch[v] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
-        for v, (proc, log) in batch.items():
-            codes[v] = proc.wait()
-            log.close()
+def train_all(args: argparse.Namespace, variants: list[str]) -> dict[str, int]:
+    """Each variant's training in a child process of its own, all at once; their exit codes."""
+    children = {}
+    for v in variants:
+        log = open(args.out / f"train-{v}.log", "a")  # noqa: SIM115 - closed with the child
+        cmd = [sys.executable, __file__, "--report", str(args.report), "--train-one", v]
+        children[v] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
+    codes = {}
+    for v, (proc, log) in children.items():
+        codes[v] = proc.wait()
+        log.close()
     return codes
 
 
@@ -129,9 +132,10 @@ def main() -> None:
     # In batches of `at_once`, each batch evaluated before the next trains: a run cut short keeps what it finished.
     for i in range(0, len(variants), at_once):
         batch, t0 = variants[i : i + at_once], time.monotonic()
-        codes = train_all(args, batch, at_once)
-        again = [v for v in batch if codes[v] != 0] if at_once > 1 else []
-        codes |= train_all(args, again, 1)  # out of memory beside the others: alone
+        codes = train_all(args, batch)
+        again = [v for v in batch if codes[v] != 0] if len(batch) > 1 else []
+        for v in again:  # out of memory beside the others: alone
+            codes |= train_all(args, [v])
         for v in batch:
             out["variants"][v] = {"train_exit": codes[v], "train_s": time.monotonic() - t0, "alone_again": v in again}
             if codes[v] == 0:

@@ -306,6 +306,12 @@ def fleet_dataset_urls(loop: LoopSettings, robots: int) -> list[str]:
     return [f"{loop.bucket}/datasets/{loop.task}-{loop.run}-fleet-{i + 1}" for i in range(robots)]
 
 
+def written_fleet_datasets(client: BucketClient, urls: list[str]) -> list[BucketUrl]:
+    """Those of the fleet's datasets `urls` with episodes in them, in their order."""
+    written = {e["dataset"] for e in fleet_episodes(client, urls)}
+    return [BucketUrl.parse(u) for u in urls if u in written]
+
+
 def train_round(
     client: BucketClient,
     loop: LoopSettings,
@@ -521,8 +527,7 @@ class _Rounds:
 
     def _written_datasets(self, redemo_frames: int) -> list[BucketUrl]:
         """The fleet datasets with episodes in them, and the re-demonstrations once there are any."""
-        written = {e["dataset"] for e in fleet_episodes(self.client, self.fleet_datasets)}
-        urls = [BucketUrl.parse(u) for u in self.fleet_datasets if u in written]
+        urls = written_fleet_datasets(self.client, self.fleet_datasets)
         if redemo_frames or self._exists(self.redemos):
             urls.append(self.redemos)
         return urls
