@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import threading
@@ -173,6 +174,7 @@ def main() -> None:
     finally:
         service.stop()
         stop_embedded_server(root, force=True)
+        shutil.rmtree(work, ignore_errors=True)  # about 1 GB a run: buckets, releases and the robots' caches
     summary = {}
     for mode in ("off", "all"):
         mine = [r for r in rows if r["mode"] == mode]
