@@ -28,6 +28,24 @@ SESSION_CACHE = Path(tempfile.mkdtemp(prefix="robotloop-tests-"))
 os.environ["XDG_CACHE_HOME"] = str(SESSION_CACHE)
 
 
+# What one run of the suite writes at its peak under the temporary folder (5.8 GB on 2026-12-05: the bucket servers'
+# data, trained checkpoints, the robots' caches), with a margin. Below it, tests fail midway on ENOSPC, each with
+# another message; the suite says so once, before it starts.
+SUITE_DISK_BYTES = 7 * 2**30
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the controller checks, once
+        return
+    free = shutil.disk_usage(tempfile.gettempdir()).free
+    if free < SUITE_DISK_BYTES:
+        pytest.exit(
+            f"{tempfile.gettempdir()} has {free / 2**30:.1f} GiB free; the suite needs about "
+            f"{SUITE_DISK_BYTES / 2**30:.0f} GiB there (set TMPDIR to a folder with more room)",
+            returncode=4,
+        )
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # A module fixture that used the embedded default started it; forced: whatever of the suite still holds a lease.
     stop_embedded_server(cache_home() / "buckets", force=True)

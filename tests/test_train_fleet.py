@@ -296,6 +296,21 @@ def _normalizer(checkpoint) -> dict[str, list]:
     return {k: v.ravel().tolist() for k, v in load_file(path).items()}
 
 
+def assert_same_actions(parent, child) -> None:
+    """The two saved policies give the same actions for the same random observations (3 at once)."""
+    from robotloop.deploy.runner import PolicyRunner
+
+    runners = PolicyRunner.load(parent), PolicyRunner.load(child)
+    rng = np.random.default_rng(0)
+    images = {
+        key.removeprefix("observation.images."): rng.integers(0, 256, (3, h, w, c), dtype=np.uint8)
+        for key, (c, h, w) in runners[0].image_shapes.items()
+    }
+    states = (rng.normal(size=(3, runners[0].state_dim)) * 100).astype(np.float32)
+    actions = [r.act_batch(images, states) for r in runners]
+    assert np.allclose(actions[0], actions[1], rtol=1e-4, atol=1e-3), np.abs(actions[0] - actions[1]).max()
+
+
 def test_a_round_fine_tunes_from_the_last_rounds_weights(bucket_server, demos, fleet, tmp_path):
     from robotloop.train.policy import ACTSettings
 
@@ -324,6 +339,9 @@ def test_a_round_fine_tunes_from_the_last_rounds_weights(bucket_server, demos, f
     # It normalizes as round 1 did, though the fleet's actions (1000k + t) move the data's stats far: new stats
     # would move every input and output the weights map. Asked for the data's, it takes those.
     assert _normalizer(tmp_path / "r2") == _normalizer(tmp_path / "r1")
+    # And it acts as round 1 does, through the runner robots and evaluation load: a fault anywhere in the saved
+    # policy (config, processors, saved inputs) would show here, not only in a GPU run's success rate.
+    assert_same_actions(tmp_path / "r1" / "pretrained_model", tmp_path / "r2" / "pretrained_model")
     data_stats = _train(client, [demos, fleet], second / "data", 1, act=still, init_from=str(first), init_stats="data")
     _checkpoint(client, data_stats.checkpoints[-1], tmp_path / "r2-data")
     own, theirs = _normalizer(tmp_path / "r2-data"), _normalizer(tmp_path / "r1")
