@@ -5,8 +5,8 @@ Run:  .venv/bin/python benchmarks/load.py [--robots 200] [--uploaders 16] [--sec
 
 1. Fleet: `--robots` simulated robots (asyncio, spread over `--fleet-procs` processes) long-poll their assignment
    (5 s) and heartbeat every 2 s for `--seconds`, while an operator promotes a new release on their channel every
-   5 s. Figures: p50/p99 latency of heartbeats and of promotions, errors, and how long robots took to see each
-   promotion.
+   5 s. Figures: p50/p99 latency of heartbeats and of promotions, errors, how long robots took to see each
+   promotion, and lost events: robots not on the last promoted release once they settle after the window.
 2. Uploads: `--uploaders` threads each upload files of 0.2-2 MB (random bytes) to their own folder through the real
    client (huggingface_hub + hf_xet) for `--seconds`; then every acknowledged file is read back and compared.
 With `--database`, each service runs as `--replicas` processes on that PostgreSQL database (the bucket servers over
@@ -50,6 +50,7 @@ from robotloop.storage import BucketClient, BucketUrl, Entry
 from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
 
 OPS = "bench-load-ops"
+SETTLE_S = 30.0  # how long robots may take after the window to settle on the last release (see `_fleet_run`)
 RUN = "hf://buckets/bench/load/models/tiny"
 
 
@@ -194,6 +195,7 @@ def fleet(client: BucketClient, work: Path, args) -> dict:
     errors = [e for r in results for e in r["errors"]]
     complete = [r for r in promoted if r != names[0]]
     seen = {r: [t - promoted[r] for part in results for release, t in part["seen"] if release == r] for r in complete}
+    last = max(promoted, key=promoted.get)
     return {
         "robots": len(robots),
         "fleet_procs": args.fleet_procs,
@@ -206,6 +208,8 @@ def fleet(client: BucketClient, work: Path, args) -> dict:
         "promotions": len(complete),
         "fewest_robots_that_saw_a_promotion": min((len(seen[r]) for r in complete), default=len(robots)),
         "seen_after": _percentiles([s for r in complete for s in seen[r]]),
+        # lost events: robots left on another release than the last one promoted, once the load was gone
+        "robots_not_on_the_last_release": sum(known != last for part in results for known in part["final"].values()),
         "open_files_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
         "tcp_counters_during": counters,
     }
@@ -239,7 +243,7 @@ def _fleet_part(urls: list[str], robots: list[tuple[int, str, str]], start: floa
 
 
 async def _fleet_run(urls: list[str], robots: list[tuple[int, str, str]], start: float, end: float) -> dict:
-    beats, errors, seen = [], [], []
+    beats, errors, seen, final = [], [], [], {}
     await asyncio.sleep(max(0.0, start - time.time()))
 
     async def robot(i: int, name: str, token: str) -> None:
@@ -277,9 +281,28 @@ async def _fleet_run(urls: list[str], robots: list[tuple[int, str, str]], start:
                     seen.append((release, time.time()))
                 known = release
             await task
+            # Then the robot settles: it polls until a whole long-poll brings no change (or SETTLE_S pass), so its
+            # last release is what the fleet's replicas hand out once the load is gone. Each robot must end on the
+            # operator's last promotion: a robot may skip a release promoted while it was busy (it is assigned the
+            # newer one), but none may be left on an older one.
+            while time.time() < end + SETTLE_S:
+                r = await _send(
+                    client,
+                    "GET",
+                    f"/v1/robots/{name}/assignment",
+                    params={"wait_s": 5.0, **({"known": known} if known else {})},
+                )
+                if r is None or r.status_code != 200:
+                    await asyncio.sleep(1.0)
+                    continue
+                if r.json().get("release") == known:
+                    break
+                known = r.json().get("release")
+                seen.append((known, time.time()))
+            final[name] = known
 
     await asyncio.gather(*(robot(i, n, t) for i, n, t in robots))
-    return {"beats": beats, "errors": errors, "seen": seen}
+    return {"beats": beats, "errors": errors, "seen": seen, "final": final}
 
 
 async def _send(client: httpx.AsyncClient, method: str, path: str, **kwargs) -> httpx.Response | None:
