@@ -253,8 +253,11 @@ def test_batch_of_episodes_matches_torch(tiny: Path, exported: Path) -> None:
     with pytest.raises(BadValue, match="a batch of 2 episodes after 3: reset"):
         onnx_runner.act_batch({"top": frames[:2]}, states[:2])
     onnx_runner.reset()
-    with pytest.raises(NonFiniteAction, match="non-finite action"):
-        onnx_runner.act_batch({"top": frames}, np.full((3, 14), np.nan, np.float32))
+    for runner in (torch_runner, onnx_runner):  # refused before the model, with the same words by both backends
+        with pytest.raises(BadValue, match="the robot's state holds NaN or infinite values"):
+            runner.act_batch({"top": frames}, np.full((3, 14), np.nan, np.float32))
+    with pytest.raises(NonFiniteAction, match="non-finite action"):  # finite, but past what float32 arithmetic holds
+        onnx_runner.act_batch({"top": frames}, np.full((3, 14), 3e38, np.float32))
 
 
 def test_chunk_boundaries_and_warmup(exported: Path, sim: AlohaSim) -> None:

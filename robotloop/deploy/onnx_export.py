@@ -52,6 +52,7 @@ import torch
 
 from ..train.policy import INPUTS_FILE
 from .errors import OnnxExportError, PolicyLoadError
+from .inputs import STATE_KEY
 from .onnx_runner import (
     ACTION_KEY,
     BATCH_DIM,
@@ -59,7 +60,6 @@ from .onnx_runner import (
     ONNX_FILE,
     ONNX_FILES,
     ONNX_META_FILE,
-    STATE_KEY,
     OnnxMeta,
     file_sha256,
     read_meta,

@@ -37,13 +37,13 @@ import numpy as np
 
 from ..storage import BucketClient, BucketUrl
 from .errors import OnnxExportError
+from .inputs import STATE_KEY
 from .onnx_runner import (
     ACTION_KEY,
     INT8_FILE,
     INT8_META_FILE,
     ONNX_DATA_FILE,
     ONNX_FILE,
-    STATE_KEY,
     file_sha256,
     has_onnx,
     read_meta,

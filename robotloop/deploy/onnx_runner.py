@@ -40,6 +40,7 @@ import numpy as np
 
 from ..errors import BadValue
 from .errors import BackendUnavailable, NonFiniteAction, PolicyLoadError, PolicyRunError
+from .inputs import STATE_KEY, batch_inputs, observation_inputs
 
 ONNX_FILE = "policy.onnx"
 ONNX_DATA_FILE = "policy.onnx.data"  # the weights, as ONNX external data: raw tensors, so Xet dedup finds them
@@ -51,7 +52,7 @@ INT8_META_FILE = "policy.int8.json"
 INT8_FILES = (INT8_FILE, INT8_META_FILE)
 PRECISIONS = ("fp32", "int8")  # which graph of an export a runner loads
 META_FORMAT = 1
-STATE_KEY, IMAGE_PREFIX, ACTION_KEY = "observation.state", "observation.images.", "action"
+ACTION_KEY = "action"
 # The graph's dynamic batch dimension, as the export names it: a robot's session fixes it to 1 (see `OnnxRunner`).
 BATCH_DIM = "batch"
 # ONNX Runtime's execution providers per `device`, in order of preference (ONNX Runtime falls back along the list,
@@ -396,19 +397,7 @@ class OnnxRunner:
                 changed since `reset()`.
             NonFiniteAction: the model produced NaN/inf.
         """
-        feeds: dict[str, np.ndarray] = {}
-        for key, (c, h, w) in self.image_shapes.items():
-            frames = images.get(key.removeprefix(IMAGE_PREFIX))
-            if frames is None or frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1:] != (h, w, c):
-                got = "none" if frames is None else f"{frames.dtype} {'x'.join(map(str, frames.shape))}"
-                raise BadValue(f"camera {key!r}: the policy takes uint8 [B, {h}, {w}, {c}] frames, got {got}")
-            feeds[key] = np.ascontiguousarray(frames)
-        if self.state_dim is not None:
-            if states is None or states.ndim != 2 or states.shape[1:] != (self.state_dim,):
-                raise BadValue(
-                    f"the policy reads states of {self.state_dim} values, got {getattr(states, 'shape', None)}"
-                )
-            feeds[STATE_KEY] = np.ascontiguousarray(states, dtype=np.float32)
+        feeds = batch_inputs(images, states, self.image_shapes, self.state_dim)
         return self._step(feeds)
 
     def predict_chunk(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
@@ -448,31 +437,9 @@ class OnnxRunner:
 
         Raises:
             ValueError: a camera or the state is missing, or has the wrong shape, dtype or non-finite values (the
-                same checks and messages as `PolicyRunner.to_batch`).
+                torch runner's checks and messages: `robotloop.deploy.inputs`).
         """
-        feeds: dict[str, np.ndarray] = {}
-        pixels = obs.get("pixels") or {}
-        for key, (c, h, w) in self.image_shapes.items():
-            cam = key.removeprefix(IMAGE_PREFIX)
-            if cam not in pixels:
-                has = ", ".join(sorted(pixels)) or "none"
-                raise BadValue(f"the policy reads camera {cam!r}; the observation's cameras: {has}")
-            img = np.asarray(pixels[cam])
-            if img.shape != (h, w, c) or img.dtype != np.uint8:
-                raise BadValue(
-                    f"camera {cam!r}: the policy was trained on uint8 {h}x{w}x{c} images, got "
-                    f"{img.dtype} {'x'.join(map(str, img.shape))} (the camera must give {h}x{w}: for the sim, "
-                    f"--image-size {h}x{w})"
-                )
-            feeds[key] = np.ascontiguousarray(img)[None]
-        if self.state_dim is not None:
-            state = np.asarray(obs.get("agent_pos", ()), dtype=np.float64)
-            if state.shape != (self.state_dim,):
-                raise BadValue(f"the policy reads a state of {self.state_dim} values; the robot's has {state.size}")
-            if not np.all(np.isfinite(state)):
-                raise BadValue("the robot's state holds NaN or infinite values")
-            feeds[STATE_KEY] = state.astype(np.float32)[None]
-        return feeds
+        return observation_inputs(obs, self.image_shapes, self.state_dim)
 
 
 def _acting(meta: OnnxMeta, inference: dict[str, Any]) -> tuple[int, float | None]:

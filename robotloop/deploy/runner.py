@@ -41,17 +41,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from ..errors import BadValue
 from ..sim.constants import check_shadow_map
 from .errors import NonFiniteAction, PolicyLoadError  # noqa: F401 - also importable from here
+from .inputs import batch_inputs, observation_inputs
 from .policy import REQUIRED_FILES  # what `save_pretrained` writes; all must be there to load
 
 if TYPE_CHECKING:
     from ..train.policy import ACTSettings
 
 log = logging.getLogger(__name__)
-
-STATE_KEY, IMAGE_PREFIX = "observation.state", "observation.images."
 
 
 @dataclass(eq=False, repr=False)  # repr would print the whole ACT module tree
@@ -204,23 +202,11 @@ class PolicyRunner:
         go to the device as uint8 and become floats there (a quarter of the bytes to copy).
 
         Raises:
-            ValueError: a camera is missing or has the wrong shape or dtype, or the state has the wrong shape.
+            ValueError: a camera is missing or has the wrong shape or dtype, or the states have the wrong shape or
+                are not finite.
             NonFiniteAction: the model produced NaN/inf.
         """
-        batch: dict[str, torch.Tensor] = {}
-        for key, (c, h, w) in self.image_shapes.items():
-            frames = images.get(key.removeprefix(IMAGE_PREFIX))
-            if frames is None or frames.dtype != np.uint8 or frames.shape[1:] != (h, w, c):
-                got = "none" if frames is None else f"{frames.dtype} {'x'.join(map(str, frames.shape))}"
-                raise BadValue(f"camera {key!r}: the policy takes uint8 [B, {h}, {w}, {c}] frames, got {got}")
-            on_device = torch.from_numpy(np.ascontiguousarray(frames)).to(self.device)
-            batch[key] = on_device.permute(0, 3, 1, 2).float().div_(255.0)
-        if self.state_dim is not None:
-            if states is None or states.shape[1:] != (self.state_dim,):
-                raise BadValue(
-                    f"the policy reads states of {self.state_dim} values, got {getattr(states, 'shape', None)}"
-                )
-            batch[STATE_KEY] = torch.from_numpy(np.asarray(states, np.float32)).to(self.device)
+        batch = self._tensors(batch_inputs(images, states, self.image_shapes, self.state_dim))
         with torch.inference_mode():
             actions = self.postprocessor(self.policy.select_action(self.preprocessor(batch)))
         return _finite(actions.float().cpu().numpy())
@@ -242,29 +228,14 @@ class PolicyRunner:
         Raises:
             ValueError: a camera or the state is missing, or has the wrong shape, dtype or non-finite values.
         """
-        batch: dict[str, torch.Tensor] = {}
-        pixels = obs.get("pixels") or {}
-        for key, (c, h, w) in self.image_shapes.items():
-            cam = key.removeprefix(IMAGE_PREFIX)
-            if cam not in pixels:
-                has = ", ".join(sorted(pixels)) or "none"
-                raise BadValue(f"the policy reads camera {cam!r}; the observation's cameras: {has}")
-            img = np.asarray(pixels[cam])
-            if img.shape != (h, w, c) or img.dtype != np.uint8:
-                raise BadValue(
-                    f"camera {cam!r}: the policy was trained on uint8 {h}x{w}x{c} images, got "
-                    f"{img.dtype} {'x'.join(map(str, img.shape))} (the camera must give {h}x{w}: for the sim, "
-                    f"--image-size {h}x{w})"
-                )
-            chw = torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)
-            batch[key] = (chw.to(torch.float32) / 255.0).unsqueeze(0).contiguous()
-        if self.state_dim is not None:
-            state = np.asarray(obs.get("agent_pos", ()), dtype=np.float64)
-            if state.shape != (self.state_dim,):
-                raise BadValue(f"the policy reads a state of {self.state_dim} values; the robot's has {state.size}")
-            if not np.all(np.isfinite(state)):
-                raise BadValue("the robot's state holds NaN or infinite values")
-            batch[STATE_KEY] = torch.from_numpy(state.astype(np.float32)).unsqueeze(0)
+        return self._tensors(observation_inputs(obs, self.image_shapes, self.state_dim))
+
+    def _tensors(self, feeds: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """Checked inputs (`robotloop.deploy.inputs`) on the policy's device: frames go there as uint8 (a quarter
+        of the bytes to copy) and become float32 [B, C, H, W] in [0, 1] there, as lerobot's datasets give them."""
+        batch = {key: torch.from_numpy(value).to(self.device) for key, value in feeds.items()}
+        for key in self.image_shapes:
+            batch[key] = batch[key].permute(0, 3, 1, 2).float().div_(255.0)
         return batch
 
 
