@@ -1,6 +1,7 @@
 """A robot's episodes into a fleet dataset, without ever holding up its control loop.
 
-The control thread calls `begin`, `frame` (each tick) and `end`; each puts one item on a bounded queue and returns.
+The control thread calls `begin`, `frame` (each tick) and `end`; they put items on a bounded queue (ticks in groups
+of `FRAME_BATCH`) and return.
 A writer process streams the frames into a live episode of the fleet dataset (lerobot's streaming encoder, through
 `DatasetRecorder.begin`) and, at the episode's end, commits it or drops it as `RecordChoice` says. When the queue is
 full (the writer fell behind: a slow upload, a full disk), the episode in progress is dropped and counted, never a
@@ -45,6 +46,12 @@ from ..errors import BadValue, RobotloopError
 from ..storage import BucketClient, BucketUrl
 
 log = logging.getLogger(__name__)
+
+# Ticks go to the writer in groups of this many (or fewer, at an episode's end): one put, one wake-up of the queue's
+# feeder thread and of the writer per group instead of per tick. Each wake-up competes with the control thread (the
+# feeder for its interpreter lock, the writer for its cores); 10 ticks of 480x640 frames are ~9 MB, a pickle short
+# enough not to hold a 50 Hz tick up.
+FRAME_BATCH = 10
 
 RecordMode = Literal["off", "failures", "all"]
 
@@ -187,7 +194,9 @@ class FleetRecorder:
         self.url, self.choice = url, choice
         ctx = mp.get_context("spawn")  # a fresh interpreter: nothing of the robot's threads or CUDA state
         self.stats = RecordingStats(ctx)
-        self._queue = ctx.Queue(maxsize=queue_frames)
+        self._batch = min(FRAME_BATCH, queue_frames)  # a queue of 4 frames still holds no more than 4
+        self._queue = ctx.Queue(maxsize=max(1, queue_frames // self._batch))
+        self._pending: list[_Tick] = []  # the current episode's ticks not yet put, fewer than `_batch`
         self._given_up = ctx.Value("q", 0)  # the last episode the control thread gave up on (the queue was full)
         self._ready = ctx.Event()  # set by the writer once it can take an episode at full speed
         self._rng = random.Random(seed)
@@ -211,6 +220,7 @@ class FleetRecorder:
     def begin(self, facts: EpisodeFacts, shadow_map: int | None = None) -> None:
         """A new episode starts (an episode still open is dropped: its end never came). `shadow_map`: a sim
         camera's shadow-map side (None: gym-aloha's for the frame size), kept in the fleet dataset's features."""
+        self._flush()  # the last episode's ticks go under its own number (the writer drops that episode)
         self._episode += 1
         self._streaming = self.choice.mode != "off" and self._rng.random() < self.choice.sample
         if self.choice.mode != "off" and not self._streaming:
@@ -230,22 +240,31 @@ class FleetRecorder:
         """The tick's observation (before `action`), the action sent, what the policy proposed (None: it did not
         run), whether the expert drove, and the reward and success after the action (None without a reward)."""
         if self._streaming:
-            self._put(("frame", _Tick(obs, action, policy_action, intervention, reward, success)))
+            self._pending.append(_Tick(obs, action, policy_action, intervention, reward, success))
+            if len(self._pending) >= self._batch:
+                self._flush()
 
     def end(self) -> None:
         """The episode ended; the writer commits it if `choice` keeps it."""
-        if self._streaming:
+        self._flush()
+        if self._streaming:  # still: the flush found room
             self._put(("end", None))
             self._streaming = False
 
     def close(self, timeout_s: float = 120.0) -> None:
         """Finish what is queued (the last episode is committed if it ended), then stop the writer process."""
+        self._flush()
         with contextlib.suppress(queue.Full):  # a writer that takes nothing more is killed below
             self._queue.put(("stop", 0, None), timeout=timeout_s)
         self._process.join(timeout_s)
         if self._process.is_alive():
             self._process.kill()
             self._process.join(5)
+
+    def _flush(self) -> None:
+        if self._pending:
+            ticks, self._pending = self._pending, []
+            self._put(("frames", ticks))
 
     def _put(self, item: tuple[str, Any]) -> None:
         try:
@@ -323,6 +342,10 @@ class _Writer:
             return _Open(episode, *payload)
         if current is None:
             return None
+        if kind == "frames":
+            for tick in payload:
+                current = self._handle(current, episode, "frame", tick)
+            return current
         if kind == "frame":
             if current.live is None:
                 current.live = self._begin(payload, current.facts.task, current.shadow_map)
