@@ -67,10 +67,12 @@ def turn(work: Path, bucket, ops, mode: str, k: int, size, seconds: float, devic
     robot_id = f"{mode}-{k}"
     token = ops.register_robot(robot_id, channel="bench")
     recording, writer_start = None, {}
-    if mode != "off":
+    if mode != "off":  # "all", or "all-b1": ticks put one at a time (FleetRecorder's frame_batch)
         url = BucketUrl.parse(f"hf://buckets/bench/fleet/datasets/{robot_id}")
         started = time.monotonic()
-        recording = FleetRecorder(bucket, url, RecordChoice(mode), vcodec="h264")
+        choice, _, batch = mode.partition("-b")
+        batching = {"frame_batch": int(batch)} if batch else {}
+        recording = FleetRecorder(bucket, url, RecordChoice(choice), vcodec="h264", **batching)
     made: list[RobotRuntime] = []
 
     def control() -> None:  # MuJoCo's EGL context belongs to this thread
@@ -152,8 +154,16 @@ def main() -> None:
         default=400,
         help="the task's episode, a robot's default (100: four times the commits, a harder case)",
     )
+    parser.add_argument(
+        "--modes",
+        default="off,all",
+        help="taking turns; all-bN: recording with N ticks a put (the recorder's default 10)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    modes = args.modes.split(",")
+    if modes[0] != "off" or len(modes) < 2:
+        parser.error("--modes: off first, then at least one recording mode")
     quiet_encoders()
     log_to_console()
     size = parse_image_size(args.image_size)
@@ -169,14 +179,14 @@ def main() -> None:
         rows = [
             turn(work, bucket, ops, mode, k, size, args.seconds, args.device, args.episode_steps)
             for k in range(args.turns)
-            for mode in ("off", "all")
+            for mode in modes
         ]
     finally:
         service.stop()
         stop_embedded_server(root, force=True)
         shutil.rmtree(work, ignore_errors=True)  # about 1 GB a run: buckets, releases and the robots' caches
     summary = {}
-    for mode in ("off", "all"):
+    for mode in modes:
         mine = [r for r in rows if r["mode"] == mode]
         summary[mode] = {
             "median_control_hz": statistics.median(r["control_hz"] for r in mine),
@@ -187,12 +197,19 @@ def main() -> None:
                 k: statistics.median(r["cpu_per_s"].get(k, 0.0) for r in mine) for k in mine[0]["cpu_per_s"]
             },
         }
-    ratio = summary["all"]["median_control_hz"] / summary["off"]["median_control_hz"]
-    print(f"recording on / off: {ratio:.3f} of the control rate; {json.dumps(summary)}")
+    ratios = {m: summary[m]["median_control_hz"] / summary["off"]["median_control_hz"] for m in modes if m != "off"}
+    ratio = ratios[modes[1]]
+    print(f"recording on / off: {ratios} of the control rate; {json.dumps(summary)}")
     if args.out:
         args.out.write_text(
             json.dumps(
-                {"args": vars(args) | {"out": str(args.out)}, "rows": rows, "summary": summary, "ratio": ratio},
+                {
+                    "args": vars(args) | {"out": str(args.out)},
+                    "rows": rows,
+                    "summary": summary,
+                    "ratio": ratio,
+                    "ratios": ratios,
+                },
                 indent=1,
             )
         )

@@ -114,6 +114,9 @@ def test_all_keeps_successes_and_a_sample_share_skips_episodes_before_they_strea
     assert any(bool(dataset[i]["next.success"]) for i in range(len(dataset)))  # successes kept with "all"
     with pytest.raises(ValueError, match="off, failures or all"):
         RecordChoice("some")
+    for bad in ({"queue_frames": 0}, {"frame_batch": 0}):  # refused before a writer process starts
+        with pytest.raises(ValueError, match="at least 1 frame, in groups of at least 1"):
+            FleetRecorder(client, url, RecordChoice("all"), **bad)
 
 
 def test_a_full_queue_drops_the_episode_never_a_tick_and_an_unreachable_bucket_drops_and_goes_on(

@@ -172,8 +172,10 @@ class FleetRecorder:
     service's (URL, robot token): the writer sends each episode's frames there in batches, and the service, on a
     full install, writes the dataset; so a slim install (no lerobot) records too. `client` is then not written to.
 
+    `frame_batch`: ticks per put (`FRAME_BATCH`).
+
     Raises (on construction):
-        BadValue: `queue_frames` under 1.
+        BadValue: `queue_frames` or `frame_batch` under 1.
     """
 
     def __init__(
@@ -188,13 +190,17 @@ class FleetRecorder:
         seed: int = 0,
         staging: Path | None = None,
         via: tuple[str, str] | None = None,
+        frame_batch: int = FRAME_BATCH,
     ) -> None:
-        if queue_frames < 1:
-            raise BadValue(f"the recording queue holds at least 1 frame, not {queue_frames}")
+        if queue_frames < 1 or frame_batch < 1:
+            raise BadValue(
+                f"the recording queue takes at least 1 frame, in groups of at least 1: not {queue_frames} frames "
+                f"in groups of {frame_batch}"
+            )
         self.url, self.choice = url, choice
         ctx = mp.get_context("spawn")  # a fresh interpreter: nothing of the robot's threads or CUDA state
         self.stats = RecordingStats(ctx)
-        self._batch = min(FRAME_BATCH, queue_frames)  # a queue of 4 frames still holds no more than 4
+        self._batch = min(frame_batch, queue_frames)  # a queue of 4 frames still holds no more than 4
         self._queue = ctx.Queue(maxsize=max(1, queue_frames // self._batch))
         self._pending: list[_Tick] = []  # the current episode's ticks not yet put, fewer than `_batch`
         self._given_up = ctx.Value("q", 0)  # the last episode the control thread gave up on (the queue was full)
