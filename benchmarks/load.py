@@ -270,8 +270,7 @@ async def _fleet_run(urls: list[str], robots: list[tuple[int, str, str]], start:
 
             task = asyncio.create_task(heartbeats())
             while time.time() < end:
-                params = {"wait_s": 5.0, **({"known": known} if known else {})}
-                r = await _send(client, "GET", f"/v1/robots/{name}/assignment", params=params)
+                r = await _poll_assignment(client, name, known)
                 if r is None or r.status_code != 200:
                     errors.append(0 if r is None else r.status_code)
                     await asyncio.sleep(1.0)
@@ -286,12 +285,7 @@ async def _fleet_run(urls: list[str], robots: list[tuple[int, str, str]], start:
             # operator's last promotion: a robot may skip a release promoted while it was busy (it is assigned the
             # newer one), but none may be left on an older one.
             while time.time() < end + SETTLE_S:
-                r = await _send(
-                    client,
-                    "GET",
-                    f"/v1/robots/{name}/assignment",
-                    params={"wait_s": 5.0, **({"known": known} if known else {})},
-                )
+                r = await _poll_assignment(client, name, known)
                 if r is None or r.status_code != 200:
                     await asyncio.sleep(1.0)
                     continue
@@ -303,6 +297,12 @@ async def _fleet_run(urls: list[str], robots: list[tuple[int, str, str]], start:
 
     await asyncio.gather(*(robot(i, n, t) for i, n, t in robots))
     return {"beats": beats, "errors": errors, "seen": seen, "final": final}
+
+
+async def _poll_assignment(client: httpx.AsyncClient, robot: str, known: str | None) -> httpx.Response | None:
+    """The robot's assignment, long-polled 5 s (it answers at once when it differs from `known`)."""
+    params = {"wait_s": 5.0, **({"known": known} if known else {})}
+    return await _send(client, "GET", f"/v1/robots/{robot}/assignment", params=params)
 
 
 async def _send(client: httpx.AsyncClient, method: str, path: str, **kwargs) -> httpx.Response | None:

@@ -69,15 +69,20 @@ def datasets_of(loop: LoopSettings, rounds: RoundSettings, which: str, client) -
     return [loop.dataset_url, *written_fleet_datasets(client, fleet_dataset_urls(loop, rounds.fleet))]
 
 
+def variant_url(loop: LoopSettings, variant: str) -> BucketUrl:
+    """Where the variant's run trains."""
+    return BucketUrl.parse(f"{loop.bucket}/models/{loop.run}-ablation-{variant}")
+
+
 def train_variant(report: dict, variant: str) -> None:
     loop, rounds = settings_from_report(report)
     which, scratch, seed = VARIANTS[variant]
     client = connect()
     rounds = replace(rounds, from_scratch=scratch)
-    run_url = BucketUrl.parse(f"{loop.bucket}/models/{loop.run}-ablation-{variant}")
     stable = str(checkpoint_url(loop.run_url, loop.steps))
     t0 = time.monotonic()
-    trained = train_round(client, loop, rounds, datasets_of(loop, rounds, which, client), run_url, stable, seed=seed)
+    datasets = datasets_of(loop, rounds, which, client)
+    trained = train_round(client, loop, rounds, datasets, variant_url(loop, variant), stable, seed=seed)
     print(json.dumps({"variant": variant, "steps": trained.steps, "train_s": time.monotonic() - t0}), flush=True)
 
 
@@ -146,9 +151,8 @@ def main() -> None:
 
 def evaluate_variant(client, loop, rounds, variant: str, out: Path, round_failed: set, stable_failed: set) -> dict:
     """The variant's checkpoint on the loop's evaluation seeds; its failed seeds against the round's and stable's."""
-    run_url = BucketUrl.parse(f"{loop.bucket}/models/{loop.run}-ablation-{variant}")
     steps = round_recipe(loop, replace(rounds, from_scratch=VARIANTS[variant][1]))[0]
-    e = evaluate_checkpoint(client, loop, checkpoint_url(run_url, steps), f"ablation-{variant}")
+    e = evaluate_checkpoint(client, loop, checkpoint_url(variant_url(loop, variant), steps), f"ablation-{variant}")
     path = loop.report_dir / f"ablation-{variant}" / "eval_report.json"
     (out / f"eval-{variant}").mkdir(exist_ok=True)
     (out / f"eval-{variant}" / "eval_report.json").write_text(path.read_text())

@@ -350,16 +350,7 @@ class _Writer:
             return None
         if kind == "frames":
             for tick in payload:
-                current = self._handle(current, episode, "frame", tick)
-            return current
-        if kind == "frame":
-            if current.live is None:
-                current.live = self._begin(payload, current.facts.task, current.shadow_map)
-            if self.capture is not None:
-                current.live.add(payload)
-            else:
-                current.live.add_frame(self._lerobot_frame(payload))
-            current.tally.add(payload.intervention, payload.reward, payload.success)
+                self._add(current, tick)
             return current
         # end
         if current.live is None:  # an episode of no frames
@@ -374,6 +365,16 @@ class _Writer:
             current.live.commit(facts=current.tally.facts(asdict(current.facts)))
         self.stats.add("recorded")
         return None
+
+    def _add(self, current: _Open, tick: _Tick) -> None:
+        """One tick into the episode's live writer, begun at its first tick."""
+        if current.live is None:
+            current.live = self._begin(tick, current.facts.task, current.shadow_map)
+        if self.capture is not None:
+            current.live.add(tick)
+        else:
+            current.live.add_frame(self._lerobot_frame(tick))
+        current.tally.add(tick.intervention, tick.reward, tick.success)
 
     def _begin(self, tick: _Tick, task: str, shadow_map: int | None) -> Any:
         """The episode's live writer: lerobot's (`LiveEpisode`), or one open on the capture service."""
