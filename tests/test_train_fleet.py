@@ -20,11 +20,11 @@ import torch
 
 from robotloop.capture import DatasetRecorder, DatasetSpec, Episode
 from robotloop.errors import BadInput, BadValue
+from robotloop.features import INTERVENTION_KEY as INTERVENTION
+from robotloop.features import SUCCESS_KEY as SUCCESS
 from robotloop.storage import BucketClient, BucketUrl, NotFound
 from robotloop.train.data import NothingToTrain, StreamingSampler, Weighting
 from robotloop.train.data.weighting import dataset_frames, with_share
-from robotloop.train.weights import INTERVENTION_KEY as INTERVENTION
-from robotloop.train.weights import SUCCESS_KEY as SUCCESS
 from robotloop.train.weights import FrameWeights, autonomous_outcome
 
 from .conftest import WRITE_TOKEN

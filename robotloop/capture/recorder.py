@@ -42,13 +42,20 @@ import numpy as np
 from ..compat import dropped_video_frames, embed_images_only_where_needed, video_encoder_queues
 from ..config import cache_home
 from ..errors import BadValue
+from ..features import (
+    ACTION_KEY,
+    INTERVENTION_KEY,
+    POLICY_ACTION_KEY,
+    REWARD_KEY,
+    STATE_KEY,
+    SUCCESS_KEY,
+    image_key,
+)
 from ..sim.constants import check_shadow_map, shadow_map_size
 from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError, private_dir
 from .episode import BadEpisode, Episode, check_array
 
 log = logging.getLogger(__name__)
-STATE_KEY, ACTION_KEY, REWARD_KEY, SUCCESS_KEY = "observation.state", "action", "next.reward", "next.success"
-INTERVENTION_KEY, POLICY_ACTION_KEY = "intervention", "policy_action"  # a fleet dataset's (notes: fleet schema)
 # One JSON object per committed episode that came with facts of its own (a fleet robot's id, release, seed, kind):
 # beside lerobot's metadata, which has no place for them; lerobot's readers ignore the file.
 EPISODE_FACTS_FILE = "meta/fleet_episodes.jsonl"
@@ -98,13 +105,13 @@ class DatasetSpec:
     def features(self) -> dict[str, dict]:
         feats = {}
         for name, shape in self.cameras.items():
-            feats[f"observation.images.{name}"] = {
+            feats[image_key(name)] = {
                 "dtype": "video",
                 "shape": shape,
                 "names": ["height", "width", "channels"],
             }
             if (side := self.rendered_shadow_map(shape[:2])) is not None:
-                feats[f"observation.images.{name}"]["info"] = {SHADOW_MAP_INFO: side}
+                feats[image_key(name)]["info"] = {SHADOW_MAP_INFO: side}
         feats[STATE_KEY] = {"dtype": "float32", "shape": (self.state_dim,), "names": None}
         feats[ACTION_KEY] = {"dtype": "float32", "shape": (self.action_dim,), "names": None}
         if self.with_reward:
@@ -655,7 +662,7 @@ def lerobot_frame(
     spec: DatasetSpec, images: dict, state, action, reward: float, success: bool, task: str | None = None
 ) -> dict:
     """One frame in lerobot's frame format from its parts (reward and success only if `spec` records them)."""
-    frame = {f"observation.images.{name}": image for name, image in images.items()}
+    frame = {image_key(name): image for name, image in images.items()}
     frame[STATE_KEY] = np.asarray(state, np.float32)
     frame[ACTION_KEY] = np.asarray(action, np.float32)
     if spec.with_reward:

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ..errors import BadValue
-from .recorder import ACTION_KEY, STATE_KEY, CommitReport, DatasetRecorder, DatasetSpec
+from ..features import ACTION_KEY, STATE_KEY, image_key
+from .recorder import CommitReport, DatasetRecorder, DatasetSpec
 
 
 def robot_spec(robot, fps: int = 30, vcodec: str = "libsvtav1") -> DatasetSpec:
@@ -46,7 +47,7 @@ def teleop_frames(
     for step in range(round(seconds * fps)):
         obs = robot.get_observation()
         sent = robot.send_action(teleop.get_action())
-        frame = {f"observation.images.{k}": np.asarray(obs[k], np.uint8) for k in camera_keys}
+        frame = {image_key(k): np.asarray(obs[k], np.uint8) for k in camera_keys}
         frame[STATE_KEY] = np.array([obs[k] for k in state_keys], np.float32)
         frame[ACTION_KEY] = np.array([sent[k] for k in action_keys], np.float32)
         yield frame

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..config import Settings
 from ..errors import BadValue
+from ..features import image_key
 from ..sim.constants import format_image_size
 from ..storage import BucketClient, ensure_endpoint
 from .lockstep import SimBatch, Slot, write_video
@@ -365,7 +366,7 @@ def evaluate(
         raise BadValue(f"{len(seeds)} seeds given for {episodes} episodes")
     # Load once here: a broken checkpoint fails now, with its own error, not as a broken worker pool.
     runner = _load_quietly(Path(policy_dir), device, inference, backend)
-    if set(runner.image_keys) - {"observation.images.top"}:
+    if set(runner.image_keys) - {image_key("top")}:
         raise BadValue(f"the policy reads cameras {runner.image_keys}; the ALOHA sim renders only 'top'")
     trained = runner.image_size
     shadow_map = shadow_map or runner.shadow_map  # render as the policy's data was rendered

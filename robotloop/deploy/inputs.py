@@ -19,8 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BadValue
-
-STATE_KEY, IMAGE_PREFIX = "observation.state", "observation.images."
+from ..features import STATE_KEY, camera_of
 
 
 def observation_inputs(
@@ -35,7 +34,7 @@ def observation_inputs(
     feeds: dict[str, np.ndarray] = {}
     pixels = obs.get("pixels") or {}
     for key, (c, h, w) in image_shapes.items():
-        cam = key.removeprefix(IMAGE_PREFIX)
+        cam = camera_of(key)
         if cam not in pixels:
             has = ", ".join(sorted(pixels)) or "none"
             raise BadValue(f"the policy reads camera {cam!r}; the observation's cameras: {has}")
@@ -70,7 +69,7 @@ def batch_inputs(
     """
     feeds: dict[str, np.ndarray] = {}
     for key, (c, h, w) in image_shapes.items():
-        frames = images.get(key.removeprefix(IMAGE_PREFIX))
+        frames = images.get(camera_of(key))
         if frames is None or frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1:] != (h, w, c):
             got = "none" if frames is None else f"{frames.dtype} {'x'.join(map(str, frames.shape))}"
             raise BadValue(f"camera {key!r}: the policy takes uint8 [B, {h}, {w}, {c}] frames, got {got}")

@@ -50,11 +50,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..features import ACTION_KEY, STATE_KEY
 from ..train.policy import INPUTS_FILE
 from .errors import OnnxExportError, PolicyLoadError
-from .inputs import STATE_KEY
 from .onnx_runner import (
-    ACTION_KEY,
     BATCH_DIM,
     ONNX_DATA_FILE,
     ONNX_FILE,

@@ -35,11 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..features import ACTION_KEY, STATE_KEY
 from ..storage import BucketClient, BucketUrl
 from .errors import OnnxExportError
-from .inputs import STATE_KEY
 from .onnx_runner import (
-    ACTION_KEY,
     INT8_FILE,
     INT8_META_FILE,
     ONNX_DATA_FILE,

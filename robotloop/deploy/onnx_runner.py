@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadValue
+from ..features import ACTION_KEY, STATE_KEY
 from .errors import BackendUnavailable, NonFiniteAction, PolicyLoadError, PolicyRunError
-from .inputs import STATE_KEY, batch_inputs, observation_inputs
+from .inputs import batch_inputs, observation_inputs
 
 ONNX_FILE = "policy.onnx"
 ONNX_DATA_FILE = "policy.onnx.data"  # the weights, as ONNX external data: raw tensors, so Xet dedup finds them
@@ -52,7 +53,6 @@ INT8_META_FILE = "policy.int8.json"
 INT8_FILES = (INT8_FILE, INT8_META_FILE)
 PRECISIONS = ("fp32", "int8")  # which graph of an export a runner loads
 META_FORMAT = 1
-ACTION_KEY = "action"
 # The graph's dynamic batch dimension, as the export names it: a robot's session fixes it to 1 (see `OnnxRunner`).
 BATCH_DIM = "batch"
 # ONNX Runtime's execution providers per `device`, in order of preference (ONNX Runtime falls back along the list,

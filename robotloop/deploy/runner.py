@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
+from ..features import ACTION_KEY, STATE_KEY
 from ..sim.constants import check_shadow_map
 from .errors import NonFiniteAction, PolicyLoadError  # noqa: F401 - also importable from here
 from .inputs import batch_inputs, observation_inputs
@@ -348,7 +349,7 @@ def make_tiny_checkpoint(
     features = DatasetSpec.aloha(image_size, shadow_map=shadow_map).features()
     # build_policy's "random backbone" warning is expected here
     with _quiet("robotloop.train.policy"):
-        policy = build_policy(features, {"observation.state": vec, "action": vec}, settings)
+        policy = build_policy(features, {STATE_KEY: vec, ACTION_KEY: vec}, settings)
     return policy.save_pretrained(directory)
 
 

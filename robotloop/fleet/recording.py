@@ -40,9 +40,10 @@ import numpy as np
 
 from ..capture import DatasetRecorder, DatasetSpec
 from ..capture.episode import FleetTally
-from ..capture.recorder import INTERVENTION_KEY, POLICY_ACTION_KEY, lerobot_frame
+from ..capture.recorder import lerobot_frame
 from ..config import RobotSettings
 from ..errors import BadValue, RobotloopError
+from ..features import INTERVENTION_KEY, POLICY_ACTION_KEY
 from ..storage import BucketClient, BucketUrl
 
 log = logging.getLogger(__name__)

@@ -34,9 +34,9 @@ from typing import Literal
 import numpy as np
 
 from ..errors import BadValue
+from ..features import INTERVENTION_KEY
 
 Role = Literal["demo", "fleet"]
-INTERVENTION_KEY, SUCCESS_KEY = "intervention", "next.success"
 
 
 def role_of(features: dict) -> Role:
@@ -134,8 +134,6 @@ def parse_dataset_weight(text: str) -> tuple[str, float]:
 
 
 __all__ = [
-    "INTERVENTION_KEY",
-    "SUCCESS_KEY",
     "FrameWeights",
     "Role",
     "autonomous_outcome",

@@ -19,14 +19,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..capture.recorder import EPISODE_FACTS_FILE, INTERVENTION_KEY, SUCCESS_KEY, camera_shadow_map
+from ..capture.recorder import EPISODE_FACTS_FILE, camera_shadow_map
 from ..clients import ServiceClients
+from ..features import ACTION_KEY, INTERVENTION_KEY, STATE_KEY, SUCCESS_KEY
 from ..storage import BucketUrl, Entry
 from ..storage import NotFound as StorageNotFound
 from .names import UnknownItem
 
 log = logging.getLogger("robotloop.ui")
-STATE_KEY, ACTION_KEY = "observation.state", "action"
 MAX_PLOT_FRAMES = 5000  # frames of one episode plotted; longer episodes are thinned to this
 MAX_FACTS_BYTES = 64 * 2**20  # meta/fleet_episodes.jsonl: ~250 bytes an episode, so 250,000 episodes
 # What a fleet episode's line (robotloop.fleet.recording's facts) says, as the page shows it: the page's name for

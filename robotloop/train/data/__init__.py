@@ -32,6 +32,7 @@ Example:
     ```
 """
 
+from ...features import ACTION_KEY, STATE_KEY
 from .arena import BufferView, FrameArena, buffer_bytes
 from .catalog import DatasetSource, DecodeSchedule, EpisodeCatalog, EpisodeRef, FileRef
 from .catalog import _combined_stats as _combined_stats  # tests check how stats combine
@@ -41,7 +42,7 @@ from .decode import _decode_episode as _decode_episode
 from .errors import DataError, DatasetMismatch, NotBuffered, NothingToTrain, StaleState
 from .feed import BufferFeed
 from .sampler import StreamingSampler
-from .settings import ACTION_KEY, STATE_KEY, DataSettings
+from .settings import DataSettings
 from .weighting import SourceFrames, Weighting
 
 __all__ = [

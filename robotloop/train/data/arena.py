@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ...features import ACTION_KEY
 from .catalog import EpisodeKey
 from .errors import DataError
-from .settings import ACTION_KEY
 
 if TYPE_CHECKING:
     from .settings import DataSettings

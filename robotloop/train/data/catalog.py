@@ -21,10 +21,10 @@ import torch
 
 from ...capture.info import episode_files
 from ...capture.recorder import camera_shadow_map
+from ...features import ACTION_KEY, INTERVENTION_KEY, STATE_KEY, SUCCESS_KEY
 from ...storage import BucketClient, BucketUrl, Entry, NotFound, StorageError
-from ..weights import INTERVENTION_KEY, SUCCESS_KEY, Role, role_of
+from ..weights import Role, role_of
 from .errors import DatasetMismatch
-from .settings import ACTION_KEY, STATE_KEY
 
 log = logging.getLogger(__name__)
 

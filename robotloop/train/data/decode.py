@@ -32,10 +32,10 @@ import pyarrow.parquet as pq
 import torch
 import torch.multiprocessing as mp
 
+from ...features import ACTION_KEY, STATE_KEY
 from ...storage import BucketClient, BucketUrl
 from .catalog import EpisodeKey, EpisodeRef, FileRef
 from .errors import DataError
-from .settings import ACTION_KEY, STATE_KEY
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,13 @@ import threading
 import time
 import traceback
 
+from ...features import ACTION_KEY
 from ...storage import BucketClient, StorageError
 from .arena import BufferView, FrameArena, GatherClock, IngestStream
 from .catalog import DecodeSchedule, EpisodeCatalog, EpisodeKey, EpisodeRef
 from .decode import DecodeOrder, DecodePool
 from .errors import DataError
-from .settings import ACTION_KEY, WEIGHT_KEY, DataSettings
+from .settings import WEIGHT_KEY, DataSettings
 from .weighting import Weighting
 
 log = logging.getLogger(__name__)

@@ -15,13 +15,14 @@ from dataclasses import asdict
 import torch
 
 from ...errors import BadValue
+from ...features import ACTION_KEY, STATE_KEY
 from ...storage import BucketClient, BucketUrl
 from .arena import FrameArena, GatherClock, buffer_bytes, frame_bytes
 from .catalog import EpisodeCatalog, EpisodeKey
 from .decode import resolve_video_backend
 from .errors import NotBuffered, NothingToTrain, StaleState
 from .feed import BufferFeed
-from .settings import ACTION_KEY, STATE_KEY, WEIGHT_KEY, DataSettings
+from .settings import WEIGHT_KEY, DataSettings
 from .weighting import SourceFrames, Weighting
 
 log = logging.getLogger(__name__)

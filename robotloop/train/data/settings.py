@@ -8,7 +8,6 @@ from typing import Literal
 from ...errors import BadValue
 from ..weights import FrameWeights
 
-STATE_KEY, ACTION_KEY = "observation.state", "action"
 WEIGHT_KEY = "weight"  # not a dataset feature: each buffered frame's sampling weight (robotloop.train.weights)
 
 

@@ -11,8 +11,9 @@ import numpy as np
 import torch
 
 from ...errors import BadValue
+from ...features import INTERVENTION_KEY, SUCCESS_KEY
 from ...storage import BucketClient, BucketUrl
-from ..weights import INTERVENTION_KEY, SUCCESS_KEY, FrameWeights, Role, autonomous_outcome
+from ..weights import FrameWeights, Role, autonomous_outcome
 from .catalog import DatasetSource, EpisodeRef
 
 
