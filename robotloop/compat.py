@@ -18,6 +18,9 @@ robotloop reaches into a few private corners of huggingface_hub and lerobot, whe
   columns kept; 0.013 s against 0.12 s a call), for the recorder's append of every committed episode.
 * lerobot's ``dataset_writer.embed_images``, the module global its ``DatasetWriter`` calls at each ``save_episode``:
   wrapped to skip episodes with no feature to embed (`embed_images_only_where_needed`).
+* Ray's ``ray.init(_system_config=...)`` (documented "testing only"), in `robotloop.cluster.ray_session`: a `--ray
+  local` cluster's ``worker_niceness``, the one Ray setting a driver cannot pass otherwise without changing its own
+  environment; `tests/test_ray.py` checks its effect (a local cluster's workers at niceness 0).
 
 huggingface_hub is pinned only to ``>=1.6,<2``: any release may move these. `tests/test_compat.py` checks that
 each one still exists with the signature or fields used here, naming the one that changed; `untested_versions`

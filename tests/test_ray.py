@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from robotloop.cluster import ray_session
 from robotloop.config import load_settings
 from robotloop.deploy.evaluate import evaluate, locate_and_evaluate
 from robotloop.deploy.runner import make_tiny_checkpoint
@@ -177,7 +178,7 @@ def test_record_on_ray_commits_the_local_demos(cluster: str, bucket_server, tmp_
                 np.testing.assert_allclose(actions[episodes == k], demo.actions[:20], atol=1e-6)
                 matched.add(seed)
     assert matched == {3, 4}
-    assert not _actor_processes("RecordWorker") + _actor_processes("commit_episode"), "Ray workers outlived it"
+    assert not _actor_processes("RecordWorker") + _actor_processes("EpisodeCommitter"), "Ray workers outlived it"
 
 
 def test_a_killed_driver_leaves_no_worker_and_no_half_episode(cluster: str, bucket_server, tmp_path: Path) -> None:
@@ -202,7 +203,7 @@ def test_a_killed_driver_leaves_no_worker_and_no_half_episode(cluster: str, buck
     driver.wait()
     deadline = time.monotonic() + 30  # Ray stops the actors and tasks a dead driver owned
     while (
-        alive := _actor_processes("RecordWorker") + _actor_processes("commit_episode")
+        alive := _actor_processes("RecordWorker") + _actor_processes("EpisodeCommitter")
     ) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not alive, f"actors {alive} outlived the killed driver"
@@ -231,3 +232,18 @@ def _total_episodes(client: BucketClient, url: BucketUrl) -> int:
         return json.loads(client.read_range(url / "meta" / "info.json", 0, 1 << 20))["total_episodes"]
     except FileNotFoundError:
         return 0
+
+
+def test_local_starts_its_own_cluster_with_workers_at_the_drivers_priority(
+    cluster: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--ray local` starts a one-node cluster for the command even where RAY_ADDRESS names another (the two-node
+    one here), runs its workers at niceness 0 as a process pool's (Ray's default is 15, behind every other process
+    of the machine) and stops it after."""
+    monkeypatch.setenv("RAY_ADDRESS", cluster)
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    with ray_session("local") as ray:
+        nice = ray.remote(lambda: os.nice(0))
+        assert len(ray.nodes()) == 1, "joined the cluster RAY_ADDRESS names"
+        assert ray.get(nice.remote()) == 0
+    assert not ray.is_initialized()

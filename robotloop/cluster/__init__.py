@@ -97,8 +97,11 @@ def ray_session(address: str) -> Iterator[Any]:
             options: dict[str, Any] = {"logging_level": logging.WARNING, "configure_logging": True}
             if address == "local":
                 options.update(include_dashboard=False)  # a cluster for one command: nobody looks at a dashboard
+                options.update(_system_config={"worker_niceness": local_worker_niceness()})
             try:
-                ray.init(address=None if address == "local" else address, **options)
+                # "local" as Ray spells it: a new cluster even where RAY_ADDRESS or a `ray start` names one (None
+                # would join that one, and refuse the local cluster's `_system_config`)
+                ray.init(address=address, **options)
             except ConnectionError as error:
                 raise RayUnavailable(f"--ray {address}: no Ray cluster answers ({error})") from None
             _owned = True
@@ -111,6 +114,18 @@ def ray_session(address: str) -> Iterator[Any]:
             if _sessions == 0 and _owned:
                 ray.shutdown()
                 _owned = False
+
+
+def local_worker_niceness() -> int:
+    """The niceness of a `local` cluster's workers: 0, the driver's and a process pool's, unless RAY_worker_niceness
+    says otherwise. Ray's default is 15, below every other process of the machine, which fits a driver that only
+    coordinates: here the workers are the command's work (sim, rendering, encoding), and at 15 they lose the cores
+    to the bucket server and the trainer beside them, where a pool's workers would not."""
+    value = os.environ.get("RAY_worker_niceness", "0")  # noqa: SIM112 - spelled as Ray reads it
+    try:
+        return int(value)
+    except ValueError:
+        raise BadValue(f"RAY_worker_niceness={value!r}: expected an integer") from None
 
 
 _session_lock = threading.Lock()
