@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
@@ -179,3 +181,18 @@ def test_bad_arguments_raise() -> None:
         sim.reset(seed=0, object_pose=np.zeros(7))
     with pytest.raises(RuntimeError, match="image_size=None"):
         sim.render()
+
+
+def test_a_sim_left_open_at_exit_closes_its_renderer_quietly() -> None:
+    """A script that never closes its sims (one of them the scripted demos' cached one) exits with nothing on
+    stderr: its renderers are closed before EGL's own exit hook ends the display, not freed after it."""
+    code = (
+        "from robotloop.sim.env import AlohaSim\n"
+        "from robotloop.sim.scripted import record_demo\n"
+        "sim = AlohaSim('transfer_cube', (24, 32)); sim.reset(seed=0)\n"
+        "record_demo('transfer_cube', 0, (24, 32), max_steps=2)\n"
+    )
+    env = {**os.environ, "MUJOCO_GL": "egl"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "EGLError" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr[-3000:]

@@ -8,8 +8,10 @@ Reward: 0..4 staged contact reward; `info["is_success"]` is `reward == max_rewar
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
+import weakref
 from typing import Any
 
 from ..errors import BadValue
@@ -96,6 +98,7 @@ class TopCamera:
         self.renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = shadows
         self.camera = camera
         self.render_s = 0.0  # time spent rendering, for the evaluation's account of its time
+        _close_at_exit(self)
 
     def __call__(self, data: mujoco.MjData) -> np.ndarray:
         start = time.perf_counter()
@@ -106,6 +109,30 @@ class TopCamera:
 
     def close(self) -> None:
         self.renderer.close()
+        _open_cameras.discard(self)
+
+
+def _close_at_exit(camera: TopCamera) -> None:
+    """Close `camera` at exit if nothing did before (a script's sim, the scripted demos' cached ones), while EGL is up.
+
+    Left to the garbage collector in the interpreter's teardown, a renderer's free fails after EGL's own exit hook
+    has terminated the display, and prints an EGLError traceback ("Exception ignored in Renderer.__del__"). Exit
+    hooks run last-registered first, and EGL's is registered with the first renderer: ours goes in after it.
+    """
+    global _exit_hook
+    _open_cameras.add(camera)
+    if not _exit_hook:
+        atexit.register(_close_open_cameras)
+        _exit_hook = True
+
+
+def _close_open_cameras() -> None:
+    for camera in list(_open_cameras):
+        camera.close()
+
+
+_open_cameras: weakref.WeakSet[TopCamera] = weakref.WeakSet()
+_exit_hook = False
 
 
 class AlohaSim:
