@@ -10,7 +10,8 @@ Per worker count and backend, one JSON line: episodes/min of `evaluate` (a rando
 episodes; the pool runs them in lockstep with one batched forward in the driver, Ray in waves of
 ceil(episodes / workers) on actors with a policy each) and of `record_sim` (`--episodes` scripted demos into a fresh
 embedded bucket server). Worker start-up is inside the time for both, as a command pays it. Ray runs on a cluster of
-this machine started once (`--ray local`) or the one at `--ray ADDRESS`, kept across the runs.
+this machine started once (`--ray local`) or the one at `--ray ADDRESS`, kept across the runs. `--commits` adds
+each recording's commits (when, and their upload's seconds): where recording's time goes on each backend.
 """
 
 from __future__ import annotations
@@ -49,13 +50,24 @@ def eval_rate(policy: Path, args: argparse.Namespace, workers: int, ray: str | N
     return 60 * len(report.episodes) / (time.perf_counter() - start)
 
 
-def record_rate(args: argparse.Namespace, size: tuple[int, int], workers: int, ray: str | None) -> float:
+def record_rate(
+    args: argparse.Namespace, size: tuple[int, int], workers: int, ray: str | None
+) -> tuple[float, list[tuple[float, int, float, float]]]:
+    """Episodes per minute, and each commit as (seconds since the start, seed, encode_s, upload_s)."""
+    commits: list[tuple[float, int, float, float]] = []
+
+    def on_event(kind: str, seed: int, report) -> None:
+        if report is not None:
+            at = round(time.perf_counter() - start, 1)
+            commits.append((at, seed, round(report.encode_s, 2), round(report.upload_s, 2)))
+
     with tempfile.TemporaryDirectory() as tmp:
         server = ensure_embedded_server(Path(tmp) / "server")
         try:
             client = BucketClient(server.endpoint, server.token)
             url = BucketUrl.parse(f"hf://buckets/bench/ray/datasets/w{workers}-{'ray' if ray else 'pool'}")
             recorder = DatasetRecorder(client, url, DatasetSpec.aloha(size, args.codec), staging=Path(tmp) / "stage")
+            start = time.perf_counter()  # read by on_event
             report = record_sim(
                 recorder,
                 args.task,
@@ -64,11 +76,12 @@ def record_rate(args: argparse.Namespace, size: tuple[int, int], workers: int, r
                 size,
                 args.max_steps,
                 keep_failed=True,
+                on_event=on_event,
                 ray=ray,
             )
         finally:
             stop_embedded_server(Path(tmp) / "server")
-    return report.episodes_per_minute
+    return report.episodes_per_minute, commits
 
 
 def main() -> None:
@@ -89,6 +102,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--ray", default="local", help="auto, local or a cluster ADDRESS")
     ap.add_argument("--skip", choices=("eval", "record"), nargs="*", default=[])
+    ap.add_argument("--commits", action="store_true", help="each row lists its recording's commits, as timed")
     args = ap.parse_args()
     size = parse_image_size(args.image_size)
     with tempfile.TemporaryDirectory() as tmp, ray_session(args.ray):  # one cluster connection for every Ray run
@@ -101,7 +115,10 @@ def main() -> None:
                 if "eval" not in args.skip:
                     row["eval_episodes_per_min"] = round(eval_rate(policy, args, workers, ray), 2)
                 if "record" not in args.skip:
-                    row["record_episodes_per_min"] = round(record_rate(args, size, workers, ray), 2)
+                    rate, commits = record_rate(args, size, workers, ray)
+                    row["record_episodes_per_min"] = round(rate, 2)
+                    if args.commits:  # (seconds since the start, seed, encode_s, upload_s)
+                        row["record_commits"] = commits
                 row.update(machine=f"{platform.node()} {os.cpu_count()} cores", episodes=episodes_for(args, workers))
                 print(json.dumps(row), flush=True)
 

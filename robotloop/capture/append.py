@@ -16,6 +16,12 @@ from types import SimpleNamespace
 import pandas as pd
 
 
+def load_append() -> None:
+    """Import what `append_episode` runs (lerobot's aggregation) now: seconds on a busy machine, which a process
+    that commits episodes can spend while it has nothing to commit yet, rather than at its first append."""
+    import lerobot.datasets.aggregate  # noqa: F401
+
+
 def append_episode(dst_root: Path, src_root: Path, repo_id: str) -> None:
     """Append the dataset at `src_root` (lerobot-written, one episode) to the dataset at `dst_root`.
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..capture.append import load_append
 from ..capture.recorder import CommitReport, DatasetRecorder, DatasetSpec, WrittenEpisode
 from ..capture.sim_record import RecordReport, _demo, _discard, _notify, _Target
 from ..storage import BucketClient, BucketUrl
@@ -79,9 +80,7 @@ class EpisodeCommitter:
     def __init__(self, job: RecordJob) -> None:
         _start(job)
         self.recorder = _recorder(job)
-        # What every append after a dataset's first episode runs (`capture.append`), imported now, while the node's
-        # first demos run: seconds on a busy node, which the second commit would otherwise wait for.
-        import lerobot.datasets.aggregate  # noqa: F401
+        load_append()  # while the node's first demos run, not in its second commit
 
     def commit(self, written: WrittenEpisode) -> CommitReport:
         """Commit `written` (`DatasetRecorder.commit_written`)."""
