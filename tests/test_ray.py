@@ -10,6 +10,7 @@ driver leaves no worker and no half episode behind.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -23,8 +24,13 @@ import pytest
 
 from robotloop.cluster import ray_session
 from robotloop.config import load_settings
+from robotloop.deploy.client import DeployClient
 from robotloop.deploy.evaluate import evaluate, locate_and_evaluate
+from robotloop.deploy.keys import generate_keypair, load_private_key, public_path
+from robotloop.deploy.local import start_local_deploy_service
+from robotloop.deploy.publish import publish
 from robotloop.deploy.runner import make_tiny_checkpoint
+from robotloop.rounds.fleet import FleetRobot, fleet_episodes, run_fleet
 from robotloop.sim.scripted import record_demo
 from robotloop.storage import BucketClient, BucketUrl
 
@@ -210,6 +216,66 @@ def test_a_killed_driver_leaves_no_worker_and_no_half_episode(cluster: str, buck
     committed = _total_episodes(client, url)
     dataset = load_with_lerobot(client, url, tmp_path / "after-kill")
     assert dataset.meta.total_episodes == committed and len(dataset) == 12 * committed  # every episode whole
+
+
+def test_fleet_robots_on_two_nodes_record_the_episodes_local_robots_record(
+    tiny: Path, cluster: str, bucket_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fleet of `loop --rounds --ray`: two robots as Ray tasks, one per node, each pulling the signed release
+    from the deploy service, running its own scene and recording it into its fleet dataset (the tiny policy stalls,
+    the scripted expert takes over). What they record is what the same robots record as local processes."""
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    step = BucketUrl.parse("hf://buckets/lab/ray-fleet/models/run1/checkpoints/000005")
+    client.create_bucket(step)
+    client.upload(tiny, step / "pretrained_model")
+    key = tmp_path / "keys" / "deploy.key"
+    generate_keypair(key)
+    service = start_local_deploy_service(tmp_path / "deploy", trusted_keys=(public_path(key),))
+    ops = DeployClient(service.url, service.token)
+
+    def robot(where: str, i: int) -> FleetRobot:
+        name = f"{where}-{i}"
+        return FleetRobot(
+            robot_id=name,
+            token=ops.register_robot(name, channel="stable", rotate=True),
+            deploy_url=service.url,
+            endpoint=bucket_server.endpoint,
+            storage_token=WRITE_TOKEN,
+            task="transfer_cube",
+            image_size=SIZE,
+            shadow_map=512,
+            device="cpu",
+            first_seed=200_000 + 10 * i,
+            episodes=1,
+            policy_steps=12,
+            stall_steps=6,
+            record_to=f"hf://buckets/lab/ray-fleet/datasets/{name}",
+            vcodec="h264",
+            store=tmp_path / "stores" / name,
+            trusted_keys=public_path(key).read_text(),
+            rate_hz=math.inf,
+        )
+
+    try:
+        publish(client, str(step), "run1-5", load_private_key(key), ops, channel="stable", onnx="off")
+        # One torch thread, as Ray gives a 1-CPU task: with 2, ACT's sums round otherwise (~1e-7), which can move the
+        # expert's re-plan by a step
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        local = run_fleet([robot("local", 1), robot("local", 2)], timeout_s=300)
+        on_ray = run_fleet([robot("ray", 1), robot("ray", 2)], timeout_s=300, ray=cluster)
+    finally:
+        service.stop()
+    assert all(r.error is None and r.finished == 1 and r.running == "run1-5" for r in local + on_ray), local + on_ray
+    assert {r.node for r in local} == {None} and len({r.node for r in on_ray}) == 2, "not one robot per node"
+    assert all(r.bytes_pulled > 0 and r.backend.startswith("torch (cpu)") for r in on_ray), on_ray
+
+    def facts(where: str) -> list[tuple]:
+        found = fleet_episodes(client, [f"hf://buckets/lab/ray-fleet/datasets/{where}-{i}" for i in (1, 2)], "run1-5")
+        return sorted((f["seed"], f["kind"], f["success"], f["frames"], f["expert_frames"]) for f in found)
+
+    assert facts("ray") == facts("local") and len(facts("ray")) == 2
+    assert all(kind == "takeover" for _, kind, *_ in facts("ray"))
+    assert not _actor_processes("_ray_robot"), "a robot's Ray worker is still running it"
 
 
 def test_without_ray_nothing_imports_it(tiny: Path, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import threading
@@ -142,6 +143,20 @@ def worker_env() -> dict[str, str]:
 
     env = {name: os.environ.get(name, value) for name, value in QUIET_ENV.items()}
     return env | {name: os.environ[name] for name in ("MUJOCO_GL", DEBUG_ENV) if name in os.environ}
+
+
+def gpu_share(device: str, workers: int) -> float:
+    """The GPU each of `workers` actors or tasks asks Ray for: none on CPU (Ray then hides the GPUs from it), else an
+    equal share of one (to 4 decimals, Ray's resolution), so that they fit on one GPU as a process pool's do."""
+    return 0.0 if not device.startswith("cuda") else math.floor(10_000 / workers) / 10_000
+
+
+def driver_host(address: str) -> str:
+    """Where Ray workers reach a service this driver starts: 127.0.0.1 on a `local` cluster (this machine alone),
+    else this machine's address on the cluster's network, as Ray finds it for its own nodes."""
+    if address == "local":
+        return "127.0.0.1"
+    return import_ray().util.get_node_ip_address()
 
 
 def node_id() -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import shutil
 import tempfile
 from collections import deque
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..deploy.lockstep import SimBatch, Slot
-from . import ATTEMPTS, RayUnavailable, call_error, node_id, ray_session, worker_died, worker_env
+from . import ATTEMPTS, RayUnavailable, call_error, gpu_share, node_id, ray_session, worker_died, worker_env
 
 log = logging.getLogger(__name__)
 CLOSE_S = 30  # an idle actor's time to close its sims and remove its files before it is killed
@@ -116,7 +115,7 @@ def evaluate_on_ray(
     with ray_session(address) as ray:
         actor_class = ray.remote(EvalWorker).options(
             num_cpus=1,
-            num_gpus=_gpu_share(job.device, workers),
+            num_gpus=gpu_share(job.device, workers),
             scheduling_strategy="SPREAD",  # over the nodes: each holds one EGL renderer per sim
             max_restarts=0,  # a dead actor is replaced here, with its wave put back in the queue
             runtime_env={"env_vars": worker_env()},
@@ -168,9 +167,3 @@ def _close(ray: Any, idle: list, busy: list) -> None:
         ray.get([actor.close.remote() for actor in idle], timeout=CLOSE_S)
     for actor in [*idle, *busy]:
         ray.kill(actor)
-
-
-def _gpu_share(device: str, workers: int) -> float:
-    """The GPU each actor asks Ray for: none on CPU (Ray then hides the GPUs from it), else an equal share of one
-    (to 4 decimals, Ray's resolution), so `workers` actors fit on one GPU as the process pool's policy does."""
-    return 0.0 if not device.startswith("cuda") else math.floor(10_000 / workers) / 10_000

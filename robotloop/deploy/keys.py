@@ -137,6 +137,28 @@ def parse_public_line(line: str, source: str = "<public key>") -> Ed25519PublicK
     return public
 
 
+def parse_public_keys(text: str, source: str = "<public keys>") -> dict[str, Ed25519PublicKey]:
+    """The keys of a public key file's `text` (`ed25519 ...` lines, `#` comments allowed) by key id; none for an
+    empty file. `source` names it in errors. For a robot given the file's text rather than its path (a Ray task on
+    another node, where the driver's path does not exist).
+
+    Example:
+        ```python
+        >>> trusted = parse_public_keys(Path("deploy.pub").read_text(), "deploy.pub")
+        ```
+
+    Raises:
+        DeployKeyError: a line is malformed.
+    """
+    keys: dict[str, Ed25519PublicKey] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        line = line.split("#", 1)[0].strip()
+        if line:
+            public = parse_public_line(line, f"{source}:{n}")
+            keys[key_id(public)] = public
+    return keys
+
+
 def load_public_keys(paths: list[Path]) -> dict[str, Ed25519PublicKey]:
     """Trusted public keys by key id, from files of `ed25519 ...` lines (`#` comments allowed).
 
@@ -152,11 +174,7 @@ def load_public_keys(paths: list[Path]) -> dict[str, Ed25519PublicKey]:
                 f"{path}: no public key file there; copy the .pub file made beside the deploy key "
                 "(`robotloop deploy keygen`) to the robot"
             ) from None
-        for n, line in enumerate(text.splitlines(), start=1):
-            line = line.split("#", 1)[0].strip()
-            if line:
-                public = parse_public_line(line, f"{path}:{n}")
-                keys[key_id(public)] = public
+        keys |= parse_public_keys(text, str(path))
     if not keys:
         where = f"in {', '.join(map(str, paths))}" if paths else "configured"
         raise DeployKeyError(

@@ -42,9 +42,11 @@ def start_local_deploy_service(
     extra_args: tuple[str, ...] = (),
     extra_tokens: tuple[str, ...] = (),
     trusted_keys: tuple[Path, ...] = (),
+    host: str = "127.0.0.1",
 ) -> LocalDeployService:
-    """Start `python -m services.deploy` on 127.0.0.1 with an operator write token (`token`, else a fresh one),
-    more tokens-file lines (`extra_tokens`, e.g. "<token> read *") and a database under `base`. It registers only
+    """Start `python -m services.deploy` on `host` (127.0.0.1, or this machine's address where other machines must
+    reach it) with an operator write token (`token`, else a fresh one), more tokens-file lines (`extra_tokens`, e.g.
+    "<token> read *") and a database under `base`. It registers only
     releases signed by `trusted_keys`; with none (tests, benchmarks) it is started with `--allow-any-signer`.
 
     Raises:
@@ -56,11 +58,22 @@ def start_local_deploy_service(
     tokens.touch(mode=0o600)
     tokens.write_text("".join(f"{line}\n" for line in (f"{token} write *", *extra_tokens)))
     port, log = free_port(), base / "deploy.log"
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     signers = [a for key in trusted_keys for a in ("--trusted-key", str(key))]
     if not signers and "--trusted-key" not in extra_args:
         signers = ["--allow-any-signer"]
-    args = ["--tokens", str(tokens), "--db", str(base / "deploy.sqlite"), "--port", str(port), *signers, *extra_args]
+    args = [
+        "--tokens",
+        str(tokens),
+        "--db",
+        str(base / "deploy.sqlite"),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        *signers,
+        *extra_args,
+    ]
     proc = start_service_process("services.deploy", args, log, lambda: _answers(url), timeout_s)
     return LocalDeployService(url, token, proc, log)
 

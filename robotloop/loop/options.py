@@ -66,7 +66,9 @@ class LoopOptions(BaseModel):
     )
     ray: str | None = Field(
         default=None,
-        description="Record and evaluate with Ray actors: auto, local or a cluster ADDRESS (robotloop[ray]).",
+        description=(
+            "Record, evaluate and run the fleet's robots on Ray: auto, local or a cluster ADDRESS (robotloop[ray])."
+        ),
     )
     shadow_map: int | None = Field(
         default=None,

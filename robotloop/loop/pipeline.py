@@ -107,7 +107,8 @@ class LoopSettings:
     live: bool = False
     live_rounds: int = 3  # live: checkpoints evaluated (and maybe promoted) while recording goes on
     seed: int = 0
-    # Recording and evaluation's sim workers as Ray actors of this cluster (`robotloop.cluster`); None: processes.
+    # Recording and evaluation's sim workers and the fleet's robots on this Ray cluster (`robotloop.cluster`); None:
+    # processes.
     ray: str | None = None
     # The sim cameras' shadow-map side for everything the run films: demos, the fleet, re-demonstrations, the
     # baseline, and (saved with the policy) evaluation. None: gym-aloha's, 4096 at 480x640, which is most of an

@@ -5,6 +5,9 @@ fleet dataset (`robotloop.fleet`). Nothing passes through the driver but each ro
 episodes themselves are read back from the bucket (`fleet_episodes`), as a team's would be.
 
 Each robot is a process, not a thread: policy inference, MuJoCo and rendering would share one interpreter lock.
+With `ray` (the loop's `--ray`) each robot is a Ray task instead, one CPU and an equal share of the GPU each, spread
+over the cluster's nodes; it reaches the deploy service and the bucket over the network as a robot would, trusts
+the key whose text it was given, and keeps its release store at the same path on whichever node runs it.
 
 Example:
     ```python
@@ -23,7 +26,7 @@ import os
 import queue
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +56,8 @@ class FleetRobot:
     stall_steps: int  # K: no new reward stage for K steps hands the robot to the expert
     record_to: str  # its fleet dataset
     vcodec: str
-    store: Path  # its release store (kept across rounds: a new release pulls only what changed)
-    trusted_key: Path
+    store: Path  # its release store (kept across rounds: a new release pulls only what changed); absolute
+    trusted_keys: str  # the deploy key's public key file, its text (the driver's path need not exist on a Ray node)
     rate_hz: float = 50.0  # ALOHA's rate; math.inf runs as fast as the machine does
 
 
@@ -73,13 +76,20 @@ class FleetRobotResult:
     # its release loaded and warmed up, its swap-in (its first action follows), its last episode's end, its recorder
     # closed (the last commit). Where a fleet stage's time goes beside the control itself.
     timings: dict[str, float] = field(default_factory=dict)
+    node: str | None = None  # the Ray node that ran it (None: a process of the driver's machine)
 
 
-def run_fleet(robots: list[FleetRobot], timeout_s: float = 3600.0) -> list[FleetRobotResult]:
-    """Run every robot in its own process until each has finished its episodes; their results, in order.
+def run_fleet(robots: list[FleetRobot], timeout_s: float = 3600.0, ray: str | None = None) -> list[FleetRobotResult]:
+    """Run every robot until each has finished its episodes, in its own process or, with `ray` (a `--ray` address),
+    as a task of that Ray cluster; their results, in order.
 
     A robot that dies or runs past `timeout_s` is reported with its `error`; the others' results stand.
+
+    Raises:
+        RayUnavailable: `ray` given, and Ray is missing or no cluster answers there.
     """
+    if ray is not None:
+        return _run_on_ray(robots, timeout_s, ray)
     ctx = mp.get_context("spawn")  # MuJoCo's EGL context and CUDA must start fresh in each robot
     results = ctx.Queue()
     # Not daemons: each robot starts its recorder's writer process. `start_worker` ends a robot with its driver.
@@ -103,10 +113,56 @@ def run_fleet(robots: list[FleetRobot], timeout_s: float = 3600.0) -> list[Fleet
         process.join(timeout=10)
         if process.is_alive():
             process.kill()
-    return [
-        found.get(r.robot_id) or FleetRobotResult(r.robot_id, 0, None, {}, {}, None, 0, error="the robot died")
-        for r in robots
-    ]
+    return [found.get(r.robot_id) or _failed(r, "the robot died") for r in robots]
+
+
+def _run_on_ray(robots: list[FleetRobot], timeout_s: float, address: str) -> list[FleetRobotResult]:
+    """`run_fleet` on a Ray cluster: a task a robot, never retried (a rerun would record its episodes twice)."""
+    from ..cluster import call_error, gpu_share, ray_session, worker_died, worker_env
+
+    with ray_session(address) as ray:
+        robot_task = ray.remote(_ray_robot).options(
+            num_cpus=1,
+            num_gpus=gpu_share(robots[0].device, len(robots)) if robots else 0,
+            scheduling_strategy="SPREAD",  # each robot holds an EGL renderer and a policy: over the nodes
+            max_retries=0,
+            runtime_env={"env_vars": worker_env()},
+        )
+        started = time.time()
+        refs = [robot_task.remote(r, started) for r in robots]
+        done, late = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for ref in late:
+            ray.cancel(ref, force=True)  # its process goes, and its recorder's writer with it (`start_worker`)
+        results = []
+        for robot, ref in zip(robots, refs, strict=True):
+            if ref in late:
+                results.append(_failed(robot, f"still running after {timeout_s:.0f} s"))
+                continue
+            try:
+                results.append(ray.get(ref))
+            except Exception as error:  # noqa: BLE001 - reported, as the process pool's robots report theirs
+                why = "the robot died" if worker_died(ray, error) else _why(call_error(ray, error))
+                log.warning("fleet robot %s failed: %s", robot.robot_id, why)
+                results.append(_failed(robot, why))
+        return results
+
+
+def _ray_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
+    """A robot as a Ray task: quiet and logging as the driver does, as `start_worker` makes a pool's robot."""
+    from ..cluster import node_id
+    from ..output import log_to_console, quiet_libraries
+
+    quiet_libraries()
+    log_to_console()
+    return replace(_run_robot(robot, started), node=node_id())
+
+
+def _failed(robot: FleetRobot, why: str) -> FleetRobotResult:
+    return FleetRobotResult(robot.robot_id, 0, None, {}, {}, None, 0, error=why)
+
+
+def _why(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def _robot_main(robot: FleetRobot, results: Any, parent_pid: int, started: float) -> None:
@@ -115,9 +171,7 @@ def _robot_main(robot: FleetRobot, results: Any, parent_pid: int, started: float
         results.put(_run_robot(robot, started))
     except Exception as error:  # noqa: BLE001 - reported to the driver, which goes on with the other robots
         log.warning("fleet robot %s failed: %s", robot.robot_id, error)
-        results.put(
-            FleetRobotResult(robot.robot_id, 0, None, {}, {}, None, 0, error=f"{type(error).__name__}: {error}")
-        )
+        results.put(_failed(robot, _why(error)))
 
 
 def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
@@ -130,7 +184,7 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
     from ..deploy.client import DeployClient
     from ..deploy.envs import SimControlEnv
     from ..deploy.fetch import XetFetcher
-    from ..deploy.keys import load_public_keys
+    from ..deploy.keys import parse_public_keys
     from ..deploy.runtime import RobotRuntime
     from ..deploy.store import ReleaseStore
     from ..fleet import FleetRecorder, RecordChoice, Takeovers
@@ -166,7 +220,7 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
         env,
         DeployClient(robot.deploy_url, robot.token),
         ReleaseStore(robot.store),
-        load_public_keys([robot.trusted_key]),
+        parse_public_keys(robot.trusted_keys, "the loop's deploy key"),
         RobotSettings(robot_id=robot.robot_id, device=robot.device, poll_wait_s=5, heartbeat_s=1.0),
         lambda bucket: XetFetcher(robot.endpoint, robot.storage_token, bucket),
         recording=recording,

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..capture import DatasetRecorder
 from ..capture.sim_record import record_sim
+from ..cluster import driver_host
 from ..deploy.client import DeployClient
 from ..deploy.evaluate import EvalReport, evaluate
 from ..deploy.keys import load_private_key, public_path
@@ -271,7 +272,9 @@ def run_rounds(
     if on_round is not None:
         on_round(zero)
     key = loop.report_dir / "keys" / "deploy.key"
-    service = start_local_deploy_service(loop.report_dir / "deploy", trusted_keys=(public_path(key),))
+    # The fleet's robots reach it: on this machine, or over the Ray cluster's network when they are its tasks
+    host = "127.0.0.1" if loop.ray is None else driver_host(loop.ray)
+    service = start_local_deploy_service(loop.report_dir / "deploy", trusted_keys=(public_path(key),), host=host)
     try:
         run = _Rounds(loop, settings, client, DeployClient(service.url, service.token), key, report, on_stage, on_train)
         for k in range(1, settings.rounds + 1):
@@ -393,7 +396,7 @@ class _Rounds:
         with self._timed(
             stages, "fleet", f"round {k}: {s.fleet} sim robots x {s.fleet_episodes} episodes on {self.stable}"
         ):
-            robots = run_fleet(self._robots(k))
+            robots = run_fleet(self._robots(k), ray=loop.ray)
         failed = [r for r in robots if r.error]
         if len(failed) == len(robots):
             raise RuntimeError(f"every fleet robot failed in round {k}: {failed[0].error}")
@@ -497,8 +500,8 @@ class _Rounds:
                     stall_steps=self.stall_steps,
                     record_to=record_to,
                     vcodec="h264",  # fast enough to keep up with a 50 Hz robot on one core (issue 29's rate figure)
-                    store=loop.report_dir / "fleet" / robot_id,
-                    trusted_key=public_path(self.key),
+                    store=(loop.report_dir / "fleet" / robot_id).resolve(),
+                    trusted_keys=public_path(self.key).read_text(),
                     rate_hz=s.fleet_rate_hz,
                 )
             )
@@ -612,6 +615,7 @@ def _robot_row(r: FleetRobotResult) -> dict[str, Any]:
         "error": r.error,
         "backend": r.backend,
         "timings": r.timings,
+        "node": r.node,
     }
 
 
