@@ -48,7 +48,8 @@ cp loop-report/report.json loop-report/report.md "$R/" 2>/dev/null
 for f in loop-report/eval/eval_report.json loop-report/eval-*/eval_report.json; do [ -f "$f" ] && cp "$f" "$R/$(basename "$(dirname "$f")").json"; done
 pack
 if [ -n "$ABLATION" ]; then  # side by side on the GPU, then each evaluated on the loop's seeds
-  python3 "$root/benchmarks/round_ablation.py" --variants "$ABLATION" --out "$R/ablation" > "$R/ablation.log" 2>&1
+  python3 "$root/benchmarks/round_ablation.py" --variants "$ABLATION" --preset "$PRESET" --out "$R/ablation" \
+    > "$R/ablation.log" 2>&1
   step "ablation $ABLATION exit $?"
   pack
 fi

@@ -5,6 +5,9 @@ Run after `robotloop loop --rounds 1` (e.g. `benchmarks/h200_flywheel.sh`), in t
 
     python3 benchmarks/round_ablation.py --variants demos,seed1,scratch --out $R/ablation
 
+After a loop without rounds (`--rounds 0`: no fleet data, a shorter GPU call) `demos` and `seed1` still run, with the
+rounds' settings of `--preset`.
+
 Variants (each trains as the loop's round does, `robotloop.rounds.run.train_round`, unless it says otherwise):
 - `demos`: the round's fine-tune from stable on the demos alone, no fleet data: what the fine-tune itself does.
 - `scratch`: round 0's recipe and steps from random init on the demos and the fleet's datasets: what the fleet's data
@@ -31,6 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from robotloop.loop.pipeline import LoopSettings
+from robotloop.rounds.options import RoundsOptions
 from robotloop.rounds.run import (
     RoundSettings,
     evaluate_checkpoint,
@@ -51,12 +55,15 @@ VARIANTS = {  # (datasets, from scratch, seed)
 }
 
 
-def settings_from_report(report: dict) -> tuple[LoopSettings, RoundSettings]:
-    """The loop's and the rounds' settings as the loop's report.json saved them."""
+def settings_from_report(report: dict, preset: str = "h200") -> tuple[LoopSettings, RoundSettings]:
+    """The loop's and the rounds' settings as the loop's report.json saved them; for the report of a loop without
+    rounds (`--rounds 0`), the rounds' settings `preset` gives."""
     s = dict(report["settings"])
     s["image_size"] = tuple(s["image_size"])
     s["report_dir"] = Path(s["report_dir"])
     s["policy"] = {k: tuple(v) if isinstance(v, list) else v for k, v in s["policy"].items()}
+    if "rounds_settings" not in report:
+        return LoopSettings(**s), RoundsOptions(preset=preset, task=s["task"]).round_settings()
     r = dict(report["rounds_settings"])
     r["weights"] = FrameWeights(**r["weights"])
     return LoopSettings(**s), RoundSettings(**r)
@@ -74,8 +81,8 @@ def variant_url(loop: LoopSettings, variant: str) -> BucketUrl:
     return BucketUrl.parse(f"{loop.bucket}/models/{loop.run}-ablation-{variant}")
 
 
-def train_variant(report: dict, variant: str) -> None:
-    loop, rounds = settings_from_report(report)
+def train_variant(report: dict, variant: str, preset: str) -> None:
+    loop, rounds = settings_from_report(report, preset)
     which, scratch, seed = VARIANTS[variant]
     client = connect()
     rounds = replace(rounds, from_scratch=scratch)
@@ -91,7 +98,7 @@ def train_all(args: argparse.Namespace, variants: list[str]) -> dict[str, int]:
     children = {}
     for v in variants:
         log = open(args.out / f"train-{v}.log", "a")  # noqa: SIM115 - closed with the child
-        cmd = [sys.executable, __file__, "--report", str(args.report), "--train-one", v]
+        cmd = [sys.executable, __file__, "--report", str(args.report), "--preset", args.preset, "--train-one", v]
         children[v] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log)
     codes = {}
     for v, (proc, log) in children.items():
@@ -116,24 +123,27 @@ def main() -> None:
     ap.add_argument("--report", type=Path, default=Path("loop-report/report.json"))
     ap.add_argument("--variants", default="demos,seed1,scratch")
     ap.add_argument("--out", type=Path, default=Path("ablation"))
+    ap.add_argument("--preset", default="h200", help="the rounds' settings of a loop run without rounds (--rounds 0)")
     ap.add_argument("--parallel", type=int, help="trainings at once (default: all on a GPU of 120 GiB or more, else 1)")
     ap.add_argument("--train-one", help=argparse.SUPPRESS)  # a child process: train this variant and exit
     args = ap.parse_args()
     report = json.loads(args.report.read_text())
     if args.train_one:
-        return train_variant(report, args.train_one)
+        return train_variant(report, args.train_one, args.preset)
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:
         sys.exit(f"unknown variants {unknown}: choose from {', '.join(VARIANTS)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    loop, rounds = settings_from_report(report)
+    loop, rounds = settings_from_report(report, args.preset)
     client = connect()  # the embedded bucket server, started once before the children share it
     at_once = args.parallel or (len(variants) if _gpu_gib() >= 120 else 1)
     stable_failed = failed_seeds(loop.report_dir / "eval" / "eval_report.json")
-    round_failed = failed_seeds(loop.report_dir / "eval-r1" / "eval_report.json")
+    round_report = loop.report_dir / "eval-r1" / "eval_report.json"  # none after a loop without rounds
+    round_failed = failed_seeds(round_report) if round_report.exists() else set()
     out = {"date": time.strftime("%Y-%m-%d %H:%M"), "run": loop.run, "task": loop.task, "trainings_at_once": at_once}
-    out |= {"stable_failed": len(stable_failed), "round_failed": len(round_failed), "variants": {}}
+    out |= {"stable_failed": len(stable_failed), "round_failed": len(round_failed) if round_report.exists() else None}
+    out["variants"] = {}
     # In batches of `at_once`, each batch evaluated before the next trains: a run cut short keeps what it finished.
     for i in range(0, len(variants), at_once):
         batch, t0 = variants[i : i + at_once], time.monotonic()
