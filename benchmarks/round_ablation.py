@@ -140,9 +140,9 @@ def main() -> None:
     at_once = args.parallel or (len(variants) if _gpu_gib() >= 120 else 1)
     stable_failed = failed_seeds(loop.report_dir / "eval" / "eval_report.json")
     round_report = loop.report_dir / "eval-r1" / "eval_report.json"  # none after a loop without rounds
-    round_failed = failed_seeds(round_report) if round_report.exists() else set()
+    round_failed = failed_seeds(round_report) if round_report.exists() else None
     out = {"date": time.strftime("%Y-%m-%d %H:%M"), "run": loop.run, "task": loop.task, "trainings_at_once": at_once}
-    out |= {"stable_failed": len(stable_failed), "round_failed": len(round_failed) if round_report.exists() else None}
+    out |= {"stable_failed": len(stable_failed), "round_failed": None if round_failed is None else len(round_failed)}
     out["variants"] = {}
     # In batches of `at_once`, each batch evaluated before the next trains: a run cut short keeps what it finished.
     for i in range(0, len(variants), at_once):
@@ -159,25 +159,26 @@ def main() -> None:
     print(json.dumps(out, indent=1))
 
 
-def evaluate_variant(client, loop, rounds, variant: str, out: Path, round_failed: set, stable_failed: set) -> dict:
-    """The variant's checkpoint on the loop's evaluation seeds; its failed seeds against the round's and stable's."""
+def evaluate_variant(
+    client, loop, rounds, variant: str, out: Path, round_failed: set | None, stable_failed: set
+) -> dict:
+    """The variant's checkpoint on the loop's evaluation seeds; its failed seeds against the round's (None: the loop
+    ran no round) and stable's."""
     steps = round_recipe(loop, replace(rounds, from_scratch=VARIANTS[variant][1]))[0]
     e = evaluate_checkpoint(client, loop, checkpoint_url(variant_url(loop, variant), steps), f"ablation-{variant}")
     path = loop.report_dir / f"ablation-{variant}" / "eval_report.json"
     (out / f"eval-{variant}").mkdir(exist_ok=True)
     (out / f"eval-{variant}" / "eval_report.json").write_text(path.read_text())
     failed, (lo, hi) = failed_seeds(path), e.success_ci95
-    print(
-        f"{variant}: {e.success_rate:.1%} (CI {lo:.1%}-{hi:.1%}), {len(failed & round_failed)} of {len(failed)} "
-        "failed seeds also failed in the round",
-        flush=True,
-    )
+    in_round = None if round_failed is None else len(failed & round_failed)
+    also = "no round to compare with" if in_round is None else f"{in_round} also failed in the round"
+    print(f"{variant}: {e.success_rate:.1%} (CI {lo:.1%}-{hi:.1%}), {len(failed)} failed seeds, {also}", flush=True)
     return {
         "success": e.success_rate,
         "ci95": [lo, hi],
         "episodes": len(e.episodes),
         "failed_seeds": sorted(failed),
-        "failed_also_in_round": len(failed & round_failed),
+        "failed_also_in_round": in_round,
         "failed_also_in_stable": len(failed & stable_failed),
     }
 

@@ -34,7 +34,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     cmd = [sys.executable, "-m", "robotloop.cli", "--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN]
     cmd += ["loop", "--rounds", "1", "--fleet", "2", "--fleet-episodes", "1", "--stall-steps", "10", "--baseline"]
     cmd += ["--round-lr-scale", "0.5", "--fleet-check", "--round-data-share", "0.5", "--fleet-rate-hz", "inf"]
-    cmd += ["--round-success-weight", "0", "--shadow-map", "512"]  # 512: cheaper than 48x64's default 1024 on a CPU
+    cmd += ["--shadow-map", "512"]  # 512: cheaper than 48x64's default 1024 on a CPU
     cmd += ["--episodes", "1", "--steps", "4", "--round-steps", "4", "--batch-size", "2", "--eval-episodes", "1"]
     cmd += ["--eval-max-steps", "30", "--workers", "1", "--bucket", bucket, "--report-dir", "report"]
     env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
@@ -100,7 +100,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     # round 0's demos keep theirs.
     fine_tune = lineage_of(f"{run_name}-r1")["data"]["weights"]
     assert 0 < fine_tune["expert"] != 2.0 and f"{bucket}/datasets/transfer_cube-{run_name}" not in fine_tune["datasets"]
-    assert fine_tune["autonomous_success"] == 0  # --round-success-weight 0: the policy's own wins are not drawn
+    assert fine_tune["autonomous_success"] == 0  # a round's default: the policy's own wins are not drawn
     baseline = lineage_of(f"{run_name}-baseline-r1")["data"]["weights"]
     assert set(baseline["datasets"]) == {f"{bucket}/datasets/transfer_cube-{run_name}-baseline"}
     pulled = [[row["bytes_pulled"] for row in r["robots"]] for r in rounds[1:]]
@@ -211,6 +211,12 @@ def test_rounds_options_refuse_live_mode_and_take_the_presets_values():
     assert (h200.fleet, h200.steps) == (10, 3000)  # a round's fine-tune, not round 0's training from scratch
     assert h200.lr_scale == 0.1 and RoundsOptions(rounds=1, round_lr_scale=0.5).round_settings().lr_scale == 0.5
     assert RoundsOptions(rounds=1, fleet=3).round_settings().fleet == 3
+    # A round draws no autonomous frame unless told (the trainer's own default keeps the successes at 1).
+    weights = h200.weights, RoundsOptions(rounds=1, round_success_weight=0.5).round_settings().weights
+    assert [(w.demo, w.expert, w.autonomous_success, w.autonomous_failed) for w in weights] == [
+        (1.0, 2.0, 0.0, 0.0),
+        (1.0, 2.0, 0.5, 0.0),
+    ]
     with pytest.raises(BadValue, match="--rounds and --live"):
         RoundsOptions(rounds=1, live=True).round_settings()
     # A round's training: a fine-tune of stable at a tenth of the rate, or round 0's recipe and steps from scratch.

@@ -10,6 +10,8 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pydantic import Field
 
 from ..loop.options import LoopOptions
@@ -70,8 +72,8 @@ class RoundsOptions(LoopOptions):
         ge=0,
         le=MAX_WEIGHT,
         description="Weight of the fleet's autonomous frames in episodes the policy won on its own, against a demo "
-        "frame's 1 (default 1; 0: train on demos and the expert's frames only: the policy's own successes are no "
-        "expert data, and at half the draws they cost TransferCube 14.5 points).",
+        "frame's 1 (default 0: the policy's own successes are no expert data; added, they cost TransferCube 13-15 "
+        "points on one H200).",
     )
     redemonstrate: bool = Field(default=True, description="The expert re-demonstrates each failed fleet scene.")
     fleet_check: bool = Field(
@@ -91,8 +93,7 @@ class RoundsOptions(LoopOptions):
             BadValue: rounds given with --live.
         """
         from ..errors import BadValue
-        from ..train.weights import FrameWeights
-        from .run import RoundSettings
+        from .run import RoundSettings, round_weights
 
         if self.rounds and self.live:
             raise BadValue("--rounds and --live are two ways of running rounds: choose one")
@@ -111,5 +112,5 @@ class RoundsOptions(LoopOptions):
             "baseline": self.baseline,
         }
         if self.round_success_weight is not None:
-            given["weights"] = FrameWeights(autonomous_success=self.round_success_weight)
+            given["weights"] = replace(round_weights(), autonomous_success=self.round_success_weight)
         return RoundSettings.for_preset(self.preset, **{k: v for k, v in given.items() if v is not None})

@@ -66,6 +66,14 @@ H200_ROUND_STEPS = 3000
 ROUND_LR_SCALE = 0.1
 
 
+def round_weights() -> FrameWeights:
+    """A round's draws: demos 1, the expert's frames 2, the fleet's autonomous frames 0, successes included (the
+    trainer's own default keeps those at 1). The policy's own successes are no expert data, and they cost: on
+    TransferCube (one H200, BENCHMARKS.md) stable fine-tuned on the demos alone scored 99.5%, fine-tuned on the
+    demos and the fleet's 60 successes 84.5-86.5% (three runs). `--round-success-weight` puts them back."""
+    return FrameWeights(autonomous_success=0.0)
+
+
 @dataclass
 class RoundSettings:
     """The rounds after round 0 (see the module docstring). Defaults fit the cpu preset; `for_preset` the h200's."""
@@ -83,7 +91,7 @@ class RoundSettings:
     # Each round (and its baseline) trains from random init on all its data with round 0's recipe and steps, instead
     # of fine-tuning stable: slower, but what the data is worth when fully trained in, not only as a nudge.
     from_scratch: bool = False
-    weights: FrameWeights = field(default_factory=FrameWeights)  # demo 1, expert 2, success 1, failed 0
+    weights: FrameWeights = field(default_factory=round_weights)  # demo 1, expert 2, autonomous 0
     # The share of each batch drawn from the expert frames the rounds gathered (takeovers, re-demonstrations; the
     # baseline's extra demos), against the rest; None: as `weights` make it (in proportion to frames).
     data_share: float | None = None
