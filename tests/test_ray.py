@@ -313,3 +313,16 @@ def test_local_starts_its_own_cluster_with_workers_at_the_drivers_priority(
         assert len(ray.nodes()) == 1, "joined the cluster RAY_ADDRESS names"
         assert ray.get(nice.remote()) == 0
     assert not ray.is_initialized()
+
+
+def test_a_cluster_refusing_the_drivers_missing_auth_token_is_named_as_such() -> None:
+    """`ray start` turns on token authentication while a driver sends its token only with RAY_AUTH_MODE=token: Ray
+    then says "Failed to connect", with the refusal buried in its exception chain (as built here, from Ray 2.60's
+    own text); robotloop names it and the fix."""
+    from robotloop.cluster import _why_unreachable
+
+    refused = RuntimeError("Failed to connect to GCS: RPC error: InvalidAuthToken: token is missing or incorrect")
+    error = ConnectionError("Failed to connect to Ray cluster at 10.0.0.5:6379")
+    error.__cause__ = refused
+    assert "RAY_AUTH_MODE=token" in _why_unreachable(error)
+    assert _why_unreachable(ConnectionError("refused")) == "no Ray cluster answers (refused)"

@@ -104,7 +104,7 @@ def ray_session(address: str) -> Iterator[Any]:
                 # would join that one, and refuse the local cluster's `_system_config`)
                 ray.init(address=address, **options)
             except ConnectionError as error:
-                raise RayUnavailable(f"--ray {address}: no Ray cluster answers ({error})") from None
+                raise RayUnavailable(f"--ray {address}: {_why_unreachable(error)}") from None
             _owned = True
         _sessions += 1
     try:
@@ -115,6 +115,21 @@ def ray_session(address: str) -> Iterator[Any]:
             if _sessions == 0 and _owned:
                 ray.shutdown()
                 _owned = False
+
+
+def _why_unreachable(error: ConnectionError) -> str:
+    """Why `ray.init` could not connect, in one line: Ray's own message hides a refused auth token in its chain."""
+    chain, cause = [], error.__cause__ or error.__context__
+    while cause is not None and len(chain) < 5:
+        chain.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    if any("InvalidAuthToken" in text for text in chain):
+        # `ray start` turns token authentication on (Ray 2.5x and later) while a driver's RAY_AUTH_MODE stays disabled
+        return (
+            "the cluster asks for its auth token: run with RAY_AUTH_MODE=token, the token in ~/.ray/auth_token (as "
+            "`ray start` left it on its node), RAY_AUTH_TOKEN_PATH or RAY_AUTH_TOKEN"
+        )
+    return f"no Ray cluster answers ({error})"
 
 
 def local_worker_niceness() -> int:
