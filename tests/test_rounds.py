@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,7 +20,14 @@ from robotloop.fleet import Takeovers
 from robotloop.loop.pipeline import LoopSettings
 from robotloop.rounds.fleet import fleet_episodes
 from robotloop.rounds.options import RoundsOptions
-from robotloop.rounds.run import STALL_MARGIN, STALL_STEPS, round_recipe, stall_steps_for
+from robotloop.rounds.run import (
+    STALL_MARGIN,
+    STALL_STEPS,
+    has_new_draws,
+    round_recipe,
+    round_weights,
+    stall_steps_for,
+)
 from robotloop.sim.expert import StallTrigger, UserTrigger
 from robotloop.storage import BucketClient, BucketUrl
 from robotloop.train.checkpoint import read_lineage
@@ -226,3 +234,17 @@ def test_rounds_options_refuse_live_mode_and_take_the_presets_values():
     scratch = RoundsOptions(preset="h200", rounds=1, round_from_scratch=True, device="cpu").round_settings()
     steps, act = round_recipe(loop, scratch)
     assert (steps, act.lr, act.warmup_steps) == (15000, 1e-4, 500) and act == loop.act()
+
+
+def test_a_round_with_nothing_new_to_learn_is_not_trained_and_the_dashboard_says_so():
+    """A fleet that won alone everywhere gave the round nothing its training would draw (its own successes weigh 0
+    by default): the round keeps stable without training it again on the demos alone."""
+    from robotloop.ui.runs import rounds_rows
+
+    wins, weights = [{"success": True, "kind": "autonomous"}] * 3, round_weights()
+    assert not has_new_draws(wins, weights, expert_frames=0) and not has_new_draws([], weights, 0)
+    assert has_new_draws(wins, weights, expert_frames=1)  # a takeover or a re-demonstration
+    assert has_new_draws(wins, replace(weights, autonomous_success=0.5), 0)  # --round-success-weight 0.5
+    assert not has_new_draws([{"success": False, "kind": "autonomous"}], weights, 0)  # declined, no re-demo
+    rows = rounds_rows({"rounds": [{"round": 1, "promoted": False, "trained": False}, {"round": 2, "promoted": False}]})
+    assert [row["decision"] for row in rows] == ["not trained: nothing new", "kept stable"]

@@ -53,7 +53,7 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
         if r.baseline is not None:
             b = r.baseline
             base = f"{_pct(b.success_rate, b.ci95)} ({b.demos} demos)"
-        kept = "promoted" if r.promoted else "kept stable"
+        kept = "promoted" if r.promoted else "kept stable" if r.trained else "nothing new: not trained"
         fleet = f"{r.fleet_episodes} ({r.fleet_failures}; {r.autonomous_successes})" if r.round else "-"
         takeovers = f"{r.takeovers} ({r.takeovers_at_end}; K {r.stall_steps})" if r.round else "-"
         lines.append(

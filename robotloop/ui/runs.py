@@ -194,13 +194,20 @@ def job_row(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _decision(promoted: Any, trained: Any) -> str | None:
+    """What became of a round's release: promoted, kept stable, or none made (nothing new to learn)."""
+    if trained is False:
+        return "not trained: nothing new"
+    return {True: "promoted", False: "kept stable"}.get(promoted) if isinstance(promoted, bool) else None
+
+
 def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The rounds of a rounds report's summary (report.json's `rounds`, `robotloop.rounds.report.round_row`'s
     rows) as the run view's table shows them: round, release, what became of it (`decision`: "start" for round 0,
-    which is stable by construction, else "promoted" or "kept stable"), success with its 95% interval, expert
-    frames, the fleet's episodes, failures and takeovers (None for round 0, which ran no fleet), minutes, the gain
-    per 1,000 expert frames (success points, a share) and the same-expert-frames baseline's success and minutes
-    when it ran.
+    which is stable by construction, else "promoted", "kept stable" or "not trained: nothing new"), success with
+    its 95% interval, expert frames, the fleet's episodes, failures and takeovers (None for round 0, which ran no
+    fleet), minutes, the gain per 1,000 expert frames (success points, a share) and the same-expert-frames
+    baseline's success and minutes when it ran.
     A row that is not an object, or a figure of the wrong type, shows as nothing rather than failing the page."""
     found = summary.get("rounds")
     rows = []
@@ -215,7 +222,7 @@ def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "round": number,
                 "release": r.get("release") if isinstance(r.get("release"), str) else None,
                 "promoted": promoted if isinstance(promoted, bool) else None,
-                "decision": "start" if not fleet else {True: "promoted", False: "kept stable"}.get(promoted),
+                "decision": "start" if not fleet else _decision(promoted, r.get("trained")),
                 "success_rate": _number(r.get("success_rate")),
                 "ci95": _interval(r.get("ci95")),
                 "eval_episodes": _number(r.get("eval_episodes")),
