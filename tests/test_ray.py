@@ -34,7 +34,7 @@ from robotloop.rounds.fleet import FleetRobot, fleet_episodes, run_fleet
 from robotloop.sim.scripted import record_demo
 from robotloop.storage import BucketClient, BucketUrl
 
-from .conftest import WRITE_TOKEN
+from .conftest import SESSION_CACHE, WRITE_TOKEN
 from .test_capture import load_with_lerobot
 
 pytest.importorskip("ray")
@@ -268,6 +268,10 @@ def test_fleet_robots_on_two_nodes_record_the_episodes_local_robots_record(
     assert all(r.error is None and r.finished == 1 and r.running == "run1-5" for r in local + on_ray), local + on_ray
     assert {r.node for r in local} == {None} and len({r.node for r in on_ray}) == 2, "not one robot per node"
     assert all(r.bytes_pulled > 0 and r.backend.startswith("torch (cpu)") for r in on_ray), on_ray
+    # The robot on the driver's node keeps its store in the driver's folder, the other in its node's cache.
+    assert [(tmp_path / "stores" / f"ray-{i}").exists() for i in (1, 2)].count(True) == 1
+    caches = {SESSION_CACHE, Path(os.environ["XDG_CACHE_HOME"])}  # the nodes' (from the cluster's start), this test's
+    assert len([s for c in caches for s in (c / "robotloop" / "fleet").glob("ray-*-*")]) == 1
 
     def facts(where: str) -> list[tuple]:
         found = fleet_episodes(client, [f"hf://buckets/lab/ray-fleet/datasets/{where}-{i}" for i in (1, 2)], "run1-5")

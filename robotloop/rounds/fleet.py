@@ -6,8 +6,9 @@ episodes themselves are read back from the bucket (`fleet_episodes`), as a team'
 
 Each robot is a process, not a thread: policy inference, MuJoCo and rendering would share one interpreter lock.
 With `ray` (the loop's `--ray`) each robot is a Ray task instead, one CPU and an equal share of the GPU each, spread
-over the cluster's nodes; it reaches the deploy service and the bucket over the network as a robot would, trusts
-the key whose text it was given, and keeps its release store at the same path on whichever node runs it.
+over the cluster's nodes; it reaches the deploy service and the bucket over the network as a robot would and trusts
+the key whose text it was given. Its release store is the driver's folder on the driver's node, and under
+robotloop's cache folder on any other node (where the driver's folder need not exist).
 
 Example:
     ```python
@@ -18,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -129,7 +131,9 @@ def _run_on_ray(robots: list[FleetRobot], timeout_s: float, address: str) -> lis
             runtime_env={"env_vars": worker_env()},
         )
         started = time.time()
-        refs = [robot_task.remote(r, started) for r in robots]
+        # Ray Client (ray://) drivers run on no node of the cluster: their folders are on none
+        here = None if address.startswith("ray://") else ray.get_runtime_context().get_node_id()
+        refs = [robot_task.remote(r, started, here) for r in robots]
         done, late = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         for ref in late:
             ray.cancel(ref, force=True)  # its process goes, and its recorder's writer with it (`start_worker`)
@@ -147,14 +151,20 @@ def _run_on_ray(robots: list[FleetRobot], timeout_s: float, address: str) -> lis
         return results
 
 
-def _ray_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
-    """A robot as a Ray task: quiet and logging as the driver does, as `start_worker` makes a pool's robot."""
+def _ray_robot(robot: FleetRobot, started: float, driver_node: str | None) -> FleetRobotResult:
+    """A robot as a Ray task: quiet and logging as the driver does, as `start_worker` makes a pool's robot; away
+    from the driver's node, its release store under this node's robotloop cache."""
     from ..cluster import node_id
+    from ..config import cache_home
     from ..output import log_to_console, quiet_libraries
 
     quiet_libraries()
     log_to_console()
-    return replace(_run_robot(robot, started), node=node_id())
+    node = node_id()
+    if node != driver_node:  # the same store each round on this node: a new release pulls only what changed
+        digest = hashlib.sha256(str(robot.store).encode()).hexdigest()[:12]
+        robot = replace(robot, store=cache_home() / "fleet" / f"{robot.robot_id}-{digest}")
+    return replace(_run_robot(robot, started), node=node)
 
 
 def _failed(robot: FleetRobot, why: str) -> FleetRobotResult:
