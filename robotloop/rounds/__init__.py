@@ -23,4 +23,16 @@ _LAZY = {
 
 __getattr__ = lazy_names(__name__, _LAZY)
 
-__all__ = ["RoundResult", "RoundSettings", "RoundsOptions", "RoundsReport", "run_rounds", "write_rounds_report"]
+# What a report and the dashboard say of a round `run.has_new_draws` found nothing to train on (here: the dashboard
+# reads it without loading the rounds' heavy modules).
+NOT_TRAINED = "not trained: nothing new"
+
+__all__ = [
+    "NOT_TRAINED",
+    "RoundResult",
+    "RoundSettings",
+    "RoundsOptions",
+    "RoundsReport",
+    "run_rounds",
+    "write_rounds_report",
+]

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..loop.report import write_report
+from . import NOT_TRAINED
 from .run import RoundResult, RoundsReport
 
 
@@ -53,7 +54,7 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
         if r.baseline is not None:
             b = r.baseline
             base = f"{_pct(b.success_rate, b.ci95)} ({b.demos} demos)"
-        kept = "promoted" if r.promoted else "kept stable" if r.trained else "nothing new: not trained"
+        kept = "promoted" if r.promoted else "kept stable" if r.trained else NOT_TRAINED
         fleet = f"{r.fleet_episodes} ({r.fleet_failures}; {r.autonomous_successes})" if r.round else "-"
         takeovers = f"{r.takeovers} ({r.takeovers_at_end}; K {r.stall_steps})" if r.round else "-"
         lines.append(

@@ -521,7 +521,7 @@ class _Rounds:
 
     def _robots(self, k: int) -> list[FleetRobot]:
         s, loop = self.settings, self.loop
-        robots = []
+        robots, trusted = [], public_path(self.key).read_text()
         for i, record_to in enumerate(self.fleet_datasets):
             robot_id = f"fleet-{i + 1}"
             token = self.deploy.register_robot(robot_id, channel="stable", rotate=True)
@@ -543,7 +543,7 @@ class _Rounds:
                     record_to=record_to,
                     vcodec="h264",  # fast enough to keep up with a 50 Hz robot on one core (issue 29's rate figure)
                     store=(loop.report_dir / "fleet" / robot_id).resolve(),
-                    trusted_keys=public_path(self.key).read_text(),
+                    trusted_keys=trusted,
                     rate_hz=s.fleet_rate_hz,
                 )
             )

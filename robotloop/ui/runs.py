@@ -14,6 +14,7 @@ from typing import Any
 
 from ..clients import ServiceClients
 from ..errors import RobotloopError
+from ..rounds import NOT_TRAINED
 from ..storage import BucketUrl
 from ..storage import NotFound as StorageNotFound
 from ..train.progress import JOB_FIELDS
@@ -197,14 +198,14 @@ def job_row(state: dict[str, Any]) -> dict[str, Any]:
 def _decision(promoted: Any, trained: Any) -> str | None:
     """What became of a round's release: promoted, kept stable, or none made (nothing new to learn)."""
     if trained is False:
-        return "not trained: nothing new"
+        return NOT_TRAINED
     return {True: "promoted", False: "kept stable"}.get(promoted) if isinstance(promoted, bool) else None
 
 
 def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The rounds of a rounds report's summary (report.json's `rounds`, `robotloop.rounds.report.round_row`'s
     rows) as the run view's table shows them: round, release, what became of it (`decision`: "start" for round 0,
-    which is stable by construction, else "promoted", "kept stable" or "not trained: nothing new"), success with
+    which is stable by construction, else "promoted", "kept stable" or `NOT_TRAINED`), success with
     its 95% interval, expert frames, the fleet's episodes, failures and takeovers (None for round 0, which ran no
     fleet), minutes, the gain per 1,000 expert frames (success points, a share) and the same-expert-frames
     baseline's success and minutes when it ran.
