@@ -455,6 +455,52 @@ def test_the_arena_grows_then_wraps_evicting_the_oldest_episodes():
     assert arena.view().total == 0 and put("f", 2) == (0, [])
 
 
+def test_an_arena_without_room_to_double_grows_to_what_fits_then_wraps(caplog):
+    from robotloop.train.data import DataError, FrameArena
+
+    class SmallDevice(FrameArena):
+        """A stand-in for a GPU with room for `room` frames in all (an out-of-memory GPU cannot be had here):
+        old and new tensors both count while a growth copies."""
+
+        room = 18
+
+        def _allocate(self, capacity):
+            if self.capacity + capacity > self.room:
+                raise torch.OutOfMemoryError(f"no room for {capacity} frames")
+            return super()._allocate(capacity)
+
+        def _frames_free(self):
+            return self.room - self.capacity
+
+    def put(arena, key: str, length: int) -> tuple[int, list]:
+        start, evicted = arena.place(("d", key), length, hint=4)
+        arena.fill(start, {"action": torch.full((length, 2), float(ord(key)))})
+        return start, evicted
+
+    shapes = {"action": ((2,), torch.float32)}
+    arena = SmallDevice(shapes, bound=40, device=torch.device("cpu"))
+    assert put(arena, "a", 3) == (0, []) and put(arena, "b", 3) == (3, []) and arena.capacity == 8
+    with caplog.at_level("WARNING"):
+        assert put(arena, "c", 3) == (6, [])  # 16 did not fit beside 8: 10 did, and the arena stops there
+    assert arena.capacity == arena.bound == 10 and not arena.grows(3) and "stops growing at 10" in caplog.text
+    assert arena.tensors["action"][:9, 0].tolist() == [ord("a")] * 3 + [ord("b")] * 3 + [ord("c")] * 3
+    assert put(arena, "d", 3) == (0, [("d", "a")])  # wraps, evicting the oldest
+
+    full = SmallDevice(shapes, bound=40, device=torch.device("cpu"))
+    full.room = 14
+    put(full, "a", 3), put(full, "b", 3)
+    assert put(full, "c", 3) == (0, [("d", "a")])  # not even 9 fit beside 8: no growth, it wraps at once
+    assert full.capacity == full.bound == 8
+    with pytest.raises(DataError, match="more than the buffer holds"):
+        full.place(("d", "e"), 9, hint=9)  # longer than the arena it settled at: refused, nothing changed
+    assert list(full.slots) == [("d", "b"), ("d", "c")]
+
+    none = SmallDevice(shapes, bound=40, device=torch.device("cpu"))
+    none.room = 2
+    with pytest.raises(DataError, match="no room for 3 frames"):
+        none.place(("d", "a"), 3, hint=4)
+
+
 def test_decode_results_enter_in_job_order_and_a_drop_makes_older_jobs_stale():
     from robotloop.train.data import DecodeOrder
 

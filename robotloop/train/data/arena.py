@@ -5,6 +5,7 @@ copies off the trainer's stream without racing its gathers.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from .settings import DataSettings
 
 FrameShapes = dict[str, tuple[tuple[int, ...], torch.dtype]]  # feature -> (shape of one frame's value, dtype)
+GROWTH_HEADROOM = 0.1  # of the GPU's memory, left free when a growth is cut to what fits: the trainer's own peaks
+
+log = logging.getLogger(__name__)
 
 
 def buffer_bytes(settings: DataSettings, device: torch.device) -> int:
@@ -90,7 +94,9 @@ class BufferView:
 class FrameArena:
     """Preallocated per-frame tensors on one device, filled as a ring: episodes are contiguous slices and a
     new episode overwrites (evicts) the oldest ones. Grows by doubling up to `bound` frames before the first
-    wrap, so small datasets do not reserve the whole bound.
+    wrap, so small datasets do not reserve the whole bound. A growth holds the old tensors and the new ones at
+    once: where the GPU has no room for both, the arena grows to what fits and stops growing there (`bound`
+    becomes its capacity; later episodes evict older ones, which are decoded again when drawn).
 
     Owns the tensors (`tensors`, and `last`: per slot, the slot of its episode's last frame, which bounds action
     chunks) and where each buffered episode lies (`slots`, in insertion order). Not thread-safe: the sampler
@@ -122,7 +128,13 @@ class FrameArena:
                 "raise buffer_frames/buffer_bytes"
             )
         if self.grows(length):
-            self._grow(min(self.bound, max(2 * self.capacity, self.write + length, min(hint, self.bound))))
+            target = min(self.bound, max(2 * self.capacity, self.write + length, min(hint, self.bound)))
+            self._grow(target, needed=self.write + length)
+            if length > self.capacity:  # the device had no room to grow even for this one
+                raise DataError(
+                    f"episode {key} has {length} frames, more than the buffer holds ({self.capacity}) with the "
+                    f"room {self.device} has left; lower buffer_frames/buffer_bytes or decode onto the CPU"
+                )
         if self.write + length > self.capacity:
             self.write = 0
         start, end = self.write, self.write + length
@@ -135,17 +147,67 @@ class FrameArena:
         self.write = end
         return start, evicted
 
-    def _grow(self, capacity: int) -> None:
-        new = {
-            k: torch.empty((capacity, *shape), dtype=dtype, device=self.device)
-            for k, (shape, dtype) in self.shapes.items()
-        }
-        last = torch.zeros(capacity, dtype=torch.long, device=self.device)
+    def _grow(self, capacity: int, needed: int) -> None:
+        try:
+            new = self._allocate(capacity)
+        except torch.OutOfMemoryError:
+            new = self._allocate_what_fits(capacity, needed)
+            if new is None:
+                return
+        last = new.pop("last")
+        capacity = len(last)
         # Growth happens only before the first wrap, so every buffered frame lies in [0, write).
         for k, t in self.tensors.items():
             new[k][: self.write] = t[: self.write]
         last[: self.write] = self.last[: self.write]
         self.tensors, self.last, self.capacity = new, last, capacity
+
+    def _allocate(self, capacity: int) -> dict[str, torch.Tensor]:
+        new = {
+            k: torch.empty((capacity, *shape), dtype=dtype, device=self.device)
+            for k, (shape, dtype) in self.shapes.items()
+        }
+        new["last"] = torch.zeros(capacity, dtype=torch.long, device=self.device)
+        return new
+
+    def _allocate_what_fits(self, capacity: int, needed: int) -> dict[str, torch.Tensor] | None:
+        """After an out-of-memory growth: the largest arena between `needed` and `capacity` frames that the
+        device has room for beside the current one, with `bound` lowered to it; None (and `bound` at today's
+        capacity, so the next episode wraps) where not even `needed` fits.
+
+        Raises:
+            DataError: nothing is buffered yet and not even `needed` frames fit.
+        """
+        fits = self._frames_free()
+        size = min(capacity, fits)
+        try:
+            new = self._allocate(size) if size >= needed else None
+        except torch.OutOfMemoryError:
+            new = None
+        if new is None and self.capacity == 0:
+            raise DataError(
+                f"the {self.device} has no room for {needed} frames of the buffer; "
+                "lower buffer_frames/buffer_bytes or decode onto the CPU (data device cpu)"
+            )
+        self.bound = size if new is not None else self.capacity
+        log.warning(
+            "frame buffer: no room on %s for %d frames beside the %d buffered; it stops growing at %d frames "
+            "(older episodes are evicted and decoded again when drawn)",
+            self.device,
+            capacity,
+            self.write,
+            self.bound,
+        )
+        return new
+
+    def _frames_free(self) -> int:
+        """Frames a new arena could hold on the device now, keeping `GROWTH_HEADROOM` of its memory free."""
+        one = frame_bytes(self.shapes)
+        if self.device.type != "cuda":
+            return self.bound  # host memory: the bound already says what may be used
+        torch.cuda.empty_cache()  # blocks cached but unused count as free for this
+        free, total = torch.cuda.mem_get_info(self.device)
+        return max(0, int(free - GROWTH_HEADROOM * total) // one)
 
     def fill(self, start: int, episode: dict[str, torch.Tensor]) -> None:
         length = len(episode[ACTION_KEY])
