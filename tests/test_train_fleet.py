@@ -203,7 +203,7 @@ def test_a_share_of_the_draws_goes_to_the_experts_gathered_frames_whatever_their
         with_share(base, [], set(), 1.0)
 
 
-def test_fleet_data_with_no_success_and_no_expert_frame_is_refused(bucket_server, failures, demos, caplog):
+def test_fleet_data_with_no_success_and_no_expert_frame_is_refused(bucket_server, failures, fleet, demos, caplog):
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     with pytest.raises(NothingToTrain, match="nothing to train on") as refused:
         StreamingSampler(client, [failures], settings())  # before any frame is decoded
@@ -217,6 +217,14 @@ def test_fleet_data_with_no_success_and_no_expert_frame_is_refused(bucket_server
         sampler.wait_ready(timeout_s=120)
         assert {k for k, _ in counts(sampler, batches=4)} == {0, 1, 2}
     assert any(f"{failures} " in r.getMessage() and "20 of 20 frames weigh 0" in r.getMessage() for r in caplog.records)
+    # Several fleet datasets (a round's ten robots) are summed in one line, said before any frame is decoded.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), StreamingSampler(client, [demos, fleet, failures], settings()):
+        pass
+    assert [r.getMessage() for r in caplog.records if "not trained on" in r.getMessage()] == [
+        "2 fleet datasets (4 expert, 10 autonomous in successful episodes, 38 in failed or taken-over episodes): "
+        "38 of 52 frames weigh 0, not trained on"
+    ]
     # Weighing the failures is the caller's choice.
     with StreamingSampler(client, [failures], settings(weights=FrameWeights(autonomous_failed=1.0))) as sampler:
         assert {k for k, _ in counts(sampler, batches=2)} <= {6, 8}

@@ -106,11 +106,21 @@ class StreamingSampler:
                 "refresh is off: use fewer ranks, more episodes, or refresh_every_s > 0"
             )
         if rank == 0:
-            for source in self._source_frames(all_ranks=True):
-                if source.dropped:
-                    log.warning("%s, not trained on", source.describe())
+            self._say_what_weighs_nothing()
         self.video_backend = resolve_video_backend(s.video_backend)
         feed.start(self.video_backend)
+
+    def _say_what_weighs_nothing(self) -> None:
+        """A warning per dataset with frames that weigh 0; the fleet's datasets summed in one line (a round's
+        ten would each say that the policy's own frames are left out, as the round's weights mean them to be)."""
+        dropped = [src for src in self._source_frames(all_ranks=True) if src.dropped]
+        fleet = [src for src in dropped if src.role == "fleet"]
+        if len(fleet) > 1:
+            dropped = [src for src in dropped if src.role != "fleet"] + [SourceFrames.summed(fleet)]
+            for src in fleet:
+                log.debug("%s, not trained on", src.describe())
+        for src in dropped:
+            log.warning("%s, not trained on", src.describe())
 
     # -- public ------------------------------------------------------------------------------------------------
     def next_batch(self, batch_size: int) -> dict[str, torch.Tensor]:

@@ -41,6 +41,15 @@ class SourceFrames:
             + self.autonomous_failed * weights.frame_weight("fleet", False, False, self.dataset)
         )
 
+    @classmethod
+    def summed(cls, sources: list[SourceFrames]) -> SourceFrames:
+        """Several fleet datasets' counts as one, named by their number: the one log line of a round's ten."""
+        total = cls(f"{len(sources)} fleet datasets", "fleet")
+        for f in ("episodes", "frames", "expert", "autonomous_success", "autonomous_failed", "dropped"):
+            setattr(total, f, sum(getattr(src, f) for src in sources))
+        total.unknown_episodes = sum(src.unknown_episodes for src in sources)
+        return total
+
     def describe(self) -> str:
         """One line, e.g. `hf://.../fleet (40 expert, 50 autonomous in successful episodes, 30 in failed or
         taken-over episodes): 30 of 120 frames weigh 0`."""
