@@ -66,7 +66,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
         assert all(row["episodes"] == 1 and row["error"] is None for row in r["robots"]), r["robots"]
         assert all(row["backend"].startswith(("torch (cpu)", "onnx (CPU")) for row in r["robots"]), r["robots"]
         for row in r["robots"]:  # where each robot's time went, in the order it happens, within the fleet stage
-            marks = ["running", "assigned", "ready", "swapped_in", "episodes_done", "closed"]
+            marks = ["running", "assigned", "pulled", "ready", "swapped_in", "episodes_done", "closed"]
             times = [row["timings"][k] for k in marks]
             assert times[0] > 0 and times == sorted(times) and times[-1] <= r["stage_s"]["fleet"], row["timings"]
         # Stable in lockstep on the fleet's own two scenes, paired with what the robots did alone.

@@ -123,6 +123,7 @@ class RuntimeStats:
     refused: list[dict[str, Any]] = field(default_factory=list)  # release, reason
     pulls: list[PullReport] = field(default_factory=list)
     assigned_at: dict[str, float] = field(default_factory=dict)  # release -> monotonic time the assignment arrived
+    pulled_at: dict[str, float] = field(default_factory=dict)  # release -> fetched and verified, not yet loaded
     ready_at: dict[str, float] = field(default_factory=dict)  # release -> loaded and warmed up, waiting to swap
     max_gap_s: float = 0.0  # longest interval between two actions within an episode
     control_hz: float | None = None  # the rate actually reached over the last window (RateWatch)

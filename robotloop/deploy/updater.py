@@ -138,6 +138,7 @@ class Updater:
             self.ledger.fetch_failed(release, error)  # operators see it in the robot's heartbeat status
             return False
         self.ledger.fetched(release)
+        self.stats.pulled_at[release] = time.monotonic()
         try:
             runner = load_policy(self.store.model_dir(release), self.options.backend, self.options.device)
             obs = self.observation_for(runner)

@@ -245,6 +245,7 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
     marks = {
         "running": running_at,
         "assigned": min(stats.assigned_at.values(), default=None),
+        "pulled": min(stats.pulled_at.values(), default=None),
         "ready": min(stats.ready_at.values(), default=None),
         "swapped_in": stats.swaps[0]["at"] if stats.swaps else None,
         "episodes_done": ended_at,
