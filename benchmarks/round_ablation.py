@@ -14,6 +14,11 @@ Variants (each trains as the loop's round does, `robotloop.rounds.run.train_roun
   does without a fine-tune.
 - `seed1`: round 0 again (its recipe, from random init, on the demos alone) with another seed: round 0's own spread.
 - `fleet`: the round as the loop ran it, trained again (its evaluation is in the loop's report already).
+Whether a round is only too weak a nudge (Insertion's rounds moved stable by +1.5 points, inside the noise):
+- `long`: the round's data, three times the fine-tune's steps at 0.3x the recipe's rate (not 0.1x).
+- `share50`: the round's data with the expert's frames drawn as half of every batch (`--round-data-share 0.5`).
+- `withbase`: the round's data and the baseline's extra demos together (twice the expert frames; needs a loop run
+  with `--baseline`).
 
 The trainings run at once, each in its own process on the one GPU, where it has 120 GiB or more (an H200; a round's
 training took ~50 GB of an H100), else one after the other, each evaluated before the next trains (so a cut run keeps
@@ -30,29 +35,55 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from robotloop.loop.pipeline import LoopSettings
 from robotloop.rounds.options import RoundsOptions
 from robotloop.rounds.run import (
     RoundSettings,
+    baseline_demos_url,
     evaluate_checkpoint,
     fleet_dataset_urls,
     round_recipe,
     train_round,
     written_fleet_datasets,
 )
-from robotloop.storage import BucketUrl, connect
+from robotloop.storage import BucketUrl, NotFound, connect
 from robotloop.train.layout import checkpoint_url
 from robotloop.train.weights import FrameWeights
 
-VARIANTS = {  # (datasets, from scratch, seed)
-    "demos": ("demos", False, None),
-    "scratch": ("all", True, None),
-    "seed1": ("demos", True, 1),
-    "fleet": ("all", False, None),
+
+@dataclass(frozen=True)
+class Variant:
+    datasets: str  # "demos"; "all": the demos and the fleet's datasets; "all+baseline": and the baseline's demos
+    scratch: bool = False  # round 0's recipe from random init, not a fine-tune of stable
+    seed: int | None = None  # None: the loop's
+    steps_factor: int = 1  # times the round's fine-tuning steps
+    lr_scale: float | None = None  # None: the round's
+    data_share: float | None = None  # None: the round's
+
+
+VARIANTS = {
+    "demos": Variant("demos"),
+    "scratch": Variant("all", scratch=True),
+    "seed1": Variant("demos", scratch=True, seed=1),
+    "fleet": Variant("all"),
+    "long": Variant("all", steps_factor=3, lr_scale=0.3),
+    "share50": Variant("all", data_share=0.5),
+    "withbase": Variant("all+baseline"),
 }
+
+
+def variant_rounds(rounds: RoundSettings, loop: LoopSettings, v: Variant) -> RoundSettings:
+    """The rounds' settings as variant `v` trains."""
+    return replace(
+        rounds,
+        from_scratch=v.scratch,
+        steps=(rounds.steps or loop.steps) * v.steps_factor,
+        lr_scale=rounds.lr_scale if v.lr_scale is None else v.lr_scale,
+        data_share=rounds.data_share if v.data_share is None else v.data_share,
+    )
 
 
 def settings_from_report(report: dict, preset: str = "h200") -> tuple[LoopSettings, RoundSettings]:
@@ -70,10 +101,19 @@ def settings_from_report(report: dict, preset: str = "h200") -> tuple[LoopSettin
 
 
 def datasets_of(loop: LoopSettings, rounds: RoundSettings, which: str, client) -> list[BucketUrl]:
-    """The demos, or the demos and every fleet dataset with episodes in it."""
+    """The demos; or the demos and every fleet dataset with episodes in it; or those and the baseline's demos."""
     if which == "demos":
         return [loop.dataset_url]
-    return [loop.dataset_url, *written_fleet_datasets(client, fleet_dataset_urls(loop, rounds.fleet))]
+    fleet = written_fleet_datasets(client, fleet_dataset_urls(loop, rounds.fleet))
+    baseline = [baseline_demos_url(loop)] if which == "all+baseline" else []
+    if baseline:
+        try:
+            client.stat(BucketUrl.parse(f"{baseline[0]}/meta/info.json"))
+        except NotFound:
+            raise SystemExit(
+                f"{baseline[0]}: no baseline demos (`withbase` needs a loop run with --baseline)"
+            ) from None
+    return [loop.dataset_url, *fleet, *baseline]
 
 
 def variant_url(loop: LoopSettings, variant: str) -> BucketUrl:
@@ -83,14 +123,15 @@ def variant_url(loop: LoopSettings, variant: str) -> BucketUrl:
 
 def train_variant(report: dict, variant: str, preset: str) -> None:
     loop, rounds = settings_from_report(report, preset)
-    which, scratch, seed = VARIANTS[variant]
+    v = VARIANTS[variant]
     client = connect()
-    rounds = replace(rounds, from_scratch=scratch)
+    rounds = variant_rounds(rounds, loop, v)
     stable = str(checkpoint_url(loop.run_url, loop.steps))
     t0 = time.monotonic()
-    datasets = datasets_of(loop, rounds, which, client)
-    trained = train_round(client, loop, rounds, datasets, variant_url(loop, variant), stable, seed=seed)
-    print(json.dumps({"variant": variant, "steps": trained.steps, "train_s": time.monotonic() - t0}), flush=True)
+    datasets = datasets_of(loop, rounds, v.datasets, client)
+    trained = train_round(client, loop, rounds, datasets, variant_url(loop, variant), stable, seed=v.seed)
+    done = {"variant": variant, "steps": trained.steps, "train_s": time.monotonic() - t0}
+    print(json.dumps(done | {"datasets": [str(u) for u in datasets]}), flush=True)
 
 
 def train_all(args: argparse.Namespace, variants: list[str]) -> dict[str, int]:
@@ -164,7 +205,7 @@ def evaluate_variant(
 ) -> dict:
     """The variant's checkpoint on the loop's evaluation seeds; its failed seeds against the round's (None: the loop
     ran no round) and stable's."""
-    steps = round_recipe(loop, replace(rounds, from_scratch=VARIANTS[variant][1]))[0]
+    steps = round_recipe(loop, variant_rounds(rounds, loop, VARIANTS[variant]))[0]
     e = evaluate_checkpoint(client, loop, checkpoint_url(variant_url(loop, variant), steps), f"ablation-{variant}")
     path = loop.report_dir / f"ablation-{variant}" / "eval_report.json"
     (out / f"eval-{variant}").mkdir(exist_ok=True)

@@ -340,6 +340,11 @@ def written_fleet_datasets(client: BucketClient, urls: list[str]) -> list[Bucket
     return [BucketUrl.parse(u) for u in urls if u in written]
 
 
+def baseline_demos_url(loop: LoopSettings) -> BucketUrl:
+    """The dataset of the baseline's extra scripted demos, every round's in one."""
+    return BucketUrl.parse(f"{loop.bucket}/datasets/{loop.task}-{loop.run}-baseline")
+
+
 def train_round(
     client: BucketClient,
     loop: LoopSettings,
@@ -411,7 +416,7 @@ class _Rounds:
         self.baseline_checkpoint = self.stable_checkpoint
         self.fleet_datasets = fleet_dataset_urls(loop, settings.fleet)
         self.redemos = BucketUrl.parse(f"{loop.bucket}/datasets/{loop.task}-{loop.run}-redemos")
-        self.baseline_demos = BucketUrl.parse(f"{loop.bucket}/datasets/{loop.task}-{loop.run}-baseline")
+        self.baseline_demos = baseline_demos_url(loop)
         self.next_baseline_seed = baseline_first_seed(loop.seed)
         self.seen: set[tuple[str, int]] = set()  # (dataset, episode index) of the fleet episodes of earlier rounds
 
