@@ -33,6 +33,7 @@ CHANGED: dict[str, Any] = {
     "log_every": 2,
     "checkpoint_every": 5,
     "decode_workers": 2,
+    "buffer_gib": 1.5,
     "demo_weight": 0.5,
     "expert_weight": 3.0,
     "success_weight": 0.75,
@@ -79,6 +80,13 @@ def test_a_job_spec_command_line_parses_back_to_the_same_options(tmp_path: Path)
     # Defaults (False flags included) are written out too: the child runs with exactly the spec.
     plain = JobSpec(datasets=[URL], output=RUN).command(tmp_path / "p")
     assert "--no-resume" in plain and "--no-tiny" in plain and plain[plain.index("--device") + 1] == "cpu"
+
+
+def test_the_options_become_the_runs_data_settings():
+    data = TrainOptions(**CHANGED).data_settings()
+    assert (data.decode_workers, data.buffer_bytes) == (2, 3 * 2**29)  # 1.5 GiB
+    assert (data.weights.demo, data.weights.expert, data.weights.datasets) == (0.5, 3.0, {URL: 0.25})
+    assert TrainOptions(datasets=[URL], output=RUN).data_settings().buffer_bytes is None  # the GPU's share
 
 
 def test_bounds_and_checks_are_the_same_on_every_front_end():

@@ -47,7 +47,6 @@ def train(
 
     SIGTERM stops the run after the current step, with a checkpoint (how the training service cancels a job).
     """
-    from ..train.data import DataSettings
     from ..train.device import resolve_device
     from ..train.fp8 import Fp8Error
     from ..train.fp8 import preflight as preflight_fp8
@@ -116,7 +115,7 @@ def train(
                 out,
                 settings,
                 act,
-                DataSettings(decode_workers=o.decode_workers, weights=o.frame_weights()),
+                o.data_settings(),
                 on_progress,
                 stop.is_set,
             )

@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -24,6 +24,9 @@ from ..errors import BadValue
 from ..options import Flag, to_argv
 from ..storage import BucketUrl
 from .weights import FrameWeights, parse_dataset_weight
+
+if TYPE_CHECKING:
+    from .data import DataSettings
 
 # robotloop.train.fp8.FP8_MODES (which needs torch; this module must not): tests/test_fp8.py checks they agree.
 Fp8Mode = Literal["off", "auto", "tensorwise", "rowwise", "rowwise_with_gw_hp"]
@@ -64,6 +67,13 @@ class TrainOptions(BaseModel):
         default=1000, ge=1, le=MAX_STEPS, description="Steps between checkpoints (the last step always writes one)."
     )
     decode_workers: int = Field(default=4, ge=1, le=64, description="Processes decoding video for the frame buffer.")
+    buffer_gib: float | None = Field(
+        default=None,
+        gt=0,
+        le=4096,
+        description="The frame buffer's size in GiB (default: half the GPU's free memory at the start, 8 on CPU); "
+        "lower it where other work shares the GPU. Episodes beyond it are evicted and decoded again.",
+    )
     # How often each kind of frame is drawn (robotloop.train.weights.FrameWeights): a fleet dataset's frames by who
     # drove them and whether the episode succeeded; a demo dataset's all alike. 0 drops a kind.
     demo_weight: float = Field(
@@ -146,6 +156,13 @@ class TrainOptions(BaseModel):
         if unknown:
             raise ValueError(f"{', '.join(unknown)} is not a --dataset of the run")
         return [f"{url}={weight}" for url, weight in pairs]
+
+    def data_settings(self) -> DataSettings:
+        """How the run streams its data (`robotloop.train.data.DataSettings`)."""
+        from .data import DataSettings  # torch: not imported by the CLI's option parsing
+
+        buffer = None if self.buffer_gib is None else int(self.buffer_gib * 2**30)
+        return DataSettings(decode_workers=self.decode_workers, buffer_bytes=buffer, weights=self.frame_weights())
 
     def frame_weights(self) -> FrameWeights:
         """The run's frame weights (`robotloop.train.weights.FrameWeights`)."""
