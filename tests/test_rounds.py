@@ -26,6 +26,7 @@ from robotloop.rounds.run import (
     has_new_draws,
     round_recipe,
     round_weights,
+    split_branches,
     stall_steps_for,
 )
 from robotloop.sim.expert import StallTrigger, UserTrigger
@@ -43,6 +44,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     cmd += ["loop", "--rounds", "1", "--fleet", "2", "--fleet-episodes", "1", "--stall-steps", "10", "--baseline"]
     cmd += ["--round-lr-scale", "0.5", "--fleet-check", "--round-data-share", "0.5", "--fleet-rate-hz", "inf"]
     cmd += ["--shadow-map", "512"]  # 512: cheaper than 48x64's default 1024 on a CPU
+    cmd += ["--branches", "3"]  # states at ticks 7, 14, 21 of 30: the stall at tick 10 leaves the first to branch from
     cmd += ["--episodes", "1", "--steps", "4", "--round-steps", "4", "--batch-size", "2", "--eval-episodes", "1"]
     cmd += ["--eval-max-steps", "30", "--workers", "1", "--bucket", bucket, "--report-dir", "report"]
     env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
@@ -59,7 +61,10 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
         assert r["fleet_episodes"] == 2 and r["dropped"] == 0, r
         assert r["takeovers"] >= 2 and r["takeover_frames"] > 0, r
         assert r["stall_steps"] == 10 and 0 <= r["takeovers_at_end"] <= r["takeovers"]  # the K given
-        assert r["expert_frames"] == r["takeover_frames"] + r["redemo_frames"]
+        assert r["expert_frames"] == r["takeover_frames"] + r["redemo_frames"] + r["branch_frames"]
+        # The expert drove again from the state each robot's policy was in at tick 7, before its takeover.
+        assert [row["branches"] + row["branches_declined"] for row in r["robots"]] == [1, 1], r["robots"]
+        assert r["branches"] == sum(row["branches"] for row in r["robots"]) >= 1 and r["branch_frames"] > 0, r
         assert r["release"].endswith(f"-r{r['round']}-4") and r["eval_episodes"] == 1
         assert set(r["stage_s"]) >= {"fleet", "train", "publish", "evaluate", "baseline"}
         assert [row["robot"] for row in r["robots"]] == ["fleet-1", "fleet-2"]
@@ -85,10 +90,13 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     # The fleet's episodes are in the bucket, with their facts, each on a fresh scene.
     run_name = report["settings"]["run"]
     datasets = [f"{bucket}/datasets/transfer_cube-{run_name}-fleet-{i}" for i in (1, 2)]
-    facts = fleet_episodes(client, datasets)
+    facts, drives = split_branches(fleet_episodes(client, datasets))
     assert len(facts) == 2 and {f["robot_id"] for f in facts} == {"fleet-1", "fleet-2"}
-    assert all(f["kind"] in ("takeover", "expert") and f["expert_frames"] > 0 for f in facts), facts
+    assert all(f["kind"] == "takeover" and f["expert_frames"] > 0 for f in facts), facts
     assert len({f["seed"] for f in facts}) == 2 and all(f["seed"] > 100_000 for f in facts)  # fresh, unseen scenes
+    # Each branch drive is an episode of expert frames, of the scene it branched from.
+    assert len(drives) == rounds[1]["branches"] and {d["seed"] for d in drives} <= {f["seed"] for f in facts}
+    assert all(d["expert_frames"] == d["frames"] > 0 for d in drives), drives
     # One rendering for the whole run: the demos, the fleet's episodes and the baseline's demos were filmed with the
     # run's shadow maps, the policies keep them, and every evaluation rendered with them.
     for name in ("", "-fleet-1", "-fleet-2", "-baseline"):
@@ -171,6 +179,43 @@ def test_a_late_failure_goes_to_the_expert_at_the_end_once_and_a_success_does_no
         assert drivers == want, (success, drivers)
     assert takeovers.stats.takeovers == 1 and expert.started == 1
     assert takeovers.stats.at_end == 1  # counted apart from the trigger's
+
+
+def test_branch_points_are_the_policys_states_of_episodes_it_did_not_finish_alone():
+    class Sim:  # a double for the sim robot's AlohaSim: its "physical state" is the tick it is at
+        tick = 0
+
+        def physics_state(self):
+            return np.array([float(self.tick)])
+
+    sim, scene = Sim(), iter(range(100, 200))
+    expert, takeovers = _stalling(trigger_k=100, policy_steps=10)
+    takeovers.at_end, takeovers.branch_every, takeovers.sim = True, 3, lambda: sim
+    takeovers.scene = lambda: current
+    policy = np.zeros(14, np.float32)
+
+    def episode(success_at: int | None) -> None:
+        takeovers.begin()
+        sim.tick, over = 0, False
+        while not over:
+            by_expert = takeovers.choose(policy, {})[1]
+            sim.tick += 1
+            over = takeovers.after(1.0, success=sim.tick == success_at and not by_expert)
+            if success_at is not None and sim.tick == success_at:
+                break  # the sim ends an episode at success
+
+    current = next(scene)
+    episode(success_at=None)  # spent without success: the expert takes over at the end
+    assert [(s, t, float(x[0])) for s, t, x in takeovers.branches] == [(100, 3, 3.0), (100, 6, 6.0), (100, 9, 9.0)]
+    current = next(scene)
+    episode(success_at=8)  # the policy's own success: its states are no branch points
+    assert len(takeovers.branches) == 3
+    takeovers.trigger = StallTrigger(4)  # progress at tick 1, then 4 without: it fires at tick 5, after tick 3
+    current = next(scene)
+    episode(success_at=None)
+    assert [(s, t) for s, t, _ in takeovers.branches][3:] == [(102, 3)]
+    with pytest.raises(BadValue, match="branch_every"):
+        Takeovers(expert, StallTrigger(5), branch_every=0)
 
 
 def test_the_stall_trigger_k_stays_above_the_slowest_pace_stable_still_succeeded_at():

@@ -10,6 +10,11 @@ With `at_end`, an episode whose policy ticks run out without success is handed t
 a policy that made progress and then stalled late (Insertion's failures reach stage 2 or 3 after ~170 steps and
 sit there) never fires a stall trigger of K = 230 within 400 steps, and its failure would reach no expert.
 
+With `branch_every` (a sim's option), the physical state is kept every that many of the policy's ticks until the
+expert first takes over; an episode the policy did not finish alone hands its kept states to `branches`, from which
+the expert can drive again later (`robotloop.rounds.fleet`: corrections from the states the policy passed through on
+its way to failing, with time left, not only from where it ended).
+
 Example:
     ```python
     >>> takeovers = Takeovers(ScriptedExpert("insertion"), StallTrigger(230), sim=lambda: env.sim, policy_steps=400)
@@ -28,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import Unprocessable
+from ..errors import BadValue, Unprocessable
 
 if TYPE_CHECKING:  # the sim expert imports MuJoCo: a hardware robot with a teleoperator needs none of it
     from ..sim.expert import Expert, StallTrigger, UserTrigger
@@ -45,6 +50,9 @@ class TakeoverStats:
     declined: int = 0  # trigger fired, but the expert found no way to success from that state (Unrecoverable)
     expert_frames: int = 0  # ticks the expert drove
     last_declined: str | None = None  # the expert's reason, the last time it declined
+    branches: int = 0  # drives from kept branch points, recorded (`robotloop.rounds.fleet.record_branches`)
+    branch_frames: int = 0  # their frames, all the expert's
+    branches_declined: int = 0  # branch points the expert found no way to success from
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -66,16 +74,24 @@ class Takeovers:
         sim: Callable[[], Any] = lambda: None,
         policy_steps: int | None = None,
         at_end: bool = False,
+        branch_every: int | None = None,
+        scene: Callable[[], int | None] = lambda: None,
     ) -> None:
+        if branch_every is not None and branch_every < 1:
+            raise BadValue(f"branch_every must be at least 1 tick, not {branch_every}")
         self.expert, self.trigger, self.sim, self.policy_steps = expert, trigger, sim, policy_steps
-        self.at_end = at_end
+        self.at_end, self.branch_every, self.scene = at_end, branch_every, scene
         self.stats = TakeoverStats()
         self.active = False
         self._policy_ticks, self._end_taken = 0, False
+        # (scene, policy tick, physical state) of episodes the policy did not finish alone, and of the current one
+        self.branches: list[tuple[int | None, int, np.ndarray]] = []
+        self._kept: list[tuple[int | None, int, np.ndarray]] | None = []
 
     def begin(self) -> None:
         """A new episode: the policy drives, the trigger starts over."""
         self.active, self._policy_ticks, self._end_taken = False, 0, False
+        self._kept = []  # the last episode's, if the policy finished it alone
         self.trigger.reset()
 
     def choose(self, policy_action: np.ndarray, obs: dict[str, Any]) -> tuple[np.ndarray, bool]:
@@ -91,6 +107,8 @@ class Takeovers:
     def after(self, reward: float | None, success: bool = False) -> bool:
         """After the tick's step: maybe hand over; whether the episode is over (the policy's ticks are spent)."""
         spent = self.policy_steps is not None and self._policy_ticks >= self.policy_steps
+        if self._keeps_state(spent, success):
+            self._kept.append((self.scene(), self._policy_ticks, self.sim().physics_state()))
         if not self.active:
             fired = self.trigger.update(reward)
             last_chance = self.at_end and spent and not success and not self._end_taken
@@ -99,6 +117,14 @@ class Takeovers:
                 self._take_over(at_end=last_chance and not fired)
         return spent and not self.active
 
+    def _keeps_state(self, spent: bool, success: bool) -> bool:
+        """Whether this tick's state is kept as a branch point: every `branch_every` of the policy's ticks, before
+        the expert first takes over (`_kept` None after) and before the episode ends."""
+        every = self.branch_every
+        if not every or self._kept is None or self.active or spent or success:
+            return False
+        return self._policy_ticks % every == 0
+
     def _take_over(self, at_end: bool) -> None:
         try:
             self.expert.start(self.sim())
@@ -106,11 +132,19 @@ class Takeovers:
             self.stats.declined += 1
             self.stats.last_declined = str(error)
             log.info("the expert declined a takeover: %s", error)
+            if at_end:  # the episode ends failed: its states on the way are what the expert may start from
+                self._hand_on_branches()
             self._restart_trigger()
             return
+        self._hand_on_branches()
         self.active = True
         self.stats.takeovers += 1
         self.stats.at_end += at_end
+
+    def _hand_on_branches(self) -> None:
+        if self._kept is not None:
+            self.branches.extend(self._kept)
+        self._kept = None  # no more this episode: the states after a takeover are not the policy's alone
 
     def _hand_back(self) -> None:
         self.active = False

@@ -61,6 +61,9 @@ class FleetRobot:
     store: Path  # its release store (kept across rounds: a new release pulls only what changed); absolute
     trusted_keys: str  # the deploy key's public key file, its text (the driver's path need not exist on a Ray node)
     rate_hz: float = 50.0  # ALOHA's rate; math.inf runs as fast as the machine does
+    # Branch points per episode the policy did not finish alone: its states at 1/(n+1), 2/(n+1)... of its ticks,
+    # from which the expert drives again once the episodes are run, each drive an episode of expert frames (0: none)
+    branches: int = 0
 
 
 @dataclass
@@ -225,6 +228,8 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
         sim=lambda: env.sim,
         policy_steps=robot.policy_steps,
         at_end=True,  # a late stall never fires the trigger: the episode's failure goes to the expert all the same
+        branch_every=robot.policy_steps // (robot.branches + 1) if robot.branches else None,
+        scene=lambda: env.seed,
     )
     runtime = RobotRuntime(
         env,
@@ -239,6 +244,8 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
     try:
         stats = runtime.run(episodes=robot.episodes, stop_when_refused=True)
         ended_at = time.monotonic()
+        if runtime.running is not None:
+            record_branches(env, recording, takeovers, robot.robot_id, runtime.running)
     finally:
         recording.close()  # the last episode's commit is waited for: the driver reads the bucket next
         env.close()
@@ -249,6 +256,7 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
         "ready": min(stats.ready_at.values(), default=None),
         "swapped_in": stats.swaps[0]["at"] if stats.swaps else None,
         "episodes_done": ended_at,
+        "branches_done": time.monotonic() if takeovers.branches else None,
         "closed": time.monotonic(),
     }
     refused = [*stats.rollbacks, *stats.refused]  # its release could not run (a load failure, say): no round data
@@ -264,6 +272,37 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
         backend=runtime.backend,
         timings={k: round(since + t, 2) for k, t in marks.items() if t is not None},
     )
+
+
+def record_branches(env: Any, recording: Any, takeovers: Any, robot_id: str, release: str) -> None:
+    """The scripted expert from each of `takeovers.branches` (states the policy passed through in episodes it did not
+    finish alone), each drive recorded as an episode of expert frames of `release`'s scene; `takeovers.stats` counts
+    them. Sim only: the state is put back in the robot's sim, which hardware cannot do.
+    """
+    from ..fleet import EpisodeFacts
+    from ..sim.expert import Unrecoverable, plan_takeover
+
+    sim, stats = env.sim, takeovers.stats
+    for scene, _tick, state in takeovers.branches:
+        sim.reset(seed=scene)  # the step count starts over; the state then replaces the whole scene
+        sim.set_physics_state(state)
+        try:
+            actions = plan_takeover(env.task, sim).actions
+        except Unrecoverable as error:
+            stats.branches_declined += 1
+            log.info("the expert declined a branch of scene %s: %s", scene, error)
+            continue
+        recording.begin(EpisodeFacts(robot_id, release, env.instruction, scene), env.shadow_map)
+        obs = sim.observation()
+        for action in actions:
+            after, reward, success, _truncated, _ = sim.step(action)
+            recording.frame(obs, action, None, True, reward, success)
+            obs = after
+            stats.branch_frames += 1
+            if success:
+                break
+        recording.end()
+        stats.branches += 1
 
 
 def fleet_episodes(client: BucketClient, datasets: list[str], release: str | None = None) -> list[dict[str, Any]]:
@@ -283,4 +322,4 @@ def fleet_episodes(client: BucketClient, datasets: list[str], release: str | Non
     return found
 
 
-__all__ = ["FleetRobot", "FleetRobotResult", "fleet_episodes", "run_fleet"]
+__all__ = ["FleetRobot", "FleetRobotResult", "fleet_episodes", "record_branches", "run_fleet"]

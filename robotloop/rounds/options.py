@@ -76,6 +76,13 @@ class RoundsOptions(LoopOptions):
         "points on one H200).",
     )
     redemonstrate: bool = Field(default=True, description="The expert re-demonstrates each failed fleet scene.")
+    branches: int | None = Field(
+        default=None,
+        ge=0,
+        le=8,
+        description="Per fleet episode the policy did not finish alone, the expert also drives from its states at "
+        "1/(N+1), 2/(N+1)... of the policy's ticks, each drive recorded as expert frames (sim only; default 0).",
+    )
     fleet_check: bool = Field(
         default=False,
         description="Also evaluate stable in lockstep on the fleet's own scenes and pair them, episode by episode, "
@@ -106,6 +113,7 @@ class RoundsOptions(LoopOptions):
             "stall_steps": self.stall_steps,
             "lr_scale": self.round_lr_scale,
             "redemonstrate": self.redemonstrate,
+            "branches": self.branches,
             "fleet_check": self.fleet_check,
             "from_scratch": self.round_from_scratch,
             "data_share": self.round_data_share,

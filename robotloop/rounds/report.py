@@ -57,6 +57,8 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
         kept = "promoted" if r.promoted else "kept stable" if r.trained else NOT_TRAINED
         fleet = f"{r.fleet_episodes} ({r.fleet_failures}; {r.autonomous_successes})" if r.round else "-"
         takeovers = f"{r.takeovers} ({r.takeovers_at_end}; K {r.stall_steps})" if r.round else "-"
+        if r.branches:
+            takeovers += f", {r.branches} branch drives ({r.branch_frames} frames)"
         lines.append(
             f"| {r.round} | `{r.release}` ({kept if r.round else 'stable'}) | {_pct(r.success_rate, r.ci95)} | "
             f"{r.expert_frames} | {fleet} | {takeovers} | {r.minutes:.1f} | {gain} | {base} |"

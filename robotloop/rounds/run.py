@@ -74,6 +74,9 @@ def round_weights() -> FrameWeights:
     return FrameWeights(autonomous_success=0.0)
 
 
+MAX_BRANCHES = 8  # branch points per failed episode: each costs an expert drive of up to MAX_REPLAN_STEPS
+
+
 @dataclass
 class RoundSettings:
     """The rounds after round 0 (see the module docstring). Defaults fit the cpu preset; `for_preset` the h200's."""
@@ -84,6 +87,9 @@ class RoundSettings:
     steps: int | None = None  # fine-tuning steps per round (None: the loop's `steps`)
     stall_steps: int | None = None  # K (None: STALL_STEPS of the task)
     redemonstrate: bool = True  # the scripted expert re-demonstrates each failed episode's scene
+    # Per fleet episode the policy did not finish alone, the states at 1/(n+1), 2/(n+1)... of its ticks that the
+    # expert drives again from, each drive an episode of expert frames in the robot's dataset (sim only; 0: none)
+    branches: int = 0
     baseline: bool = False  # also train the same-expert-frames baseline each round
     fleet_rate_hz: float = 50.0  # the sim robots' control rate; math.inf: as fast as the machine runs
     lr_scale: float = ROUND_LR_SCALE  # a fine-tune's peak learning rate, as a fraction of the recipe's
@@ -100,6 +106,8 @@ class RoundSettings:
         if self.rounds < 1 or self.fleet < 1 or self.fleet_episodes < 1:
             raise BadValue("rounds, fleet and fleet episodes must each be at least 1")
         check_fleet_seeds(self.rounds, self.fleet, self.fleet_episodes)
+        if not 0 <= self.branches <= MAX_BRANCHES:
+            raise BadValue(f"branches per failed episode must be 0 to {MAX_BRANCHES}, not {self.branches}")
         if self.stall_steps is not None and self.stall_steps < 1:
             raise BadValue(f"the stall trigger's K must be at least 1 step, not {self.stall_steps}")
         if not 0 < self.lr_scale <= 1:
@@ -179,6 +187,20 @@ def fine_tune_recipe(act: ACTSettings, steps: int, lr_scale: float) -> ACTSettin
     )
 
 
+def split_branches(episodes: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A round's fleet episodes apart from the expert's drives from branch points (`RoundSettings.branches`:
+    episodes whose every frame is the expert's), which are no robot's episode of its own: (episodes, drives).
+
+    Example:
+        ```python
+        >>> split_branches([{"kind": "takeover"}, {"kind": "expert"}, {"kind": "autonomous"}])
+        ([{'kind': 'takeover'}, {'kind': 'autonomous'}], [{'kind': 'expert'}])
+        ```
+    """
+    drives = [e for e in episodes if e.get("kind") == "expert"]
+    return [e for e in episodes if e.get("kind") != "expert"], drives
+
+
 def has_new_draws(episodes: list[dict[str, Any]], weights: FrameWeights, expert_frames: int) -> bool:
     """Whether a round's training would draw any of its new data: the expert's frames (takeovers,
     re-demonstrations), or fleet episodes whose autonomous frames weigh more than 0. Without any, it would only
@@ -231,6 +253,8 @@ class RoundResult:
     expert_frames: int = 0
     takeover_frames: int = 0
     redemo_frames: int = 0
+    branch_frames: int = 0  # the expert's drives from the states of episodes the policy did not finish alone
+    branches: int = 0  # those drives (episodes of expert frames)
     fleet_episodes: int = 0
     fleet_failures: int = 0  # fleet episodes that ended without success, takeovers and all
     autonomous_successes: int = 0  # fleet episodes the policy finished alone
@@ -430,7 +454,7 @@ class _Rounds:
         failed = [r for r in robots if r.error]
         if len(failed) == len(robots):
             raise RuntimeError(f"every fleet robot failed in round {k}: {failed[0].error}")
-        episodes = self._new_episodes()
+        episodes, branched = split_branches(self._new_episodes())
         check = self._fleet_check(k, episodes, stages) if s.fleet_check else None
         misses = [e for e in episodes if not e["success"]]
         redemo_frames = 0
@@ -438,7 +462,8 @@ class _Rounds:
             with self._timed(stages, "redemo", f"the expert re-demonstrates {len(misses)} failed scenes"):
                 redemo_frames = self._redemonstrate([e["seed"] for e in misses])
         takeover_frames = sum(e["expert_frames"] for e in episodes)
-        expert_frames = takeover_frames + redemo_frames
+        branch_frames = sum(e["expert_frames"] for e in branched)
+        expert_frames = takeover_frames + branch_frames + redemo_frames
         stable_before = self.stable_eval.success_rate
         learn = has_new_draws(episodes, s.weights, expert_frames)
         if learn:
@@ -476,6 +501,8 @@ class _Rounds:
             expert_frames=expert_frames,
             takeover_frames=takeover_frames,
             redemo_frames=redemo_frames,
+            branch_frames=branch_frames,
+            branches=len(branched),
             fleet_episodes=len(episodes),
             fleet_failures=len(misses),
             autonomous_successes=sum(e["success"] and e["kind"] == "autonomous" for e in episodes),
@@ -550,6 +577,7 @@ class _Rounds:
                     store=(loop.report_dir / "fleet" / robot_id).resolve(),
                     trusted_keys=trusted,
                     rate_hz=s.fleet_rate_hz,
+                    branches=s.branches,
                 )
             )
         return robots
@@ -657,6 +685,8 @@ def _robot_row(r: FleetRobotResult) -> dict[str, Any]:
         "dropped": r.recording.get("dropped", 0),
         "takeovers": r.takeovers.get("takeovers", 0),
         "expert_frames": r.takeovers.get("expert_frames", 0),
+        "branches": r.takeovers.get("branches", 0),  # its expert drives from branch points, apart from those frames
+        "branches_declined": r.takeovers.get("branches_declined", 0),
         "control_hz": r.control_hz,
         "bytes_pulled": r.bytes_pulled,
         "error": r.error,
