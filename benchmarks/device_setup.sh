@@ -5,6 +5,10 @@
 [ -e "$R" ] && mv "$R" "$R.before-$(date +%s)"
 mkdir -p "$R"
 export PYTHONUNBUFFERED=1 MUJOCO_GL=egl
+# torch's allocator in growable segments, as the Insertion run of 2026-12-06 on an H100 had it (its first try, without,
+# failed to find one 39 GiB block for the frame buffer beside 12 GiB cached but unused; the buffer now copes either
+# way, BENCHMARKS.md). Kept so that the runs after it compare with it.
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 work=$(mktemp -d)
 export XDG_CACHE_HOME=$work/cache
