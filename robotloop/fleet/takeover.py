@@ -107,8 +107,8 @@ class Takeovers:
     def after(self, reward: float | None, success: bool = False) -> bool:
         """After the tick's step: maybe hand over; whether the episode is over (the policy's ticks are spent)."""
         spent = self.policy_steps is not None and self._policy_ticks >= self.policy_steps
-        if self._keeps_state(spent, success):
-            self._kept.append((self.scene(), self._policy_ticks, self.sim().physics_state()))
+        if self._keeps_state(spent, success) and (sim := self.sim()) is not None:  # None: hardware keeps nothing
+            self._kept.append((self.scene(), self._policy_ticks, sim.physics_state()))
         if not self.active:
             fired = self.trigger.update(reward)
             last_chance = self.at_end and spent and not success and not self._end_taken
