@@ -18,7 +18,7 @@ from robotloop.deploy.evaluate import EpisodeResult, EvalReport
 from robotloop.errors import BadValue
 from robotloop.fleet import Takeovers
 from robotloop.loop.pipeline import LoopSettings
-from robotloop.rounds.fleet import fleet_episodes
+from robotloop.rounds.fleet import branch_ticks, fleet_episodes
 from robotloop.rounds.options import RoundsOptions
 from robotloop.rounds.run import (
     STALL_MARGIN,
@@ -44,7 +44,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     cmd += ["loop", "--rounds", "1", "--fleet", "2", "--fleet-episodes", "1", "--stall-steps", "10", "--baseline"]
     cmd += ["--round-lr-scale", "0.5", "--fleet-check", "--round-data-share", "0.5", "--fleet-rate-hz", "inf"]
     cmd += ["--shadow-map", "512"]  # 512: cheaper than 48x64's default 1024 on a CPU
-    cmd += ["--branches", "3"]  # states at ticks 7, 14, 21 of 30: the stall at tick 10 leaves the first to branch from
+    cmd += ["--branches", "3"]  # states at ticks 7, 15, 22 of 30: the stall at tick 10 leaves the first to branch from
     cmd += ["--episodes", "1", "--steps", "4", "--round-steps", "4", "--batch-size", "2", "--eval-episodes", "1"]
     cmd += ["--eval-max-steps", "30", "--workers", "1", "--bucket", bucket, "--report-dir", "report"]
     env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
@@ -190,7 +190,8 @@ def test_branch_points_are_the_policys_states_of_episodes_it_did_not_finish_alon
 
     sim, scene = Sim(), iter(range(100, 200))
     expert, takeovers = _stalling(trigger_k=100, policy_steps=10)
-    takeovers.at_end, takeovers.branch_every, takeovers.sim = True, 3, lambda: sim
+    assert branch_ticks(10, 3) == (2, 5, 7) and branch_ticks(400, 2) == (133, 266)  # at 1/(n+1), 2/(n+1)...
+    takeovers.at_end, takeovers.branch_ticks, takeovers.sim = True, {3, 6, 9}, lambda: sim
     takeovers.scene = lambda: current
     policy = np.zeros(14, np.float32)
 
@@ -214,8 +215,8 @@ def test_branch_points_are_the_policys_states_of_episodes_it_did_not_finish_alon
     current = next(scene)
     episode(success_at=None)
     assert [(s, t) for s, t, _ in takeovers.branches][3:] == [(102, 3)]
-    with pytest.raises(BadValue, match="branch_every"):
-        Takeovers(expert, StallTrigger(5), branch_every=0)
+    with pytest.raises(BadValue, match="from 1"):
+        Takeovers(expert, StallTrigger(5), branch_ticks=(0, 5))
 
 
 def test_the_stall_trigger_k_stays_above_the_slowest_pace_stable_still_succeeded_at():

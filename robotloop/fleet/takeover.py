@@ -10,8 +10,8 @@ With `at_end`, an episode whose policy ticks run out without success is handed t
 a policy that made progress and then stalled late (Insertion's failures reach stage 2 or 3 after ~170 steps and
 sit there) never fires a stall trigger of K = 230 within 400 steps, and its failure would reach no expert.
 
-With `branch_every` (a sim's option), the physical state is kept every that many of the policy's ticks until the
-expert first takes over; an episode the policy did not finish alone hands its kept states to `branches`, from which
+With `branch_ticks` (a sim's option), the physical state is kept at those of the policy's ticks until the expert
+first takes over; an episode the policy did not finish alone hands its kept states to `branches`, from which
 the expert can drive again later (`robotloop.rounds.fleet`: corrections from the states the policy passed through on
 its way to failing, with time left, not only from where it ended).
 
@@ -74,13 +74,13 @@ class Takeovers:
         sim: Callable[[], Any] = lambda: None,
         policy_steps: int | None = None,
         at_end: bool = False,
-        branch_every: int | None = None,
+        branch_ticks: tuple[int, ...] = (),
         scene: Callable[[], int | None] = lambda: None,
     ) -> None:
-        if branch_every is not None and branch_every < 1:
-            raise BadValue(f"branch_every must be at least 1 tick, not {branch_every}")
+        if any(t < 1 for t in branch_ticks):
+            raise BadValue(f"branch ticks count the policy's ticks from 1, not {sorted(branch_ticks)}")
         self.expert, self.trigger, self.sim, self.policy_steps = expert, trigger, sim, policy_steps
-        self.at_end, self.branch_every, self.scene = at_end, branch_every, scene
+        self.at_end, self.branch_ticks, self.scene = at_end, frozenset(branch_ticks), scene
         self.stats = TakeoverStats()
         self.active = False
         self._policy_ticks, self._end_taken = 0, False
@@ -118,12 +118,11 @@ class Takeovers:
         return spent and not self.active
 
     def _keeps_state(self, spent: bool, success: bool) -> bool:
-        """Whether this tick's state is kept as a branch point: every `branch_every` of the policy's ticks, before
-        the expert first takes over (`_kept` None after) and before the episode ends."""
-        every = self.branch_every
-        if not every or self._kept is None or self.active or spent or success:
+        """Whether this tick's state is kept as a branch point: one of `branch_ticks`, before the expert first takes
+        over (`_kept` None after) and before the episode ends."""
+        if self._kept is None or self.active or spent or success:
             return False
-        return self._policy_ticks % every == 0
+        return self._policy_ticks in self.branch_ticks
 
     def _take_over(self, at_end: bool) -> None:
         try:

@@ -228,7 +228,7 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
         sim=lambda: env.sim,
         policy_steps=robot.policy_steps,
         at_end=True,  # a late stall never fires the trigger: the episode's failure goes to the expert all the same
-        branch_every=robot.policy_steps // (robot.branches + 1) if robot.branches else None,
+        branch_ticks=branch_ticks(robot.policy_steps, robot.branches),
         scene=lambda: env.seed,
     )
     runtime = RobotRuntime(
@@ -244,8 +244,9 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
     try:
         stats = runtime.run(episodes=robot.episodes, stop_when_refused=True)
         ended_at = time.monotonic()
-        if runtime.running is not None:
+        if runtime.running is not None and takeovers.branches:
             record_branches(env, recording, takeovers, robot.robot_id, runtime.running)
+        branched_at = time.monotonic()
     finally:
         recording.close()  # the last episode's commit is waited for: the driver reads the bucket next
         env.close()
@@ -256,7 +257,7 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
         "ready": min(stats.ready_at.values(), default=None),
         "swapped_in": stats.swaps[0]["at"] if stats.swaps else None,
         "episodes_done": ended_at,
-        "branches_done": time.monotonic() if takeovers.branches else None,
+        "branches_done": branched_at if takeovers.branches else None,
         "closed": time.monotonic(),
     }
     refused = [*stats.rollbacks, *stats.refused]  # its release could not run (a load failure, say): no round data
@@ -272,6 +273,18 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
         backend=runtime.backend,
         timings={k: round(since + t, 2) for k, t in marks.items() if t is not None},
     )
+
+
+def branch_ticks(policy_steps: int, branches: int) -> tuple[int, ...]:
+    """The policy's ticks at 1/(n+1), 2/(n+1)... of its `policy_steps`, for `branches` = n.
+
+    Example:
+        ```python
+        >>> branch_ticks(400, 2)
+        (133, 266)
+        ```
+    """
+    return tuple(policy_steps * (i + 1) // (branches + 1) for i in range(branches))
 
 
 def record_branches(env: Any, recording: Any, takeovers: Any, robot_id: str, release: str) -> None:
