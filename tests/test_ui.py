@@ -578,6 +578,7 @@ def _write_rounds_report(folder: Path) -> None:
             fleet_episodes=4,
             fleet_failures=3,
             takeovers=3,
+            branches=2,
             minutes=2.5,
             gain_per_1000_expert_frames=0.625,
             baseline=Baseline(5, 400, 0.375, (0.14, 0.69), minutes=1.5),
@@ -668,7 +669,8 @@ def _expect_rounds(page: Page) -> None:
     expect(rounds.nth(0).locator("td")).to_have_text(
         ["0", "ui-r0", "start", "25.0% (10.0% to 50.0%)", "1600", "—", "—", "3.5", "—", "—"]
     )
-    second = ["1", "ui-r1", "promoted", "50.0% (25.0% to 75.0%)", "400", "4 (3)", "3", "2.5", "+62.50 pts"]
+    second = ["1", "ui-r1", "promoted", "50.0% (25.0% to 75.0%)", "400", "4 (3)", "3 + 2 branch drives", "2.5"]
+    second += ["+62.50 pts"]
     expect(rounds.nth(1).locator("td")).to_have_text([*second, "37.5% (14.0% to 69.0%), 5 demos"])
 
 

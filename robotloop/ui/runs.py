@@ -206,8 +206,8 @@ def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The rounds of a rounds report's summary (report.json's `rounds`, `robotloop.rounds.report.round_row`'s
     rows) as the run view's table shows them: round, release, what became of it (`decision`: "start" for round 0,
     which is stable by construction, else "promoted", "kept stable" or `NOT_TRAINED`), success with
-    its 95% interval, expert frames, the fleet's episodes, failures and takeovers (None for round 0, which ran no
-    fleet), minutes, the gain per 1,000 expert frames (success points, a share) and the same-expert-frames
+    its 95% interval, expert frames, the fleet's episodes, failures, takeovers and branch drives (None for round 0,
+    which ran no fleet), minutes, the gain per 1,000 expert frames (success points, a share) and the same-expert-frames
     baseline's success and minutes when it ran.
     A row that is not an object, or a figure of the wrong type, shows as nothing rather than failing the page."""
     found = summary.get("rounds")
@@ -231,6 +231,7 @@ def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "fleet_episodes": _number(r.get("fleet_episodes")) if fleet else None,
                 "fleet_failures": _number(r.get("fleet_failures")) if fleet else None,
                 "takeovers": _number(r.get("takeovers")) if fleet else None,
+                "branches": _number(r.get("branches")) if fleet else None,  # the expert's drives from branch points
                 "minutes": _number(r.get("minutes")),
                 "gain_per_1000_expert_frames": _number(r.get("gain_per_1000_expert_frames")),
                 "baseline": None

@@ -310,7 +310,7 @@
           el("td", {}, `${pct(r.success_rate)}${interval(r.ci95)}`),
           el("td", {}, r.expert_frames ?? "—"),
           el("td", {}, r.fleet_episodes === null ? "—" : `${r.fleet_episodes} (${r.fleet_failures ?? "?"})`),
-          el("td", {}, r.takeovers ?? "—"),
+          el("td", {}, r.takeovers == null ? "—" : `${r.takeovers}${r.branches ? ` + ${r.branches} branch drives` : ""}`),
           el("td", {}, num(r.minutes)),
           el("td", {}, gain === null ? "—" : `${gain >= 0 ? "+" : ""}${(100 * gain).toFixed(2)} pts`),
           el("td", {}, base ? `${pct(base.success_rate)}${interval(base.ci95)}, ${base.demos ?? "?"} demos` : "—"),
