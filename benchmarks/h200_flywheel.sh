@@ -6,6 +6,9 @@
 # BASELINE=0 leaves the baseline out (it costs each round its own recording, training and evaluation again).
 # Start it detached and follow it (benchmarks/device_follow.sh $R): its plan.log ends with " done".
 #   TASK=transfer_cube ROUNDS=1 EVAL=200 setsid nohup bash benchmarks/h200_flywheel.sh /tmp/fw > /tmp/fw.log 2>&1 &
+# Insertion's next run (2026-12-06): the expert's branch drives, with the baseline at the same expert budget:
+#   TASK=insertion ROUNDS=1 BASELINE=1 INDEPENDENT=0 LEROBOT_EVAL=20 ONNX_EVAL=0 INT8_EVAL=0 FLEET_CHECK=0 \
+#     ROUND_ARGS="--shadow-map 2048 --fleet-rate-hz inf --branches 2" bash benchmarks/h200_flywheel.sh /tmp/fw
 set -u
 R=${1:-/tmp/flywheel}
 TASK=${TASK:-transfer_cube}
