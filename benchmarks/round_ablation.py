@@ -43,13 +43,14 @@ from robotloop.rounds.options import RoundsOptions
 from robotloop.rounds.run import (
     RoundSettings,
     baseline_demos_url,
+    dataset_exists,
     evaluate_checkpoint,
     fleet_dataset_urls,
     round_recipe,
     train_round,
     written_fleet_datasets,
 )
-from robotloop.storage import BucketUrl, NotFound, connect
+from robotloop.storage import BucketUrl, connect
 from robotloop.train.layout import checkpoint_url
 from robotloop.train.weights import FrameWeights
 
@@ -106,13 +107,8 @@ def datasets_of(loop: LoopSettings, rounds: RoundSettings, which: str, client) -
         return [loop.dataset_url]
     fleet = written_fleet_datasets(client, fleet_dataset_urls(loop, rounds.fleet))
     baseline = [baseline_demos_url(loop)] if which == "all+baseline" else []
-    if baseline:
-        try:
-            client.stat(BucketUrl.parse(f"{baseline[0]}/meta/info.json"))
-        except NotFound:
-            raise SystemExit(
-                f"{baseline[0]}: no baseline demos (`withbase` needs a loop run with --baseline)"
-            ) from None
+    if baseline and not dataset_exists(client, baseline[0]):
+        raise SystemExit(f"{baseline[0]}: no baseline demos (`withbase` needs a loop run with --baseline)")
     return [loop.dataset_url, *fleet, *baseline]
 
 

@@ -26,8 +26,10 @@ __getattr__ = lazy_names(__name__, _LAZY)
 # What a report and the dashboard say of a round `run.has_new_draws` found nothing to train on (here: the dashboard
 # reads it without loading the rounds' heavy modules).
 NOT_TRAINED = "not trained: nothing new"
+MAX_BRANCHES = 8  # branch points per failed fleet episode: each costs an expert drive of up to MAX_REPLAN_STEPS
 
 __all__ = [
+    "MAX_BRANCHES",
     "NOT_TRAINED",
     "RoundResult",
     "RoundSettings",

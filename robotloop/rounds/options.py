@@ -16,6 +16,7 @@ from pydantic import Field
 
 from ..loop.options import LoopOptions
 from ..train.options import MAX_WEIGHT
+from . import MAX_BRANCHES
 
 
 class RoundsOptions(LoopOptions):
@@ -79,7 +80,7 @@ class RoundsOptions(LoopOptions):
     branches: int | None = Field(
         default=None,
         ge=0,
-        le=8,
+        le=MAX_BRANCHES,
         description="Per fleet episode the policy did not finish alone, the expert also drives from its states at "
         "1/(N+1), 2/(N+1)... of the policy's ticks, each drive recorded as expert frames (sim only; default 0).",
     )

@@ -50,6 +50,7 @@ from ..train.layout import checkpoint_url
 from ..train.policy import ACTSettings
 from ..train.trainer import Progress, TrainReport, TrainSettings, train
 from ..train.weights import FrameWeights
+from . import MAX_BRANCHES
 from .fleet import FleetRobot, FleetRobotResult, fleet_episodes, run_fleet
 
 # K per task: the scripted demos themselves go up to 162 (TransferCube) and 212 (Insertion) steps between new reward
@@ -72,9 +73,6 @@ def round_weights() -> FrameWeights:
     TransferCube (one H200, BENCHMARKS.md) stable fine-tuned on the demos alone scored 99.5%, fine-tuned on the
     demos and the fleet's 60 successes 84.5-86.5% (three runs). `--round-success-weight` puts them back."""
     return FrameWeights(autonomous_success=0.0)
-
-
-MAX_BRANCHES = 8  # branch points per failed episode: each costs an expert drive of up to MAX_REPLAN_STEPS
 
 
 @dataclass
@@ -364,6 +362,15 @@ def written_fleet_datasets(client: BucketClient, urls: list[str]) -> list[Bucket
     return [BucketUrl.parse(u) for u in urls if u in written]
 
 
+def dataset_exists(client: BucketClient, url: BucketUrl) -> bool:
+    """Whether a dataset was written at `url` (its meta/info.json is there)."""
+    try:
+        client.stat(BucketUrl.parse(f"{url}/meta/info.json"))
+        return True
+    except NotFound:
+        return False
+
+
 def baseline_demos_url(loop: LoopSettings) -> BucketUrl:
     """The dataset of the baseline's extra scripted demos, every round's in one."""
     return BucketUrl.parse(f"{loop.bucket}/datasets/{loop.task}-{loop.run}-baseline")
@@ -606,16 +613,9 @@ class _Rounds:
     def _written_datasets(self, redemo_frames: int) -> list[BucketUrl]:
         """The fleet datasets with episodes in them, and the re-demonstrations once there are any."""
         urls = written_fleet_datasets(self.client, self.fleet_datasets)
-        if redemo_frames or self._exists(self.redemos):
+        if redemo_frames or dataset_exists(self.client, self.redemos):
             urls.append(self.redemos)
         return urls
-
-    def _exists(self, url: BucketUrl) -> bool:
-        try:
-            self.client.stat(BucketUrl.parse(f"{url}/meta/info.json"))
-            return True
-        except NotFound:
-            return False
 
     def _train(self, datasets: list[BucketUrl], run_url: BucketUrl, init_from: str) -> TrainReport:
         return train_round(self.client, self.loop, self.settings, datasets, run_url, init_from, self.on_train)

@@ -5,7 +5,7 @@ of each kind of frame (the log line, the checkpoint's lineage, the refusal of a 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
@@ -45,9 +45,9 @@ class SourceFrames:
     def summed(cls, sources: list[SourceFrames]) -> SourceFrames:
         """Several fleet datasets' counts as one, named by their number: the one log line of a round's ten."""
         total = cls(f"{len(sources)} fleet datasets", "fleet")
-        for f in ("episodes", "frames", "expert", "autonomous_success", "autonomous_failed", "dropped"):
-            setattr(total, f, sum(getattr(src, f) for src in sources))
-        total.unknown_episodes = sum(src.unknown_episodes for src in sources)
+        for f in fields(cls):
+            if f.name not in ("dataset", "role"):  # the rest are counts
+                setattr(total, f.name, sum(getattr(src, f.name) for src in sources))
         return total
 
     def describe(self) -> str:
