@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -102,22 +102,29 @@ def run(args: argparse.Namespace) -> int:
         work = Path(tmp)
         server = ensure_embedded_server(work / "buckets")
         client = BucketClient(server.endpoint, server.token)
+        result = {
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{os.uname().nodename}, {os.cpu_count()} cores",
+            "state": "PostgreSQL" if args.database else "SQLite",
+            "replicas": args.replicas,
+        }
         try:
-            result = {
-                "date": time.strftime("%Y-%m-%d"),
-                "machine": f"{os.uname().nodename}, {os.cpu_count()} cores",
-                "state": "PostgreSQL" if args.database else "SQLite",
-                "replicas": args.replicas,
-                "fleet": fleet(client, work, args),
-                "uploads": uploads(client, work, args),
-            }
+            # Each part is written as soon as it ends: a run cut during the uploads (a device call's limit) keeps
+            # the fleet's figures (2026-12-06: the PostgreSQL case lost them so).
+            result["fleet"] = fleet(client, work, args)
+            _write(result, args.out)
+            result["uploads"] = uploads(client, work, args)
         finally:
             stop_embedded_server(work / "buckets")
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    print(_write(result, args.out))
     return 0
+
+
+def _write(result: dict, out: Path | None) -> str:
+    text = json.dumps(result, indent=1)
+    if out:
+        out.write_text(text + "\n")
+    return text
 
 
 def _percentiles(values: list[float]) -> dict:
@@ -143,6 +150,43 @@ def _tcp_counters() -> dict[str, int]:
     for names, values in zip(lines[::2], lines[1::2], strict=False):
         counters.update({n: int(v) for n, v in zip(names.split()[1:], values.split()[1:], strict=False) if n in wanted})
     return counters
+
+
+def _cores_over(start: float, end: float, names: dict[int, str]) -> dict[str, float]:
+    """Cores each kind of process used from `start` to `end` (wall clock; CPU seconds per second): the services
+    named by pid in `names`, the simulated fleet's processes, PostgreSQL's, and this one (the operator or the
+    uploaders). What saturates first, the services or the load generator, is what this says."""
+    time.sleep(max(0.0, start - time.time()))
+    before = _cpu_by_kind(names)
+    time.sleep(max(0.0, end - time.time()))
+    after = _cpu_by_kind(names)
+    seconds = max(end - start, 1e-9)
+    return {kind: round((used - before.get(kind, 0.0)) / seconds, 2) for kind, used in sorted(after.items())}
+
+
+def _cpu_by_kind(names: dict[int, str]) -> dict[str, float]:
+    import psutil  # lerobot's accelerate brings it; only the benchmarks read it
+
+    me, used = os.getpid(), {}
+    for proc in psutil.process_iter():
+        try:
+            line = " ".join(proc.cmdline())
+            if proc.pid in names:
+                kind = names[proc.pid]
+            elif proc.pid == me:
+                kind = "this process"
+            elif proc.name() == "postgres" or line.startswith("postgres"):
+                kind = "postgres"
+            elif "services.bucket" in line or "services.deploy" in line:  # the embedded bucket server, say
+                kind = "other services"
+            elif "multiprocessing" in line and proc.ppid() == me:
+                kind = "fleet processes"
+            else:
+                continue
+            used[kind] = used.get(kind, 0.0) + sum(proc.cpu_times()[:2])
+        except psutil.Error:  # gone meanwhile
+            continue
+    return used
 
 
 def _keep_logs(work: Path, out: Path | None, replicas: int) -> None:
@@ -178,8 +222,13 @@ def fleet(client: BucketClient, work: Path, args) -> dict:
     start = time.time() + 5.0  # every process started and connected by then
     end = start + args.seconds
     counters_before = _tcp_counters()
+    named = {s.proc.pid: f"deploy{i}" for i, s in enumerate(services)}
     try:
-        with ProcessPoolExecutor(args.fleet_procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        with (
+            ProcessPoolExecutor(args.fleet_procs, mp_context=multiprocessing.get_context("spawn")) as pool,
+            ThreadPoolExecutor(1) as sampler,
+        ):
+            cores = sampler.submit(_cores_over, start, end, named)
             parts = [
                 pool.submit(_fleet_part, urls, robots[k :: args.fleet_procs], start, end)
                 for k in range(args.fleet_procs)
@@ -212,6 +261,7 @@ def fleet(client: BucketClient, work: Path, args) -> dict:
         "robots_not_on_the_last_release": sum(known != last for part in results for known in part["final"].values()),
         "open_files_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
         "tcp_counters_during": counters,
+        "cores_during": cores.result(),
     }
 
 
@@ -343,14 +393,14 @@ def uploads(client: BucketClient, work: Path, args) -> dict:
     base = BucketUrl.parse("hf://buckets/bench/load-uploads")
     clients, procs = _bucket_servers(client, work, args)
     try:
-        return _uploads(clients, base, work, args)
+        return _uploads(clients, procs, base, work, args)
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait(30)
 
 
-def _uploads(clients: list[BucketClient], base: BucketUrl, work: Path, args) -> dict:
+def _uploads(clients: list[BucketClient], procs: list, base: BucketUrl, work: Path, args) -> dict:
     clients[0].create_bucket(base)
     end = time.monotonic() + args.seconds
     acked: list[tuple[BucketUrl, str]] = []
@@ -379,17 +429,27 @@ def _uploads(clients: list[BucketClient], base: BucketUrl, work: Path, args) -> 
             path.unlink()
             n += 1
 
-    threads = [threading.Thread(target=uploader, args=(i,)) for i in range(args.uploaders)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    mismatched = 0
-    for i, url, digest in acked:
+    named = {proc.pid: f"bucket{i}" for i, proc in enumerate(procs)}
+    with ThreadPoolExecutor(1) as sampler:
+        cores = sampler.submit(_cores_over, time.time(), time.time() + args.seconds, named)
+        threads = [threading.Thread(target=uploader, args=(i,)) for i in range(args.uploaders)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def matches(item: tuple[int, BucketUrl, str]) -> bool:
+        i, url, digest = item
         reader = clients[(i + 1) % len(clients)]  # another server than the one it went through, when there are two
         size = reader.stat(url).size
-        if hashlib.sha256(reader.read_range(url, 0, size)).hexdigest() != digest:
-            mismatched += 1
+        return hashlib.sha256(reader.read_range(url, 0, size)).hexdigest() == digest
+
+    # Read back as many at once as were written: one at a time, the PostgreSQL case's read-back was still going
+    # 7 minutes after its window when the device call ended (2026-12-06, 16 cores).
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(args.uploaders) as readers:
+        mismatched = sum(not ok for ok in readers.map(matches, acked))
+    read_back_s = time.monotonic() - t0
     listings = [
         sorted((e.url.path, e.xet_hash) for e in c.ls(base, recursive=True) if isinstance(e, Entry)) for c in clients
     ]
@@ -401,8 +461,10 @@ def _uploads(clients: list[BucketClient], base: BucketUrl, work: Path, args) -> 
         "first_errors": errors[:3],
         "acknowledged": len(acked),
         "read_back_mismatched": mismatched,
+        "read_back_s": round(read_back_s, 1),
         "listed": len(listings[0]),
         "listings_equal": all(listing == listings[0] for listing in listings),
+        "cores_during": cores.result(),
     }
 
 
