@@ -17,7 +17,15 @@ import numpy as np
 import pytest
 
 from robotloop.config import Settings
-from robotloop.deploy.evaluate import evaluate, locate_and_evaluate, resolve_policy, wilson_interval
+from robotloop.deploy.evaluate import (
+    EpisodeResult,
+    EvalReport,
+    describe_failures,
+    evaluate,
+    locate_and_evaluate,
+    resolve_policy,
+    wilson_interval,
+)
 from robotloop.deploy.lockstep import SimBatch, Slot
 from robotloop.deploy.runner import PolicyLoadError, make_tiny_checkpoint
 from robotloop.errors import BadInput, BadValue
@@ -50,6 +58,20 @@ def test_wilson_interval() -> None:
     assert wilson_interval(0, 0) == (0.0, 1.0)
     lo, hi = wilson_interval(1, 50)
     assert lo < 0.02 < hi < 0.11
+
+
+def test_failures_are_counted_by_the_furthest_stage_they_reached_named_furthest_first() -> None:
+    report = EvalReport("p", "insertion", 0, 400, SIZE, 1)
+    rewards = [(4, True), (2, False), (3, False), (2, False), (0, False), (4, True)]
+    report.episodes = [EpisodeResult(i, i, ok, r, r, 400, 1.0) for i, (r, ok) in enumerate(rewards)]
+    assert list(report.failures_by_stage.items()) == [("peg on the socket", 1), ("both lifted", 2), ("no stage", 1)]
+    assert report.summary["failures_by_stage"] == report.failures_by_stage
+    assert describe_failures(report.failures_by_stage) == (
+        "failed episodes got as far as: peg on the socket 1, both lifted 2, no stage 1"
+    )
+    cube = EvalReport("p", "transfer_cube", 0, 400, SIZE, 1, episodes=[EpisodeResult(0, 0, False, 2, 2, 400, 1.0)])
+    assert cube.failures_by_stage == {"cube lifted": 1}
+    assert describe_failures(EvalReport("p", "insertion", 0, 400, SIZE, 1).failures_by_stage) is None
 
 
 def test_parallel_eval_gives_a_sane_report(tiny: Path, tmp_path: Path) -> None:
@@ -227,6 +249,7 @@ def test_cli_evaluates_a_checkpoint_in_a_bucket(tiny: Path, bucket_server, tmp_p
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "success 0/2 = 0.0% (95% CI 0.0-65.8%)" in done.stdout
+    assert re.search(r"^failed episodes got as far as: .+ 2$", done.stdout, re.M), done.stdout  # one stage: 8 steps
     saved = json.loads((out / "eval_report.json").read_text())
     assert saved["summary"]["n_episodes"] == 2 and saved["image_size"] == list(SIZE)
     # downloaded beside the read cache, not into ~/.cache

@@ -51,6 +51,9 @@ def assert_loop_report(run: subprocess.CompletedProcess, report: dict, report_di
     for name in ("report.md", "loss.png", "stages.png"):
         assert (report_dir / name).stat().st_size > 0
     assert "not expected to succeed" in (report_dir / "report.md").read_text()
+    if report["eval"]["success_rate"] < 1:  # where the failures stopped, named
+        assert sum(report["eval"]["failures_by_stage"].values()) == 1
+        assert "Failed episodes got as far as: " in (report_dir / "report.md").read_text()
 
 
 def test_live_mode_folds_in_new_episodes_and_promotes_only_improvements(bucket_server, tmp_path):

@@ -124,7 +124,13 @@ def _reports(base: Path, video: Path) -> Path:
         for i in range(4)
     ]
     episodes[0]["video"] = str(evaluation / "videos" / "episode_0.mp4")
-    summary = {"n_episodes": 4, "success_rate": 0.75, "success_ci95": [0.3006, 0.9544], "mean_max_reward": 4.0}
+    summary = {
+        "n_episodes": 4,
+        "success_rate": 0.75,
+        "success_ci95": [0.3006, 0.9544],
+        "mean_max_reward": 4.0,
+        "failures_by_stage": {"cube lifted": 1},
+    }
     (evaluation / "eval_report.json").write_text(
         json.dumps(
             {"policy": "/x", "task": "transfer_cube", "checkpoint": "ui-v1", "episodes": episodes, "summary": summary}
@@ -425,6 +431,7 @@ def test_fleet_shows_the_robot_running_its_release_and_a_rollback_with_its_reaso
     # The release page: lineage down to the episodes and their Xet hashes, the evaluation, and links along it.
     page.goto(f"{ui.url}/releases/ui-v1")
     expect(page.locator("#evaluations")).to_contain_text("success 75.0% over 4 episodes (95% interval 30.1% to 95.4%)")
+    expect(page.locator("#evaluations")).to_contain_text("Failed episodes got as far as: cube lifted 1")
     expect(page.locator("#evaluations video")).to_have_count(1)
     expect(page.locator("#lineage tbody tr")).to_have_count(3)
     expect(page.locator("#lineage code").first).to_have_attribute("title", source.episodes[0].data.xet_hash)

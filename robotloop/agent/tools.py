@@ -261,7 +261,8 @@ class RobotloopTools:
         device: str = "cpu",
     ) -> dict[str, Any]:
         """Evaluate a trained policy in the ALOHA simulator: seeded episodes, success rate with a 95% interval,
-        mean max reward (furthest stage reached, 0-4) and mean summed reward.
+        mean max reward (furthest stage reached, 0-4), the failed episodes counted by the furthest stage they
+        reached (where the policy fails) and mean summed reward.
 
         Args:
             policy: a run URL (latest checkpoint), hf://buckets/.../models/<run>[/checkpoints/<step>], or a local

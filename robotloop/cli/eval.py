@@ -69,7 +69,7 @@ def eval_policy(
     as_json: JsonOutput = False,
 ) -> dict:
     """Evaluate a trained policy in the ALOHA sim: episodes run in lockstep, seeded, with rollout videos."""
-    from ..deploy.evaluate import REPORT_FILE, default_output_dir, locate_and_evaluate
+    from ..deploy.evaluate import REPORT_FILE, default_output_dir, describe_failures, locate_and_evaluate
     from ..sim.constants import parse_image_size
     from ..sim.tasks import get_task
     from ..train.device import resolve_device
@@ -126,6 +126,8 @@ def eval_policy(
         f"(95% CI {100 * lo:.1f}-{100 * hi:.1f}%), mean max reward {report.mean_max_reward:.2f}, "
         f"mean sum reward {report.mean_sum_reward:.1f}, {report.wall_s:.1f} s"
     )
+    if failures := describe_failures(report.failures_by_stage):
+        console.print(failures)
     if report.lockstep and report.lockstep.workers_busy_s:
         split = report.lockstep
         busy, rendering = statistics.mean(split.workers_busy_s), statistics.mean(split.workers_render_s)

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import io
@@ -76,6 +77,14 @@ class EpisodeResult:
         stall trigger's K must exceed not to cut an episode like this one short."""
         marks = (0, *self.stage_steps, *(() if self.success else (self.steps,)))
         return max((b - a for a, b in itertools.pairwise(marks)), default=self.steps)
+
+
+def describe_failures(failures: dict[str, int]) -> str | None:
+    """`EvalReport.failures_by_stage` in words, e.g. "failed episodes got as far as: peg on the socket 11, both
+    lifted 25"; None when nothing failed."""
+    if not failures:
+        return None
+    return "failed episodes got as far as: " + ", ".join(f"{stage} {n}" for stage, n in failures.items())
 
 
 @dataclass
@@ -165,7 +174,18 @@ class EvalReport:
             "mean_max_reward": self.mean_max_reward,
             "mean_sum_reward": self.mean_sum_reward,
             "longest_stall_in_successes": self.longest_stall_in_successes,
+            "failures_by_stage": self.failures_by_stage,
         }
+
+    @property
+    def failures_by_stage(self) -> dict[str, int]:
+        """Failed episodes by the furthest reward stage they reached, named, furthest first: where the policy fails
+        (Insertion's failures stopping at "both lifted" never brought the peg to the socket)."""
+        from ..sim import get_task
+
+        spec = get_task(self.task)
+        reached = sorted((e.max_reward for e in self.episodes if not e.success), reverse=True)
+        return {spec.stage_name(r): n for r, n in collections.Counter(reached).items()}
 
     @property
     def longest_stall_in_successes(self) -> dict[str, int] | None:

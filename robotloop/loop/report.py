@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from ..deploy.evaluate import REPORT_FILE as EVAL_REPORT
+from ..deploy.evaluate import describe_failures
 from ..sim.constants import format_image_size
 from ..storage import BucketClient, BucketUrl
 from .layout import EVAL_FOLDER, run_report_url
@@ -89,6 +90,7 @@ def summary(report: LoopReport) -> dict:
             "success_rate": e.success_rate,
             "ci95": [low, high],
             "mean_max_reward": _mean([x.max_reward for x in e.episodes]),
+            "failures_by_stage": e.failures_by_stage,
             "seed": e.seed,
             "inference": e.inference,
             "verdict": verdict(e),
@@ -138,6 +140,8 @@ def markdown(report: LoopReport) -> str:
             f"- Evaluation: success {100 * e['success_rate']:.0f}% over {e['episodes']} episodes "
             f"(95% CI {100 * low:.0f}-{100 * high:.0f}%), mean max reward {e['mean_max_reward']:.2f}."
         )
+        if failures := describe_failures(e.get("failures_by_stage") or {}):
+            lines.append(f"  {failures[0].upper()}{failures[1:]}.")
         lines.append(f"  **{e['verdict']}**")
         if s.tiny_policy:
             lines.append(

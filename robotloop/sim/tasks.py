@@ -116,6 +116,12 @@ class TaskSpec:
     gym_id: str
     episode_length: int = 400  # lerobot's AlohaEnv.episode_length (gym-aloha registers max_episode_steps=300)
     max_reward: int = 4
+    stages: tuple[str, ...] = ()  # what reward 1, 2, ... max_reward means, in words (its reward's docstring)
+
+    def stage_name(self, reward: float) -> str:
+        """The furthest stage an episode with this max reward reached, in words ("no stage" for 0)."""
+        index = int(reward)
+        return self.stages[index - 1] if 0 < index <= len(self.stages) else "no stage" if index == 0 else str(index)
 
 
 TASKS: dict[str, TaskSpec] = {
@@ -128,6 +134,7 @@ TASKS: dict[str, TaskSpec] = {
         sample_objects=sample_box_pose,
         make_reward=TransferCubeReward,
         gym_id="gym_aloha/AlohaTransferCube-v0",
+        stages=("right finger on the cube", "cube lifted", "left finger on the cube", "left arm holds it"),
     ),
     "insertion": TaskSpec(
         name="insertion",
@@ -138,6 +145,7 @@ TASKS: dict[str, TaskSpec] = {
         sample_objects=sample_insertion_pose,
         make_reward=InsertionReward,
         gym_id="gym_aloha/AlohaInsertion-v0",
+        stages=("both grippers on", "both lifted", "peg on the socket", "peg inserted"),
     ),
 }
 

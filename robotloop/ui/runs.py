@@ -288,6 +288,7 @@ def evaluation_row(rid: str, data: dict[str, Any], media: set[str], release: str
         "success_rate": summary.get("success_rate"),
         "success_ci95": summary.get("success_ci95"),
         "mean_max_reward": summary.get("mean_max_reward"),
+        "failures_by_stage": summary.get("failures_by_stage") or {},  # reports before 2026-12-06 have none
         "videos": [v for v in videos if v in media],
     }
 

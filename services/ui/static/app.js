@@ -240,6 +240,9 @@
                 {},
                 `${e.task}: success ${pct(e.success_rate)} over ${e.episodes} episodes (95% interval ${pct(e.success_ci95?.[0])} to ${pct(e.success_ci95?.[1])}), mean max reward ${num(e.mean_max_reward, 2)}`,
               ),
+              ...(Object.keys(e.failures_by_stage).length
+                ? [el("p", {}, `Failed episodes got as far as: ${Object.entries(e.failures_by_stage).map(([stage, n]) => `${stage} ${n}`).join(", ")}`)]
+                : []),
               ...e.videos.map((v) => el("video", { controls: true, muted: true, preload: "metadata", src: `/media/report/${enc(e.id)}/${enc(v)}` })),
             ),
           )
