@@ -18,7 +18,7 @@ from robotloop.deploy.evaluate import EpisodeResult, EvalReport
 from robotloop.errors import BadValue
 from robotloop.fleet import Takeovers
 from robotloop.loop.pipeline import LoopSettings
-from robotloop.rounds.fleet import branch_ticks, fleet_episodes
+from robotloop.rounds.fleet import fleet_episodes
 from robotloop.rounds.options import RoundsOptions
 from robotloop.rounds.run import (
     STALL_MARGIN,
@@ -44,7 +44,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     cmd += ["loop", "--rounds", "1", "--fleet", "2", "--fleet-episodes", "1", "--stall-steps", "10", "--baseline"]
     cmd += ["--round-lr-scale", "0.5", "--fleet-check", "--round-data-share", "0.5", "--fleet-rate-hz", "inf"]
     cmd += ["--shadow-map", "512"]  # 512: cheaper than 48x64's default 1024 on a CPU
-    cmd += ["--branches", "3"]  # states at ticks 7, 15, 22 of 30: the stall at tick 10 leaves the first to branch from
+    cmd += ["--branches", "1"]  # the middle of the ticks after the last progress: before the stall at tick 10
     cmd += ["--episodes", "1", "--steps", "4", "--round-steps", "4", "--batch-size", "2", "--eval-episodes", "1"]
     cmd += ["--eval-max-steps", "30", "--workers", "1", "--bucket", bucket, "--report-dir", "report"]
     env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
@@ -62,7 +62,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
         assert r["takeovers"] >= 2 and r["takeover_frames"] > 0, r
         assert r["stall_steps"] == 10 and 0 <= r["takeovers_at_end"] <= r["takeovers"]  # the K given
         assert r["expert_frames"] == r["takeover_frames"] + r["redemo_frames"] + r["branch_frames"]
-        # The expert drove again from the state each robot's policy was in at tick 7, before its takeover.
+        # The expert drove again from one state each robot's policy passed through before its takeover.
         assert [row["branches"] + row["branches_declined"] for row in r["robots"]] == [1, 1], r["robots"]
         assert r["branches"] == sum(row["branches"] for row in r["robots"]) >= 1 and r["branch_frames"] > 0, r
         assert r["release"].endswith(f"-r{r['round']}-4") and r["eval_episodes"] == 1
@@ -181,7 +181,7 @@ def test_a_late_failure_goes_to_the_expert_at_the_end_once_and_a_success_does_no
     assert takeovers.stats.at_end == 1  # counted apart from the trigger's
 
 
-def test_branch_points_are_the_policys_states_of_episodes_it_did_not_finish_alone():
+def test_branch_points_spread_over_the_ticks_after_the_last_progress_of_episodes_the_policy_did_not_finish():
     class Sim:  # a double for the sim robot's AlohaSim: its "physical state" is the tick it is at
         tick = 0
 
@@ -190,33 +190,41 @@ def test_branch_points_are_the_policys_states_of_episodes_it_did_not_finish_alon
 
     sim, scene = Sim(), iter(range(100, 200))
     expert, takeovers = _stalling(trigger_k=100, policy_steps=10)
-    assert branch_ticks(10, 3) == (2, 5, 7) and branch_ticks(400, 2) == (133, 266)  # at 1/(n+1), 2/(n+1)...
-    takeovers.at_end, takeovers.branch_ticks, takeovers.sim = True, {3, 6, 9}, lambda: sim
+    takeovers.at_end, takeovers.branch_points, takeovers.sim = True, 2, lambda: sim
     takeovers.scene = lambda: current
     policy = np.zeros(14, np.float32)
 
-    def episode(success_at: int | None) -> None:
+    def episode(rewards: dict[int, float], success_at: int | None = None) -> None:
         takeovers.begin()
-        sim.tick, over = 0, False
+        sim.tick, over, reward = 0, False, 0.0
         while not over:
             by_expert = takeovers.choose(policy, {})[1]
             sim.tick += 1
-            over = takeovers.after(1.0, success=sim.tick == success_at and not by_expert)
+            reward = rewards.get(sim.tick, reward)
+            over = takeovers.after(reward, success=sim.tick == success_at and not by_expert)
             if success_at is not None and sim.tick == success_at:
                 break  # the sim ends an episode at success
 
     current = next(scene)
-    episode(success_at=None)  # spent without success: the expert takes over at the end
-    assert [(s, t, float(x[0])) for s, t, x in takeovers.branches] == [(100, 3, 3.0), (100, 6, 6.0), (100, 9, 9.0)]
+    episode({4: 1.0})  # a new stage at tick 4, then nothing: spent without success, the expert takes over at the end
+    # Its trail after tick 4 is ticks 5-9 (tick 10 ends it): 2 points spread over them.
+    assert [(s, t, float(x[0])) for s, t, x in takeovers.branches] == [(100, 6, 6.0), (100, 8, 8.0)]
     current = next(scene)
-    episode(success_at=8)  # the policy's own success: its states are no branch points
-    assert len(takeovers.branches) == 3
-    takeovers.trigger = StallTrigger(4)  # progress at tick 1, then 4 without: it fires at tick 5, after tick 3
+    episode({2: 1.0}, success_at=8)  # the policy's own success: its states are no branch points
+    assert len(takeovers.branches) == 2
     current = next(scene)
-    episode(success_at=None)
-    assert [(s, t) for s, t, _ in takeovers.branches][3:] == [(102, 3)]
-    with pytest.raises(BadValue, match="from 1"):
-        Takeovers(expert, StallTrigger(5), branch_ticks=(0, 5))
+    episode({})  # no progress at all: spread over the whole episode (ticks 1-9)
+    assert [t for _, t, _ in takeovers.branches[2:]] == [4, 7]
+    takeovers.trigger = StallTrigger(4)  # progress at tick 1, then 4 without: it fires at tick 5
+    current = next(scene)
+    episode({1: 1.0})  # the trail ends at the takeover: ticks 2-5
+    assert [(s, t) for s, t, _ in takeovers.branches[4:]] == [(103, 3), (103, 4)]
+    takeovers.trigger = StallTrigger(100)
+    current = next(scene)
+    episode({9: 2.0})  # progress on the last kept tick: nothing after it, so the last state
+    assert [(s, t) for s, t, _ in takeovers.branches[6:]] == [(104, 9)]
+    with pytest.raises(BadValue, match=">= 0"):
+        Takeovers(expert, StallTrigger(5), branch_points=-1)
 
 
 def test_the_stall_trigger_k_stays_above_the_slowest_pace_stable_still_succeeded_at():

@@ -10,10 +10,12 @@ With `at_end`, an episode whose policy ticks run out without success is handed t
 a policy that made progress and then stalled late (Insertion's failures reach stage 2 or 3 after ~170 steps and
 sit there) never fires a stall trigger of K = 230 within 400 steps, and its failure would reach no expert.
 
-With `branch_ticks` (a sim's option), the physical state is kept at those of the policy's ticks until the expert
-first takes over; an episode the policy did not finish alone hands its kept states to `branches`, from which
-the expert can drive again later (`robotloop.rounds.fleet`: corrections from the states the policy passed through on
-its way to failing, with time left, not only from where it ended).
+With `branch_points` N (a sim's option), the physical state is kept at each of the policy's ticks until the expert
+first takes over. An episode the policy did not finish alone hands N of them to `branches`: spread evenly over the
+ticks after the policy's last progress (the tick it last reached a new reward stage), where it went wrong. The expert
+can drive again from each later (`robotloop.rounds.fleet`: corrections from the states the policy passed through on
+its way to failing, with time left, not only from where it ended). Insertion's failures lift both parts as its
+successes do, then miss bringing them together: their branch points fall in that approach, not before the grasp.
 
 Example:
     ```python
@@ -74,24 +76,26 @@ class Takeovers:
         sim: Callable[[], Any] = lambda: None,
         policy_steps: int | None = None,
         at_end: bool = False,
-        branch_ticks: tuple[int, ...] = (),
+        branch_points: int = 0,
         scene: Callable[[], int | None] = lambda: None,
     ) -> None:
-        if any(t < 1 for t in branch_ticks):
-            raise BadValue(f"branch ticks count the policy's ticks from 1, not {sorted(branch_ticks)}")
+        if branch_points < 0:
+            raise BadValue(f"branch points per failed episode must be >= 0, not {branch_points}")
         self.expert, self.trigger, self.sim, self.policy_steps = expert, trigger, sim, policy_steps
-        self.at_end, self.branch_ticks, self.scene = at_end, frozenset(branch_ticks), scene
+        self.at_end, self.branch_points, self.scene = at_end, branch_points, scene
         self.stats = TakeoverStats()
         self.active = False
         self._policy_ticks, self._end_taken = 0, False
-        # (scene, policy tick, physical state) of episodes the policy did not finish alone, and of the current one
+        # (scene, policy tick, physical state) of episodes the policy did not finish alone, chosen from their trails
         self.branches: list[tuple[int | None, int, np.ndarray]] = []
-        self._kept: list[tuple[int | None, int, np.ndarray]] | None = []
+        self._trail: list[tuple[int | None, int, np.ndarray]] | None = []  # this episode's, until a takeover
+        self._best, self._progress_tick = 0.0, 0  # the episode's furthest reward stage, and the tick it came
 
     def begin(self) -> None:
         """A new episode: the policy drives, the trigger starts over."""
         self.active, self._policy_ticks, self._end_taken = False, 0, False
-        self._kept = []  # the last episode's, if the policy finished it alone
+        self._trail = []  # the last episode's, if the policy finished it alone
+        self._best, self._progress_tick = 0.0, 0
         self.trigger.reset()
 
     def choose(self, policy_action: np.ndarray, obs: dict[str, Any]) -> tuple[np.ndarray, bool]:
@@ -107,8 +111,10 @@ class Takeovers:
     def after(self, reward: float | None, success: bool = False) -> bool:
         """After the tick's step: maybe hand over; whether the episode is over (the policy's ticks are spent)."""
         spent = self.policy_steps is not None and self._policy_ticks >= self.policy_steps
+        if not self.active and reward is not None and reward > self._best:
+            self._best, self._progress_tick = reward, self._policy_ticks
         if self._keeps_state(spent, success) and (sim := self.sim()) is not None:  # None: hardware keeps nothing
-            self._kept.append((self.scene(), self._policy_ticks, sim.physics_state()))
+            self._trail.append((self.scene(), self._policy_ticks, sim.physics_state()))
         if not self.active:
             fired = self.trigger.update(reward)
             last_chance = self.at_end and spent and not success and not self._end_taken
@@ -118,11 +124,9 @@ class Takeovers:
         return spent and not self.active
 
     def _keeps_state(self, spent: bool, success: bool) -> bool:
-        """Whether this tick's state is kept as a branch point: one of `branch_ticks`, before the expert first takes
-        over (`_kept` None after) and before the episode ends."""
-        if self._kept is None or self.active or spent or success:
-            return False
-        return self._policy_ticks in self.branch_ticks
+        """Whether this tick's state joins the trail branch points are chosen from: with `branch_points`, every
+        policy tick before the expert first takes over (`_trail` None after) and before the episode ends."""
+        return bool(self.branch_points) and self._trail is not None and not (self.active or spent or success)
 
     def _take_over(self, at_end: bool) -> None:
         try:
@@ -141,9 +145,12 @@ class Takeovers:
         self.stats.at_end += at_end
 
     def _hand_on_branches(self) -> None:
-        if self._kept is not None:
-            self.branches.extend(self._kept)
-        self._kept = None  # no more this episode: the states after a takeover are not the policy's alone
+        if self._trail:
+            # Spread over the ticks after the last progress: before it the policy was doing fine.
+            after = [kept for kept in self._trail if kept[1] > self._progress_tick] or self._trail[-1:]
+            picks = sorted({len(after) * (i + 1) // (self.branch_points + 1) for i in range(self.branch_points)})
+            self.branches.extend(after[i] for i in picks)
+        self._trail = None  # no more this episode: the states after a takeover are not the policy's alone
 
     def _hand_back(self) -> None:
         self.active = False

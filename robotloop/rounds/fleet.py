@@ -61,8 +61,9 @@ class FleetRobot:
     store: Path  # its release store (kept across rounds: a new release pulls only what changed); absolute
     trusted_keys: str  # the deploy key's public key file, its text (the driver's path need not exist on a Ray node)
     rate_hz: float = 50.0  # ALOHA's rate; math.inf runs as fast as the machine does
-    # Branch points per episode the policy did not finish alone: its states at 1/(n+1), 2/(n+1)... of its ticks,
-    # from which the expert drives again once the episodes are run, each drive an episode of expert frames (0: none)
+    # Branch points per episode the policy did not finish alone: n of its states after its last progress
+    # (`Takeovers`), from which the expert drives again once the episodes are run, each drive an episode of expert
+    # frames (0: none)
     branches: int = 0
 
 
@@ -228,7 +229,7 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
         sim=lambda: env.sim,
         policy_steps=robot.policy_steps,
         at_end=True,  # a late stall never fires the trigger: the episode's failure goes to the expert all the same
-        branch_ticks=branch_ticks(robot.policy_steps, robot.branches),
+        branch_points=robot.branches,
         scene=lambda: env.seed,
     )
     runtime = RobotRuntime(
@@ -273,18 +274,6 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
         backend=runtime.backend,
         timings={k: round(since + t, 2) for k, t in marks.items() if t is not None},
     )
-
-
-def branch_ticks(policy_steps: int, branches: int) -> tuple[int, ...]:
-    """The policy's ticks at 1/(n+1), 2/(n+1)... of its `policy_steps`, for `branches` = n.
-
-    Example:
-        ```python
-        >>> branch_ticks(400, 2)
-        (133, 266)
-        ```
-    """
-    return tuple(policy_steps * (i + 1) // (branches + 1) for i in range(branches))
 
 
 def record_branches(env: Any, recording: Any, takeovers: Any, robot_id: str, release: str) -> None:

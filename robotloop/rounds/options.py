@@ -81,8 +81,9 @@ class RoundsOptions(LoopOptions):
         default=None,
         ge=0,
         le=MAX_BRANCHES,
-        description="Per fleet episode the policy did not finish alone, the expert also drives from its states at "
-        "1/(N+1), 2/(N+1)... of the policy's ticks, each drive recorded as expert frames (sim only; default 0).",
+        description="Per fleet episode the policy did not finish alone, the expert also drives from N of its states, "
+        "spread evenly over the ticks after its last progress (a new reward stage), each drive recorded as expert "
+        "frames (sim only; default 0).",
     )
     fleet_check: bool = Field(
         default=False,

@@ -85,8 +85,9 @@ class RoundSettings:
     steps: int | None = None  # fine-tuning steps per round (None: the loop's `steps`)
     stall_steps: int | None = None  # K (None: STALL_STEPS of the task)
     redemonstrate: bool = True  # the scripted expert re-demonstrates each failed episode's scene
-    # Per fleet episode the policy did not finish alone, the states at 1/(n+1), 2/(n+1)... of its ticks that the
-    # expert drives again from, each drive an episode of expert frames in the robot's dataset (sim only; 0: none)
+    # Per fleet episode the policy did not finish alone, n of its states (spread over the ticks after its last
+    # progress) that the expert drives again from, each drive an episode of expert frames in the robot's dataset
+    # (sim only; 0: none)
     branches: int = 0
     baseline: bool = False  # also train the same-expert-frames baseline each round
     fleet_rate_hz: float = 50.0  # the sim robots' control rate; math.inf: as fast as the machine runs
