@@ -66,7 +66,11 @@ class Takeovers:
     `sim()` gives the state the expert re-plans from (the sim robot's `AlohaSim`; None on hardware, where a
     teleoperator expert needs none). `policy_steps`: the policy's ticks after which the episode ends (None: the
     environment alone ends it). `at_end`: hand an episode whose policy ticks are spent without success to the
-    expert, once, before it ends (module docstring).
+    expert, once, before it ends (module docstring). `branch_points`: how many states of each episode the policy
+    did not finish alone go to `branches`, tagged with `scene()` (the episode's seed), to drive from later.
+
+    Raises:
+        BadValue: `branch_points` is negative.
     """
 
     def __init__(
