@@ -127,6 +127,11 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     assert report["baseline_minutes"] > 0 and took, text
     assert float(took[1]) == pytest.approx(report["rounds_minutes"], abs=0.051)  # 1 decimal here, 2 in the JSON
     assert "round 1:" in run.stdout
+    # Where the fleet stage went, from the robots' own marks, in the order they happen.
+    timeline = re.search(r"Round 1's fleet stage \(\d+ s\), its 2 robots: (.+)\.", text)
+    assert timeline, text
+    marks = ["assigned at", "pulled and checked at", "loaded at", "done with their episodes at", "closed at"]
+    assert [m for m in marks if m in timeline[1]] == marks and timeline[1].index("loaded") > timeline[1].index("pulled")
 
 
 def _stalling(trigger_k: int, policy_steps: int):

@@ -65,6 +65,8 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
         )
     lines.append("")
     for r in report.rounds:
+        if timeline := fleet_timeline(r):
+            lines += [timeline, ""]
         if (c := r.fleet_check) is not None:
             lines.append(
                 f"Round {r.round}'s fleet check: on the same {c.episodes} scenes the robots won {c.fleet_successes} "
@@ -76,6 +78,37 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
     took += f" (the baselines {report.baseline_s / 60:.1f} min more)." if report.baseline_s else "."
     lines.append(f"Stable runs `{report.stable}`.{took}{_versus_baseline(report)}")
     return lines
+
+
+# The robots' marks, in the order they happen (`robotloop.rounds.fleet`), as the report words them.
+TIMELINE = (
+    ("assigned", "assigned"),
+    ("pulled", "pulled and checked"),
+    ("ready", "loaded"),
+    ("episodes_done", "done with their episodes"),
+    ("branches_done", "done with the branch drives"),
+    ("closed", "closed"),
+)
+
+
+def fleet_timeline(r: RoundResult) -> str | None:
+    """Where a round's fleet stage went, from its robots' timings: each mark's range over the robots, in seconds
+    since the stage began, e.g. "Round 1's fleet stage (133 s): robots pulled and checked at 4-6 s, loaded at
+    27-33 s, ...". None for a round without robots' timings (round 0)."""
+    timings = [row["timings"] for row in r.robots if row.get("timings")]
+    marks = []
+    for key, words in TIMELINE:
+        seen = [t[key] for t in timings if t.get(key) is not None]
+        if seen:
+            low, high = min(seen), max(seen)
+            marks.append(
+                f"{words} at {low:.0f}-{high:.0f} s" if round(high) > round(low) else f"{words} at {low:.0f} s"
+            )
+    if not marks:
+        return None
+    return f"Round {r.round}'s fleet stage ({r.stage_s.get('fleet', 0):.0f} s), its {len(timings)} robots: " + (
+        ", ".join(marks) + "."
+    )
 
 
 def _versus_baseline(report: RoundsReport) -> str:
