@@ -157,9 +157,12 @@ def _cores_over(start: float, end: float, names: dict[int, str]) -> dict[str, fl
     named by pid in `names`, the simulated fleet's processes, PostgreSQL's, and this one (the operator or the
     uploaders). What saturates first, the services or the load generator, is what this says."""
     time.sleep(max(0.0, start - time.time()))
-    before = _cpu_by_kind(names)
-    time.sleep(max(0.0, end - time.time()))
-    after = _cpu_by_kind(names)
+    try:
+        before = _cpu_by_kind(names)
+        time.sleep(max(0.0, end - time.time()))
+        after = _cpu_by_kind(names)
+    except Exception as error:  # noqa: BLE001 - a diagnostic: its failure must not cost the run's figures
+        return {"not measured": repr(error)[:200]}
     seconds = max(end - start, 1e-9)
     return {kind: round((used - before.get(kind, 0.0)) / seconds, 2) for kind, used in sorted(after.items())}
 
