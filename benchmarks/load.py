@@ -152,7 +152,7 @@ def _tcp_counters() -> dict[str, int]:
     return counters
 
 
-def _cores_over(start: float, end: float, names: dict[int, str]) -> dict[str, float]:
+def _cores_over(start: float, end: float, names: dict[int, str]) -> dict[str, float | str]:
     """Cores each kind of process used from `start` to `end` (wall clock; CPU seconds per second): the services
     named by pid in `names`, the simulated fleet's processes, PostgreSQL's, and this one (the operator or the
     uploaders). What saturates first, the services or the load generator, is what this says."""
