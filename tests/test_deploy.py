@@ -512,6 +512,29 @@ def test_a_cancelled_pull_stops_at_once_and_the_next_resumes(deploy, bucket_serv
     assert report.bytes_resumed == signed.manifest.files[0].size and store.installed() == ["cancel-v1"]
 
 
+def test_a_transfer_that_ends_early_is_a_storage_error_and_the_next_pull_resumes(
+    deploy, bucket_server, tmp_path, monkeypatch
+):
+    signed = deploy.release("short-v1", "retrain", channel=None)
+    store = ReleaseStore(tmp_path / "store")
+    fetch = XetFetcher(bucket_server.endpoint, WRITE_TOKEN, signed.manifest.bucket)
+    real_group = fetch._stream_group
+
+    class EndsEarly:  # a double for hf_xet's download stream ending without an error, short (seen once, under load)
+        def download_stream(self, info, start, end):
+            stream = real_group().download_stream(info, start=start, end=end)
+            yield next(stream)[:1000]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(fetch, "_stream_group", lambda: EndsEarly())
+        # A transfer failure (retried, resumed), not an integrity failure (which counts towards refusing a release).
+        with pytest.raises(StorageError, match="cannot read bytes .*: the stream ended after 1000 bytes"):
+            store.pull(signed, deploy.trusted, fetch)
+    assert store.installed() == []
+    report = store.pull(signed, deploy.trusted, fetch)  # the short piece was never staged as complete
+    assert store.installed() == ["short-v1"] and report.bytes_resumed == 0
+
+
 # -- the robot runtime ---------------------------------------------------------------------------------------------
 def _wait(predicate, timeout_s: float, what: str) -> float:
     """Seconds until `predicate()` held; fails after `timeout_s`."""

@@ -47,15 +47,27 @@ class XetFetcher:
         """Bytes ``[start, end)`` of the file with this Xet hash and size, in order.
 
         Raises:
-            StorageError: the transfer failed (no such file in the bucket, a token that cannot read it, ...).
+            StorageError: the transfer failed (no such file in the bucket, a token that cannot read it, ...), or
+                ended with another number of bytes than the range holds.
         """
         import hf_xet
 
+        sent = 0
         try:
-            yield from self._stream_group().download_stream(hf_xet.XetFileInfo(xet_hash, size), start=start, end=end)
+            for block in self._stream_group().download_stream(hf_xet.XetFileInfo(xet_hash, size), start=start, end=end):
+                sent += len(block)
+                yield block
         except (RuntimeError, ConnectionError, OSError) as error:  # how hf_xet reports failed transfers
             self._group = None  # a broken group (expired token, server restart) is rebuilt on the next call
-            raise StorageError(
-                f"cannot read bytes {start}-{end} of {xet_hash[:12]} from bucket {self.bucket_id} "
-                f"at {self.endpoint}: {error}"
-            ) from None
+            raise StorageError(self._cannot_read(xet_hash, start, end, str(error))) from None
+        if sent != end - start:
+            # A transfer, not the bytes: a stream that ended early (seen once under load, 2026-12-06, where the file
+            # was not readable at all) is retried and resumed like any failed transfer. Reported as an integrity
+            # failure it would count towards refusing the release for good.
+            self._group = None
+            raise StorageError(self._cannot_read(xet_hash, start, end, f"the stream ended after {sent} bytes"))
+
+    def _cannot_read(self, xet_hash: str, start: int, end: int, why: str) -> str:
+        return (
+            f"cannot read bytes {start}-{end} of {xet_hash[:12]} from bucket {self.bucket_id} at {self.endpoint}: {why}"
+        )
