@@ -612,7 +612,7 @@ def test_fleet_figures_from_a_robot_or_a_report_that_are_not_what_they_should_be
     write their own heartbeats and facts), and takeovers at an episode's edges (the pages show the good ones)."""
     from robotloop.ui.datasets import fleet_facts, takeover_segments
     from robotloop.ui.fleet import recording_row
-    from robotloop.ui.runs import rounds_rows
+    from robotloop.ui.runs import evaluation_row, rounds_rows
 
     assert takeover_segments([]) == takeover_segments([False] * 3) == []
     assert takeover_segments([True, False, True, True]) == [(0, 1), (2, 4)]  # a single frame; one to the end
@@ -633,6 +633,8 @@ def test_fleet_figures_from_a_robot_or_a_report_that_are_not_what_they_should_be
     ] * 7
     assert row["expert_frames"] == 10**400  # a number, however large
     json.dumps(row, allow_nan=False)
+    for stages, shown in (("many", {}), ([1], {}), ({"both lifted": "3", "no stage": 2, "x": True}, {"no stage": 2})):
+        assert evaluation_row("e", {"summary": {"failures_by_stage": stages}}, set())["failures_by_stage"] == shown
     assert recording_row({"control_hz": 50.0}) is None and recording_row(None) is None  # it records nothing
     assert recording_row({"recording": ["recorded"]}) is None
     odd = recording_row({"recording": {"recorded": "3", "dropped": True, "unfinished": -1, "last_error": 5}})

@@ -93,8 +93,8 @@ TIMELINE = (
 
 def fleet_timeline(r: RoundResult) -> str | None:
     """Where a round's fleet stage went, from its robots' timings: each mark's range over the robots, in seconds
-    since the stage began, e.g. "Round 1's fleet stage (133 s): robots pulled and checked at 4-6 s, loaded at
-    27-33 s, ...". None for a round without robots' timings (round 0)."""
+    since the stage began, e.g. "Round 1's fleet stage (133 s), its 10 robots: assigned at 2 s, loaded at 27-33 s,
+    ...". None for a round without robots' timings (round 0)."""
     timings = [row["timings"] for row in r.robots if row.get("timings")]
     marks = []
     for key, words in TIMELINE:

@@ -121,7 +121,9 @@ class TaskSpec:
     def stage_name(self, reward: float) -> str:
         """The furthest stage an episode with this max reward reached, in words ("no stage" for 0)."""
         index = int(reward)
-        return self.stages[index - 1] if 0 < index <= len(self.stages) else "no stage" if index == 0 else str(index)
+        if index == 0:
+            return "no stage"
+        return self.stages[index - 1] if index <= len(self.stages) else str(index)
 
 
 TASKS: dict[str, TaskSpec] = {

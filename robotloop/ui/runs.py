@@ -255,6 +255,14 @@ def _number(value: Any) -> int | float | None:
     return value if isinstance(value, int) or math.isfinite(value) else None  # an int of any size is finite
 
 
+def _stage_counts(value: Any) -> dict[str, int | float]:
+    """An evaluation's failed episodes by stage (`EvalReport.failures_by_stage`); counts that are no figure, or a
+    value that is no object, show as nothing."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(stage): n for stage, count in value.items() if (n := _number(count)) is not None}
+
+
 def _interval(value: Any) -> list[float] | None:
     if not isinstance(value, list) or len(value) != 2:
         return None
@@ -288,7 +296,7 @@ def evaluation_row(rid: str, data: dict[str, Any], media: set[str], release: str
         "success_rate": summary.get("success_rate"),
         "success_ci95": summary.get("success_ci95"),
         "mean_max_reward": summary.get("mean_max_reward"),
-        "failures_by_stage": summary.get("failures_by_stage") or {},  # reports before 2026-12-06 have none
+        "failures_by_stage": _stage_counts(summary.get("failures_by_stage")),  # reports before 2026-12-06 have none
         "videos": [v for v in videos if v in media],
     }
 
