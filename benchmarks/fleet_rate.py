@@ -49,8 +49,10 @@ OPS = "bench-ops"
 RUN = "hf://buckets/bench/fleet/models/act"
 
 
-def release(work: Path, bucket: BucketClient, ops: DeployClient, size, tiny: bool, device: str) -> None:
-    """One signed release on channel `bench`: the h200 recipe's acting (temporal ensembling: a model pass per step)."""
+def release(
+    work: Path, bucket: BucketClient, ops: DeployClient, size, tiny: bool, device: str, channel: str = "bench"
+) -> None:
+    """One signed release on `channel`: the h200 recipe's acting (temporal ensembling: a model pass per step)."""
     torch.manual_seed(0)
     start = joint_state(START_ARM_POSE).astype(np.float32)
     vec = {"mean": start, "std": np.full(14, 0.05, np.float32), "min": start - 1, "max": start + 1}
@@ -60,7 +62,7 @@ def release(work: Path, bucket: BucketClient, ops: DeployClient, size, tiny: boo
     url = BucketUrl.parse(f"{RUN}/checkpoints/000001")
     bucket.upload(policy.save_pretrained(work / "ckpt"), url / "pretrained_model")
     generate_keypair(work / "deploy.key")
-    publish(bucket, str(url), "bench-v1", load_private_key(work / "deploy.key"), ops, "bench")
+    publish(bucket, str(url), "bench-v1", load_private_key(work / "deploy.key"), ops, channel)
 
 
 def turn(work: Path, bucket, ops, mode: str, k: int, size, seconds: float, device: str, episode_steps: int) -> dict:

@@ -71,7 +71,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
         assert all(row["episodes"] == 1 and row["error"] is None for row in r["robots"]), r["robots"]
         assert all(row["backend"].startswith(("torch (cpu)", "onnx (CPU")) for row in r["robots"]), r["robots"]
         for row in r["robots"]:  # where each robot's time went, in the order it happens, within the fleet stage
-            marks = ["running", "assigned", "pulled", "ready", "swapped_in", "episodes_done", "closed"]
+            marks = ["running", "assigned", "pulled", "loaded", "ready", "swapped_in", "episodes_done", "closed"]
             times = [row["timings"][k] for k in marks]
             assert times[0] > 0 and times == sorted(times) and times[-1] <= r["stage_s"]["fleet"], row["timings"]
         # Stable in lockstep on the fleet's own two scenes, paired with what the robots did alone.
@@ -130,7 +130,14 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     # Where the fleet stage went, from the robots' own marks, in the order they happen.
     timeline = re.search(r"Round 1's fleet stage \(\d+ s\), its 2 robots: (.+)\.", text)
     assert timeline, text
-    marks = ["assigned at", "pulled and checked at", "loaded at", "done with their episodes at", "closed at"]
+    marks = [
+        "assigned at",
+        "pulled and checked at",
+        "loaded at",
+        "warmed up at",
+        "done with their episodes at",
+        "closed at",
+    ]
     assert [m for m in marks if m in timeline[1]] == marks and timeline[1].index("loaded") > timeline[1].index("pulled")
 
 

@@ -124,6 +124,7 @@ class RuntimeStats:
     pulls: list[PullReport] = field(default_factory=list)
     assigned_at: dict[str, float] = field(default_factory=dict)  # release -> monotonic time the assignment arrived
     pulled_at: dict[str, float] = field(default_factory=dict)  # release -> fetched and verified, not yet loaded
+    loaded_at: dict[str, float] = field(default_factory=dict)  # release -> its policy loaded, not yet warmed up
     ready_at: dict[str, float] = field(default_factory=dict)  # release -> loaded and warmed up, waiting to swap
     max_gap_s: float = 0.0  # longest interval between two actions within an episode
     control_hz: float | None = None  # the rate actually reached over the last window (RateWatch)

@@ -141,6 +141,7 @@ class Updater:
         self.stats.pulled_at[release] = time.monotonic()
         try:
             runner = load_policy(self.store.model_dir(release), self.options.backend, self.options.device)
+            self.stats.loaded_at[release] = time.monotonic()
             obs = self.observation_for(runner)
             if obs is not None:
                 runner.warmup(obs)

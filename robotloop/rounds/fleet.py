@@ -79,8 +79,8 @@ class FleetRobotResult:
     error: str | None = None  # the robot failed: why
     backend: str | None = None  # what ran the release, e.g. "torch (cuda:0)" (`RobotRuntime.backend`)
     # Seconds from the driver's start of the robots until: its code runs (process start, imports), its assignment,
-    # its release loaded and warmed up, its swap-in (its first action follows), its last episode's end, its recorder
-    # closed (the last commit). Where a fleet stage's time goes beside the control itself.
+    # its release pulled and checked, its policy loaded, then warmed up, its swap-in (its first action follows), its
+    # last episode's end, its recorder closed (the last commit). Where a fleet stage's time goes beside the control.
     timings: dict[str, float] = field(default_factory=dict)
     node: str | None = None  # the Ray node that ran it (None: a process of the driver's machine)
 
@@ -255,6 +255,7 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
         "running": running_at,
         "assigned": min(stats.assigned_at.values(), default=None),
         "pulled": min(stats.pulled_at.values(), default=None),
+        "loaded": min(stats.loaded_at.values(), default=None),
         "ready": min(stats.ready_at.values(), default=None),
         "swapped_in": stats.swaps[0]["at"] if stats.swaps else None,
         "episodes_done": ended_at,

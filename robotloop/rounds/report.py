@@ -84,7 +84,8 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
 TIMELINE = (
     ("assigned", "assigned"),
     ("pulled", "pulled and checked"),
-    ("ready", "loaded"),
+    ("loaded", "loaded"),
+    ("ready", "warmed up"),
     ("episodes_done", "done with their episodes"),
     ("branches_done", "done with the branch drives"),
     ("closed", "closed"),
@@ -93,8 +94,8 @@ TIMELINE = (
 
 def fleet_timeline(r: RoundResult) -> str | None:
     """Where a round's fleet stage went, from its robots' timings: each mark's range over the robots, in seconds
-    since the stage began, e.g. "Round 1's fleet stage (133 s), its 10 robots: assigned at 2 s, loaded at 27-33 s,
-    ...". None for a round without robots' timings (round 0)."""
+    since the stage began, e.g. "Round 1's fleet stage (133 s), its 10 robots: assigned at 2 s, ..., warmed up at
+    27-33 s, done with their episodes at 107-130 s, ...". None for a round without robots' timings (round 0)."""
     timings = [row["timings"] for row in r.robots if row.get("timings")]
     marks = []
     for key, words in TIMELINE:
