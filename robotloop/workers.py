@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import sys
+import threading
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -32,15 +35,45 @@ def die_with_parent(parent_pid: int) -> None:
 
     Exits at once when the parent is already gone (the kernel only signals deaths after the request). The signal
     follows the parent *thread* that started this process: start workers from a thread that outlives them (a pool
-    used inside a `with` block in that thread does). Elsewhere than Linux: a no-op.
+    used inside a `with` block in that thread does). A process forked by multiprocessing's fork server, which
+    `parent_pid` started, has that server as its parent, and the server lives as long as any process it forked
+    does: such a process watches `parent_pid` itself (a thread waiting on its pidfd) and kills itself when it goes.
+    Elsewhere than Linux: a no-op.
     """
     if not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != parent_pid:
+    parent = os.getppid()
+    if parent == parent_pid:
+        return
+    if _parent_of(parent) != parent_pid:
         os._exit(1)
+    _die_with(parent_pid)
+
+
+def _die_with(pid: int) -> None:
+    """SIGKILL this process when process `pid` exits (Linux 5.3's pidfd: no polling, no pid reuse)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:  # gone already
+        os._exit(1)
+
+    def wait() -> None:
+        select.select([pidfd], [], [])  # readable once `pid` has exited
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name=f"die-with-{pid}", daemon=True).start()
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent of process `pid` (Linux's /proc), None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # "pid (comm) state ppid ...": comm may hold spaces
 
 
 def start_worker(parent_pid: int) -> None:

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 PARENT = """
 import multiprocessing as mp, os, time
 from concurrent.futures import ProcessPoolExecutor
@@ -16,7 +18,7 @@ def worker_pid(_):
     return os.getpid()
 
 if __name__ == "__main__":
-    pool = ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"), initializer=die_with_parent,
+    pool = ProcessPoolExecutor(2, mp_context=mp.get_context("{method}"), initializer=die_with_parent,
                                initargs=(os.getpid(),))
     print(" ".join(str(pid) for pid in set(pool.map(worker_pid, range(8)))), flush=True)
     time.sleep(600)
@@ -30,9 +32,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_pool_workers_go_when_their_parent_is_killed(tmp_path):
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])  # forkserver: the fleet robots', forked by a server
+def test_pool_workers_go_when_their_parent_is_killed(tmp_path, method):
     script = tmp_path / "parent.py"
-    script.write_text(PARENT)
+    script.write_text(PARENT.replace("{method}", method))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     workers = [int(pid) for pid in parent.stdout.readline().split()]
     assert workers and all(_alive(pid) for pid in workers)

@@ -5,6 +5,10 @@ fleet dataset (`robotloop.fleet`). Nothing passes through the driver but each ro
 episodes themselves are read back from the bucket (`fleet_episodes`), as a team's would be.
 
 Each robot is a process, not a thread: policy inference, MuJoCo and rendering would share one interpreter lock.
+The processes are forked from one fork server (multiprocessing's `forkserver`) that imported what a robot needs
+(torch, lerobot's ACT, MuJoCo: about 5 CPU seconds) once, instead of each robot importing it at the same moment:
+ten robots importing at once took 20-27 s on a 16-core machine before their first step (2026-12-06). Nothing it
+imports starts CUDA or an EGL context, which each robot makes fresh after the fork.
 With `ray` (the loop's `--ray`) each robot is a Ray task instead, one CPU and an equal share of the GPU each, spread
 over the cluster's nodes; it reaches the deploy service and the bucket over the network as a robot would and trusts
 the key whose text it was given. Its release store is the driver's folder on the driver's node, and under
@@ -96,12 +100,13 @@ def run_fleet(robots: list[FleetRobot], timeout_s: float = 3600.0, ray: str | No
     """
     if ray is not None:
         return _run_on_ray(robots, timeout_s, ray)
-    ctx = mp.get_context("spawn")  # MuJoCo's EGL context and CUDA must start fresh in each robot
+    ctx = _robot_context()
     results = ctx.Queue()
     # Not daemons: each robot starts its recorder's writer process. `start_worker` ends a robot with its driver.
     started = time.time()  # wall clock: the robots' own monotonic clocks are not the driver's
+    env = dict(os.environ)  # now, not the fork server's from its start: a robot runs with the driver's settings
     processes = [
-        ctx.Process(target=_robot_main, args=(r, results, os.getpid(), started), name=f"fleet-{r.robot_id}")
+        ctx.Process(target=_robot_main, args=(r, results, os.getpid(), started, env), name=f"fleet-{r.robot_id}")
         for r in robots
     ]
     for process in processes:
@@ -179,8 +184,44 @@ def _why(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _robot_main(robot: FleetRobot, results: Any, parent_pid: int, started: float) -> None:
+# What a robot imports before its first step, imported once by the fork server its processes are forked from.
+ROBOT_IMPORTS = (
+    "robotloop.deploy.runner",  # torch
+    "robotloop.deploy.runtime",
+    "robotloop.deploy.envs",  # MuJoCo and the ALOHA sim
+    "robotloop.fleet",
+    "robotloop.sim.expert",
+    "lerobot.policies.act.modeling_act",  # what `load_policy` imports
+    "lerobot.policies.factory",
+    "lerobot.configs.policies",
+    "safetensors.torch",
+)
+
+
+def _robot_context() -> Any:
+    """Fork server processes: each robot starts with `ROBOT_IMPORTS` in place (the server imports them once, at the
+    first robot of this driver process, and forks every later robot too, round after round)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["__main__", *ROBOT_IMPORTS])  # "__main__": what a spawned process would import too
+    return ctx
+
+
+def _as_driver(env: dict[str, str]) -> None:
+    """The driver's environment of this run, over the fork server's (which it had at the server's start). The
+    thread count torch took from it at import is set again: libgomp read OMP_NUM_THREADS in the fork server.
+    Libraries that keep what they read at import (huggingface_hub's constants) keep the server's: a robot is given
+    its endpoints, tokens and folders explicitly (`FleetRobot`)."""
+    os.environ.clear()
+    os.environ.update(env)
+    if threads := env.get("OMP_NUM_THREADS"):
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def _robot_main(robot: FleetRobot, results: Any, parent_pid: int, started: float, env: dict[str, str]) -> None:
     start_worker(parent_pid)
+    _as_driver(env)
     try:
         results.put(_run_robot(robot, started))
     except Exception as error:  # noqa: BLE001 - reported to the driver, which goes on with the other robots
