@@ -202,19 +202,13 @@ def main() -> None:
     ratios = {m: summary[m]["median_control_hz"] / summary["off"]["median_control_hz"] for m in modes if m != "off"}
     ratio = ratios[modes[1]]
     print(f"recording on / off: {ratios} of the control rate; {json.dumps(summary)}")
+    write_out(args, rows=rows, summary=summary, ratio=ratio, ratios=ratios)
+
+
+def write_out(args: argparse.Namespace, **figures) -> None:
+    """The run's arguments and `figures` as JSON to `--out`, when given."""
     if args.out:
-        args.out.write_text(
-            json.dumps(
-                {
-                    "args": vars(args) | {"out": str(args.out)},
-                    "rows": rows,
-                    "summary": summary,
-                    "ratio": ratio,
-                    "ratios": ratios,
-                },
-                indent=1,
-            )
-        )
+        args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, **figures}, indent=1))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fleet_rate import RUN, release  # benchmarks/: the same release as the control-rate benchmark's
+from fleet_rate import RUN, release, write_out  # benchmarks/: the same release as the control-rate benchmark's
 
 from robotloop.deploy.client import DeployClient
 from robotloop.deploy.keys import public_path
@@ -99,18 +99,7 @@ def main() -> None:
     for row in rows:
         print(json.dumps(row))
     print(f"medians (s from the fleet's start): {json.dumps(medians)}; whole fleet {wall:.1f} s")
-    if args.out:
-        args.out.write_text(
-            json.dumps(
-                {
-                    "args": vars(args) | {"out": str(args.out)},
-                    "rows": rows,
-                    "medians": medians,
-                    "wall_s": round(wall, 1),
-                },
-                indent=1,
-            )
-        )
+    write_out(args, rows=rows, medians=medians, wall_s=round(wall, 1))
 
 
 if __name__ == "__main__":
