@@ -18,6 +18,7 @@ from robotloop.deploy.evaluate import EpisodeResult, EvalReport
 from robotloop.errors import BadValue
 from robotloop.fleet import Takeovers
 from robotloop.loop.pipeline import LoopSettings
+from robotloop.rounds import fleet
 from robotloop.rounds.fleet import fleet_episodes
 from robotloop.rounds.options import RoundsOptions
 from robotloop.rounds.run import (
@@ -314,3 +315,34 @@ def test_a_round_with_nothing_new_to_learn_is_not_trained_and_the_dashboard_says
     assert not has_new_draws([{"success": False, "kind": "autonomous"}], weights, 0)  # declined, no re-demo
     rows = rounds_rows({"rounds": [{"round": 1, "promoted": False, "trained": False}, {"round": 2, "promoted": False}]})
     assert [row["decision"] for row in rows] == ["not trained: nothing new", "kept stable"]
+
+
+def _environment_probe(results, env: dict[str, str]) -> None:
+    """A fleet robot's first steps (`_robot_main`), reporting what it runs with."""
+    preloaded = "lerobot.policies.act.modeling_act" in sys.modules  # before anything here imported it
+    fleet._as_driver(env)
+    import torch
+
+    results.put((preloaded, os.environ.get("ROBOTLOOP_PROBE"), torch.get_num_threads()))
+
+
+def test_robots_forked_from_the_server_have_its_imports_and_the_drivers_environment_of_their_start(monkeypatch):
+    """The fork server imports a robot's libraries once; each robot it forks later runs with the driver's
+    environment as it is at that robot's start (here changed after the server started), thread count included."""
+    ctx = fleet._robot_context()
+    results = ctx.Queue()
+
+    def robot() -> tuple:
+        process = ctx.Process(target=_environment_probe, args=(results, dict(os.environ)))
+        process.start()
+        try:
+            return results.get(timeout=180)  # the first starts the server: torch and lerobot imported once
+        finally:
+            process.join(timeout=30)
+
+    monkeypatch.setenv("ROBOTLOOP_PROBE", "first")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    first = robot()
+    monkeypatch.setenv("ROBOTLOOP_PROBE", "second")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert (first, robot()) == ((True, "first", 2), (True, "second", 1))
