@@ -185,7 +185,7 @@ class EvalReport:
 
         spec = get_task(self.task)
         reached = sorted((e.max_reward for e in self.episodes if not e.success), reverse=True)
-        return {spec.stage_name(r): n for r, n in collections.Counter(reached).items()}
+        return dict(collections.Counter(spec.stage_name(r) for r in reached))
 
     @property
     def longest_stall_in_successes(self) -> dict[str, int] | None:
