@@ -326,6 +326,16 @@ def _environment_probe(results, env: dict[str, str]) -> None:
     results.put((preloaded, os.environ.get("ROBOTLOOP_PROBE"), torch.get_num_threads()))
 
 
+def test_robots_are_spawned_where_a_process_forked_from_the_server_could_not_use_cuda(monkeypatch):
+    """The probe's answer is kept for the driver's life: a server whose imports started CUDA (as on an H100 machine)
+    would give robots that cannot load a policy onto the GPU, so they are spawned."""
+    monkeypatch.setattr(fleet, "_FORKS_WITH_CUDA", False)
+    assert fleet._robot_context().get_start_method() == "spawn"
+    monkeypatch.setattr(fleet, "_FORKS_WITH_CUDA", None)
+    assert fleet._robot_context().get_start_method() == "forkserver"  # this machine's server leaves CUDA alone
+    assert fleet._FORKS_WITH_CUDA is True
+
+
 def test_robots_forked_from_the_server_have_its_imports_and_the_drivers_environment_of_their_start(monkeypatch):
     """The fork server imports a robot's libraries once; each robot it forks later runs with the driver's
     environment as it is at that robot's start (here changed after the server started), thread count included."""

@@ -7,8 +7,9 @@ episodes themselves are read back from the bucket (`fleet_episodes`), as a team'
 Each robot is a process, not a thread: policy inference, MuJoCo and rendering would share one interpreter lock.
 The processes are forked from one fork server (multiprocessing's `forkserver`) that imported what a robot needs
 (torch, lerobot's ACT, MuJoCo: about 5 CPU seconds) once, instead of each robot importing it at the same moment:
-ten robots importing at once took 20-27 s on a 16-core machine before their first step (2026-12-06). Nothing it
-imports starts CUDA or an EGL context, which each robot makes fresh after the fork.
+ten robots importing at once took 20-27 s on a 16-core machine before their first step (2026-12-06). A robot makes
+its CUDA and EGL contexts fresh after the fork; where the server's imports started CUDA themselves (an H100 machine
+did, a CPU one does not), the robots are spawned instead.
 With `ray` (the loop's `--ray`) each robot is a Ray task instead, one CPU and an equal share of the GPU each, spread
 over the cluster's nodes; it reaches the deploy service and the bucket over the network as a robot would and trusts
 the key whose text it was given. Its release store is the driver's folder on the driver's node, and under
@@ -200,10 +201,27 @@ ROBOT_IMPORTS = (
 
 def _robot_context() -> Any:
     """Fork server processes: each robot starts with `ROBOT_IMPORTS` in place (the server imports them once, at the
-    first robot of this driver process, and forks every later robot too, round after round)."""
+    first robot of this driver process, and forks every later robot too, round after round). Spawned processes
+    instead where the server's imports started CUDA (a forked process cannot use it then), as they did on an H100
+    machine and not on a CPU one (BENCHMARKS.md): checked once, by a probe forked from the server."""
+    global _FORKS_WITH_CUDA
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["__main__", *ROBOT_IMPORTS])  # "__main__": what a spawned process would import too
-    return ctx
+    if _FORKS_WITH_CUDA is None:
+        with ctx.Pool(1) as probe:
+            _FORKS_WITH_CUDA = probe.apply(_cuda_usable_here)
+        if not _FORKS_WITH_CUDA:
+            log.warning("the fleet's fork server started CUDA while importing: robots are spawned instead")
+    return ctx if _FORKS_WITH_CUDA else mp.get_context("spawn")
+
+
+_FORKS_WITH_CUDA: bool | None = None  # whether a process forked from the fork server can use CUDA (None: not probed)
+
+
+def _cuda_usable_here() -> bool:
+    import torch
+
+    return not torch.cuda._is_in_bad_fork()
 
 
 def _as_driver(env: dict[str, str]) -> None:
