@@ -7,7 +7,12 @@ R=${1:-/tmp/h200-loop}
 end=$((SECONDS + ${2:-560}))
 # The results a step writes as it goes (*.jsonl, a line per case; the ablation's json, rewritten per variant) come too:
 # a call cut mid-step keeps them.
-copy() { cp -f "$R/results.tar.gz" "$R/plan.log" "$R/loop.log" "$R/dmon.log" "$R"/*.jsonl "$R"/load_*.json "$R"/load_*.log "$R"/ablation/ablation.json "$OUT/" 2>/dev/null; }
+# So does the flywheel's report, rewritten after each round (and each baseline), with every evaluation's episodes.
+copy() {
+  cp -f "$R/results.tar.gz" "$R/plan.log" "$R/loop.log" "$R/dmon.log" "$R"/*.jsonl "$R"/load_*.json "$R"/load_*.log \
+    "$R"/ablation/ablation.json "$R"/loop-report/report.json "$OUT/" 2>/dev/null
+  for f in "$R"/loop-report/eval*/eval_report.json; do [ -f "$f" ] && cp -f "$f" "$OUT/$(basename "$(dirname "$f")").json"; done
+}
 while [ $SECONDS -lt $end ] && ! grep -q " done$" "$R/plan.log" 2>/dev/null; do
   copy
   sleep 15

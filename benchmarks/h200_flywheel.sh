@@ -35,6 +35,7 @@ DEVICE=${DEVICE:-cuda}  # where lerobot-eval runs the policy
 INDEPENDENT_EPISODES=${INDEPENDENT_EPISODES:-200}
 source "$(dirname "$0")/device_setup.sh"
 cd "$work"
+ln -sfn "$work/loop-report" "$R/loop-report"  # the report as the loop rewrites it after each round: device_follow.sh
 pack() {  # the small files only: no weights, videos or bucket data
   (cd "$R" && find . -name videos -prune -o -type f \( -name '*.log' -o -name '*.json' -o -name '*.md' \) -size -8M \
     -print | tar czf results.tar.gz.part -T - && mv results.tar.gz.part results.tar.gz)

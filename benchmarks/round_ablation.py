@@ -19,6 +19,9 @@ Whether a round is only too weak a nudge (Insertion's rounds moved stable by +1.
 - `share50`: the round's data with the expert's frames drawn as half of every batch (`--round-data-share 0.5`).
 - `withbase`: the round's data and the baseline's extra demos together (twice the expert frames; needs a loop run
   with `--baseline`).
+Whether the recipe, not the data, holds Insertion near 80%:
+- `twice0`: round 0 again (from random init, the demos alone) with twice its steps.
+- `twicescratch`: `scratch` with twice round 0's steps.
 
 The trainings run at once, each in its own process on the one GPU, where it has 120 GiB or more (an H200; a round's
 training took ~50 GB of an H100), else one after the other, each evaluated before the next trains (so a cut run keeps
@@ -60,7 +63,7 @@ class Variant:
     datasets: str  # "demos"; "all": the demos and the fleet's datasets; "all+baseline": and the baseline's demos
     scratch: bool = False  # round 0's recipe from random init, not a fine-tune of stable
     seed: int | None = None  # None: the loop's
-    steps_factor: int = 1  # times the round's fine-tuning steps
+    steps_factor: int = 1  # times the round's fine-tuning steps (from scratch: round 0's)
     lr_scale: float | None = None  # None: the round's
     data_share: float | None = None  # None: the round's
 
@@ -73,7 +76,14 @@ VARIANTS = {
     "long": Variant("all", steps_factor=3, lr_scale=0.3),
     "share50": Variant("all", data_share=0.5),
     "withbase": Variant("all+baseline"),
+    "twice0": Variant("demos", scratch=True, steps_factor=2),
+    "twicescratch": Variant("all", scratch=True, steps_factor=2),
 }
+
+
+def variant_loop(loop: LoopSettings, v: Variant) -> LoopSettings:
+    """The loop's settings as variant `v` trains: round 0's steps times its factor, when it trains from scratch."""
+    return replace(loop, steps=loop.steps * v.steps_factor) if v.scratch else loop
 
 
 def variant_rounds(rounds: RoundSettings, loop: LoopSettings, v: Variant) -> RoundSettings:
@@ -125,7 +135,8 @@ def train_variant(report: dict, variant: str, preset: str) -> None:
     stable = str(checkpoint_url(loop.run_url, loop.steps))
     t0 = time.monotonic()
     datasets = datasets_of(loop, rounds, v.datasets, client)
-    trained = train_round(client, loop, rounds, datasets, variant_url(loop, variant), stable, seed=v.seed)
+    url = variant_url(loop, variant)
+    trained = train_round(client, variant_loop(loop, v), rounds, datasets, url, stable, seed=v.seed)
     done = {"variant": variant, "steps": trained.steps, "train_s": time.monotonic() - t0}
     print(json.dumps(done | {"datasets": [str(u) for u in datasets]}), flush=True)
 
@@ -201,7 +212,8 @@ def evaluate_variant(
 ) -> dict:
     """The variant's checkpoint on the loop's evaluation seeds; its failed seeds against the round's (None: the loop
     ran no round) and stable's."""
-    steps = round_recipe(loop, variant_rounds(rounds, loop, VARIANTS[variant]))[0]
+    v = VARIANTS[variant]
+    steps = round_recipe(variant_loop(loop, v), variant_rounds(rounds, loop, v))[0]
     e = evaluate_checkpoint(client, loop, checkpoint_url(variant_url(loop, variant), steps), f"ablation-{variant}")
     path = loop.report_dir / f"ablation-{variant}" / "eval_report.json"
     (out / f"eval-{variant}").mkdir(exist_ok=True)

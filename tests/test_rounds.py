@@ -51,6 +51,8 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    # The round's figure is told (and its report written) before its baseline runs: a run cut during it keeps it.
+    assert 0 < run.stdout.index("   round 1: ") < run.stdout.index("   round 1 baseline: "), run.stdout[-3000:]
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     assert_loop_report(run, report, tmp_path / "report", client, bucket)  # round 0 is the loop, from nothing

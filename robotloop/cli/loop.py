@@ -54,22 +54,25 @@ def loop(ctx: typer.Context, options: RoundsOptions) -> None:
         from ..rounds.report import write_rounds_report
         from ..rounds.run import run_rounds
 
-        def on_round(r) -> None:
-            fleet = f", {r.fleet_episodes} fleet episodes, {r.takeovers} takeovers" if r.round else ""
-            verdict = "" if not r.round else " (promoted)" if r.promoted else " (stable kept)"
-            low, high = r.ci95
-            stages = ", ".join(f"{name} {s:.0f} s" for name, s in r.stage_s.items())
-            console.print(
-                f"   round {r.round}: {r.release} success {100 * r.success_rate:.1f}% of {r.eval_episodes} "
-                f"(CI {100 * low:.1f}-{100 * high:.1f}%){verdict}, {r.expert_frames} expert frames{fleet}, "
-                f"{r.minutes:.1f} min ({stages})"
-            )
-            if r.baseline is not None:  # printed as it is known: a run cut short still has it in its log
+        def on_round(so_far) -> None:
+            r = so_far.rounds[-1]
+            if r.baseline is None:
+                fleet = f", {r.fleet_episodes} fleet episodes, {r.takeovers} takeovers" if r.round else ""
+                verdict = "" if not r.round else " (promoted)" if r.promoted else " (stable kept)"
+                low, high = r.ci95
+                stages = ", ".join(f"{name} {s:.0f} s" for name, s in r.stage_s.items())
+                console.print(
+                    f"   round {r.round}: {r.release} success {100 * r.success_rate:.1f}% of {r.eval_episodes} "
+                    f"(CI {100 * low:.1f}-{100 * high:.1f}%){verdict}, {r.expert_frames} expert frames{fleet}, "
+                    f"{r.minutes:.1f} min ({stages})"
+                )
+            else:
                 b, (low, high) = r.baseline, r.baseline.ci95
                 console.print(
                     f"   round {r.round} baseline: {b.demos} more scripted demos ({b.expert_frames} frames) "
                     f"success {100 * b.success_rate:.1f}% (CI {100 * low:.1f}-{100 * high:.1f}%), {b.minutes:.1f} min"
                 )
+            write_rounds_report(so_far)  # as it goes: a run cut short (a lease, a crash) keeps every figure known
             step["of"] = rounds.steps or settings.steps
 
         rounds_report = run_rounds(settings, rounds, client, on_stage, on_train, on_demo, on_round)

@@ -291,7 +291,7 @@ class RoundsReport:
         return sum(60 * r.baseline.minutes for r in self.rounds if r.baseline is not None)
 
 
-Round = Callable[[RoundResult], None]  # each round's result as it is known
+Round = Callable[["RoundsReport"], None]  # the report so far: after each round's figure, again after its baseline
 
 
 def run_rounds(
@@ -317,8 +317,8 @@ def run_rounds(
     report = RoundsReport(first, settings, stable=first.release)
     zero = _round_zero(first, time.monotonic() - start)
     report.rounds.append(zero)
-    if on_round is not None:
-        on_round(zero)
+    tell = on_round or (lambda report: None)
+    tell(report)
     key = loop.report_dir / "keys" / "deploy.key"
     # The fleet's robots reach it: on this machine, or over the Ray cluster's network when they are its tasks
     host = "127.0.0.1" if loop.ray is None else driver_host(loop.ray)
@@ -328,8 +328,10 @@ def run_rounds(
         for k in range(1, settings.rounds + 1):
             result = run.round(k)
             report.rounds.append(result)
-            if on_round is not None:
-                on_round(result)
+            tell(report)  # before the baseline: a run cut during it keeps the round's own figures
+            if settings.baseline and result.trained:
+                result.baseline = run.baseline(k, result.expert_frames, result.stage_s)
+                tell(report)
     finally:
         service.stop()
     return report
@@ -492,13 +494,12 @@ class _Rounds:
         minutes = (time.monotonic() - t0) / 60
         lo, hi = result.success_ci95
         if learn:
-            self.on_stage(  # the round's figure before its baseline runs: a run cut during the baseline keeps it
+            self.on_stage(
                 "evaluate",
                 f"round {k}: {release} {result.success_rate:.1%} (CI {lo:.1%}-{hi:.1%}) against stable's "
                 f"{stable_before:.1%}, {expert_frames} expert frames, "
                 f"{minutes:.1f} min{', promoted' if promoted else ''}",
             )
-        baseline = self._baseline(k, expert_frames, stages) if s.baseline and learn else None
         return RoundResult(
             k,
             release,
@@ -524,7 +525,6 @@ class _Rounds:
             trained=learn,
             robots=[_robot_row(r) for r in robots],
             stage_s=stages,
-            baseline=baseline,
             fleet_check=check,
         )
 
@@ -648,7 +648,7 @@ class _Rounds:
         )
         return check
 
-    def _baseline(self, k: int, expert_frames: int, stages: dict[str, float]) -> Baseline:
+    def baseline(self, k: int, expert_frames: int, stages: dict[str, float]) -> Baseline:
         """As many frames of scripted demos of fresh scenes as the round's expert spent, trained the same way."""
         loop = self.loop
         length = get_task(loop.task).episode_length  # a scripted demo's: it runs the task's whole episode
