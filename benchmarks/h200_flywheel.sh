@@ -6,9 +6,10 @@
 # BASELINE=0 leaves the baseline out (it costs each round its own recording, training and evaluation again).
 # Start it detached and follow it (benchmarks/device_follow.sh $R): its plan.log ends with " done".
 #   TASK=transfer_cube ROUNDS=1 EVAL=200 setsid nohup bash benchmarks/h200_flywheel.sh /tmp/fw > /tmp/fw.log 2>&1 &
-# Insertion's next run (2026-12-06): the expert's branch drives, with the baseline at the same expert budget:
-#   TASK=insertion ROUNDS=1 BASELINE=1 INDEPENDENT=0 LEROBOT_EVAL=20 ONNX_EVAL=0 INT8_EVAL=0 FLEET_CHECK=0 \
-#     ROUND_ARGS="--shadow-map 2048 --fleet-rate-hz inf --branches 2" bash benchmarks/h200_flywheel.sh /tmp/fw
+# Insertion's next run (after 2026-12-06, BENCHMARKS.md): whether round 0's recipe, not the rounds' data, holds it
+# near 80% (round 0, then round 0 again at twice its steps, evaluated on the same seeds):
+#   TASK=insertion ROUNDS=0 BASELINE=0 INDEPENDENT=0 LEROBOT_EVAL=0 ONNX_EVAL=0 INT8_EVAL=0 FLEET_CHECK=0 \
+#     ABLATION=twice0 ROUND_ARGS="--shadow-map 2048" bash benchmarks/h200_flywheel.sh /tmp/fw
 set -u
 R=${1:-/tmp/flywheel}
 TASK=${TASK:-transfer_cube}
@@ -25,6 +26,10 @@ ROUND_ARGS=${ROUND_ARGS:-}  # more `robotloop loop` options, e.g. "--round-steps
 # against them, not against gym-aloha's 4096
 FLEET_CHECK=${FLEET_CHECK:-1}  # stable in lockstep on the fleet's own scenes, paired with the robots' episodes
 ABLATION=${ABLATION:-}  # e.g. demos,seed1,scratch: round 1's training variants (benchmarks/round_ablation.py) after the loop
+# e.g. "off:100 off:25 0.1": stable evaluated again on the loop's $EVAL seeds acting otherwise, one evaluation each:
+# ACT's temporal ensembling coefficient or off, then ":" the actions executed from each chunk (robotloop eval's
+# --temporal-ensemble and --action-steps)
+ACTING_EVAL=${ACTING_EVAL:-}
 SHADOW_EVAL=${SHADOW_EVAL:-0}  # e.g. 2048: stable evaluated again on the same $EVAL seeds with these shadow maps, 0: not
 # A rehearsal of the whole script on a CPU machine, before device time is spent on it (every step, tiny sizes):
 #   PRESET=cpu WORKERS=2 DEVICE=cpu EVAL=2 INDEPENDENT_EPISODES=2 LEROBOT_EVAL=1 ONNX_EVAL=2 INT8_EVAL=2 \
@@ -51,13 +56,25 @@ step "rounds exit $? after $(( $(date +%s) - start )) s"
 cp loop-report/report.json loop-report/report.md "$R/" 2>/dev/null
 for f in loop-report/eval/eval_report.json loop-report/eval-*/eval_report.json; do [ -f "$f" ] && cp "$f" "$R/$(basename "$(dirname "$f")").json"; done
 pack
+# the release stable runs at the end (a loop without rounds: its one release)
+stable=$(python3 -c "import json; r = json.load(open('loop-report/report.json')); print(r.get('stable') or r['release'])" 2>/dev/null)
+for acting in $ACTING_EVAL; do  # paired with the loop's own evaluation of stable: the same seeds and rendering
+  [ -n "$stable" ] || break
+  coeff=${acting%%:*}
+  steps=$([ "$coeff" != "$acting" ] && echo "--action-steps ${acting#*:}")
+  # shellcheck disable=SC2086  # $steps is one option and its value, or nothing
+  python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/${stable%-*}" --sim "$TASK" \
+    --episodes "$EVAL" --seed 1000 --workers "$WORKERS" --videos 0 --temporal-ensemble "$coeff" $steps \
+    --output-dir "$R/eval-acting-$acting" > "$R/eval_acting_$acting.log" 2>&1
+  step "eval of $stable acting $acting ($EVAL seeds from 1000) exit $?"
+  pack
+done
 if [ -n "$ABLATION" ]; then  # side by side on the GPU, then each evaluated on the loop's seeds
   python3 "$root/benchmarks/round_ablation.py" --variants "$ABLATION" --preset "$PRESET" --out "$R/ablation" \
     > "$R/ablation.log" 2>&1
   step "ablation $ABLATION exit $?"
   pack
 fi
-stable=$(python3 -c "import json; print(json.load(open('loop-report/report.json'))['stable'])" 2>/dev/null)
 if [ -n "$stable" ] && [ "$INDEPENDENT" = 1 ]; then  # the release's run: its name without the step
   python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/${stable%-*}" --sim "$TASK" \
     --episodes "$INDEPENDENT_EPISODES" --seed 5000 --workers "$WORKERS" --videos 0 --output-dir "$R/eval-5000" \

@@ -162,6 +162,7 @@ def test_bad_arguments_are_refused(tiny: Path, tmp_path: Path) -> None:
     from robotloop.cli import app
 
     usage = (["--sim", "nosuch"], ["--output-dir", str(tiny / "config.json")], ["--shadow-map", "3000"])
+    usage += (["--temporal-ensemble", "often"], ["--temporal-ensemble", "0.01", "--action-steps", "5"])
     for option in usage:  # usage errors, before work
         result = CliRunner().invoke(app, ["eval", "--policy", str(tiny), *option], env={"COLUMNS": "300"})
         assert result.exit_code == 2, result.output
@@ -269,6 +270,7 @@ def test_eval_json_is_the_report_alone_on_stdout(tiny: Path, tmp_path: Path) -> 
     """`robotloop eval --json`: stdout is one JSON document (the report, its summary, where it was saved); the
     policy line, progress and table a person sees go to stderr."""
     args = ["--policy", str(tiny), "--episodes", "1", "--max-steps", "3", "--videos", "0", "--shadow-map", "2048"]
+    args += ["--action-steps", "2"]  # lerobot-eval's --policy.n_action_steps: chunks, not the saved ensembling
     done = subprocess.run(
         [sys.executable, "-m", "robotloop.cli", "eval", *args, "--output-dir", str(tmp_path / "out"), "--json"],
         env={**os.environ, "COLUMNS": "200"},
@@ -281,6 +283,7 @@ def test_eval_json_is_the_report_alone_on_stdout(tiny: Path, tmp_path: Path) -> 
     assert report["summary"]["n_episodes"] == 1 and report["episodes"][0]["steps"] == 3
     assert report["checkpoint"] == str(tiny.parent) and report["task"] == "transfer_cube"
     assert report["shadow_map"] == 2048  # --shadow-map reached the sims' report
+    assert report["inference"]["n_action_steps"] == 2 and report["inference"]["temporal_ensemble_coeff"] is None
     assert report["report_file"] == str(tmp_path / "out" / "eval_report.json")
     assert json.loads((tmp_path / "out" / "eval_report.json").read_text())["summary"] == report["summary"]
     assert "policy: " in done.stderr and "success 0/1" in " ".join(done.stderr.split())

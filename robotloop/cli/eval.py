@@ -66,10 +66,26 @@ def eval_policy(
     ] = "torch",
     ray: Annotated[str | None, typer.Option("--ray", help=RAY_HELP + " Each worker runs whole waves.")] = None,
     shadow_map: ShadowMapOption = None,
+    temporal_ensemble: Annotated[
+        str | None,
+        typer.Option(
+            help="ACT's temporal ensembling: off, or its coefficient, e.g. 0.01 (a model pass every step). Default: "
+            "as the checkpoint saved it. lerobot-eval's --policy.temporal_ensemble_coeff."
+        ),
+    ] = None,
+    action_steps: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Actions executed from each predicted chunk; above 1 turns ensembling off. Default: as saved. "
+            "lerobot-eval's --policy.n_action_steps.",
+        ),
+    ] = None,
     as_json: JsonOutput = False,
 ) -> dict:
     """Evaluate a trained policy in the ALOHA sim: episodes run in lockstep, seeded, with rollout videos."""
     from ..deploy.evaluate import REPORT_FILE, default_output_dir, describe_failures, locate_and_evaluate
+    from ..deploy.policy import acting_overrides
     from ..sim.constants import parse_image_size
     from ..sim.tasks import get_task
     from ..train.device import resolve_device
@@ -82,6 +98,10 @@ def eval_policy(
         size = parse_image_size(image_size)
     except BadInput:
         raise typer.BadParameter(f"{image_size!r}: expected HxW, e.g. 480x640", param_hint="--image-size") from None
+    try:
+        inference = acting_overrides(temporal_ensemble, action_steps)
+    except BadInput as error:
+        raise typer.BadParameter(str(error), param_hint="--temporal-ensemble/--action-steps") from None
     if ray is not None:
         try:
             check_address(ray)
@@ -118,6 +138,7 @@ def eval_policy(
             backend=backend,
             ray=ray,
             shadow_map=shadow_map,
+            inference=inference,
         )
     console.print(_episode_table(report))
     lo, hi = report.success_ci95
