@@ -56,22 +56,7 @@ def loop(ctx: typer.Context, options: RoundsOptions) -> None:
 
         def on_round(so_far) -> None:
             r = so_far.rounds[-1]
-            if r.baseline is None:
-                fleet = f", {r.fleet_episodes} fleet episodes, {r.takeovers} takeovers" if r.round else ""
-                verdict = "" if not r.round else " (promoted)" if r.promoted else " (stable kept)"
-                low, high = r.ci95
-                stages = ", ".join(f"{name} {s:.0f} s" for name, s in r.stage_s.items())
-                console.print(
-                    f"   round {r.round}: {r.release} success {100 * r.success_rate:.1f}% of {r.eval_episodes} "
-                    f"(CI {100 * low:.1f}-{100 * high:.1f}%){verdict}, {r.expert_frames} expert frames{fleet}, "
-                    f"{r.minutes:.1f} min ({stages})"
-                )
-            else:
-                b, (low, high) = r.baseline, r.baseline.ci95
-                console.print(
-                    f"   round {r.round} baseline: {b.demos} more scripted demos ({b.expert_frames} frames) "
-                    f"success {100 * b.success_rate:.1f}% (CI {100 * low:.1f}-{100 * high:.1f}%), {b.minutes:.1f} min"
-                )
+            console.print(_round_line(r) if r.baseline is None else _baseline_line(r))
             write_rounds_report(so_far)  # as it goes: a run cut short (a lease, a crash) keeps every figure known
             step["of"] = rounds.steps or settings.steps
 
@@ -80,3 +65,23 @@ def loop(ctx: typer.Context, options: RoundsOptions) -> None:
         path = write_rounds_report(rounds_report)
     console.print(path.read_text().split("![loss]")[0])
     console.print(f"report: {path} (and {upload_report(client, report)})")
+
+
+def _round_line(r) -> str:
+    fleet = f", {r.fleet_episodes} fleet episodes, {r.takeovers} takeovers" if r.round else ""
+    verdict = "" if not r.round else " (promoted)" if r.promoted else " (stable kept)"
+    low, high = r.ci95
+    stages = ", ".join(f"{name} {s:.0f} s" for name, s in r.stage_s.items())
+    return (
+        f"   round {r.round}: {r.release} success {100 * r.success_rate:.1f}% of {r.eval_episodes} "
+        f"(CI {100 * low:.1f}-{100 * high:.1f}%){verdict}, {r.expert_frames} expert frames{fleet}, "
+        f"{r.minutes:.1f} min ({stages})"
+    )
+
+
+def _baseline_line(r) -> str:
+    b, (low, high) = r.baseline, r.baseline.ci95
+    return (
+        f"   round {r.round} baseline: {b.demos} more scripted demos ({b.expert_frames} frames) "
+        f"success {100 * b.success_rate:.1f}% (CI {100 * low:.1f}-{100 * high:.1f}%), {b.minutes:.1f} min"
+    )
