@@ -325,17 +325,22 @@ def _environment_probe(results, env: dict[str, str]) -> None:
     fleet._as_driver(env)
     import torch
 
-    results.put((preloaded, os.environ.get("ROBOTLOOP_PROBE"), torch.get_num_threads()))
+    gpus = os.environ.get("CUDA_VISIBLE_DEVICES")  # the driver's, not the server's hidden ""
+    results.put((preloaded, os.environ.get("ROBOTLOOP_PROBE"), torch.get_num_threads(), gpus))
 
 
 def test_robots_are_spawned_where_a_process_forked_from_the_server_could_not_use_cuda(monkeypatch):
     """The probe's answer is kept for the driver's life: a server whose imports started CUDA (as on an H100 machine)
-    would give robots that cannot load a policy onto the GPU, so they are spawned."""
-    monkeypatch.setattr(fleet, "_FORKS_WITH_CUDA", False)
+    would give robots that cannot load a policy onto the GPU, so they are spawned. The server's start hides the GPU
+    from its imports and nothing else: the driver's environment is as it was."""
+    monkeypatch.setattr(fleet, "_FORKS_USABLE", False)
     assert fleet._robot_context().get_start_method() == "spawn"
-    monkeypatch.setattr(fleet, "_FORKS_WITH_CUDA", None)
+    monkeypatch.setattr(fleet, "_FORKS_USABLE", None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
     assert fleet._robot_context().get_start_method() == "forkserver"  # this machine's server leaves CUDA alone
-    assert fleet._FORKS_WITH_CUDA is True
+    assert fleet._FORKS_USABLE is True
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "7" and "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
 
 
 def test_robots_forked_from_the_server_have_its_imports_and_the_drivers_environment_of_their_start(monkeypatch):
@@ -354,7 +359,9 @@ def test_robots_forked_from_the_server_have_its_imports_and_the_drivers_environm
 
     monkeypatch.setenv("ROBOTLOOP_PROBE", "first")
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     first = robot()
     monkeypatch.setenv("ROBOTLOOP_PROBE", "second")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert (first, robot()) == ((True, "first", 2), (True, "second", 1))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert (first, robot()) == ((True, "first", 2, None), (True, "second", 1, "0"))

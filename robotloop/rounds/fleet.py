@@ -7,9 +7,9 @@ episodes themselves are read back from the bucket (`fleet_episodes`), as a team'
 Each robot is a process, not a thread: policy inference, MuJoCo and rendering would share one interpreter lock.
 The processes are forked from one fork server (multiprocessing's `forkserver`) that imported what a robot needs
 (torch, lerobot's ACT, MuJoCo: about 5 CPU seconds) once, instead of each robot importing it at the same moment:
-ten robots importing at once took 20-27 s on a 16-core machine before their first step (2026-12-06). A robot makes
-its CUDA and EGL contexts fresh after the fork; where the server's imports started CUDA themselves (an H100 machine
-did, a CPU one does not), the robots are spawned instead.
+ten robots importing at once took 20-27 s on a 16-core machine before their first step (2026-12-06). The server
+imports with the GPU hidden, and a robot makes its CUDA and EGL contexts fresh after the fork; where a process forked
+from the server still cannot use the GPU (checked once), the robots are spawned instead.
 With `ray` (the loop's `--ray`) each robot is a Ray task instead, one CPU and an equal share of the GPU each, spread
 over the cluster's nodes; it reaches the deploy service and the bucket over the network as a robot would and trusts
 the key whose text it was given. Its release store is the driver's folder on the driver's node, and under
@@ -202,26 +202,54 @@ ROBOT_IMPORTS = (
 def _robot_context() -> Any:
     """Fork server processes: each robot starts with `ROBOT_IMPORTS` in place (the server imports them once, at the
     first robot of this driver process, and forks every later robot too, round after round). Spawned processes
-    instead where the server's imports started CUDA (a forked process cannot use it then), as they did on an H100
-    machine and not on a CPU one (BENCHMARKS.md): checked once, by a probe forked from the server."""
-    global _FORKS_WITH_CUDA
+    instead where a process forked from the server cannot use the GPU the driver has: checked once, by a probe."""
+    global _FORKS_USABLE
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["__main__", *ROBOT_IMPORTS])  # "__main__": what a spawned process would import too
-    if _FORKS_WITH_CUDA is None:
-        with ctx.Pool(1) as probe:
-            _FORKS_WITH_CUDA = probe.apply(_cuda_usable_here)
-        if not _FORKS_WITH_CUDA:
-            log.warning("the fleet's fork server started CUDA while importing: robots are spawned instead")
-    return ctx if _FORKS_WITH_CUDA else mp.get_context("spawn")
+    if _FORKS_USABLE is None:
+        _FORKS_USABLE = _probe_fork_server(ctx)
+        if not _FORKS_USABLE:
+            log.warning("processes forked from the fleet's fork server cannot use CUDA: robots are spawned instead")
+    return ctx if _FORKS_USABLE else mp.get_context("spawn")
 
 
-_FORKS_WITH_CUDA: bool | None = None  # whether a process forked from the fork server can use CUDA (None: not probed)
+_FORKS_USABLE: bool | None = None  # whether a process forked from the fork server can use CUDA (None: not probed)
+# The fork server imports with no GPU to see. On an H100 machine (2026-12-06) its imports started CUDA, and a process
+# forked after that cannot use it; an import that asks whether there is a GPU is told no (through NVML, which starts
+# nothing), as on a CPU machine. Each robot then takes the driver's environment back (`_as_driver`) and its GPU.
+_SERVER_HIDES_GPU = {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 
-def _cuda_usable_here() -> bool:
+def _probe_fork_server(ctx: Any) -> bool:
+    """Start the fork server, its environment `_SERVER_HIDES_GPU` over the driver's, and fork a child from it that
+    puts a tensor on the GPU where the driver has one, as a robot would."""
     import torch
 
-    return not torch.cuda._is_in_bad_fork()
+    wants_cuda = torch.cuda.is_available()  # starts CUDA here first: the moment below cannot hide this process's GPU
+    driver_env = dict(os.environ)
+    os.environ.update(_SERVER_HIDES_GPU)
+    try:
+        probe = ctx.Pool(1)  # starts the server, which takes this environment
+    finally:
+        for key in _SERVER_HIDES_GPU:
+            if key in driver_env:
+                os.environ[key] = driver_env[key]
+            else:
+                os.environ.pop(key, None)
+    with probe:
+        return probe.apply(_cuda_works_after_fork, (driver_env, wants_cuda))
+
+
+def _cuda_works_after_fork(env: dict[str, str], wants_cuda: bool) -> bool:
+    _as_driver(env)
+    import torch
+
+    if torch.cuda._is_in_bad_fork():
+        return False
+    try:
+        return not wants_cuda or torch.ones(1, device="cuda").item() == 1
+    except RuntimeError:  # CUDA started before the fork by another library (not torch): "initialization error"
+        return False
 
 
 def _as_driver(env: dict[str, str]) -> None:
