@@ -9,7 +9,7 @@
 # Insertion's next run (after 2026-12-06, BENCHMARKS.md): whether round 0's recipe, not the rounds' data, holds it
 # near 80% (round 0, then round 0 again at twice its steps, evaluated on the same seeds):
 #   TASK=insertion ROUNDS=0 BASELINE=0 INDEPENDENT=0 LEROBOT_EVAL=0 ONNX_EVAL=0 INT8_EVAL=0 FLEET_CHECK=0 \
-#     ABLATION=twice0 ROUND_ARGS="--shadow-map 2048" bash benchmarks/h200_flywheel.sh /tmp/fw
+#     ACTING_EVAL="off:20 -0.02 off:100" ABLATION=twice0 ROUND_ARGS="--shadow-map 2048" bash benchmarks/h200_flywheel.sh /tmp/fw
 set -u
 R=${1:-/tmp/flywheel}
 TASK=${TASK:-transfer_cube}
@@ -26,7 +26,7 @@ ROUND_ARGS=${ROUND_ARGS:-}  # more `robotloop loop` options, e.g. "--round-steps
 # against them, not against gym-aloha's 4096
 FLEET_CHECK=${FLEET_CHECK:-1}  # stable in lockstep on the fleet's own scenes, paired with the robots' episodes
 ABLATION=${ABLATION:-}  # e.g. demos,seed1,scratch: round 1's training variants (benchmarks/round_ablation.py) after the loop
-# e.g. "off:100 off:25 0.1": stable evaluated again on the loop's $EVAL seeds acting otherwise, one evaluation each:
+# e.g. "off:20 -0.02 off:100": stable evaluated again on the loop's $EVAL seeds acting otherwise, one evaluation each:
 # ACT's temporal ensembling coefficient or off, then ":" the actions executed from each chunk (robotloop eval's
 # --temporal-ensemble and --action-steps)
 ACTING_EVAL=${ACTING_EVAL:-}
@@ -64,7 +64,7 @@ for acting in $ACTING_EVAL; do  # paired with the loop's own evaluation of stabl
   steps=$([ "$coeff" != "$acting" ] && echo "--action-steps ${acting#*:}")
   # shellcheck disable=SC2086  # $steps is one option and its value, or nothing
   python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/${stable%-*}" --sim "$TASK" \
-    --episodes "$EVAL" --seed 1000 --workers "$WORKERS" --videos 0 --temporal-ensemble "$coeff" $steps \
+    --episodes "$EVAL" --seed 1000 --workers "$WORKERS" --videos 0 --temporal-ensemble="$coeff" $steps \
     --output-dir "$R/eval-acting-$acting" > "$R/eval_acting_$acting.log" 2>&1
   step "eval of $stable acting $acting ($EVAL seeds from 1000) exit $?"
   pack

@@ -27,6 +27,7 @@ from robotloop.deploy.evaluate import (
     wilson_interval,
 )
 from robotloop.deploy.lockstep import SimBatch, Slot
+from robotloop.deploy.policy import acting_overrides
 from robotloop.deploy.runner import PolicyLoadError, make_tiny_checkpoint
 from robotloop.errors import BadInput, BadValue
 from robotloop.sim import AlohaSim
@@ -166,6 +167,16 @@ def test_bad_arguments_are_refused(tiny: Path, tmp_path: Path) -> None:
     for option in usage:  # usage errors, before work
         result = CliRunner().invoke(app, ["eval", "--policy", str(tiny), *option], env={"COLUMNS": "300"})
         assert result.exit_code == 2, result.output
+
+
+def test_acting_overrides_take_lerobot_evals_two_knobs_and_leave_the_rest_as_saved() -> None:
+    assert acting_overrides() is None
+    assert acting_overrides("off") == {"temporal_ensemble_coeff": None}  # the saved n_action_steps stays
+    assert acting_overrides("-0.02") == {"temporal_ensemble_coeff": -0.02, "n_action_steps": 1}  # newer weigh more
+    assert acting_overrides(action_steps=20) == {"n_action_steps": 20, "temporal_ensemble_coeff": None}
+    for words, steps, why in (("inf", None, "a coefficient"), ("0.01", 5, "one step per"), (None, 0, "at least 1")):
+        with pytest.raises(BadValue, match=why):
+            acting_overrides(words, steps)
 
 
 def test_an_unknown_task_fails_before_the_policy_is_located(tmp_path: Path) -> None:

@@ -69,8 +69,9 @@ def eval_policy(
     temporal_ensemble: Annotated[
         str | None,
         typer.Option(
-            help="ACT's temporal ensembling: off, or its coefficient, e.g. 0.01 (a model pass every step). Default: "
-            "as the checkpoint saved it. lerobot-eval's --policy.temporal_ensemble_coeff."
+            help="ACT's temporal ensembling: off, or its coefficient, e.g. 0.01 (a model pass every step; below 0 the "
+            "newer predictions weigh more). Default: as the checkpoint saved it. lerobot-eval's "
+            "--policy.temporal_ensemble_coeff."
         ),
     ] = None,
     action_steps: Annotated[

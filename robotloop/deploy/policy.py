@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Protocol, get_args, runtime_checkable
 
@@ -133,7 +134,8 @@ def load_policy(
 def acting_overrides(temporal_ensemble: str | None = None, action_steps: int | None = None) -> dict[str, Any] | None:
     """How a saved ACT policy acts, overriding its config (`load_policy`'s `inference`), from lerobot-eval's two
     knobs (`--policy.temporal_ensemble_coeff`, `--policy.n_action_steps`): `temporal_ensemble` "off" or ACT's
-    coefficient (a model pass every step), `action_steps` the actions executed from each predicted chunk. Given
+    coefficient (a model pass every step; above 0 the older predictions of an action weigh more, below 0 the newer
+    ones, 0 all alike), `action_steps` the actions executed from each predicted chunk. Given
     alone, `action_steps` above 1 turns ensembling off, and a coefficient sets one action a step; what is not given
     stays as saved (None: all of it).
 
@@ -146,7 +148,7 @@ def acting_overrides(temporal_ensemble: str | None = None, action_steps: int | N
         ```
 
     Raises:
-        BadValue: `temporal_ensemble` is neither "off" nor a number >= 0, `action_steps` is below 1, or ensembling
+        BadValue: `temporal_ensemble` is neither "off" nor a finite number, `action_steps` is below 1, or ensembling
             is asked with more than one action a step.
     """
     if temporal_ensemble is None and action_steps is None:
@@ -170,9 +172,9 @@ def _coefficient(text: str) -> float | None:
     try:
         coeff = None if text == "off" else float(text)
     except ValueError:
-        coeff = -1.0
-    if coeff is not None and not coeff >= 0:  # NaN too
-        raise BadValue(f"temporal ensemble {text!r}: 'off' or a coefficient >= 0, e.g. 0.01")
+        coeff = math.nan
+    if coeff is not None and not math.isfinite(coeff):
+        raise BadValue(f"temporal ensemble {text!r}: 'off' or a coefficient, e.g. 0.01")
     return coeff
 
 
