@@ -58,6 +58,12 @@ for f in loop-report/eval/eval_report.json loop-report/eval-*/eval_report.json; 
 pack
 # the release stable runs at the end (a loop without rounds: its one release)
 stable=$(python3 -c "import json; r = json.load(open('loop-report/report.json')); print(r.get('stable') or r['release'])" 2>/dev/null)
+if [ -n "$ABLATION" ]; then  # side by side on the GPU, then each evaluated on the loop's seeds
+  python3 "$root/benchmarks/round_ablation.py" --variants "$ABLATION" --preset "$PRESET" --out "$R/ablation" \
+    > "$R/ablation.log" 2>&1
+  step "ablation $ABLATION exit $?"
+  pack
+fi
 for acting in $ACTING_EVAL; do  # paired with the loop's own evaluation of stable: the same seeds and rendering
   [ -n "$stable" ] || break
   coeff=${acting%%:*}
@@ -69,12 +75,6 @@ for acting in $ACTING_EVAL; do  # paired with the loop's own evaluation of stabl
   step "eval of $stable acting $acting ($EVAL seeds from 1000) exit $?"
   pack
 done
-if [ -n "$ABLATION" ]; then  # side by side on the GPU, then each evaluated on the loop's seeds
-  python3 "$root/benchmarks/round_ablation.py" --variants "$ABLATION" --preset "$PRESET" --out "$R/ablation" \
-    > "$R/ablation.log" 2>&1
-  step "ablation $ABLATION exit $?"
-  pack
-fi
 if [ -n "$stable" ] && [ "$INDEPENDENT" = 1 ]; then  # the release's run: its name without the step
   python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/${stable%-*}" --sim "$TASK" \
     --episodes "$INDEPENDENT_EPISODES" --seed 5000 --workers "$WORKERS" --videos 0 --output-dir "$R/eval-5000" \
