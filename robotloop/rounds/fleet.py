@@ -222,7 +222,7 @@ _SERVER_HIDES_GPU = {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 def _probe_fork_server(ctx: Any) -> bool:
     """Start the fork server, its environment `_SERVER_HIDES_GPU` over the driver's, and fork a child from it that
-    puts a tensor on the GPU where the driver has one, as a robot would."""
+    uses the GPU as a robot would (`_cuda_works_after_fork`)."""
     import torch
 
     wants_cuda = torch.cuda.is_available()  # starts CUDA here first: the moment below cannot hide this process's GPU
@@ -241,14 +241,27 @@ def _probe_fork_server(ctx: Any) -> bool:
 
 
 def _cuda_works_after_fork(env: dict[str, str], wants_cuda: bool) -> bool:
+    """A robot's first uses of the GPU: a tensor on it where the driver has one, and a sim's camera frame (EGL
+    through the GPU's driver, which is loaded, not started, in the server)."""
     _as_driver(env)
     import torch
+
+    from ..sim import AlohaSim
 
     if torch.cuda._is_in_bad_fork():
         return False
     try:
-        return not wants_cuda or torch.ones(1, device="cuda").item() == 1
+        if wants_cuda and torch.ones(1, device="cuda").item() != 1:
+            return False
     except RuntimeError:  # CUDA started before the fork by another library (not torch): "initialization error"
+        return False
+    try:
+        sim = AlohaSim("transfer_cube", image_size=(24, 32))
+        try:
+            return sim.reset(seed=0)["pixels"]["top"].shape == (24, 32, 3)
+        finally:
+            sim.close()
+    except Exception:  # noqa: BLE001 - whatever the GL stack raises after a fork: the robots are spawned instead
         return False
 
 
