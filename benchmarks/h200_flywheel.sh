@@ -41,6 +41,9 @@ INDEPENDENT_EPISODES=${INDEPENDENT_EPISODES:-200}
 source "$(dirname "$0")/device_setup.sh"
 cd "$work"
 ln -sfn "$work/loop-report" "$R/loop-report"  # the report as the loop rewrites it after each round: device_follow.sh
+# Beside round 0 (a minute of imports, no training's GPU memory): which robot import starts CUDA on this machine, the
+# reason the fleet's fork server may have to spawn its robots (benchmarks/fork_cuda_check.py); in results.tar.gz.
+[ "$DEVICE" = cuda ] && { python3 "$root/benchmarks/fork_cuda_check.py" > "$R/fork_cuda_check.log" 2>&1 & }
 pack() {  # the small files only: no weights, videos or bucket data
   (cd "$R" && find . -name videos -prune -o -type f \( -name '*.log' -o -name '*.json' -o -name '*.md' \) -size -8M \
     -print | tar czf results.tar.gz.part -T - && mv results.tar.gz.part results.tar.gz)
