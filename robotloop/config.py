@@ -14,13 +14,14 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -31,7 +32,7 @@ from pydantic_settings import (
 # The one place the default ports are written.
 from services.ports import CAPTURE_PORT, DEPLOY_PORT, TRAINER_PORT, UI_PORT
 
-from .errors import BadInput
+from .errors import BadInput, BadValue
 
 # The choices of two settings, named once: the settings fields below and the library (`robotloop.deploy.policy`,
 # `robotloop.deploy.publish`) take them from here.
@@ -220,6 +221,53 @@ class UiSettings(ServiceSection):
     )
 
 
+def acting_overrides(temporal_ensemble: str | None = None, action_steps: int | None = None) -> dict[str, Any] | None:
+    """How a saved ACT policy acts, overriding its config (`load_policy`'s `inference`), from lerobot-eval's two
+    knobs (`--policy.temporal_ensemble_coeff`, `--policy.n_action_steps`): `temporal_ensemble` "off" or ACT's
+    coefficient (a model pass every step; above 0 the older predictions of an action weigh more, below 0 the newer
+    ones, 0 all alike), `action_steps` the actions executed from each predicted chunk. Given
+    alone, `action_steps` above 1 turns ensembling off, and a coefficient sets one action a step; what is not given
+    stays as saved (None: all of it).
+
+    Example:
+        ```python
+        >>> acting_overrides("0.01")
+        {'temporal_ensemble_coeff': 0.01, 'n_action_steps': 1}
+        >>> acting_overrides(action_steps=25)
+        {'n_action_steps': 25, 'temporal_ensemble_coeff': None}
+        ```
+
+    Raises:
+        BadValue: `temporal_ensemble` is neither "off" nor a finite number, `action_steps` is below 1, or ensembling
+            is asked with more than one action a step.
+    """
+    if temporal_ensemble is None and action_steps is None:
+        return None
+    if action_steps is not None and action_steps < 1:
+        raise BadValue(f"action steps: at least 1, not {action_steps}")
+    acting: dict[str, Any] = {}
+    if temporal_ensemble is not None:
+        acting["temporal_ensemble_coeff"] = _coefficient(temporal_ensemble)
+    if action_steps is not None:
+        acting["n_action_steps"] = action_steps
+    if acting.get("temporal_ensemble_coeff") is not None:
+        if acting.setdefault("n_action_steps", 1) != 1:
+            raise BadValue(f"temporal ensembling acts one step per model pass: not {action_steps} action steps")
+    elif (action_steps or 1) > 1:  # more than one action a step: no ensembling, whatever was saved
+        acting["temporal_ensemble_coeff"] = None
+    return acting
+
+
+def _coefficient(text: str) -> float | None:
+    try:
+        coeff = None if text == "off" else float(text)
+    except ValueError:
+        coeff = math.nan
+    if coeff is not None and not math.isfinite(coeff):
+        raise BadValue(f"temporal ensemble {text!r}: 'off' or a coefficient, e.g. 0.01")
+    return coeff
+
+
 class RobotSettings(Section):
     """The robot runtime: where releases come from, which keys it trusts, how it judges a new release."""
 
@@ -243,6 +291,17 @@ class RobotSettings(Section):
         "and onnxruntime here runs on robot.device, else torch), onnx (ONNX only: a release without an export, or a "
         "robot without onnxruntime, is refused with the reason), onnx-int8 (the export's int8 graph, for a CPU too "
         "slow for fp32: releases published with --onnx-int8 only) or torch (the checkpoint through lerobot).",
+    )
+    temporal_ensemble: str | None = Field(
+        default=None,
+        description="How each release's policy acts, over its saved config: ACT's temporal ensembling off, or its "
+        "coefficient (a model pass every step). Unset: as saved. lerobot's policy.temporal_ensemble_coeff.",
+    )
+    action_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Actions executed from each predicted chunk (above 1 turns ensembling off). Unset: as saved. "
+        "lerobot's policy.n_action_steps.",
     )
     poll_wait_s: float = Field(default=30.0, gt=0, le=60, description="Long-poll length for assignment changes.")
     heartbeat_s: float = Field(default=2.0, gt=0, description="Seconds between heartbeats.")
@@ -282,6 +341,15 @@ class RobotSettings(Section):
         description="Frames the control loop may queue for the recorder; past that the episode is dropped, never a "
         "tick.",
     )
+
+    @model_validator(mode="after")
+    def _acting_is_one_lerobot_takes(self) -> RobotSettings:
+        self.acting()  # BadValue (a ValueError): pydantic names the settings
+        return self
+
+    def acting(self) -> dict[str, Any] | None:
+        """`temporal_ensemble` and `action_steps` as the overrides a policy is loaded with (`acting_overrides`)."""
+        return acting_overrides(self.temporal_ensemble, self.action_steps)
 
 
 class AgentSettings(Section):

@@ -31,6 +31,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from pydantic import ValidationError
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -675,6 +676,19 @@ def test_robot_hot_swaps_refuses_bad_releases_and_rolls_back(deploy, robot, tmp_
         ("rollback", "e2e-jerky"),
         ("swap", "e2e-v2"),
     } <= kinds
+
+
+def test_a_robot_acts_as_its_settings_say_over_what_each_release_saved(deploy, tmp_path):
+    """`robot.action_steps` / `robot.temporal_ensemble` (`robotloop robot run --action-steps`): every release it
+    loads acts that way, as lerobot's policy.n_action_steps would make it; a mix lerobot refuses is refused first."""
+    with pytest.raises(ValidationError, match="one step per model pass"):
+        RobotSettings(robot_id="r-acting", temporal_ensemble="0.01", action_steps=5)
+    deploy.release("acting-v1", "v1", channel="acting")
+    with _running_robot(deploy, tmp_path, "r-acting", "acting", action_steps=3) as robot:
+        _wait(lambda: robot.running == "acting-v1", 60, "acting-v1 to run")
+        runner = robot.slots.active.runner
+        steps = runner.n_action_steps if isinstance(runner, OnnxRunner) else runner.policy.config.n_action_steps
+        assert steps == 3 and not runner.ensembling
 
 
 def test_a_robot_with_one_release_to_run_stops_when_it_is_rolled_back(deploy, tmp_path):

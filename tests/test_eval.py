@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from robotloop.config import Settings
+from robotloop.config import Settings, acting_overrides
 from robotloop.deploy.evaluate import (
     EpisodeResult,
     EvalReport,
@@ -27,7 +27,6 @@ from robotloop.deploy.evaluate import (
     wilson_interval,
 )
 from robotloop.deploy.lockstep import SimBatch, Slot
-from robotloop.deploy.policy import acting_overrides
 from robotloop.deploy.runner import PolicyLoadError, make_tiny_checkpoint
 from robotloop.errors import BadInput, BadValue
 from robotloop.sim import AlohaSim

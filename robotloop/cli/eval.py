@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from ..cluster import RAY_HELP, check_address
+from ..config import acting_overrides
 from ..errors import BadInput
 from .output import JsonOutput, ShadowMapOption, cli_console, json_result, progress_bars
 
@@ -86,7 +87,6 @@ def eval_policy(
 ) -> dict:
     """Evaluate a trained policy in the ALOHA sim: episodes run in lockstep, seeded, with rollout videos."""
     from ..deploy.evaluate import REPORT_FILE, default_output_dir, describe_failures, locate_and_evaluate
-    from ..deploy.policy import acting_overrides
     from ..sim.constants import parse_image_size
     from ..sim.tasks import get_task
     from ..train.device import resolve_device

@@ -68,6 +68,20 @@ def run(
             "robot.backend (auto)."
         ),
     ] = None,
+    temporal_ensemble: Annotated[
+        str | None,
+        typer.Option(
+            help="How each release acts: ACT's temporal ensembling off, or its coefficient. Default: "
+            "robot.temporal_ensemble (as the release saved it)."
+        ),
+    ] = None,
+    action_steps: Annotated[
+        int | None,
+        typer.Option(
+            help="Actions executed from each predicted chunk (above 1: no ensembling). Default: robot.action_steps "
+            "(as saved)."
+        ),
+    ] = None,
     record: Annotated[
         str | None,
         typer.Option(help="Record episodes into the fleet dataset: off, failures or all. Default: robot.record."),
@@ -113,14 +127,16 @@ def run(
     env = _env(sim, image_size, episode_steps, robot_type, robot_port, robot_hw_id, robot_cameras, fps, episode_time_s)
     given = {"record": record, "record_to": record_to, "record_sample": record_sample, "backend": backend}
     given |= {"record_via": record_via, "record_token": record_token}
+    given |= {"temporal_ensemble": temporal_ensemble, "action_steps": action_steps}
     try:  # the settings model checks the recording options as it checks a config file's
         options = RobotSettings.model_validate(
             {**cfg.model_dump(), "robot_id": robot_id, "device": device or cfg.device}
             | {k: v for k, v in given.items() if v is not None}
         )
     except ValidationError as error:
-        first = error.errors()[0]
-        raise typer.BadParameter(first["msg"], param_hint=f"--{str(first['loc'][0]).replace('_', '-')}") from None
+        first = error.errors()[0]  # a field's error names its option; the acting options' check names both
+        hint = f"--{str(first['loc'][0]).replace('_', '-')}" if first["loc"] else "--temporal-ensemble/--action-steps"
+        raise typer.BadParameter(first["msg"], param_hint=hint) from None
     try:
         recording = fleet_recorder(options, BucketClient(endpoint, storage_token), fps=round(env.rate_hz))
     except BadInput as error:  # recording asked for without its dataset, a bad dataset URL, or without lerobot

@@ -26,7 +26,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Protocol, get_args, runtime_checkable
 
@@ -131,53 +130,6 @@ def load_policy(
     return _torch(path, device, inference, exported and backend == "auto")
 
 
-def acting_overrides(temporal_ensemble: str | None = None, action_steps: int | None = None) -> dict[str, Any] | None:
-    """How a saved ACT policy acts, overriding its config (`load_policy`'s `inference`), from lerobot-eval's two
-    knobs (`--policy.temporal_ensemble_coeff`, `--policy.n_action_steps`): `temporal_ensemble` "off" or ACT's
-    coefficient (a model pass every step; above 0 the older predictions of an action weigh more, below 0 the newer
-    ones, 0 all alike), `action_steps` the actions executed from each predicted chunk. Given
-    alone, `action_steps` above 1 turns ensembling off, and a coefficient sets one action a step; what is not given
-    stays as saved (None: all of it).
-
-    Example:
-        ```python
-        >>> acting_overrides("0.01")
-        {'temporal_ensemble_coeff': 0.01, 'n_action_steps': 1}
-        >>> acting_overrides(action_steps=25)
-        {'n_action_steps': 25, 'temporal_ensemble_coeff': None}
-        ```
-
-    Raises:
-        BadValue: `temporal_ensemble` is neither "off" nor a finite number, `action_steps` is below 1, or ensembling
-            is asked with more than one action a step.
-    """
-    if temporal_ensemble is None and action_steps is None:
-        return None
-    if action_steps is not None and action_steps < 1:
-        raise BadValue(f"action steps: at least 1, not {action_steps}")
-    acting: dict[str, Any] = {}
-    if temporal_ensemble is not None:
-        acting["temporal_ensemble_coeff"] = _coefficient(temporal_ensemble)
-    if action_steps is not None:
-        acting["n_action_steps"] = action_steps
-    if acting.get("temporal_ensemble_coeff") is not None:
-        if acting.setdefault("n_action_steps", 1) != 1:
-            raise BadValue(f"temporal ensembling acts one step per model pass: not {action_steps} action steps")
-    elif (action_steps or 1) > 1:  # more than one action a step: no ensembling, whatever was saved
-        acting["temporal_ensemble_coeff"] = None
-    return acting
-
-
-def _coefficient(text: str) -> float | None:
-    try:
-        coeff = None if text == "off" else float(text)
-    except ValueError:
-        coeff = math.nan
-    if coeff is not None and not math.isfinite(coeff):
-        raise BadValue(f"temporal ensemble {text!r}: 'off' or a coefficient, e.g. 0.01")
-    return coeff
-
-
 def onnx_runs_here(device: str = "auto") -> str | None:
     """Why ONNX Runtime cannot run a policy on `device` here (not installed, no such execution provider); None when it
     can, as far as its listed providers tell (one listed may still fail to start: `OnnxRunner.load` says so)."""
@@ -219,7 +171,6 @@ __all__ = [
     "Backend",
     "Policy",
     "PolicyLoadError",
-    "acting_overrides",
     "load_policy",
     "onnx_runs_here",
 ]

@@ -140,7 +140,8 @@ class Updater:
         self.ledger.fetched(release)
         self.stats.pulled_at[release] = time.monotonic()
         try:
-            runner = load_policy(self.store.model_dir(release), self.options.backend, self.options.device)
+            model = self.store.model_dir(release)
+            runner = load_policy(model, self.options.backend, self.options.device, self.options.acting())
             self.stats.loaded_at[release] = time.monotonic()
             obs = self.observation_for(runner)
             if obs is not None:
