@@ -225,9 +225,9 @@ def acting_overrides(temporal_ensemble: str | None = None, action_steps: int | N
     """How a saved ACT policy acts, overriding its config (`load_policy`'s `inference`), from lerobot-eval's two
     knobs (`--policy.temporal_ensemble_coeff`, `--policy.n_action_steps`): `temporal_ensemble` "off" or ACT's
     coefficient (a model pass every step; above 0 the older predictions of an action weigh more, below 0 the newer
-    ones, 0 all alike), `action_steps` the actions executed from each predicted chunk. Given
-    alone, `action_steps` above 1 turns ensembling off, and a coefficient sets one action a step; what is not given
-    stays as saved (None: all of it).
+    ones, 0 all alike), `action_steps` the actions executed from each predicted chunk. Given alone, `action_steps`
+    above 1 turns ensembling off, and a coefficient sets one action a step; what is not given stays as saved (None:
+    all of it).
 
     Example:
         ```python
