@@ -176,7 +176,7 @@ def test_agent_records_trains_publishes_rolls_back_and_evaluates(services: Setti
         services,
         [
             ("robot_status", {"robot": "arm1"}),
-            ("evaluate_policy", {"policy": RUN, "episodes": 1, "max_steps": 5}),
+            ("evaluate_policy", {"policy": RUN, "episodes": 1, "max_steps": 5, "action_steps": 2}),
             "ok",
         ],
         tmp_path,
@@ -223,6 +223,7 @@ def test_agent_records_trains_publishes_rolls_back_and_evaluates(services: Setti
 
     # evaluated: one episode of the trained policy, its report on disk
     assert evaluated["n_episodes"] == 1 and evaluated["successes"] == 0
+    assert evaluated["acting"]["n_action_steps"] == 2 and evaluated["acting"]["temporal_ensemble_coeff"] is None
     report = json.loads(Path(evaluated["report"]).read_text())
     assert report["source"] == RUN and report["image_size"] == [48, 64] and len(report["episodes"]) == 1
     assert report["shadow_map"] == 512  # filmed as its data was: the side went dataset -> training -> evaluation

@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError
 from strands import tool
 
 from ..clients import ServiceClients
-from ..config import Settings
+from ..config import Settings, acting_overrides
 from ..deploy.client import robot_row
 from ..errors import RobotloopError
 from ..options import tool_parameters
@@ -259,6 +259,8 @@ class RobotloopTools:
         seed: int = 1000,
         videos: int = Field(0, ge=0),
         device: str = "cpu",
+        temporal_ensemble: str | None = None,
+        action_steps: int | None = Field(None, ge=1),
     ) -> dict[str, Any]:
         """Evaluate a trained policy in the ALOHA simulator: seeded episodes, success rate with a 95% interval,
         mean max reward (furthest stage reached, 0-4), the failed episodes counted by the furthest stage they
@@ -274,6 +276,10 @@ class RobotloopTools:
             seed: first seed
             videos: record the first N episodes as mp4
             device: cpu or cuda
+            temporal_ensemble: how the policy acts: ACT's temporal ensembling "off" or its coefficient (default: as
+                the checkpoint saved it)
+            action_steps: actions executed from each predicted chunk; above 1 turns ensembling off (default: as
+                saved)
         """
         from ..deploy.evaluate import REPORT_FILE, default_output_dir, locate_and_evaluate
 
@@ -290,12 +296,14 @@ class RobotloopTools:
             max_steps=max_steps,
             videos=videos,
             device=device,
+            inference=acting_overrides(temporal_ensemble, action_steps),
         )
         return {
             "policy": policy,
             "task": report.task,
             **_rounded(report.summary),
             "wall_s": round(report.wall_s, 1),
+            "acting": report.inference,
             "report": str(out / REPORT_FILE),
             "videos": report.videos,
         }
