@@ -12,7 +12,15 @@ from rich.table import Table
 from ..cluster import RAY_HELP, check_address
 from ..config import acting_overrides
 from ..errors import BadInput
-from .output import JsonOutput, ShadowMapOption, cli_console, json_result, progress_bars
+from .output import (
+    ActionStepsOption,
+    JsonOutput,
+    ShadowMapOption,
+    TemporalEnsembleOption,
+    cli_console,
+    json_result,
+    progress_bars,
+)
 
 console = cli_console()
 
@@ -67,22 +75,8 @@ def eval_policy(
     ] = "torch",
     ray: Annotated[str | None, typer.Option("--ray", help=RAY_HELP + " Each worker runs whole waves.")] = None,
     shadow_map: ShadowMapOption = None,
-    temporal_ensemble: Annotated[
-        str | None,
-        typer.Option(
-            help="ACT's temporal ensembling: off, or its coefficient, e.g. 0.01 (a model pass every step; below 0 the "
-            "newer predictions weigh more). Default: as the checkpoint saved it. lerobot-eval's "
-            "--policy.temporal_ensemble_coeff."
-        ),
-    ] = None,
-    action_steps: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Actions executed from each predicted chunk; above 1 turns ensembling off. Default: as saved. "
-            "lerobot-eval's --policy.n_action_steps.",
-        ),
-    ] = None,
+    temporal_ensemble: TemporalEnsembleOption = None,
+    action_steps: ActionStepsOption = None,
     as_json: JsonOutput = False,
 ) -> dict:
     """Evaluate a trained policy in the ALOHA sim: episodes run in lockstep, seeded, with rollout videos."""

@@ -76,6 +76,25 @@ ShadowMapOption = Annotated[
 ]
 
 
+# How a policy acts, over what its checkpoint saved (`robotloop.config.acting_overrides`): `eval` and `robot run`.
+TemporalEnsembleOption = Annotated[
+    str | None,
+    typer.Option(
+        help="ACT's temporal ensembling: off, or its coefficient, e.g. 0.01 (a model pass every step; below 0 the "
+        "newer predictions weigh more). Default: as the checkpoint saved it (robot run: robot.temporal_ensemble). "
+        "lerobot's --policy.temporal_ensemble_coeff."
+    ),
+]
+ActionStepsOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Actions executed from each predicted chunk; above 1 turns ensembling off. Default: as saved (robot run: "
+        "robot.action_steps). lerobot's --policy.n_action_steps.",
+    ),
+]
+
+
 class ReportErrors(TyperGroup):
     """The root group: a RobotloopError from any command (or the settings callback) ends it with `fail`, and a
     usage error (a bad or missing option, an unknown command) is one line too, with exit code 2, instead of

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from ..config import RobotSettings, load_settings
 from ..errors import BadInput
 from ..sim.constants import format_image_size
-from .output import cli_console, fail, quiet_encoders
+from .output import ActionStepsOption, TemporalEnsembleOption, cli_console, fail, quiet_encoders
 from .record import CAMERAS_HELP, _image_size
 
 app = typer.Typer(no_args_is_help=True, help="The robot side: run released policies, hot-swap and roll back.")
@@ -68,20 +68,8 @@ def run(
             "robot.backend (auto)."
         ),
     ] = None,
-    temporal_ensemble: Annotated[
-        str | None,
-        typer.Option(
-            help="How each release acts: ACT's temporal ensembling off, or its coefficient. Default: "
-            "robot.temporal_ensemble (as the release saved it)."
-        ),
-    ] = None,
-    action_steps: Annotated[
-        int | None,
-        typer.Option(
-            help="Actions executed from each predicted chunk (above 1: no ensembling). Default: robot.action_steps "
-            "(as saved)."
-        ),
-    ] = None,
+    temporal_ensemble: TemporalEnsembleOption = None,
+    action_steps: ActionStepsOption = None,
     record: Annotated[
         str | None,
         typer.Option(help="Record episodes into the fleet dataset: off, failures or all. Default: robot.record."),
