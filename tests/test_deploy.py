@@ -1176,6 +1176,85 @@ def test_the_control_rate_is_measured_from_the_first_action_not_from_start(tmp_p
     assert stats.control_hz is not None and stats.control_hz > 45, stats.control_hz
 
 
+def test_a_policy_acting_in_chunks_plans_a_new_one_when_the_expert_hands_back(tmp_path):
+    """A chunk queued before a takeover was planned from a state the expert has since left: after the hand-back it
+    drove the robot with the rest of it, actions for another state. Stand-ins for the robot, the policy (chunks of
+    10), the expert (3 ticks) and the service; the runtime and `Takeovers` are the real ones."""
+    from robotloop.deploy.envs import StepResult
+    from robotloop.deploy.swap import Loaded
+    from robotloop.fleet import Takeovers
+    from robotloop.sim.expert import StallTrigger
+
+    class Env:  # its observation is the tick it is at; never any progress, so the stall trigger fires
+        rate_hz, tick = float("inf"), 0
+
+        def reset(self) -> dict:
+            self.tick = 0
+            return {"tick": 0}
+
+        def step(self, action):
+            self.tick += 1
+            return {"tick": self.tick}, StepResult(0.0, False, False)
+
+    class Chunks:  # a `Policy` acting in chunks: each action is the tick its chunk was planned at
+        backend, runs_on = "torch", "cpu"
+
+        def __init__(self) -> None:
+            self.queue: list[np.ndarray] = []
+
+        @property
+        def at_chunk_boundary(self) -> bool:
+            return not self.queue
+
+        def reset(self) -> None:
+            self.queue = []
+
+        def replan(self) -> None:
+            self.queue = []
+
+        def act(self, obs):
+            self.queue = self.queue or [np.full(14, obs["tick"], np.float32)] * 10
+            return self.queue.pop()
+
+    class Expert:
+        def start(self, sim=None):
+            self.ticks = 0
+
+        def act(self, obs, state=None):
+            self.ticks += 1
+            return np.full(14, -1.0, np.float32)
+
+        @property
+        def done(self):
+            return self.ticks >= 3
+
+    class Service:
+        def assignment(self, robot, known=None, wait_s=0.0):
+            time.sleep(0.1)
+            return {"release": None, "manifest": None}
+
+        def heartbeat(self, *args) -> None:
+            pass
+
+        def event(self, *args) -> None:
+            pass
+
+    sent = []
+    env = Env()
+    step = env.step
+    env.step = lambda action: (sent.append(float(action[0])), step(action))[1]
+    takeovers = Takeovers(Expert(), StallTrigger(2), policy_steps=6)
+    options = RobotSettings(robot_id="chunk1", heartbeat_s=0.5)
+    runtime = RobotRuntime(
+        env, Service(), ReleaseStore(tmp_path / "s"), {}, options, lambda b: None, takeovers=takeovers
+    )
+    runtime.slots.offer(Loaded("A", Chunks()))
+    runtime.run(duration_s=10, episodes=1)
+    # 2 policy ticks (the chunk planned at 0), the stall fires, the expert's 3, then 2 from a chunk planned where the
+    # expert handed back (tick 5), not the rest of tick 0's; and so on until the policy's 6 ticks are spent.
+    assert sent == [0, 0, -1, -1, -1, 5, 5, -1, -1, -1, 10, 10, -1, -1, -1, 15], sent
+
+
 def test_policy_slots_swap_at_a_chunk_boundary_and_the_health_check_judges_the_new_release(tmp_path):
     from robotloop.deploy.ledger import ReleaseLedger
     from robotloop.deploy.runtime import EpisodeResult

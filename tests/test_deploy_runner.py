@@ -73,6 +73,12 @@ def test_runner_acts_chunk_by_chunk(tiny: Path, sim: AlohaSim) -> None:
     assert np.abs(np.stack(actions) - actions[0]).max() > 0
     runner.act(obs)
     assert not runner.at_chunk_boundary
+    runner.replan()  # mid-chunk (an expert handed back): the next action is a new chunk's, planned on this frame
+    assert runner.at_chunk_boundary
+    planned = runner.act(obs)
+    assert calls[0] == 4 and not runner.at_chunk_boundary
+    runner.reset()
+    np.testing.assert_allclose(planned, runner.act(obs), rtol=1e-5, atol=1e-6)  # as a new episode's first
     runner.reset()
     assert runner.at_chunk_boundary
 

@@ -142,6 +142,7 @@ def test_the_h200_preset_is_checked_up_front_and_says_plainly_how_good_the_polic
     assert act.dim_model == 512 and act.lr == 1e-4 and act.lr_schedule == "cosine"
     insertion = LoopSettings.preset("h200", device="cpu", task="insertion")  # the preset's per-task values
     assert (insertion.episodes, insertion.steps, insertion.act().image_size) == (100, 15000, (240, 320))
+    assert (insertion.act().n_action_steps, insertion.act().temporal_ensemble_coeff) == (100, None)  # whole chunks
     assert (insertion.policy["compile"], insertion.policy["cuda_graphs"]) == (True, True)  # on a GPU, compiled
     assert (insertion.act().compile, insertion.act().cuda_graphs) == (False, False)  # on a CPU it would not pay
     assert LoopSettings.preset("h200", device="cpu", task="insertion", steps=10).steps == 10  # the user's value wins

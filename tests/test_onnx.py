@@ -146,7 +146,10 @@ def _run_both(torch_runner: PolicyRunner, onnx_runner: OnnxRunner, sim: AlohaSim
     torch_runner.reset()
     onnx_runner.reset()
     worst = 0.0
-    for _ in range(steps):
+    for step in range(steps):
+        if step == steps // 3:  # mid-chunk: a hand-back from an expert, both plan a new chunk from here
+            torch_runner.replan()
+            onnx_runner.replan()
         assert onnx_runner.at_chunk_boundary == torch_runner.at_chunk_boundary
         want, got = torch_runner.act(obs), onnx_runner.act(obs)
         assert got.shape == (14,) and got.dtype == np.float32

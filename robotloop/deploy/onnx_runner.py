@@ -368,6 +368,12 @@ class OnnxRunner:
         if self._ensembler is not None:
             self._ensembler.reset()
 
+    def replan(self) -> None:
+        """Drop the rest of the current chunk: the next `act()` runs the model on the observation it is given. For a
+        hand-back after an expert drove, whose states the queued actions never saw. The ensemble, when there is one,
+        stays: it was fed every step."""
+        self._queue.clear()
+
     def warmup(self, obs: dict) -> None:
         """Run the model once on `obs` and throw the result away (ONNX Runtime's first run allocates and picks
         kernels). The queue and the ensemble are left as they were.

@@ -78,6 +78,11 @@ class Policy(Protocol):
         """Start a new episode: drop the queued actions and the temporal ensemble."""
         ...
 
+    def replan(self) -> None:
+        """Drop the rest of the current chunk, so the next `act()` runs the model on what it is given (an expert
+        drove since the chunk was planned); with temporal ensembling nothing changes (it was fed every step)."""
+        ...
+
     def warmup(self, obs: dict) -> None:
         """Run the model once on `obs`, keeping the queue as it was (first-call costs paid before it drives)."""
         ...

@@ -170,6 +170,12 @@ class PolicyRunner:
         self._queue.clear()
         self.policy.reset()
 
+    def replan(self) -> None:
+        """Drop the rest of the current chunk: the next `act()` runs the model on the observation it is given. For a
+        hand-back after an expert drove, whose states the queued actions never saw. The ensemble, when there is one,
+        stays: it was fed every step."""
+        self._queue.clear()
+
     def warmup(self, obs: dict) -> None:
         """Run one forward pass on `obs` and throw it away, so the first real `act()` pays no first-call
         cost (allocator, kernel selection). The action queue is left as it was.

@@ -303,6 +303,8 @@ class RobotRuntime:
                 continue
             seen, expert = obs, False
             try:
+                if self.takeovers is not None and self.takeovers.handing_back:
+                    active.runner.replan()  # its queued chunk was planned before the expert drove
                 policy_action = action = active.runner.act(obs)
                 if self.takeovers is not None:
                     action, expert = self.takeovers.choose(policy_action, obs)

@@ -2,13 +2,15 @@
 robot is in until it is done, then hands back; the robot runtime asks `Takeovers` who drives each tick.
 
 The policy keeps running beside the expert (its action is what a fleet dataset records as `policy_action`, and its
-temporal ensemble stays fed, so the hand-back is smooth). Only the policy's own ticks count towards the episode's
-length: an episode the expert took over lasts as long as the policy would have run plus the expert's steps, so a
-recovery near the end of an episode is not cut off. The sim for that must allow the longer episode
-(`SimControlEnv(episode_steps=policy_steps + MAX_REPLAN_STEPS)`): `Takeovers.after` ends it at the policy's share.
-With `at_end`, an episode whose policy ticks run out without success is handed to the expert before it ends, once:
-a policy that made progress and then stalled late (Insertion's failures reach stage 2 or 3 after ~170 steps and
-sit there) never fires a stall trigger of K = 230 within 400 steps, and its failure would reach no expert.
+temporal ensemble stays fed, so the hand-back is smooth); a policy acting in whole chunks plans a new one at the
+hand-back (`handing_back`), from the state the expert leaves, not from the one its queued chunk was planned at. Only
+the policy's own ticks count towards the episode's length: an episode the expert took over lasts as long as the
+policy would have run plus the expert's steps, so a recovery near the end of an episode is not cut off. The sim for
+that must allow the longer episode (`SimControlEnv(episode_steps=policy_steps + MAX_REPLAN_STEPS)`):
+`Takeovers.after` ends it at the policy's share. With `at_end`, an episode whose policy ticks run out without
+success is handed to the expert before it ends, once: a policy that made progress and then stalled late (Insertion's
+failures reach stage 2 or 3 after ~170 steps and sit there) never fires a stall trigger of K = 230 within 400 steps,
+and its failure would reach no expert.
 
 With `branch_points` N (a sim's option), the physical state is kept at each of the policy's ticks until the expert
 first takes over. An episode the policy did not finish alone hands N of them to `branches`: spread evenly over the
@@ -102,9 +104,15 @@ class Takeovers:
         self._best, self._progress_tick = 0.0, 0
         self.trigger.reset()
 
+    @property
+    def handing_back(self) -> bool:
+        """Whether this tick's `choose` hands back to the policy: a policy acting in chunks should plan a new one
+        from this tick's state first (`Policy.replan`)."""
+        return self.active and self.expert.done
+
     def choose(self, policy_action: np.ndarray, obs: dict[str, Any]) -> tuple[np.ndarray, bool]:
         """The action to send this tick, and whether the expert chose it."""
-        if self.active and self.expert.done:
+        if self.handing_back:
             self._hand_back()
         if self.active:
             self.stats.expert_frames += 1

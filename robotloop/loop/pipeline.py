@@ -70,9 +70,15 @@ H200_RECIPE = dict(
 # camera at 240x320 (the peg and the socket's hole are a few pixels wide at 120x160) and trains 15,000 steps, ~25
 # passes over its 100 demos: 6,000 steps scored 18%, and the sweep's 240x320 run scored 10%, 55% and 80% of its
 # evaluations at 5,000, 10,000 and 15,000 steps (benchmarks/results/recipes_h200_insertion.json); the loop with
-# these values scored 80% too (benchmarks/results/loop_h200_insertion.json).
+# these values scored 80% too (benchmarks/results/loop_h200_insertion.json). It acts in whole chunks (lerobot's ACT
+# default), not ensembled: one policy's 200 paired seeds scored 83.5% so against 77.0% ensembled, winning 14 scenes
+# and losing 1 (2026-12-06 13:54, BENCHMARKS.md); chunks of 20 scored 70.0%.
 H200_TASKS: dict[str, dict[str, Any]] = {
-    "insertion": dict(episodes=100, steps=15000, policy=dict(H200_RECIPE, image_size=(240, 320))),
+    "insertion": dict(
+        episodes=100,
+        steps=15000,
+        policy=dict(H200_RECIPE, image_size=(240, 320), n_action_steps=100, temporal_ensemble_coeff=None),
+    ),
 }
 
 
