@@ -1132,6 +1132,18 @@ def test_runtime_judges_against_the_last_proven_release_and_reports_events_in_or
     assert service.sent == [("swap", "A"), ("swap", "B"), ("swap", "C")]
 
 
+class _NoAssignment:  # a deploy service that assigns nothing: the test offers the release by hand, as the updater would
+    def assignment(self, robot, known=None, wait_s=0.0):
+        time.sleep(0.1)
+        return {"release": None, "manifest": None}
+
+    def heartbeat(self, *args) -> None:
+        pass
+
+    def event(self, *args) -> None:
+        pass
+
+
 def test_the_control_rate_is_measured_from_the_first_action_not_from_start(tmp_path, caplog):
     """`robot run` warned "control runs at 0.1 Hz" and reported 9.9 Hz of 50 for a loop that ran at 50 Hz once its
     release had arrived: the wait for it counted as control time. Stand-ins for the robot and the service."""
@@ -1156,19 +1168,8 @@ def test_the_control_rate_is_measured_from_the_first_action_not_from_start(tmp_p
         def act(self, obs):
             return np.zeros(14, np.float32)
 
-    class Service:  # no assignment: the release is offered by hand, as the updater would once it is ready
-        def assignment(self, robot, known=None, wait_s=0.0):
-            time.sleep(0.1)
-            return {"release": None, "manifest": None}
-
-        def heartbeat(self, *args) -> None:
-            pass
-
-        def event(self, *args) -> None:
-            pass
-
     options = RobotSettings(robot_id="rate1", heartbeat_s=0.5)
-    runtime = RobotRuntime(Env(), Service(), ReleaseStore(tmp_path / "store"), {}, options, lambda bucket: None)
+    runtime = RobotRuntime(Env(), _NoAssignment(), ReleaseStore(tmp_path / "store"), {}, options, lambda bucket: None)
     threading.Timer(1.0, lambda: runtime.slots.offer(Loaded("A", Runner()))).start()  # arrives after 1 s
     with caplog.at_level(logging.WARNING, logger="robotloop.deploy.runtime"):
         stats = runtime.run(duration_s=6.5)  # one whole 5 s rate window after the release arrived
@@ -1228,17 +1229,6 @@ def test_a_policy_acting_in_chunks_plans_a_new_one_when_the_expert_hands_back(tm
         def done(self):
             return self.ticks >= 3
 
-    class Service:
-        def assignment(self, robot, known=None, wait_s=0.0):
-            time.sleep(0.1)
-            return {"release": None, "manifest": None}
-
-        def heartbeat(self, *args) -> None:
-            pass
-
-        def event(self, *args) -> None:
-            pass
-
     sent = []
     env = Env()
     step = env.step
@@ -1246,7 +1236,7 @@ def test_a_policy_acting_in_chunks_plans_a_new_one_when_the_expert_hands_back(tm
     takeovers = Takeovers(Expert(), StallTrigger(2), policy_steps=6)
     options = RobotSettings(robot_id="chunk1", heartbeat_s=0.5)
     runtime = RobotRuntime(
-        env, Service(), ReleaseStore(tmp_path / "s"), {}, options, lambda b: None, takeovers=takeovers
+        env, _NoAssignment(), ReleaseStore(tmp_path / "s"), {}, options, lambda b: None, takeovers=takeovers
     )
     runtime.slots.offer(Loaded("A", Chunks()))
     runtime.run(duration_s=10, episodes=1)
