@@ -297,6 +297,8 @@ def test_eval_json_is_the_report_alone_on_stdout(tiny: Path, tmp_path: Path) -> 
     assert report["report_file"] == str(tmp_path / "out" / "eval_report.json")
     assert json.loads((tmp_path / "out" / "eval_report.json").read_text())["summary"] == report["summary"]
     assert "policy: " in done.stderr and "success 0/1" in " ".join(done.stderr.split())
+    chunk = report["inference"]["chunk_size"]
+    assert f"acting on 2 of each chunk's {chunk} actions, then a new chunk" in " ".join(done.stderr.split())
 
 
 def test_given_seeds_run_in_their_order_and_must_match_the_episode_count(tiny: Path) -> None:

@@ -51,6 +51,7 @@ def assert_loop_report(run: subprocess.CompletedProcess, report: dict, report_di
     for name in ("report.md", "loss.png", "stages.png"):
         assert (report_dir / name).stat().st_size > 0
     assert "not expected to succeed" in (report_dir / "report.md").read_text()
+    assert "acting in whole chunks of 10 actions" in (report_dir / "report.md").read_text()  # the tiny ACT's way
     if report["eval"]["success_rate"] < 1:  # where the failures stopped, named
         assert sum(report["eval"]["failures_by_stage"].values()) == 1
         assert "Failed episodes got as far as: " in (report_dir / "report.md").read_text()

@@ -80,7 +80,13 @@ def eval_policy(
     as_json: JsonOutput = False,
 ) -> dict:
     """Evaluate a trained policy in the ALOHA sim: episodes run in lockstep, seeded, with rollout videos."""
-    from ..deploy.evaluate import REPORT_FILE, default_output_dir, describe_failures, locate_and_evaluate
+    from ..deploy.evaluate import (
+        REPORT_FILE,
+        default_output_dir,
+        describe_acting,
+        describe_failures,
+        locate_and_evaluate,
+    )
     from ..sim.constants import parse_image_size
     from ..sim.tasks import get_task
     from ..train.device import resolve_device
@@ -141,6 +147,7 @@ def eval_policy(
         f"success {report.successes}/{len(report.episodes)} = {100 * report.success_rate:.1f}% "
         f"(95% CI {100 * lo:.1f}-{100 * hi:.1f}%), mean max reward {report.mean_max_reward:.2f}, "
         f"mean sum reward {report.mean_sum_reward:.1f}, {report.wall_s:.1f} s"
+        f"{f', {acting}' if (acting := describe_acting(report.inference)) else ''}"
     )
     if failures := describe_failures(report.failures_by_stage):
         console.print(failures)

@@ -87,6 +87,27 @@ def describe_failures(failures: dict[str, int]) -> str | None:
     return "failed episodes got as far as: " + ", ".join(f"{stage} {n}" for stage, n in failures.items())
 
 
+def describe_acting(inference: dict | None) -> str | None:
+    """How the policy acted (`EvalReport.inference`) in words; None when not known (an evaluation made elsewhere).
+
+    Example:
+        ```python
+        >>> describe_acting({"n_action_steps": 100, "temporal_ensemble_coeff": None, "chunk_size": 100})
+        'acting in whole chunks of 100 actions'
+        >>> describe_acting({"n_action_steps": 1, "temporal_ensemble_coeff": 0.01, "chunk_size": 100})
+        "acting with ACT's temporal ensembling (0.01), a model pass every step"
+        ```
+    """
+    if not inference or inference.get("n_action_steps") is None:
+        return None
+    if (coeff := inference.get("temporal_ensemble_coeff")) is not None:
+        return f"acting with ACT's temporal ensembling ({coeff:g}), a model pass every step"
+    steps, chunk = inference["n_action_steps"], inference.get("chunk_size")
+    if steps == chunk:
+        return f"acting in whole chunks of {steps} actions"
+    return f"acting on {steps} of each chunk's {chunk or '?'} actions, then a new chunk"
+
+
 @dataclass
 class LockstepTime:
     """Where a local evaluation's time went: the policy's batched forward passes in this process (the copies to the

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from ..deploy.evaluate import REPORT_FILE as EVAL_REPORT
-from ..deploy.evaluate import describe_failures
+from ..deploy.evaluate import describe_acting, describe_failures
 from ..sim.constants import format_image_size
 from ..storage import BucketClient, BucketUrl
 from .layout import EVAL_FOLDER, run_report_url
@@ -138,7 +138,8 @@ def markdown(report: LoopReport) -> str:
         low, high = e["ci95"]
         lines.append(
             f"- Evaluation: success {100 * e['success_rate']:.0f}% over {e['episodes']} episodes "
-            f"(95% CI {100 * low:.0f}-{100 * high:.0f}%), mean max reward {e['mean_max_reward']:.2f}."
+            f"(95% CI {100 * low:.0f}-{100 * high:.0f}%), mean max reward {e['mean_max_reward']:.2f}"
+            f"{f', {acting}' if (acting := describe_acting(e.get('inference'))) else ''}."
         )
         if failures := describe_failures(e.get("failures_by_stage") or {}):
             lines.append(f"  {failures[0].upper()}{failures[1:]}.")
