@@ -143,11 +143,11 @@ def eval_policy(
         )
     console.print(_episode_table(report))
     lo, hi = report.success_ci95
+    acting = describe_acting(report.inference)
     console.print(
         f"success {report.successes}/{len(report.episodes)} = {100 * report.success_rate:.1f}% "
         f"(95% CI {100 * lo:.1f}-{100 * hi:.1f}%), mean max reward {report.mean_max_reward:.2f}, "
-        f"mean sum reward {report.mean_sum_reward:.1f}, {report.wall_s:.1f} s"
-        f"{f', {acting}' if (acting := describe_acting(report.inference)) else ''}"
+        f"mean sum reward {report.mean_sum_reward:.1f}, {report.wall_s:.1f} s" + (f", {acting}" if acting else "")
     )
     if failures := describe_failures(report.failures_by_stage):
         console.print(failures)

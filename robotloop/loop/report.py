@@ -136,10 +136,11 @@ def markdown(report: LoopReport) -> str:
         )
     if (e := d["eval"]) is not None:
         low, high = e["ci95"]
+        acting = describe_acting(e.get("inference"))
         lines.append(
             f"- Evaluation: success {100 * e['success_rate']:.0f}% over {e['episodes']} episodes "
             f"(95% CI {100 * low:.0f}-{100 * high:.0f}%), mean max reward {e['mean_max_reward']:.2f}"
-            f"{f', {acting}' if (acting := describe_acting(e.get('inference'))) else ''}."
+            + (f", {acting}." if acting else ".")
         )
         if failures := describe_failures(e.get("failures_by_stage") or {}):
             lines.append(f"  {failures[0].upper()}{failures[1:]}.")
