@@ -300,6 +300,61 @@ def test_a_robot_killed_mid_episode_loses_that_episode_only_and_its_writer_dies_
     assert [int(dataset[i]["episode_index"]) for i in (0, 6, 11)] == [0, 1, 1]
 
 
+WRITER_DIES = textwrap.dedent(
+    """
+    import json, multiprocessing, sys, time
+    import numpy as np
+    from robotloop.fleet import EpisodeFacts, FleetRecorder, RecordChoice
+    from robotloop.storage import BucketClient, BucketUrl
+
+    endpoint, token, url = sys.argv[1], sys.argv[2], sys.argv[3]
+    fleet = FleetRecorder(BucketClient(endpoint, token), BucketUrl.parse(url), RecordChoice("all"))
+
+    def ticks(frames):
+        for t in range(frames):
+            obs = {"pixels": {"top": np.full((24, 32, 3), t % 255, np.uint8)}, "agent_pos": np.full(14, t, float)}
+            fleet.frame(obs, np.full(14, t, np.float32), None, False, 0.0, False)
+
+    def episode(seed, frames):
+        fleet.begin(EpisodeFacts("r1", "v7", "transfer the cube", seed))
+        ticks(frames)
+        fleet.end()
+
+    episode(0, 6)
+    while fleet.stats.recorded < 1:
+        time.sleep(0.05)
+    fleet.begin(EpisodeFacts("r1", "v7", "transfer the cube", 1))
+    ticks(6)
+    (writer,) = [p for p in multiprocessing.active_children() if p.name == "robotloop-fleet-writer"]
+    writer.kill()  # mid-episode, as a crash in its encoder would end it
+    writer.join()
+    ticks(200)  # into the dead writer's queue: more than its pipe holds, so its feeder thread is stuck
+    fleet.end()
+    episode(2, 6)  # begins with a new writer
+    fleet.close()
+    print(json.dumps(fleet.stats.as_dict()), flush=True)
+    """
+)
+
+
+def test_a_writer_that_dies_costs_its_episodes_counted_with_why_and_the_next_episode_gets_a_new_one(
+    bucket_server, tmp_path
+):
+    """The GPU run of 2026-12-06 16:06 lost 3 of a robot's 6 episodes without a count, and that robot's exit hung
+    until the fleet's driver killed it: its writer process had died. Now the episodes a dead writer held are dropped
+    and counted with its exit code, the next episode starts a new writer, and the robot exits at once."""
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/fleet/datasets/writer-dies")
+    args = [bucket_server.endpoint, WRITE_TOKEN, str(url)]
+    robot = subprocess.run([sys.executable, "-c", WRITER_DIES, *args], capture_output=True, text=True, timeout=90)
+    assert robot.returncode == 0, robot.stderr[-2000:]
+    stats = json.loads(robot.stdout.splitlines()[-1])
+    assert (stats["recorded"], stats["dropped"], stats["unfinished"]) == (2, 1, 0)
+    assert "writer process died (exit code -9): 1 episode it held never committed" in stats["last_error"]
+    facts = (_read(client, url, tmp_path / "read").root / "meta" / "fleet_episodes.jsonl").read_text().splitlines()
+    assert [json.loads(line)["seed"] for line in facts] == [0, 2]
+
+
 @pytest.fixture
 def tiny_disk(tmp_path) -> Iterator[Path]:
     """A 1 MB tmpfs (mounting one needs root; skipped where it cannot be mounted)."""

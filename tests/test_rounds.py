@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from robotloop.loop.pipeline import LoopSettings
 from robotloop.rounds import fleet
 from robotloop.rounds.fleet import fleet_episodes
 from robotloop.rounds.options import RoundsOptions
+from robotloop.rounds.report import fleet_losses
 from robotloop.rounds.run import (
     STALL_MARGIN,
     STALL_STEPS,
@@ -72,6 +74,9 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
         assert set(r["stage_s"]) >= {"fleet", "train", "publish", "evaluate", "baseline"}
         assert [row["robot"] for row in r["robots"]] == ["fleet-1", "fleet-2"]
         assert all(row["episodes"] == 1 and row["error"] is None for row in r["robots"]), r["robots"]
+        # Every episode and branch drive is in the bucket: nothing dropped, nothing to explain.
+        assert all(row["recorded"] == 1 + row["branches"] for row in r["robots"]), r["robots"]
+        assert all(row["unfinished"] == 0 and row["recording_error"] is None for row in r["robots"]), r["robots"]
         assert all(row["backend"].startswith(("torch (cpu)", "onnx (CPU")) for row in r["robots"]), r["robots"]
         for row in r["robots"]:  # where each robot's time went, in the order it happens, within the fleet stage
             marks = ["running", "assigned", "pulled", "loaded", "ready", "swapped_in", "episodes_done", "closed"]
@@ -317,6 +322,20 @@ def test_a_round_with_nothing_new_to_learn_is_not_trained_and_the_dashboard_says
     assert not has_new_draws([{"success": False, "kind": "autonomous"}], weights, 0)  # declined, no re-demo
     rows = rounds_rows({"rounds": [{"round": 1, "promoted": False, "trained": False}, {"round": 2, "promoted": False}]})
     assert [row["decision"] for row in rows] == ["not trained: nothing new", "kept stable"]
+
+
+def test_the_report_names_each_robot_that_lost_episodes_and_why():
+    """What a robot ran but its recorder did not commit is training data the round never saw: the report says which
+    robot, how many and why (the run of 2026-12-06 16:06 lost 3 of a robot's 6 episodes and said nothing)."""
+    row = {"robot": "fleet-1", "episodes": 6, "recorded": 6, "dropped": 0, "unfinished": 0, "recording_error": None}
+    lost = {**row, "robot": "fleet-2", "recorded": 2, "dropped": 4, "recording_error": "the writer process died"}
+    assert fleet_losses(SimpleNamespace(round=1, robots=[row])) is None
+    branched = {**lost, "robot": "fleet-3", "branches": 2, "recorded": 7, "dropped": 1, "recording_error": None}
+    assert fleet_losses(SimpleNamespace(round=1, robots=[row, lost, branched])) == (
+        "Round 1's fleet lost episodes: fleet-2 ran 6 episodes and recorded 2: 4 dropped, 0 unfinished (the writer "
+        "process died); fleet-3 ran 6 episodes and 2 branch drives and recorded 7: 1 dropped, 0 unfinished (no error "
+        "given)."
+    )
 
 
 def _environment_probe(results, env: dict[str, str]) -> None:

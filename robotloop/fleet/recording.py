@@ -5,8 +5,9 @@ of `FRAME_BATCH`) and return.
 A writer process streams the frames into a live episode of the fleet dataset (lerobot's streaming encoder, through
 `DatasetRecorder.begin`) and, at the episode's end, commits it or drops it as `RecordChoice` says. When the queue is
 full (the writer fell behind: a slow upload, a full disk), the episode in progress is dropped and counted, never a
-tick; so is an episode whose commit fails (the bucket unreachable). A robot killed mid-episode loses that episode
-only: every committed one is a whole commit of the dataset.
+tick; so is an episode whose commit fails (the bucket unreachable). A writer that dies (a crash in an encoder, say)
+loses the episodes it held, counted as dropped with its exit code, and the next episode starts a new one. A robot
+killed mid-episode loses that episode only: every committed one is a whole commit of the dataset.
 
 The dataset's features come from the robot's first frame (its cameras, state and action sizes), so a sim camera
 sized by its first release records at that size: `DatasetSpec(..., fleet=True)`, the demos' features plus
@@ -99,7 +100,7 @@ class RecordingStats:
         "recorded",  # committed to the fleet dataset
         "dropped",  # lost: the queue was full, the frames did not fit, or the commit failed
         "unfinished",  # the robot stopped (or moved on) before the episode ended: never committed
-        "not_kept",  # finished, but not what `RecordChoice` keeps (a success with `failures`)
+        "not_kept",  # finished, but not what `RecordChoice` keeps (a success with `failures`), or no frames
         "not_sampled",  # not chosen by the sample share: never streamed
     )
 
@@ -113,15 +114,24 @@ class RecordingStats:
             raise AttributeError(name)
         return counts[name].value
 
-    def add(self, name: str, error: str | None = None) -> None:
+    def add(self, name: str, error: str | None = None, episodes: int = 1) -> None:
         with self._counts[name].get_lock():
-            self._counts[name].value += 1
+            self._counts[name].value += episodes
         if error is not None:
-            self._error.value = error.encode()[: len(self._error) - 1]
+            self.note(error)
+
+    def note(self, error: str) -> None:
+        """Keep `error` as the last one (what the heartbeat and the rounds' report show)."""
+        self._error.value = error.encode()[: len(self._error) - 1]
 
     @property
     def last_error(self) -> str | None:
         return self._error.value.decode(errors="replace") or None
+
+    @property
+    def settled(self) -> int:
+        """Episodes with an outcome: every field's count."""
+        return sum(getattr(self, name) for name in self.FIELDS)
 
     def as_dict(self) -> dict[str, Any]:
         return {**{name: getattr(self, name) for name in self.FIELDS}, "last_error": self.last_error}
@@ -199,20 +209,24 @@ class FleetRecorder:
                 f"in groups of {frame_batch}"
             )
         self.url, self.choice = url, choice
-        ctx = mp.get_context("spawn")  # a fresh interpreter: nothing of the robot's threads or CUDA state
-        self.stats = RecordingStats(ctx)
+        self._ctx = mp.get_context("spawn")  # a fresh interpreter: nothing of the robot's threads or CUDA state
+        self.stats = RecordingStats(self._ctx)
         self._batch = min(frame_batch, queue_frames)  # a queue of 4 frames still holds no more than 4
-        self._queue = ctx.Queue(maxsize=max(1, queue_frames // self._batch))
+        self._queue_items = max(1, queue_frames // self._batch)
         self._pending: list[_Tick] = []  # the current episode's ticks not yet put, fewer than `_batch`
-        self._given_up = ctx.Value("q", 0)  # the last episode the control thread gave up on (the queue was full)
-        self._ready = ctx.Event()  # set by the writer once it can take an episode at full speed
+        self._given_up = self._ctx.Value("q", 0)  # the last episode the control thread gave up on (the queue was full)
+        self._ready = self._ctx.Event()  # set by the writer once it can take an episode at full speed
         self._rng = random.Random(seed)
         self._episode = 0  # the control thread's current episode number
         self._streaming = False  # whether the control thread's current episode goes to the writer
-        target = _Target(client.endpoint, client.token, str(url), choice, fps, robot_type, vcodec, staging, via)
-        self._process = ctx.Process(
+        self._target = _Target(client.endpoint, client.token, str(url), choice, fps, robot_type, vcodec, staging, via)
+        self._start_writer()
+
+    def _start_writer(self) -> None:
+        self._queue = self._ctx.Queue(maxsize=self._queue_items)
+        self._process = self._ctx.Process(
             target=_writer_main,
-            args=(target, self._queue, self.stats, self._given_up, self._ready, os.getpid()),
+            args=(self._target, self._queue, self.stats, self._given_up, self._ready, os.getpid()),
             name="robotloop-fleet-writer",
             daemon=True,
         )
@@ -227,6 +241,11 @@ class FleetRecorder:
     def begin(self, facts: EpisodeFacts, shadow_map: int | None = None) -> None:
         """A new episode starts (an episode still open is dropped: its end never came). `shadow_map`: a sim
         camera's shadow-map side (None: gym-aloha's for the frame size), kept in the fleet dataset's features."""
+        if not self._process.is_alive():  # a check of the child's status: no wait, at an episode's start only
+            self._writer_died()
+            # Its start is seconds of imports in its own process; episodes queue meanwhile. It dies with the thread
+            # that starts it (`start_worker`): the control thread, which outlives its recording.
+            self._start_writer()
         self._flush()  # the last episode's ticks go under its own number (the writer drops that episode)
         self._episode += 1
         self._streaming = self.choice.mode != "off" and self._rng.random() < self.choice.sample
@@ -261,12 +280,31 @@ class FleetRecorder:
     def close(self, timeout_s: float = 120.0) -> None:
         """Finish what is queued (the last episode is committed if it ended), then stop the writer process."""
         self._flush()
-        with contextlib.suppress(queue.Full):  # a writer that takes nothing more is killed below
-            self._queue.put(("stop", 0, None), timeout=timeout_s)
-        self._process.join(timeout_s)
+        if self._process.is_alive():
+            with contextlib.suppress(queue.Full):  # a writer that takes nothing more is killed below
+                self._queue.put(("stop", 0, None), timeout=timeout_s)
+            self._process.join(timeout_s)
         if self._process.is_alive():
             self._process.kill()
             self._process.join(5)
+        if self._process.exitcode != 0:
+            self._writer_died()
+
+    def _writer_died(self) -> None:
+        """The writer process ended without being asked to (or was killed at `close`): the episodes it had not
+        settled are counted as dropped, with its exit code."""
+        self._pending = []
+        # Its queue's feeder thread may be stuck writing into a pipe nobody reads: without this the robot's own
+        # exit would wait on it forever (a fleet robot's process hung 10 s, until the driver killed it).
+        self._queue.cancel_join_thread()
+        lost = self._episode - self.stats.settled if self.choice.mode != "off" else 0
+        why = f"the recording writer process died (exit code {self._process.exitcode})"
+        if lost > 0:
+            why += f": {lost} episode{'s' if lost > 1 else ''} it held never committed"
+            self.stats.add("dropped", why, episodes=lost)
+        else:
+            self.stats.note(why)
+        log.warning("fleet recording: %s; the robot goes on", why)
 
     def _flush(self) -> None:
         if self._pending:
@@ -354,7 +392,8 @@ class _Writer:
                 self._add(current, tick)
             return current
         # end
-        if current.live is None:  # an episode of no frames
+        if current.live is None:  # an episode of no frames: nothing to keep
+            self.stats.add("not_kept")
             return None
         if not self.target.choice.keeps(current.tally.success, current.tally.expert_frames):
             current.live.abort()

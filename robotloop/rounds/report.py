@@ -67,6 +67,8 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
     for r in report.rounds:
         if timeline := fleet_timeline(r):
             lines += [timeline, ""]
+        if losses := fleet_losses(r):
+            lines += [losses, ""]
         if (c := r.fleet_check) is not None:
             lines.append(
                 f"Round {r.round}'s fleet check: on the same {c.episodes} scenes the robots won {c.fleet_successes} "
@@ -110,6 +112,23 @@ def fleet_timeline(r: RoundResult) -> str | None:
     return f"Round {r.round}'s fleet stage ({r.stage_s.get('fleet', 0):.0f} s), its {len(timings)} robots: " + (
         ", ".join(marks) + "."
     )
+
+
+def fleet_losses(r: RoundResult) -> str | None:
+    """The robots that ran episodes their recorders did not commit, and why, e.g. "Round 1's fleet lost episodes:
+    fleet-2 ran 6 episodes and recorded 2: 4 dropped, 0 unfinished (the recording writer process died (exit code
+    -11): ...).". None when every robot's episodes are in the bucket."""
+    lost = []
+    for row in r.robots:
+        if row.get("dropped") or row.get("unfinished"):
+            ran = f"{row['episodes']} episodes" + (
+                f" and {row['branches']} branch drives" if row.get("branches") else ""
+            )
+            lost.append(
+                f"{row['robot']} ran {ran} and recorded {row['recorded']}: {row['dropped']} dropped, "
+                f"{row.get('unfinished', 0)} unfinished ({row.get('recording_error') or 'no error given'})"
+            )
+    return f"Round {r.round}'s fleet lost episodes: " + "; ".join(lost) + "." if lost else None
 
 
 def _versus_baseline(report: RoundsReport) -> str:

@@ -684,6 +684,8 @@ def _robot_row(r: FleetRobotResult) -> dict[str, Any]:
         "episodes": r.finished,
         "recorded": r.recording.get("recorded", 0),
         "dropped": r.recording.get("dropped", 0),
+        "unfinished": r.recording.get("unfinished", 0),
+        "recording_error": r.recording.get("last_error"),  # why the last dropped episode was lost
         "takeovers": r.takeovers.get("takeovers", 0),
         "expert_frames": r.takeovers.get("expert_frames", 0),
         "branches": r.takeovers.get("branches", 0),  # its expert drives from branch points, apart from those frames
