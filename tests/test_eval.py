@@ -23,7 +23,9 @@ from robotloop.deploy.evaluate import (
     describe_failures,
     evaluate,
     locate_and_evaluate,
+    paired,
     resolve_policy,
+    sign_test,
     wilson_interval,
 )
 from robotloop.deploy.lockstep import SimBatch, Slot
@@ -58,6 +60,24 @@ def test_wilson_interval() -> None:
     assert wilson_interval(0, 0) == (0.0, 1.0)
     lo, hi = wilson_interval(1, 50)
     assert lo < 0.02 < hi < 0.11
+
+
+def test_two_evaluations_of_the_same_seeds_are_compared_scene_by_scene() -> None:
+    """The rounds' report pairs each round with stable: the scenes one won and the other lost, and the exact sign
+    test on them (the figures BENCHMARKS.md worked out by hand: 4 against 6 is noise, 14 against 1 is not)."""
+    assert sign_test(4, 6) == pytest.approx(0.7539, abs=1e-4) and sign_test(6, 4) == sign_test(4, 6)
+    assert sign_test(14, 1) == pytest.approx(0.00098, abs=1e-5) and sign_test(0, 0) == 1.0 and sign_test(1, 0) == 1.0
+
+    def evaluation(successes: list[bool], first_seed: int = 1000) -> EvalReport:
+        episodes = [EpisodeResult(i, first_seed + i, ok, 4 * ok, 1, 400, 1.0) for i, ok in enumerate(successes)]
+        return EvalReport("p", "insertion", first_seed, 400, SIZE, 1, episodes=episodes)
+
+    stable = evaluation([True, True, False, False, True])
+    one_more = evaluation([True, True, True, False, False, False])  # seed 1005: stable never ran it, left out
+    assert paired(one_more, stable).describe() == "1 scene won, 1 lost (sign test p = 1)"
+    assert (paired(stable, stable).won, paired(stable, stable).lost) == (0, 0)
+    with pytest.raises(BadValue, match="no common seed"):
+        paired(evaluation([True], first_seed=5000), stable)
 
 
 def test_failures_are_counted_by_the_furthest_stage_they_reached_named_furthest_first() -> None:

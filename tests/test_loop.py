@@ -35,6 +35,9 @@ def assert_loop_report(run: subprocess.CompletedProcess, report: dict, report_di
     assert any(len(line) > 100 for line in run.stdout.splitlines())  # the report's sentences stay whole
     assert report["episodes"] == 1 and report["bytes_uploaded"] > 0
     assert report["train"]["steps"] == 4 and report["release"].endswith("-4")
+    split = report["train"]["split_s"]  # where the train stage's time went: the parts fit inside it
+    assert split["setup"] > 0 and split["steps"] > 0 and sum(split.values()) <= report["stage_s"]["train"] + 0.2
+    assert re.search(r"Its time: setup \d+ s, steps \d+ s", (report_dir / "report.md").read_text())
     assert report["robot_running_after_s"] < 60 and report["bytes_pulled"] > 0
     assert report["eval"]["episodes"] == 1 and 0 <= report["eval"]["success_rate"] <= 1
     assert set(report["stage_s"]) == {"record", "train", "publish", "robot", "evaluate"}

@@ -72,6 +72,11 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
         assert r["branches"] == sum(row["branches"] for row in r["robots"]) >= 1 and r["branch_frames"] > 0, r
         assert r["release"].endswith(f"-r{r['round']}-4") and r["eval_episodes"] == 1
         assert set(r["stage_s"]) >= {"fleet", "train", "publish", "evaluate", "baseline"}
+        # Scene by scene against the stable it began with, on the same seeds; its baseline too.
+        for versus in (r["versus_stable"], r["baseline"]["versus_stable"]):
+            assert versus["won"] + versus["lost"] <= r["eval_episodes"] and 0 < versus["p_value"] <= 1, r
+        split = r["train_split_s"]  # the fine-tune's setup (its start weights' download), steps, ONNX export
+        assert split["setup"] > 0 and split["steps"] > 0 and sum(split.values()) <= r["stage_s"]["train"] + 0.2
         assert [row["robot"] for row in r["robots"]] == ["fleet-1", "fleet-2"]
         assert all(row["episodes"] == 1 and row["error"] is None for row in r["robots"]), r["robots"]
         # Every episode and branch drive is in the bucket: nothing dropped, nothing to explain.
@@ -135,6 +140,13 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     assert report["baseline_minutes"] > 0 and took, text
     assert float(took[1]) == pytest.approx(report["rounds_minutes"], abs=0.051)  # 1 decimal here, 2 in the JSON
     assert "round 1:" in run.stdout
+    assert re.search(r"Round 1's training \(\d+ s\): setup \d+ s, steps \d+ s", text), text
+    assert "lost episodes" not in text  # every robot's episodes are in the bucket
+    assert re.search(
+        r"Round 1 against stable on the same 1 seed: \d scenes? won, \d lost \(sign test p = [\d.]+\); its "
+        r"baseline: \d scenes? won",
+        text,
+    ), text
     # Where the fleet stage went, from the robots' own marks, in the order they happen.
     timeline = re.search(r"Round 1's fleet stage \(\d+ s\), its 2 robots: (.+)\.", text)
     assert timeline, text

@@ -227,6 +227,55 @@ class EvalReport:
         return path
 
 
+@dataclass(frozen=True)
+class Paired:
+    """Two evaluations of the same seeds compared scene by scene (`paired`): the scenes the first `won` and the
+    second lost, those it `lost`, and the exact two-sided sign test's `p_value` on them. Scenes both won or both lost
+    say nothing of which policy is better; paired, a difference of a few points can be told from the noise where
+    two success intervals overlap."""
+
+    won: int
+    lost: int
+    p_value: float
+
+    def describe(self) -> str:
+        return (
+            f"{self.won} scene{'s' if self.won != 1 else ''} won, {self.lost} lost (sign test p = {self.p_value:.2g})"
+        )
+
+
+def paired(new: EvalReport, old: EvalReport) -> Paired:
+    """`new` against `old` on the seeds both ran.
+
+    Example:
+        ```python
+        >>> paired(round_eval, stable_eval).describe()
+        '4 scenes won, 6 lost (sign test p = 0.75)'
+        ```
+
+    Raises:
+        BadValue: the two evaluations share no seed.
+    """
+    before = {e.seed: e.success for e in old.episodes}
+    pairs = [(e.success, before[e.seed]) for e in new.episodes if e.seed in before]
+    if not pairs:
+        raise BadValue(f"{new.policy} and {old.policy} were evaluated on no common seed: nothing to pair")
+    won = sum(now and not then for now, then in pairs)
+    lost = sum(then and not now for now, then in pairs)
+    return Paired(won, lost, sign_test(won, lost))
+
+
+def sign_test(won: int, lost: int) -> float:
+    """The exact two-sided sign test's p-value: how likely a split at least this uneven is if each discordant scene
+    were a coin toss (1.0 with none). Written out rather than scipy's `binomtest` (the same figure): robotloop does
+    not depend on scipy, and this module is the robot's too."""
+    n = won + lost
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(won, lost) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
 def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion; (0, 1) when n is 0.
 
@@ -529,9 +578,12 @@ def _acting(runner: Policy) -> dict:
 __all__ = [
     "EpisodeResult",
     "EvalReport",
+    "Paired",
     "default_output_dir",
     "evaluate",
     "locate_and_evaluate",
+    "paired",
+    "sign_test",
     "pull_release_for",
     "resolve_policy",
     "resolve_release",

@@ -79,6 +79,7 @@ def summary(report: LoopReport) -> dict:
             "samples_per_s": round(t.samples_per_s, 1),
             "data_wait_share": round(t.data_wait_share, 4),
             "final_loss": t.final_loss,
+            "split_s": t.split(),
         },
         "release": report.release,
         "robot_running_after_s": report.robot_running_after_s,
@@ -97,6 +98,13 @@ def summary(report: LoopReport) -> dict:
         },
         "promotions": report.promotions,
     }
+
+
+def describe_split(split: dict[str, float]) -> str:
+    """A training's seconds in words (`TrainReport.split`), e.g. "setup 8 s, steps 64 s, ONNX export 12 s"."""
+    return f"setup {split['setup']:.0f} s, steps {split['steps']:.0f} s" + (
+        f", ONNX export {split['export']:.0f} s" if split["export"] else ""
+    )
 
 
 def markdown(report: LoopReport) -> str:
@@ -127,7 +135,7 @@ def markdown(report: LoopReport) -> str:
         lines.append(
             f"- Training: {t['steps']} steps, {t['samples_per_s']} samples/s, data wait "
             f"{100 * t['data_wait_share']:.1f}%, final loss {t['final_loss']:.4f}; {report.episodes_trained_on} "
-            f"episodes in its buffer at the end."
+            f"episodes in its buffer at the end. Its time: {describe_split(t['split_s'])}."
         )
     if report.release:
         lines.append(

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..loop.report import write_report
+from ..loop.report import describe_split, write_report
 from . import NOT_TRAINED
 from .run import RoundResult, RoundsReport
 
@@ -65,10 +65,17 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
         )
     lines.append("")
     for r in report.rounds:
+        if against := versus_stable(r):
+            lines += [against, ""]
         if timeline := fleet_timeline(r):
             lines += [timeline, ""]
         if losses := fleet_losses(r):
             lines += [losses, ""]
+        if r.train_split_s:
+            lines += [
+                f"Round {r.round}'s training ({r.stage_s['train']:.0f} s): {describe_split(r.train_split_s)}.",
+                "",
+            ]
         if (c := r.fleet_check) is not None:
             lines.append(
                 f"Round {r.round}'s fleet check: on the same {c.episodes} scenes the robots won {c.fleet_successes} "
@@ -112,6 +119,19 @@ def fleet_timeline(r: RoundResult) -> str | None:
     return f"Round {r.round}'s fleet stage ({r.stage_s.get('fleet', 0):.0f} s), its {len(timings)} robots: " + (
         ", ".join(marks) + "."
     )
+
+
+def versus_stable(r: RoundResult) -> str | None:
+    """The round (and its baseline) against the stable it began with, scene by scene on the same seeds, e.g. "Round
+    1 against stable on the same 200 seeds: 4 scenes won, 6 lost (sign test p = 0.75); its baseline: 5 scenes won, 3
+    lost (sign test p = 0.73)." None for a round not trained (round 0, nothing new to learn)."""
+    if r.versus_stable is None:
+        return None
+    seeds = f"{r.eval_episodes} seed{'s' if r.eval_episodes != 1 else ''}"
+    line = f"Round {r.round} against stable on the same {seeds}: {r.versus_stable.describe()}"
+    if r.baseline is not None and r.baseline.versus_stable is not None:
+        line += f"; its baseline: {r.baseline.versus_stable.describe()}"
+    return line + "."
 
 
 def fleet_losses(r: RoundResult) -> str | None:

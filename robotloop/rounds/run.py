@@ -34,7 +34,7 @@ from ..capture import DatasetRecorder
 from ..capture.sim_record import record_sim
 from ..cluster import driver_host
 from ..deploy.client import DeployClient
-from ..deploy.evaluate import EvalReport, evaluate
+from ..deploy.evaluate import EvalReport, Paired, evaluate, paired
 from ..deploy.keys import load_private_key, public_path
 from ..deploy.local import start_local_deploy_service
 from ..deploy.publish import publish
@@ -225,6 +225,7 @@ class Baseline:
     success_rate: float
     ci95: tuple[float, float]
     minutes: float = 0.0  # recording, training and evaluating it: apart from its round's minutes
+    versus_stable: Paired | None = None  # against the stable its round began with, scene by scene on the same seeds
 
 
 @dataclass
@@ -266,6 +267,8 @@ class RoundResult:
     gain_per_1000_expert_frames: float | None = None  # success gained over stable per 1,000 expert frames
     robots: list[dict[str, Any]] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=dict)
+    train_split_s: dict[str, float] | None = None  # the training stage's setup, steps and export (`TrainReport.split`)
+    versus_stable: Paired | None = None  # against the stable it began with, scene by scene on the same seeds
     baseline: Baseline | None = None
     fleet_check: FleetCheck | None = None
     trained: bool = True  # False: nothing new to learn (`has_new_draws`), stable kept without training
@@ -446,6 +449,7 @@ class _Rounds:
         self.stable = first.release
         self.stable_checkpoint = str(checkpoint_url(loop.run_url, first.train.steps))
         self.stable_eval = first.eval  # stable's evaluation, on the seeds every round is evaluated on
+        self.round_began_with = first.eval  # the stable evaluation the current round (and its baseline) pair with
         self.stall_steps = stall_steps_for(loop.task, first.eval, settings.stall_steps)
         self.baseline_checkpoint = self.stable_checkpoint
         self.fleet_datasets = fleet_dataset_urls(loop, settings.fleet)
@@ -474,15 +478,17 @@ class _Rounds:
         takeover_frames = sum(e["expert_frames"] for e in episodes)
         branch_frames = sum(e["expert_frames"] for e in branched)
         expert_frames = takeover_frames + branch_frames + redemo_frames
+        self.round_began_with = self.stable_eval
         stable_before = self.stable_eval.success_rate
         learn = has_new_draws(episodes, s.weights, expert_frames)
         if learn:
             datasets = [loop.dataset_url, *self._written_datasets(redemo_frames)]
-            release, checkpoint, result = self._train_and_evaluate(k, datasets, stages)
+            release, checkpoint, result, train_split = self._train_and_evaluate(k, datasets, stages)
         else:  # fine-tuning stable on the demos it was trained on: nothing to gain, minutes to spend
             self.on_stage("train", f"round {k}: nothing new to learn (no failure, no expert frame): not trained")
-            release, checkpoint, result = self.stable, self.stable_checkpoint, self.stable_eval
+            release, checkpoint, result, train_split = self.stable, self.stable_checkpoint, self.stable_eval, None
         gained = result.success_rate - stable_before
+        versus = paired(result, self.round_began_with) if learn else None
         promoted = gained > 0
         if promoted:
             reason = f"round {k}: success {result.success_rate:.0%} beats {stable_before:.0%}"
@@ -497,7 +503,7 @@ class _Rounds:
             self.on_stage(
                 "evaluate",
                 f"round {k}: {release} {result.success_rate:.1%} (CI {lo:.1%}-{hi:.1%}) against stable's "
-                f"{stable_before:.1%}, {expert_frames} expert frames, "
+                f"{stable_before:.1%} ({versus.describe()}), {expert_frames} expert frames, "
                 f"{minutes:.1f} min{', promoted' if promoted else ''}",
             )
         return RoundResult(
@@ -525,14 +531,16 @@ class _Rounds:
             trained=learn,
             robots=[_robot_row(r) for r in robots],
             stage_s=stages,
+            train_split_s=train_split,
+            versus_stable=versus,
             fleet_check=check,
         )
 
     def _train_and_evaluate(
         self, k: int, datasets: list[BucketUrl], stages: dict[str, float]
-    ) -> tuple[str, str, EvalReport]:
-        """Round `k`'s release and checkpoint, trained on `datasets`, published to canary, and its evaluation on
-        stable's seeds."""
+    ) -> tuple[str, str, EvalReport, dict[str, float]]:
+        """Round `k`'s release and checkpoint, trained on `datasets`, published to canary, its evaluation on
+        stable's seeds, and where its training's time went (`TrainReport.split`)."""
         s, loop = self.settings, self.loop
         name = f"{loop.run}-r{k}"
         run_url = BucketUrl.parse(f"{loop.bucket}/models/{name}")
@@ -546,7 +554,7 @@ class _Rounds:
         with self._timed(stages, "evaluate", f"{release} on the {loop.eval_episodes} seeds stable was evaluated on"):
             checkpoint = checkpoint_url(run_url, trained.steps)
             result = self._evaluate(checkpoint, f"eval-r{k}")
-        return release, str(checkpoint), result
+        return release, str(checkpoint), result, trained.split()
 
     # -- stages ------------------------------------------------------------------------------------------------
     @contextmanager
@@ -675,7 +683,8 @@ class _Rounds:
             result = self._evaluate(checkpoint_url(run_url, trained.steps), f"eval-baseline-r{k}")
         frames = sum(c.frames for c in rec.committed)
         minutes = stages["baseline"] / 60
-        return Baseline(len(rec.committed), frames, result.success_rate, result.success_ci95, minutes)
+        versus = paired(result, self.round_began_with)
+        return Baseline(len(rec.committed), frames, result.success_rate, result.success_ci95, minutes, versus)
 
 
 def _robot_row(r: FleetRobotResult) -> dict[str, Any]:

@@ -84,9 +84,10 @@ class TrainSettings:
 
 @dataclass
 class TrainReport:
-    """A run's figures. `wall_s` (and the rates from it) leave out the ONNX export of the last checkpoint:
-    `onnx` is what its lineage.json records of it (its `seconds`; `error` for a policy that cannot be exported),
-    None when none ran."""
+    """A run's figures. `wall_s` (and the rates from it) is the steps' time, checkpoints included, and leaves out the
+    ONNX export of the last checkpoint: `onnx` is what its lineage.json records of it (its `seconds`; `error` for a
+    policy that cannot be exported), None when none ran. `setup_s`: the time before the first step (the data's
+    sources opened, the policy built, the weights it starts from downloaded)."""
 
     steps: int
     wall_s: float
@@ -96,6 +97,16 @@ class TrainReport:
     checkpoints: list[str] = field(default_factory=list)
     losses: list[tuple[int, float]] = field(default_factory=list)
     onnx: dict | None = None
+    setup_s: float = 0.0
+
+    @property
+    def export_s(self) -> float:
+        """The last checkpoint's ONNX export, in seconds (0: none ran)."""
+        return float((self.onnx or {}).get("seconds") or 0.0)
+
+    def split(self) -> dict[str, float]:
+        """Where the run's time went: {"setup", "steps", "export"} in seconds."""
+        return {"setup": round(self.setup_s, 1), "steps": round(self.wall_s, 1), "export": round(self.export_s, 1)}
 
 
 def train(
@@ -149,6 +160,7 @@ def _train(
     on_progress: Callable[[Progress], None] | None,
     should_stop: Callable[[], bool],
 ) -> TrainReport:
+    started = time.perf_counter()
     last = latest_step(client, output)
     if last is not None and not settings.resume:  # two runs' checkpoints in one folder: last.json would mix them
         raise BadValue(
@@ -195,6 +207,7 @@ def _train(
             torch.manual_seed(settings.seed + start + 1000 * rank)
         if settings.deterministic:
             sampler.wait_ready()
+        setup_s = time.perf_counter() - started
         with _automatic_gc(settings.gc_every is None):
             report = _loop(
                 client,
@@ -211,7 +224,7 @@ def _train(
                 should_stop,
                 origin,
             )
-    return report
+    return dataclasses.replace(report, setup_s=setup_s)
 
 
 @contextmanager
