@@ -38,9 +38,10 @@ import json
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from robotloop.deploy.evaluate import Paired, sign_test
 from robotloop.loop.pipeline import LoopSettings
 from robotloop.rounds.options import RoundsOptions
 from robotloop.rounds.run import (
@@ -221,7 +222,14 @@ def evaluate_variant(
     failed, (lo, hi) = failed_seeds(path), e.success_ci95
     in_round = None if round_failed is None else len(failed & round_failed)
     also = "no round to compare with" if in_round is None else f"{in_round} also failed in the round"
-    print(f"{variant}: {e.success_rate:.1%} (CI {lo:.1%}-{hi:.1%}), {len(failed)} failed seeds, {also}", flush=True)
+    # Scene by scene against stable (the same seeds): the scenes only stable failed are the variant's wins.
+    won, lost = len(stable_failed - failed), len(failed - stable_failed)
+    versus = Paired(won, lost, sign_test(won, lost))
+    print(
+        f"{variant}: {e.success_rate:.1%} (CI {lo:.1%}-{hi:.1%}), {len(failed)} failed seeds, {also}; against "
+        f"stable: {versus.describe()}",
+        flush=True,
+    )
     return {
         "success": e.success_rate,
         "ci95": [lo, hi],
@@ -229,6 +237,7 @@ def evaluate_variant(
         "failed_seeds": sorted(failed),
         "failed_also_in_round": in_round,
         "failed_also_in_stable": len(failed & stable_failed),
+        "versus_stable": asdict(versus),
     }
 
 
