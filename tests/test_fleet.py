@@ -341,8 +341,8 @@ def test_a_writer_that_dies_costs_its_episodes_counted_with_why_and_the_next_epi
     bucket_server, tmp_path
 ):
     """The GPU run of 2026-12-06 16:06 lost 3 of a robot's 6 episodes without a count, and that robot's exit hung
-    until the fleet's driver killed it: its writer process had died. Now the episodes a dead writer held are dropped
-    and counted with its exit code, the next episode starts a new writer, and the robot exits at once."""
+    until the fleet's driver killed it: what a dead writer process does. Now the episodes a dead writer held are
+    dropped and counted with its exit code, the next episode starts a new writer, and the robot exits at once."""
     client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
     url = BucketUrl.parse("hf://buckets/lab/fleet/datasets/writer-dies")
     args = [bucket_server.endpoint, WRITE_TOKEN, str(url)]

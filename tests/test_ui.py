@@ -564,6 +564,7 @@ def _record_fleet(bucket: BucketClient, staging: Path) -> None:
 def _write_rounds_report(folder: Path) -> None:
     """A rounds report as `robotloop rounds` writes it (`write_rounds_report`): round 0 and one round through the
     fleet, promoted, with the same-expert-frames baseline beside it."""
+    from robotloop.deploy.evaluate import Paired
     from robotloop.loop.pipeline import LoopReport, LoopSettings
     from robotloop.rounds.report import write_rounds_report
     from robotloop.rounds.run import Baseline, RoundResult, RoundSettings, RoundsReport
@@ -588,7 +589,8 @@ def _write_rounds_report(folder: Path) -> None:
             branches=2,
             minutes=2.5,
             gain_per_1000_expert_frames=0.625,
-            baseline=Baseline(5, 400, 0.375, (0.14, 0.69), minutes=1.5),
+            versus_stable=Paired(2, 0, 0.5),
+            baseline=Baseline(5, 400, 0.375, (0.14, 0.69), minutes=1.5, versus_stable=Paired(2, 1, 1.0)),
         ),
     ]
     report = RoundsReport(loop, RoundSettings(baseline=True), rounds, stable="ui-r1")
@@ -632,6 +634,9 @@ def test_fleet_figures_from_a_robot_or_a_report_that_are_not_what_they_should_be
         None
     ] * 7
     assert row["expert_frames"] == 10**400  # a number, however large
+    for odd in ("2 of 3", {"won": 2, "lost": "1", "p_value": 0.5}, {"won": 2, "lost": 1}):
+        (row,) = rounds_rows({"rounds": [{"round": 1, "versus_stable": odd}]})
+        assert row["versus_stable"] is None, odd
     json.dumps(row, allow_nan=False)
     for stages, shown in (("many", {}), ([1], {}), ({"both lifted": "3", "no stage": 2, "x": True}, {"no stage": 2})):
         assert evaluation_row("e", {"summary": {"failures_by_stage": stages}}, set())["failures_by_stage"] == shown
@@ -678,9 +683,10 @@ def _expect_rounds(page: Page) -> None:
     expect(rounds.nth(0).locator("td")).to_have_text(
         ["0", "ui-r0", "start", "25.0% (10.0% to 50.0%)", "1600", "—", "—", "3.5", "—", "—"]
     )
-    second = ["1", "ui-r1", "promoted", "50.0% (25.0% to 75.0%)", "400", "4 (3)", "3 + 2 branch drives", "2.5"]
-    second += ["+62.50 pts"]
-    expect(rounds.nth(1).locator("td")).to_have_text([*second, "37.5% (14.0% to 69.0%), 5 demos"])
+    second = ["1", "ui-r1", "promoted", "50.0% (25.0% to 75.0%); against stable 2 won, 0 lost (p 0.5)", "400", "4 (3)"]
+    second += ["3 + 2 branch drives", "2.5", "+62.50 pts"]
+    base = "37.5% (14.0% to 69.0%), 5 demos; against stable 2 won, 1 lost (p 1)"
+    expect(rounds.nth(1).locator("td")).to_have_text([*second, base])
 
 
 BUCKET_RUN = "hf://buckets/lab/ui/models/ui-bucket-run"  # its loop report is only in the bucket

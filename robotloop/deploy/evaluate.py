@@ -583,10 +583,10 @@ __all__ = [
     "evaluate",
     "locate_and_evaluate",
     "paired",
-    "sign_test",
     "pull_release_for",
     "resolve_policy",
     "resolve_release",
+    "sign_test",
     "wilson_interval",
     "write_video",
 ]

@@ -479,7 +479,7 @@ class _Rounds:
         branch_frames = sum(e["expert_frames"] for e in branched)
         expert_frames = takeover_frames + branch_frames + redemo_frames
         self.round_began_with = self.stable_eval
-        stable_before = self.stable_eval.success_rate
+        stable_before = self.round_began_with.success_rate
         learn = has_new_draws(episodes, s.weights, expert_frames)
         if learn:
             datasets = [loop.dataset_url, *self._written_datasets(redemo_frames)]

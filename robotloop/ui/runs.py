@@ -207,8 +207,8 @@ def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     rows) as the run view's table shows them: round, release, what became of it (`decision`: "start" for round 0,
     which is stable by construction, else "promoted", "kept stable" or `NOT_TRAINED`), success with
     its 95% interval, expert frames, the fleet's episodes, failures, takeovers and branch drives (None for round 0,
-    which ran no fleet), minutes, the gain per 1,000 expert frames (success points, a share) and the same-expert-frames
-    baseline's success and minutes when it ran.
+    which ran no fleet), minutes, the gain per 1,000 expert frames (success points, a share), the same-expert-frames
+    baseline's success and minutes when it ran, and each against stable scene by scene (`versus_stable`).
     A row that is not an object, or a figure of the wrong type, shows as nothing rather than failing the page."""
     found = summary.get("rounds")
     rows = []
@@ -234,6 +234,7 @@ def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "branches": _number(r.get("branches")) if fleet else None,  # the expert's drives from branch points
                 "minutes": _number(r.get("minutes")),
                 "gain_per_1000_expert_frames": _number(r.get("gain_per_1000_expert_frames")),
+                "versus_stable": _paired(r.get("versus_stable")),
                 "baseline": None
                 if baseline is None
                 else {
@@ -242,6 +243,7 @@ def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
                     "success_rate": _number(baseline.get("success_rate")),
                     "ci95": _interval(baseline.get("ci95")),
                     "minutes": _number(baseline.get("minutes")),
+                    "versus_stable": _paired(baseline.get("versus_stable")),
                 },
             }
         )
@@ -261,6 +263,15 @@ def _stage_counts(value: Any) -> dict[str, int | float]:
     if not isinstance(value, dict):
         return {}
     return {str(stage): n for stage, count in value.items() if (n := _number(count)) is not None}
+
+
+def _paired(value: Any) -> dict[str, int | float] | None:
+    """A round against stable scene by scene (`robotloop.deploy.evaluate.Paired`), or None when any part is no
+    figure."""
+    if not isinstance(value, dict):
+        return None
+    found = {key: _number(value.get(key)) for key in ("won", "lost", "p_value")}
+    return None if None in found.values() else found
 
 
 def _interval(value: Any) -> list[float] | None:

@@ -294,6 +294,8 @@
 
   // A rounds report's table (robotloop.ui.runs.rounds_rows): on its report's page and on its training run's.
   const interval = (ci) => (ci ? ` (${pct(ci[0])} to ${pct(ci[1])})` : "");
+  // Scene by scene against the stable the round began with (robotloop.deploy.evaluate.Paired).
+  const versus = (v) => (v ? `; against stable ${v.won} won, ${v.lost} lost (p ${Number(v.p_value.toPrecision(2))})` : "");
   function showRounds(data) {
     $("#rounds-section").hidden = !data.rounds.length;
     const took = data.rounds_minutes === null ? "" : `; the rounds took ${num(data.rounds_minutes)} min`;
@@ -310,13 +312,13 @@
           el("td", {}, r.round ?? "—"),
           el("td", {}, releaseLink(r.release)),
           el("td", { class: `decision-${(r.decision || "").replace(" ", "-")}` }, r.decision || "—"),
-          el("td", {}, `${pct(r.success_rate)}${interval(r.ci95)}`),
+          el("td", {}, `${pct(r.success_rate)}${interval(r.ci95)}${versus(r.versus_stable)}`),
           el("td", {}, r.expert_frames ?? "—"),
           el("td", {}, r.fleet_episodes === null ? "—" : `${r.fleet_episodes} (${r.fleet_failures ?? "?"})`),
           el("td", {}, r.takeovers == null ? "—" : `${r.takeovers}${r.branches ? ` + ${r.branches} branch drives` : ""}`),
           el("td", {}, num(r.minutes)),
           el("td", {}, gain === null ? "—" : `${gain >= 0 ? "+" : ""}${(100 * gain).toFixed(2)} pts`),
-          el("td", {}, base ? `${pct(base.success_rate)}${interval(base.ci95)}, ${base.demos ?? "?"} demos` : "—"),
+          el("td", {}, base ? `${pct(base.success_rate)}${interval(base.ci95)}, ${base.demos ?? "?"} demos${versus(base.versus_stable)}` : "—"),
         );
       }),
     );
