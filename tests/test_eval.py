@@ -62,7 +62,7 @@ def test_wilson_interval() -> None:
     assert lo < 0.02 < hi < 0.11
 
 
-def test_two_evaluations_of_the_same_seeds_are_compared_scene_by_scene() -> None:
+def test_two_evaluations_of_the_same_seeds_are_compared_scene_by_scene(tmp_path: Path) -> None:
     """The rounds' report pairs each round with stable: the scenes one won and the other lost, and the exact sign
     test on them (the figures BENCHMARKS.md worked out by hand: 4 against 6 is noise, 14 against 1 is not)."""
     assert sign_test(4, 6) == pytest.approx(0.7539, abs=1e-4) and sign_test(6, 4) == sign_test(4, 6)
@@ -78,6 +78,7 @@ def test_two_evaluations_of_the_same_seeds_are_compared_scene_by_scene() -> None
     assert (paired(stable, stable).won, paired(stable, stable).lost) == (0, 0)
     with pytest.raises(BadValue, match="no common seed"):
         paired(evaluation([True], first_seed=5000), stable)
+    assert paired(one_more, EvalReport.load(stable.save(tmp_path / "stable.json"))) == paired(one_more, stable)
 
 
 def test_failures_are_counted_by_the_furthest_stage_they_reached_named_furthest_first() -> None:
@@ -183,9 +184,23 @@ def test_bad_arguments_are_refused(tiny: Path, tmp_path: Path) -> None:
 
     usage = (["--sim", "nosuch"], ["--output-dir", str(tiny / "config.json")], ["--shadow-map", "3000"])
     usage += (["--temporal-ensemble", "often"], ["--temporal-ensemble", "0.01", "--action-steps", "5"])
+    # --against: an evaluation report to compare with, of the task evaluated, sharing seeds with this evaluation
+    cube = EvalReport("p", "transfer_cube", 1000, 400, SIZE, 1, [EpisodeResult(0, 1000, True, 4, 4, 400, 1.0)])
+    elsewhere = cube.save(tmp_path / "cube.json")
+    insertion = EvalReport("p", "insertion", 1000, 400, SIZE, 1, cube.episodes).save(tmp_path / "insertion.json")
+    against = {
+        "No such file or directory": tmp_path / "none.json",
+        "is not an evaluation report": tiny / "config.json",
+        "evaluated insertion, not transfer_cube": insertion,
+        "ran seeds 1000-1000; this evaluation runs seeds 5000-5001: none in common": elsewhere,
+    }
     for option in usage:  # usage errors, before work
         result = CliRunner().invoke(app, ["eval", "--policy", str(tiny), *option], env={"COLUMNS": "300"})
         assert result.exit_code == 2, result.output
+    for why, path in against.items():
+        args = ["eval", "--policy", str(tiny), "--against", str(path), "--seed", "5000", "--episodes", "2"]
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+        assert result.exit_code == 2 and why in " ".join(result.output.replace("│", " ").split()), result.output
 
 
 def test_acting_overrides_take_lerobot_evals_two_knobs_and_leave_the_rest_as_saved() -> None:
@@ -319,6 +334,20 @@ def test_eval_json_is_the_report_alone_on_stdout(tiny: Path, tmp_path: Path) -> 
     assert "policy: " in done.stderr and "success 0/1" in " ".join(done.stderr.split())
     chunk = report["inference"]["chunk_size"]
     assert f"acting on 2 of each chunk's {chunk} actions, then a new chunk" in " ".join(done.stderr.split())
+
+    # Again, against that evaluation: scene by scene on the seeds both ran (the same policy: nothing to tell apart).
+    done = subprocess.run(
+        [sys.executable, "-m", "robotloop.cli", "eval", *args, "--output-dir", str(tmp_path / "again"), "--json"]
+        + ["--against", report["report_file"]],
+        env={**os.environ, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    again = json.loads(done.stdout)
+    assert again["versus"] == {"won": 0, "lost": 0, "p_value": 1.0} and again["against"] == report["report_file"]
+    assert "on the seeds both ran: 0 scenes won, 0 lost (sign test p = 1)" in " ".join(done.stderr.split())
 
 
 def test_given_seeds_run_in_their_order_and_must_match_the_episode_count(tiny: Path) -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import statistics
+from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -21,6 +22,9 @@ from .output import (
     json_result,
     progress_bars,
 )
+
+if TYPE_CHECKING:
+    from ..deploy.evaluate import EvalReport
 
 console = cli_console()
 
@@ -77,6 +81,14 @@ def eval_policy(
     shadow_map: ShadowMapOption = None,
     temporal_ensemble: TemporalEnsembleOption = None,
     action_steps: ActionStepsOption = None,
+    against: Annotated[
+        Path | None,
+        typer.Option(
+            dir_okay=False,
+            help="An earlier evaluation's eval_report.json of the same task: compare scene by scene on the seeds both "
+            "ran (the scenes each won that the other lost, and an exact sign test).",
+        ),
+    ] = None,
     as_json: JsonOutput = False,
 ) -> dict:
     """Evaluate a trained policy in the ALOHA sim: episodes run in lockstep, seeded, with rollout videos."""
@@ -86,6 +98,7 @@ def eval_policy(
         describe_acting,
         describe_failures,
         locate_and_evaluate,
+        paired,
     )
     from ..sim.constants import parse_image_size
     from ..sim.tasks import get_task
@@ -108,6 +121,7 @@ def eval_policy(
             check_address(ray)
         except BadInput as error:
             raise typer.BadParameter(str(error), param_hint="--ray") from None
+    earlier = _earlier_evaluation(against, sim, range(seed, seed + episodes)) if against else None
     out = output_dir or default_output_dir(sim)
     with progress_bars(console, "evaluating") as bars:
         bar = bars.add_task("eval", total=episodes, note="locating the policy")
@@ -161,8 +175,37 @@ def eval_policy(
         )
     for video in report.videos:
         console.print(f"video: {video}")
+    versus = None
+    if earlier is not None:
+        versus = paired(report, earlier)
+        console.print(f"against {earlier.checkpoint or earlier.policy} on the seeds both ran: {versus.describe()}")
     console.print(f"report: {out / REPORT_FILE}")
-    return {**report.to_dict(), "report_file": str(out / REPORT_FILE)}
+    return {
+        **report.to_dict(),
+        "report_file": str(out / REPORT_FILE),
+        **({"against": str(against), "versus": asdict(versus)} if versus else {}),
+    }
+
+
+def _earlier_evaluation(path: Path, sim: str, seeds: range) -> EvalReport:
+    """`--against`'s report, checked before any episode runs: readable, of `sim`, sharing seeds with this one."""
+    from ..deploy.evaluate import EvalReport
+
+    try:
+        earlier = EvalReport.load(path)
+    except BadInput as error:
+        raise typer.BadParameter(str(error), param_hint="--against") from None
+    if earlier.task != sim:
+        raise typer.BadParameter(f"{path} evaluated {earlier.task}, not {sim}", param_hint="--against")
+    ran = sorted({e.seed for e in earlier.episodes})
+    if not set(ran) & set(seeds):
+        what = f"seeds {ran[0]}-{ran[-1]}" if ran else "no episode"
+        raise typer.BadParameter(
+            f"{path} ran {what}; this evaluation runs seeds {seeds.start}-{seeds.stop - 1}: none in common "
+            "(give --seed and --episodes to match)",
+            param_hint="--against",
+        )
+    return earlier
 
 
 def _episode_table(report) -> Table:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..config import Settings
-from ..errors import BadValue
+from ..errors import BadInput, BadValue
 from ..features import image_key
 from ..sim.constants import format_image_size
 from ..storage import BucketClient, ensure_endpoint
@@ -225,6 +225,37 @@ class EvalReport:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.to_dict(), indent=1))
         return path
+
+    @classmethod
+    def load(cls, path: Path) -> EvalReport:
+        """An evaluation `save` wrote (an `eval_report.json`): what it evaluated and its episodes, to compare with
+        (`paired`); how its time went is not read back.
+
+        Raises:
+            BadInput: no such file, or not an evaluation report.
+        """
+        try:
+            data = json.loads(Path(path).read_text())
+            episodes = [
+                EpisodeResult(**{**e, "stage_steps": tuple(e.get("stage_steps") or ())}) for e in data["episodes"]
+            ]
+            size = data.get("image_size")
+            return cls(
+                data["policy"],
+                data["task"],
+                int(data["seed"]),
+                int(data["max_steps"]),
+                tuple(size) if size else None,
+                int(data["workers"]),
+                episodes,
+                source=data.get("source"),
+                checkpoint=data.get("checkpoint"),
+                inference=data.get("inference"),
+            )
+        except OSError as error:
+            raise BadInput(f"cannot read the evaluation report {path}: {error.strerror or error}") from None
+        except (ValueError, KeyError, TypeError) as error:  # JSON's errors are ValueErrors
+            raise BadInput(f"{path} is not an evaluation report (eval_report.json): {error!r}") from None
 
 
 @dataclass(frozen=True)
