@@ -311,43 +311,39 @@ def test_cli_evaluates_a_checkpoint_in_a_bucket(tiny: Path, bucket_server, tmp_p
     ), done.stdout
 
 
-def test_eval_json_is_the_report_alone_on_stdout(tiny: Path, tmp_path: Path) -> None:
-    """`robotloop eval --json`: stdout is one JSON document (the report, its summary, where it was saved); the
-    policy line, progress and table a person sees go to stderr."""
-    args = ["--policy", str(tiny), "--episodes", "1", "--max-steps", "3", "--videos", "0", "--shadow-map", "2048"]
-    args += ["--action-steps", "2"]  # lerobot-eval's --policy.n_action_steps: chunks, not the saved ensembling
+def _eval_json(*args: str) -> tuple[dict, str]:
+    """`robotloop eval ARGS --json` in a process of its own: its JSON document and what it showed on stderr."""
     done = subprocess.run(
-        [sys.executable, "-m", "robotloop.cli", "eval", *args, "--output-dir", str(tmp_path / "out"), "--json"],
+        [sys.executable, "-m", "robotloop.cli", "eval", *args, "--json"],
         env={**os.environ, "COLUMNS": "200"},
         capture_output=True,
         text=True,
         timeout=180,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    report = json.loads(done.stdout)
+    return json.loads(done.stdout), " ".join(done.stderr.split())
+
+
+def test_eval_json_is_the_report_alone_on_stdout(tiny: Path, tmp_path: Path) -> None:
+    """`robotloop eval --json`: stdout is one JSON document (the report, its summary, where it was saved); the
+    policy line, progress and table a person sees go to stderr."""
+    args = ["--policy", str(tiny), "--episodes", "1", "--max-steps", "3", "--videos", "0", "--shadow-map", "2048"]
+    args += ["--action-steps", "2"]  # lerobot-eval's --policy.n_action_steps: chunks, not the saved ensembling
+    report, shown = _eval_json(*args, "--output-dir", str(tmp_path / "out"))
     assert report["summary"]["n_episodes"] == 1 and report["episodes"][0]["steps"] == 3
     assert report["checkpoint"] == str(tiny.parent) and report["task"] == "transfer_cube"
     assert report["shadow_map"] == 2048  # --shadow-map reached the sims' report
     assert report["inference"]["n_action_steps"] == 2 and report["inference"]["temporal_ensemble_coeff"] is None
     assert report["report_file"] == str(tmp_path / "out" / "eval_report.json")
     assert json.loads((tmp_path / "out" / "eval_report.json").read_text())["summary"] == report["summary"]
-    assert "policy: " in done.stderr and "success 0/1" in " ".join(done.stderr.split())
+    assert "policy: " in shown and "success 0/1" in shown
     chunk = report["inference"]["chunk_size"]
-    assert f"acting on 2 of each chunk's {chunk} actions, then a new chunk" in " ".join(done.stderr.split())
+    assert f"acting on 2 of each chunk's {chunk} actions, then a new chunk" in shown
 
     # Again, against that evaluation: scene by scene on the seeds both ran (the same policy: nothing to tell apart).
-    done = subprocess.run(
-        [sys.executable, "-m", "robotloop.cli", "eval", *args, "--output-dir", str(tmp_path / "again"), "--json"]
-        + ["--against", report["report_file"]],
-        env={**os.environ, "COLUMNS": "200"},
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    again = json.loads(done.stdout)
+    again, shown = _eval_json(*args, "--output-dir", str(tmp_path / "again"), "--against", report["report_file"])
     assert again["versus"] == {"won": 0, "lost": 0, "p_value": 1.0} and again["against"] == report["report_file"]
-    assert "on the seeds both ran: 0 scenes won, 0 lost (sign test p = 1)" in " ".join(done.stderr.split())
+    assert "on the seeds both ran: 0 scenes won, 0 lost (sign test p = 1)" in shown
 
 
 def test_given_seeds_run_in_their_order_and_must_match_the_episode_count(tiny: Path) -> None:
