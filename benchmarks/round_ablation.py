@@ -41,7 +41,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from robotloop.deploy.evaluate import Paired, sign_test
+from robotloop.deploy.evaluate import EvalReport, paired
 from robotloop.loop.pipeline import LoopSettings
 from robotloop.rounds.options import RoundsOptions
 from robotloop.rounds.run import (
@@ -187,7 +187,8 @@ def main() -> None:
     loop, rounds = settings_from_report(report, args.preset)
     client = connect()  # the embedded bucket server, started once before the children share it
     at_once = args.parallel or (len(variants) if _gpu_gib() >= 120 else 1)
-    stable_failed = failed_seeds(loop.report_dir / "eval" / "eval_report.json")
+    stable = EvalReport.load(loop.report_dir / "eval" / "eval_report.json")
+    stable_failed = {e.seed for e in stable.episodes if not e.success}
     round_report = loop.report_dir / "eval-r1" / "eval_report.json"  # none after a loop without rounds
     round_failed = failed_seeds(round_report) if round_report.exists() else None
     out = {"date": time.strftime("%Y-%m-%d %H:%M"), "run": loop.run, "task": loop.task, "trainings_at_once": at_once}
@@ -203,13 +204,13 @@ def main() -> None:
         for v in batch:
             out["variants"][v] = {"train_exit": codes[v], "train_s": time.monotonic() - t0, "alone_again": v in again}
             if codes[v] == 0:
-                out["variants"][v] |= evaluate_variant(client, loop, rounds, v, args.out, round_failed, stable_failed)
+                out["variants"][v] |= evaluate_variant(client, loop, rounds, v, args.out, round_failed, stable)
             (args.out / "ablation.json").write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))
 
 
 def evaluate_variant(
-    client, loop, rounds, variant: str, out: Path, round_failed: set | None, stable_failed: set
+    client, loop, rounds, variant: str, out: Path, round_failed: set | None, stable: EvalReport
 ) -> dict:
     """The variant's checkpoint on the loop's evaluation seeds; its failed seeds against the round's (None: the loop
     ran no round) and stable's."""
@@ -222,9 +223,7 @@ def evaluate_variant(
     failed, (lo, hi) = failed_seeds(path), e.success_ci95
     in_round = None if round_failed is None else len(failed & round_failed)
     also = "no round to compare with" if in_round is None else f"{in_round} also failed in the round"
-    # Scene by scene against stable (the same seeds): the scenes only stable failed are the variant's wins.
-    won, lost = len(stable_failed - failed), len(failed - stable_failed)
-    versus = Paired(won, lost, sign_test(won, lost))
+    versus = paired(e, stable)  # scene by scene on the same seeds
     print(
         f"{variant}: {e.success_rate:.1%} (CI {lo:.1%}-{hi:.1%}), {len(failed)} failed seeds, {also}; against "
         f"stable: {versus.describe()}",
@@ -236,7 +235,7 @@ def evaluate_variant(
         "episodes": len(e.episodes),
         "failed_seeds": sorted(failed),
         "failed_also_in_round": in_round,
-        "failed_also_in_stable": len(failed & stable_failed),
+        "failed_also_in_stable": sum(not x.success for x in stable.episodes if x.seed in failed),
         "versus_stable": asdict(versus),
     }
 
