@@ -76,6 +76,7 @@ class ServiceClient:
         if not token:
             raise self.error.filed(BadInput)(f"the {self.service} needs a token ({self.token_hint})")
         self.url = url.rstrip("/")
+        self.token = token  # a child process given this client's url and token calls as it does
         self._http = httpx.Client(base_url=self.url, headers={"authorization": f"Bearer {token}"}, timeout=timeout_s)
 
     @classmethod

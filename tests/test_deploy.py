@@ -63,7 +63,7 @@ from robotloop.deploy.onnx_runner import (
     OnnxRunner,
 )
 from robotloop.deploy.policy import load_policy
-from robotloop.deploy.publish import PublishedRelease, publish
+from robotloop.deploy.publish import PublishedRelease, PublishError, publish, start_publish
 from robotloop.deploy.runner import make_tiny_checkpoint
 from robotloop.deploy.runtime import RobotRuntime
 from robotloop.deploy.store import IntegrityError, PullCancelled, ReleaseStore
@@ -1634,6 +1634,24 @@ class _Branchy(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.inner(x) if x.sum() > 0 else -self.inner(x)
+
+
+def test_a_publish_in_a_child_process_exports_signs_and_registers_and_its_errors_come_back(deploy):
+    # How a round publishes beside its evaluation: the same `publish`, in a spawned process (ONNX export and all).
+    url = BucketUrl.parse(f"{RUN}/child/checkpoints/000100")
+    deploy.bucket.upload(deploy.ckpts["v1"], url / "pretrained_model")
+    publishing = start_publish(deploy.bucket, str(url), "child-v1", deploy.key, deploy.ops(), channel="canary")
+    missing = start_publish(deploy.bucket, f"{RUN}/nothing-here", "child-v2", deploy.key, deploy.ops())
+    published = publishing.result(timeout=240)
+    assert published.onnx.files == ONNX_FILES and published.onnx.max_abs_diff <= 1e-4, published.onnx
+    registered = SignedManifest.from_dict(deploy.ops().release("child-v1")["manifest"])
+    registered.verify(deploy.trusted)
+    assert registered.signature == published.signature and registered.manifest.checkpoint == str(url)
+    # An error in the child is the caller's, its class and message intact: nothing was published.
+    with pytest.raises(PublishError, match="nothing-here"):
+        missing.result(timeout=120)
+    with pytest.raises(DeployError, match="no release"):
+        deploy.ops().release("child-v2")
 
 
 def test_a_policy_that_cannot_be_exported_is_refused_naming_its_layer_unless_onnx_is_optional(

@@ -77,6 +77,11 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
             assert versus["won"] + versus["lost"] <= r["eval_episodes"] and 0 < versus["p_value"] <= 1, r
         split = r["train_split_s"]  # the fine-tune's setup (its start weights' download), steps, ONNX export
         assert split["setup"] > 0 and split["steps"] > 0 and sum(split.values()) <= r["stage_s"]["train"] + 0.2
+        # No export at the fine-tune's checkpoint: the publish to canary made it, in a child beside the evaluation.
+        assert split["export"] == 0 and r["publish_s"] > r["stage_s"]["publish"], r
+        release = BucketUrl.parse(f"{bucket}/releases/{r['release']}/manifest.json")
+        signed = json.loads(client.download(release, tmp_path / f"{r['release']}.json").read_text())
+        assert {"policy.onnx", "policy.onnx.data"} <= {f["path"] for f in signed["manifest"]["files"]}, signed
         assert [row["robot"] for row in r["robots"]] == ["fleet-1", "fleet-2"]
         assert all(row["episodes"] == 1 and row["error"] is None for row in r["robots"]), r["robots"]
         # Every episode and branch drive is in the bucket: nothing dropped, nothing to explain.
@@ -136,6 +141,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     assert all(b > 0 for b in pulled[0])
     text = (tmp_path / "report" / "report.md").read_text()
     assert "## Rounds through the fleet" in text and "baseline" in text and "fleet check: on the same 2 scenes" in text
+    assert "Round 1's publish to canary, its ONNX export included, took " in text, text
     took = re.search(r"The rounds took (\d+\.\d) min", text)
     assert report["baseline_minutes"] > 0 and took, text
     assert float(took[1]) == pytest.approx(report["rounds_minutes"], abs=0.051)  # 1 decimal here, 2 in the JSON

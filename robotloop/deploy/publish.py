@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing as mp
 import os
 import tempfile
 import time
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import get_args
@@ -49,7 +51,7 @@ from ..train import layout as train_layout
 from ..train.layout import checkpoint_url
 from .client import DeployClient, DeployError
 from .errors import OnnxExportError, PolicyLoadError
-from .keys import Signer
+from .keys import Signer, load_private_key
 from .manifest import SignedManifest, build_manifest, check_release_name
 from .onnx_runner import INT8_FILES, ONNX_FILES
 
@@ -265,6 +267,68 @@ def publish(
                 _unstore(client, signed)
             raise
     return PublishedRelease(signed.manifest, signed.key_id, signed.signature, report)
+
+
+def start_publish(
+    client: BucketClient,
+    checkpoint: str,
+    name: str,
+    key: Path,
+    deploy: DeployClient,
+    channel: str | None = None,
+    cpu_threads: int = 4,
+) -> Future[PublishedRelease]:
+    """`publish` (ONNX required, no int8) in a child process, for a caller with other work to do meanwhile: the
+    ONNX export publish makes runs on the CPU (~20 s of the h200 preset's ACT on 16 cores), and a round of the loop
+    evaluates its checkpoint on the GPU in that time. `key`: the private deploy key's file, loaded there.
+    `cpu_threads`: torch's threads in the child, so that the export leaves the other work its cores.
+
+    A process, not a thread: torch's exporter traces with Dynamo, whose state is the whole process's, beside a
+    policy the caller may have compiled. The child dies with this process; what it answers comes back over a local
+    pipe, never a network.
+
+    Example:
+        ```python
+        >>> publishing = start_publish(client, "hf://buckets/lab/demos/models/run1-r1", "run1-r1-3000",
+        ...                            key_path, deploy, channel="canary")
+        >>> report = evaluate(...)  # meanwhile
+        >>> publishing.result().onnx.seconds
+        ```
+
+    Raises (from the future's `result()`): what `publish` raises.
+    """
+    pool = ProcessPoolExecutor(
+        1, mp_context=mp.get_context("spawn"), initializer=_start_publisher, initargs=(os.getpid(), cpu_threads)
+    )
+    try:
+        return pool.submit(
+            _publish_from, client.endpoint, client.token, checkpoint, name, key, deploy.url, deploy.token, channel
+        )
+    finally:
+        pool.shutdown(wait=False)  # the child exits once its one publish is done
+
+
+def _start_publisher(parent_pid: int, cpu_threads: int) -> None:
+    import torch
+
+    from ..workers import start_worker
+
+    start_worker(parent_pid)
+    torch.set_num_threads(cpu_threads)
+
+
+def _publish_from(
+    endpoint: str,
+    token: str | None,
+    checkpoint: str,
+    name: str,
+    key: Path,
+    deploy_url: str,
+    deploy_token: str,
+    channel: str | None,
+) -> PublishedRelease:
+    deploy = DeployClient(deploy_url, deploy_token)
+    return publish(BucketClient(endpoint, token), checkpoint, name, load_private_key(key), deploy, channel)
 
 
 def _int8(

@@ -76,6 +76,12 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
                 f"Round {r.round}'s training ({r.stage_s['train']:.0f} s): {describe_split(r.train_split_s)}.",
                 "",
             ]
+        if r.publish_s is not None:
+            lines += [
+                f"Round {r.round}'s publish to canary, its ONNX export included, took {r.publish_s:.0f} s beside its "
+                f"evaluation ({r.stage_s['evaluate']:.0f} s) and {r.stage_s['publish']:.0f} s past it.",
+                "",
+            ]
         if (c := r.fleet_check) is not None:
             lines.append(
                 f"Round {r.round}'s fleet check: on the same {c.episodes} scenes the robots won {c.fleet_successes} "

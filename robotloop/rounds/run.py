@@ -35,9 +35,9 @@ from ..capture.sim_record import record_sim
 from ..cluster import driver_host
 from ..deploy.client import DeployClient
 from ..deploy.evaluate import EvalReport, Paired, evaluate, paired
-from ..deploy.keys import load_private_key, public_path
+from ..deploy.keys import public_path
 from ..deploy.local import start_local_deploy_service
-from ..deploy.publish import publish
+from ..deploy.publish import start_publish
 from ..deploy.resolve import resolve_policy
 from ..errors import BadValue
 from ..loop.pipeline import LoopReport, LoopSettings, Stage, run_loop
@@ -268,6 +268,9 @@ class RoundResult:
     robots: list[dict[str, Any]] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=dict)
     train_split_s: dict[str, float] | None = None  # the training stage's setup, steps and export (`TrainReport.split`)
+    # The canary publish's own seconds (its ONNX export made there), beside the evaluation: stage_s["publish"] is
+    # only what it took past the evaluation's end.
+    publish_s: float | None = None
     versus_stable: Paired | None = None  # against the stable it began with, scene by scene on the same seeds
     baseline: Baseline | None = None
     fleet_check: FleetCheck | None = None
@@ -407,6 +410,9 @@ def train_round(
         seed=loop.seed if seed is None else seed,
         device=loop.device,
         init_from=None if settings.from_scratch else init_from,
+        # No ONNX export at the checkpoint: a round's publish makes it in a child process beside the round's
+        # evaluation (`start_publish`), and the baseline's and the ablation's checkpoints are never published.
+        onnx="off",
     )
     weights = settings.weights
     if settings.data_share is not None:  # the expert's gathered frames drawn as that share of the draws
@@ -483,10 +489,11 @@ class _Rounds:
         learn = has_new_draws(episodes, s.weights, expert_frames)
         if learn:
             datasets = [loop.dataset_url, *self._written_datasets(redemo_frames)]
-            release, checkpoint, result, train_split = self._train_and_evaluate(k, datasets, stages)
+            release, checkpoint, result, train_split, publish_s = self._train_and_evaluate(k, datasets, stages)
         else:  # fine-tuning stable on the demos it was trained on: nothing to gain, minutes to spend
             self.on_stage("train", f"round {k}: nothing new to learn (no failure, no expert frame): not trained")
-            release, checkpoint, result, train_split = self.stable, self.stable_checkpoint, self.stable_eval, None
+            release, checkpoint, result = self.stable, self.stable_checkpoint, self.stable_eval
+            train_split = publish_s = None
         gained = result.success_rate - stable_before
         versus = paired(result, self.round_began_with) if learn else None
         promoted = gained > 0
@@ -532,15 +539,16 @@ class _Rounds:
             robots=[_robot_row(r) for r in robots],
             stage_s=stages,
             train_split_s=train_split,
+            publish_s=publish_s,
             versus_stable=versus,
             fleet_check=check,
         )
 
     def _train_and_evaluate(
         self, k: int, datasets: list[BucketUrl], stages: dict[str, float]
-    ) -> tuple[str, str, EvalReport, dict[str, float]]:
+    ) -> tuple[str, str, EvalReport, dict[str, float], float]:
         """Round `k`'s release and checkpoint, trained on `datasets`, published to canary, its evaluation on
-        stable's seeds, and where its training's time went (`TrainReport.split`)."""
+        stable's seeds, where its training's time went (`TrainReport.split`) and the publish's own seconds."""
         s, loop = self.settings, self.loop
         name = f"{loop.run}-r{k}"
         run_url = BucketUrl.parse(f"{loop.bucket}/models/{name}")
@@ -549,12 +557,17 @@ class _Rounds:
         with self._timed(stages, "train", f"round {k}: {steps} steps from {start} on {len(datasets)} datasets"):
             trained = self._train(datasets, run_url, self.stable_checkpoint)
         release = f"{name}-{trained.steps}"
-        with self._timed(stages, "publish", f"{release} to canary"):
-            publish(self.client, str(run_url), release, load_private_key(self.key), self.deploy, channel="canary")
+        checkpoint = checkpoint_url(run_url, trained.steps)
+        # Published (its ONNX export made on the CPU) while the checkpoint is evaluated on the GPU: the round's
+        # "publish" stage is only what the publish takes past the evaluation.
+        started, publish_s = time.monotonic(), []
+        publishing = start_publish(self.client, str(run_url), release, self.key, self.deploy, channel="canary")
+        publishing.add_done_callback(lambda _: publish_s.append(time.monotonic() - started))
         with self._timed(stages, "evaluate", f"{release} on the {loop.eval_episodes} seeds stable was evaluated on"):
-            checkpoint = checkpoint_url(run_url, trained.steps)
             result = self._evaluate(checkpoint, f"eval-r{k}")
-        return release, str(checkpoint), result, trained.split()
+        with self._timed(stages, "publish", f"{release} to canary (published beside its evaluation)"):
+            publishing.result()
+        return release, str(checkpoint), result, trained.split(), publish_s[0]
 
     # -- stages ------------------------------------------------------------------------------------------------
     @contextmanager
