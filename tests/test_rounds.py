@@ -48,6 +48,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     cmd += ["--round-lr-scale", "0.5", "--fleet-check", "--round-data-share", "0.5", "--fleet-rate-hz", "inf"]
     cmd += ["--shadow-map", "512"]  # 512: cheaper than 48x64's default 1024 on a CPU
     cmd += ["--branches", "1"]  # the middle of the ticks after the last progress: before the stall at tick 10
+    cmd += ["--redemo-near", "1"]  # a demo of the fresh scene nearest each one the policy did not win alone
     cmd += ["--episodes", "1", "--steps", "4", "--round-steps", "4", "--batch-size", "2", "--eval-episodes", "1"]
     cmd += ["--eval-max-steps", "30", "--workers", "1", "--bucket", bucket, "--report-dir", "report"]
     env = {**os.environ, "MUJOCO_GL": "egl", "COLUMNS": "60"}
@@ -66,7 +67,8 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
         assert r["fleet_episodes"] == 2 and r["dropped"] == 0, r
         assert r["takeovers"] >= 2 and r["takeover_frames"] > 0, r
         assert r["stall_steps"] == 10 and 0 <= r["takeovers_at_end"] <= r["takeovers"]  # the K given
-        assert r["expert_frames"] == r["takeover_frames"] + r["redemo_frames"] + r["branch_frames"]
+        assert r["expert_frames"] == r["takeover_frames"] + r["redemo_frames"] + r["branch_frames"] + r["near_frames"]
+        assert r["near_frames"] == 2 * 400, r  # one whole demo near each of the two scenes taken over
         # The expert drove again from one state each robot's policy passed through before its takeover.
         assert [row["branches"] + row["branches_declined"] for row in r["robots"]] == [1, 1], r["robots"]
         assert r["branches"] == sum(row["branches"] for row in r["robots"]) >= 1 and r["branch_frames"] > 0, r

@@ -8,15 +8,17 @@ round is scored on the same scenes, comparable with `lerobot-eval --seed=1000`. 
 - round 0's scripted demos from the block's start (loop seed 0: 0 upwards, below the evaluations' 1000);
 - fleet robots from `FLEET_SEEDS` into the block, 10,000 per round and 1,000 per robot (wider for larger fleets;
   `check_fleet_seeds` refuses a run whose rounds would reach the baseline's range);
-- the baseline's scripted demos from `BASELINE_SEEDS` into the block.
+- the baseline's scripted demos from `BASELINE_SEEDS` into the block;
+- the candidates for demos near the fleet's failures from `NEAR_SEEDS` into the block, `NEAR_CANDIDATES` per round
+  (`robotloop.sim.scenes.nearest_scenes` picks among them).
 
 Loop seed 0's layout is the one every earlier run used. `check_demo_seeds` refuses a recording that could reach
 the evaluations' seeds (loop seed 0 with more than 500 demos: a later loop seed's demos start past them).
 
 Example:
     ```python
-    >>> demo_first_seed(1), fleet_first_seed(1, round_=2, robot=3), baseline_first_seed(1)
-    (10000000, 10123000, 10500000)
+    >>> demo_first_seed(1), fleet_first_seed(1, round_=2, robot=3), baseline_first_seed(1), near_candidates(1, 2)[0]
+    (10000000, 10123000, 10500000, 11020000)
     ```
 """
 
@@ -30,6 +32,10 @@ SEED_BLOCK = 10_000_000  # each loop seed's scenes; 429 blocks fit numpy's 32-bi
 MAX_LOOP_SEED = 2**32 // SEED_BLOCK - 1
 FLEET_SEEDS = 100_000  # + 10,000 per round + 1,000 per robot
 BASELINE_SEEDS = 500_000
+NEAR_SEEDS = 1_000_000  # + NEAR_CANDIDATES per round
+# Candidates for the scenes near a failure: among 10,000 uniform scenes, Insertion's 3 nearest lie within ~1 cm of it
+# (objects sampled over 10 x 20 cm each).
+NEAR_CANDIDATES = 10_000
 
 
 def _block(loop_seed: int) -> int:
@@ -76,6 +82,25 @@ def baseline_first_seed(loop_seed: int) -> int:
     return _block(loop_seed) + BASELINE_SEEDS
 
 
+def check_baseline_seeds(loop_seed: int, seed_start: int, demos: int) -> None:
+    """Refuse baseline demos whose seeds, `DEMO_ATTEMPTS` per demo from `seed_start`, would reach the scenes near
+    failures (`NEAR_SEEDS`).
+
+    Raises:
+        BadValue: they would.
+    """
+    if seed_start + DEMO_ATTEMPTS * demos > _block(loop_seed) + NEAR_SEEDS:
+        raise BadValue(f"{demos} more baseline demos from seed {seed_start:,} would reach the scenes near failures")
+
+
+def near_candidates(loop_seed: int, round_: int) -> range:
+    """The fresh scenes round `round_` may demonstrate near its fleet's failures (each round its own)."""
+    first = _block(loop_seed) + NEAR_SEEDS + NEAR_CANDIDATES * round_
+    if first + NEAR_CANDIDATES > _block(loop_seed) + SEED_BLOCK:
+        raise BadValue(f"round {round_}: past the last round with scenes of its own near its failures")
+    return range(first, first + NEAR_CANDIDATES)
+
+
 def demo_seeds_left(seed_start: int, eval_episodes: int) -> int:
     """How many demo seeds from `seed_start` on stay clear of the evaluations' `eval_episodes` seeds and of the
     fleet's range: what a recording without an end (live mode) may use."""
@@ -111,11 +136,15 @@ __all__ = [
     "EVAL_SEEDS",
     "FLEET_SEEDS",
     "MAX_LOOP_SEED",
+    "NEAR_CANDIDATES",
+    "NEAR_SEEDS",
     "SEED_BLOCK",
     "baseline_first_seed",
+    "check_baseline_seeds",
     "check_demo_seeds",
     "check_fleet_seeds",
     "demo_first_seed",
     "demo_seeds_left",
     "fleet_first_seed",
+    "near_candidates",
 ]

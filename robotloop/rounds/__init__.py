@@ -27,9 +27,11 @@ __getattr__ = lazy_names(__name__, _LAZY)
 # reads it without loading the rounds' heavy modules).
 NOT_TRAINED = "not trained: nothing new"
 MAX_BRANCHES = 8  # branch points per failed fleet episode: each costs an expert drive of up to MAX_REPLAN_STEPS
+MAX_REDEMO_NEAR = 10  # fresh scenes demonstrated near each fleet scene the policy did not win alone: a whole demo each
 
 __all__ = [
     "MAX_BRANCHES",
+    "MAX_REDEMO_NEAR",
     "NOT_TRAINED",
     "RoundResult",
     "RoundSettings",

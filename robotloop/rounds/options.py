@@ -16,7 +16,7 @@ from pydantic import Field
 
 from ..loop.options import LoopOptions
 from ..train.options import MAX_WEIGHT
-from . import MAX_BRANCHES
+from . import MAX_BRANCHES, MAX_REDEMO_NEAR
 
 
 class RoundsOptions(LoopOptions):
@@ -77,6 +77,13 @@ class RoundsOptions(LoopOptions):
         "points on one H200).",
     )
     redemonstrate: bool = Field(default=True, description="The expert re-demonstrates each failed fleet scene.")
+    redemo_near: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_REDEMO_NEAR,
+        description="Per fleet scene the policy did not win alone, the expert also demonstrates the N fresh scenes "
+        "whose objects lie nearest it, where the policy is likely to fail too (default 0).",
+    )
     branches: int | None = Field(
         default=None,
         ge=0,
@@ -115,6 +122,7 @@ class RoundsOptions(LoopOptions):
             "stall_steps": self.stall_steps,
             "lr_scale": self.round_lr_scale,
             "redemonstrate": self.redemonstrate,
+            "redemo_near": self.redemo_near,
             "branches": self.branches,
             "fleet_check": self.fleet_check,
             "from_scratch": self.round_from_scratch,

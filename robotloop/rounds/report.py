@@ -59,9 +59,12 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
         takeovers = f"{r.takeovers} ({r.takeovers_at_end}; K {r.stall_steps})" if r.round else "-"
         if r.branches:
             takeovers += f", {r.branches} branch drives ({r.branch_frames} frames)"
+        expert = f"{r.expert_frames}"
+        if r.round and (r.redemo_frames or r.near_frames):
+            expert += f" ({r.redemo_frames} re-demonstrated, {r.near_frames} near the policy's misses)"
         lines.append(
             f"| {r.round} | `{r.release}` ({kept if r.round else 'stable'}) | {_pct(r.success_rate, r.ci95)} | "
-            f"{r.expert_frames} | {fleet} | {takeovers} | {r.minutes:.1f} | {gain} | {base} |"
+            f"{expert} | {fleet} | {takeovers} | {r.minutes:.1f} | {gain} | {base} |"
         )
     lines.append("")
     for r in report.rounds:

@@ -41,7 +41,15 @@ from ..deploy.publish import start_publish
 from ..deploy.resolve import resolve_policy
 from ..errors import BadValue
 from ..loop.pipeline import LoopReport, LoopSettings, Stage, run_loop
-from ..loop.seeds import baseline_first_seed, check_fleet_seeds, fleet_first_seed
+from ..loop.seeds import (
+    NEAR_CANDIDATES,
+    baseline_first_seed,
+    check_baseline_seeds,
+    check_fleet_seeds,
+    fleet_first_seed,
+    near_candidates,
+)
+from ..sim.scenes import nearest_scenes
 from ..sim.tasks import get_task
 from ..storage import BucketClient, BucketUrl, NotFound
 from ..train.data import DataSettings
@@ -50,7 +58,7 @@ from ..train.layout import checkpoint_url
 from ..train.policy import ACTSettings
 from ..train.trainer import Progress, TrainReport, TrainSettings, train
 from ..train.weights import FrameWeights
-from . import MAX_BRANCHES
+from . import MAX_BRANCHES, MAX_REDEMO_NEAR
 from .fleet import FleetRobot, FleetRobotResult, fleet_episodes, run_fleet
 
 # K per task: the scripted demos themselves go up to 162 (TransferCube) and 212 (Insertion) steps between new reward
@@ -85,6 +93,9 @@ class RoundSettings:
     steps: int | None = None  # fine-tuning steps per round (None: the loop's `steps`)
     stall_steps: int | None = None  # K (None: STALL_STEPS of the task)
     redemonstrate: bool = True  # the scripted expert re-demonstrates each failed episode's scene
+    # Per fleet scene the policy did not win alone, the scripted expert also demonstrates this many fresh scenes
+    # nearest it (`robotloop.sim.scenes.nearest_scenes`): where the policy is likely to fail too (0: none)
+    redemo_near: int = 0
     # Per fleet episode the policy did not finish alone, n of its states (spread over the ticks after its last
     # progress) that the expert drives again from, each drive an episode of expert frames in the robot's dataset
     # (sim only; 0: none)
@@ -105,6 +116,15 @@ class RoundSettings:
         if self.rounds < 1 or self.fleet < 1 or self.fleet_episodes < 1:
             raise BadValue("rounds, fleet and fleet episodes must each be at least 1")
         check_fleet_seeds(self.rounds, self.fleet, self.fleet_episodes)
+        if not 0 <= self.redemo_near <= MAX_REDEMO_NEAR:
+            raise BadValue(
+                f"scenes near each one the policy did not win: 0 to {MAX_REDEMO_NEAR}, not {self.redemo_near}"
+            )
+        if self.fleet * self.fleet_episodes * self.redemo_near > NEAR_CANDIDATES:
+            raise BadValue(
+                f"{self.redemo_near} scenes near each of {self.fleet} x {self.fleet_episodes} fleet episodes: more "
+                f"than a round's {NEAR_CANDIDATES:,} candidates"
+            )
         if not 0 <= self.branches <= MAX_BRANCHES:
             raise BadValue(f"branches per failed episode must be 0 to {MAX_BRANCHES}, not {self.branches}")
         if self.stall_steps is not None and self.stall_steps < 1:
@@ -253,6 +273,7 @@ class RoundResult:
     expert_frames: int = 0
     takeover_frames: int = 0
     redemo_frames: int = 0
+    near_frames: int = 0  # the expert's demos of fresh scenes near those the policy did not win alone
     branch_frames: int = 0  # the expert's drives from the states of episodes the policy did not finish alone
     branches: int = 0  # those drives (episodes of expert frames)
     fleet_episodes: int = 0
@@ -477,18 +498,24 @@ class _Rounds:
         episodes, branched = split_branches(self._new_episodes())
         check = self._fleet_check(k, episodes, stages) if s.fleet_check else None
         misses = [e for e in episodes if not e["success"]]
-        redemo_frames = 0
-        if s.redemonstrate and misses:
-            with self._timed(stages, "redemo", f"the expert re-demonstrates {len(misses)} failed scenes"):
-                redemo_frames = self._redemonstrate([e["seed"] for e in misses])
+        redo = [e["seed"] for e in misses] if s.redemonstrate else []
+        near = self._near_scenes(k, episodes)
+        frames: dict[int, int] = {}
+        if redo or near:
+            what = f"the expert re-demonstrates {len(redo)} failed scenes" + (
+                f" and demonstrates {len(near)} near the scenes the policy did not win alone" if near else ""
+            )
+            with self._timed(stages, "redemo", what):
+                frames = self._demonstrate(redo + near)
+        redemo_frames, near_frames = (sum(frames.get(seed, 0) for seed in seeds) for seeds in (redo, near))
         takeover_frames = sum(e["expert_frames"] for e in episodes)
         branch_frames = sum(e["expert_frames"] for e in branched)
-        expert_frames = takeover_frames + branch_frames + redemo_frames
+        expert_frames = takeover_frames + branch_frames + redemo_frames + near_frames
         self.round_began_with = self.stable_eval
         stable_before = self.round_began_with.success_rate
         learn = has_new_draws(episodes, s.weights, expert_frames)
         if learn:
-            datasets = [loop.dataset_url, *self._written_datasets(redemo_frames)]
+            datasets = [loop.dataset_url, *self._written_datasets(redemo_frames + near_frames)]
             release, checkpoint, result, train_split, publish_s = self._train_and_evaluate(k, datasets, stages)
         else:  # fine-tuning stable on the demos it was trained on: nothing to gain, minutes to spend
             self.on_stage("train", f"round {k}: nothing new to learn (no failure, no expert frame): not trained")
@@ -523,6 +550,7 @@ class _Rounds:
             expert_frames=expert_frames,
             takeover_frames=takeover_frames,
             redemo_frames=redemo_frames,
+            near_frames=near_frames,
             branch_frames=branch_frames,
             branches=len(branched),
             fleet_episodes=len(episodes),
@@ -621,16 +649,38 @@ class _Rounds:
         self.seen |= {(e["dataset"], e["episode_index"]) for e in new}
         return new
 
-    def _redemonstrate(self, seeds: list[int]) -> int:
-        """The scripted expert on each failed episode's scene, from its initial state; the frames committed."""
-        loop = self.loop
+    def _near_scenes(self, k: int, episodes: list[dict[str, Any]]) -> list[int]:
+        """`settings.redemo_near` fresh scenes near each fleet scene the policy did not win alone (a takeover, a
+        failure): where it is likely to fail again (`robotloop.sim.scenes.nearest_scenes`)."""
+        if not self.settings.redemo_near:
+            return []
+        unwon = [e["seed"] for e in episodes if not (e["success"] and e["kind"] == "autonomous")]
+        candidates = near_candidates(self.loop.seed, k)
+        return nearest_scenes(self.loop.task, unwon, candidates, self.settings.redemo_near)
+
+    def _demonstrate(self, seeds: list[int]) -> dict[int, int]:
+        """The scripted expert on each scene of `seeds`, from its initial state, into the re-demonstrations'
+        dataset: the frames committed per seed (a scene the expert failed is not committed)."""
+        loop, frames = self.loop, {}
         recorder = DatasetRecorder(
             self.client, self.redemos, loop.dataset_spec(), staging=loop.report_dir / "staging-redemos"
         )
-        rec = record_sim(
-            recorder, loop.task, len(seeds), loop.record_workers, loop.image_size, seeds=seeds, ray=loop.ray
+
+        def count(kind: str, seed: int, commit: Any) -> None:
+            if kind == "committed":
+                frames[seed] = commit.frames
+
+        record_sim(
+            recorder,
+            loop.task,
+            len(seeds),
+            loop.record_workers,
+            loop.image_size,
+            seeds=seeds,
+            ray=loop.ray,
+            on_event=count,
         )
-        return sum(c.frames for c in rec.committed)
+        return frames
 
     def _written_datasets(self, redemo_frames: int) -> list[BucketUrl]:
         """The fleet datasets with episodes in them, and the re-demonstrations once there are any."""
@@ -677,6 +727,7 @@ class _Rounds:
         recorder = DatasetRecorder(
             self.client, self.baseline_demos, loop.dataset_spec(), staging=loop.report_dir / "staging-baseline"
         )
+        check_baseline_seeds(loop.seed, self.next_baseline_seed, demos)
         with self._timed(
             stages, "baseline", f"round {k}: {demos} more scripted demos ({expert_frames} frames), same training"
         ):
