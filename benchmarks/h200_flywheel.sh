@@ -6,11 +6,12 @@
 # BASELINE=0 leaves the baseline out (it costs each round its own recording, training and evaluation again).
 # Start it detached and follow it (benchmarks/device_follow.sh $R): its plan.log ends with " done".
 #   TASK=transfer_cube ROUNDS=1 EVAL=200 setsid nohup bash benchmarks/h200_flywheel.sh /tmp/fw > /tmp/fw.log 2>&1 &
-# Insertion's next run (after 2026-12-06 16:06, BENCHMARKS.md): a round as the loop runs it, then the same round's data
-# trained two stronger ways (expert frames half of every batch; three times the steps at 0.3x the rate), each
-# evaluated on the same seeds: whether any round recipe moves Insertion before 3 rounds are spent on one (~21 min):
-#   TASK=insertion ROUNDS=1 BASELINE=0 INDEPENDENT=0 LEROBOT_EVAL=0 ONNX_EVAL=0 INT8_EVAL=0 FLEET_CHECK=0 \
-#     ABLATION=share50,long ROUND_ARGS="--shadow-map 2048 --fleet-rate-hz inf" bash benchmarks/h200_flywheel.sh /tmp/fw
+# Insertion's next run (after 2026-12-06 18:48, BENCHMARKS.md): a round whose expert also demonstrates the 3 fresh
+# scenes nearest each one the policy did not win alone (Insertion's failures gather in one corner of the scene
+# space), and the baseline that spends as many frames on random demos, each paired with stable (~20 min):
+#   TASK=insertion ROUNDS=1 BASELINE=1 INDEPENDENT=0 LEROBOT_EVAL=0 ONNX_EVAL=0 INT8_EVAL=0 FLEET_CHECK=0 \
+#     ROUND_ARGS="--shadow-map 2048 --fleet-rate-hz inf --redemo-near 3" bash benchmarks/h200_flywheel.sh /tmp/fw
+# (ABLATION=share50,long: the round's data trained two stronger ways after it, never run to the end yet)
 set -u
 R=${1:-/tmp/flywheel}
 TASK=${TASK:-transfer_cube}

@@ -502,9 +502,9 @@ class _Rounds:
         near = self._near_scenes(k, episodes)
         frames: dict[int, int] = {}
         if redo or near:
-            what = f"the expert re-demonstrates {len(redo)} failed scenes" + (
-                f" and demonstrates {len(near)} near the scenes the policy did not win alone" if near else ""
-            )
+            parts = [f"re-demonstrates {len(redo)} failed scenes"] if redo else []
+            parts += [f"demonstrates {len(near)} scenes near those the policy did not win alone"] if near else []
+            what = "the expert " + " and ".join(parts)
             with self._timed(stages, "redemo", what):
                 frames = self._demonstrate(redo + near)
         redemo_frames, near_frames = (sum(frames.get(seed, 0) for seed in seeds) for seeds in (redo, near))
