@@ -1,10 +1,11 @@
 """Rounds of the loop through the fleet: round 0 is `run_loop` (demos, train, publish to stable, evaluate); each
 further round runs a sim fleet on the stable release over fresh seeds, with the expert taking over stalls, re-
-demonstrates the scenes it failed, fine-tunes from the stable release's checkpoint on demos and fleet data
-together (or, `RoundSettings.from_scratch`, trains anew on them with round 0's recipe), publishes to canary,
-evaluates on the seeds stable was evaluated on, and promotes only what beats it.
+demonstrates the scenes it failed (and, `RoundSettings.redemo_near`, fresh scenes near those the policy did not win
+alone), fine-tunes from the stable release's checkpoint on demos and fleet data together (or,
+`RoundSettings.from_scratch`, trains anew on them with round 0's recipe), evaluates on the seeds stable was evaluated
+on while it publishes to canary, and promotes only what beats it.
 
-Each round's expert frames (takeovers plus re-demonstrations) are what the round cost a human on hardware. The fair
+Each round's expert frames (takeovers plus the expert's demos) are what the round cost a human on hardware. The fair
 baseline (`RoundSettings.baseline`) spends the same frames on more scripted demos of fresh random scenes, trained
 the same way from the same checkpoint, evaluated on the same seeds: what the fleet's data is worth beyond "more
 demos".
@@ -498,16 +499,7 @@ class _Rounds:
         episodes, branched = split_branches(self._new_episodes())
         check = self._fleet_check(k, episodes, stages) if s.fleet_check else None
         misses = [e for e in episodes if not e["success"]]
-        redo = [e["seed"] for e in misses] if s.redemonstrate else []
-        near = self._near_scenes(k, episodes)
-        frames: dict[int, int] = {}
-        if redo or near:
-            parts = [f"re-demonstrates {len(redo)} failed scenes"] if redo else []
-            parts += [f"demonstrates {len(near)} scenes near those the policy did not win alone"] if near else []
-            what = "the expert " + " and ".join(parts)
-            with self._timed(stages, "redemo", what):
-                frames = self._demonstrate(redo + near)
-        redemo_frames, near_frames = (sum(frames.get(seed, 0) for seed in seeds) for seeds in (redo, near))
+        redemo_frames, near_frames = self._expert_demos(k, episodes, misses, stages)
         takeover_frames = sum(e["expert_frames"] for e in episodes)
         branch_frames = sum(e["expert_frames"] for e in branched)
         expert_frames = takeover_frames + branch_frames + redemo_frames + near_frames
@@ -648,6 +640,21 @@ class _Rounds:
         ]
         self.seen |= {(e["dataset"], e["episode_index"]) for e in new}
         return new
+
+    def _expert_demos(
+        self, k: int, episodes: list[dict[str, Any]], misses: list[dict[str, Any]], stages: dict[str, float]
+    ) -> tuple[int, int]:
+        """The scripted expert's demos of round `k`: each failed scene again (`redemonstrate`), and fresh scenes near
+        those the policy did not win alone (`redemo_near`). Their frames: (re-demonstrated, near)."""
+        redo = [e["seed"] for e in misses] if self.settings.redemonstrate else []
+        near = self._near_scenes(k, episodes)
+        if not (redo or near):
+            return 0, 0
+        parts = [f"re-demonstrates {len(redo)} failed scenes"] if redo else []
+        parts += [f"demonstrates {len(near)} scenes near those the policy did not win alone"] if near else []
+        with self._timed(stages, "redemo", "the expert " + " and ".join(parts)):
+            frames = self._demonstrate(redo + near)
+        return sum(frames.get(seed, 0) for seed in redo), sum(frames.get(seed, 0) for seed in near)
 
     def _near_scenes(self, k: int, episodes: list[dict[str, Any]]) -> list[int]:
         """`settings.redemo_near` fresh scenes near each fleet scene the policy did not win alone (a takeover, a
