@@ -1638,8 +1638,11 @@ class _Branchy(torch.nn.Module):
 
 def test_a_publish_in_a_child_process_exports_signs_and_registers_and_its_errors_come_back(deploy):
     # How a round publishes beside its evaluation: the same `publish`, in a spawned process (ONNX export and all).
+    # Weights of its own: an export of the module's checkpoints would put their signed ONNX bytes back under a path
+    # of the bucket, where the tampering test takes them away.
+    own = make_tiny_checkpoint(deploy.key.parent.parent / "ckpt" / "child", image_size=IMAGE, seed=7)
     url = BucketUrl.parse(f"{RUN}/child/checkpoints/000100")
-    deploy.bucket.upload(deploy.ckpts["v1"], url / "pretrained_model")
+    deploy.bucket.upload(own, url / "pretrained_model")
     publishing = start_publish(deploy.bucket, str(url), "child-v1", deploy.key, deploy.ops(), channel="canary")
     missing = start_publish(deploy.bucket, f"{RUN}/nothing-here", "child-v2", deploy.key, deploy.ops())
     published = publishing.result(timeout=240)
