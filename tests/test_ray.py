@@ -132,9 +132,11 @@ def test_eval_on_two_nodes_gives_the_local_episodes(tiny: Path, cluster: str, bu
     for ours, theirs in zip(on_ray.episodes, local.episodes, strict=True):
         assert Path(ours.video).parent == tmp_path / "ray" / "videos"
         frames, expected = _decode(ours.video), _decode(theirs.video)
-        assert len(frames) == ours.steps + 1 and all(
-            np.array_equal(a, b) for a, b in zip(frames, expected, strict=True)
-        )
+        assert len(frames) == len(expected) == ours.steps + 1, (len(frames), len(expected), ours.steps)
+        # Which frames differ and by how much: seen once in a fresh-clone suite (2026-12-06), not reproduced since.
+        pairs = enumerate(zip(frames, expected, strict=True))
+        differ = {i: int(np.abs(a.astype(int) - b).max()) for i, (a, b) in pairs if (a != b).any()}
+        assert not differ, f"episode {ours.index}: frame -> largest pixel difference from the local run's: {differ}"
     saved = json.loads((tmp_path / "ray" / "eval_report.json").read_text())
     assert saved["nodes"] == on_ray.nodes and saved["summary"] == local.summary
     assert saved["checkpoint"] == f"{model}/checkpoints/000005"
