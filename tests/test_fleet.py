@@ -117,6 +117,8 @@ def test_all_keeps_successes_and_a_sample_share_skips_episodes_before_they_strea
     for bad in ({"queue_frames": 0}, {"frame_batch": 0}):  # refused before a writer process starts
         with pytest.raises(ValueError, match="at least 1 frame, in groups of at least 1"):
             FleetRecorder(client, url, RecordChoice("all"), **bad)
+    with pytest.raises(ValueError, match="room for 101 frames cannot be waited for in a queue of 100"):
+        FleetRecorder(client, url, RecordChoice("all"), queue_frames=100, reserve_frames=101)
 
 
 def test_a_full_queue_drops_the_episode_never_a_tick_and_an_unreachable_bucket_drops_and_goes_on(
@@ -144,6 +146,35 @@ def test_a_full_queue_drops_the_episode_never_a_tick_and_an_unreachable_bucket_d
     _episode(fleet, seed=4, frames=3, success=False)
     fleet.close()
     assert fleet.stats.dropped == 1 and "cannot reach the capture service" in fleet.stats.last_error
+
+
+def test_a_give_up_costs_that_episode_only_not_the_whole_ones_queued_before_it(bucket_server, tmp_path):
+    """The writer is still importing (seconds) when a whole short episode and the start of a long one fill the
+    queue: the long one is given up, the short one before it is still committed, and every episode is counted once.
+    (The writer used to skip every episode up to the last given up: 9 of a round's 60 fleet episodes, uncounted.)"""
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/fleet/datasets/given-up")
+    fleet = FleetRecorder(client, url, RecordChoice("all"), queue_frames=40)  # 4 items of up to 10 ticks
+    _episode(fleet, seed=1, frames=5, success=False)  # 3 items: begin, its 5 ticks, end
+    _episode(fleet, seed=2, frames=200, success=False)  # its begin fits, its first 10 ticks do not
+    fleet.close()
+    stats = fleet.stats
+    assert (stats.recorded, stats.dropped, stats.unfinished) == (1, 1, 0), stats.as_dict()
+    assert stats.settled == 2 and "queue was full" in stats.last_error
+    dataset = _read(client, url, tmp_path / "read")
+    assert dataset.meta.total_episodes == 1 and len(dataset) == 5
+
+
+def test_a_robot_with_time_between_episodes_waits_there_for_room_and_drops_none(bucket_server, tmp_path):
+    """The loop's sim robots (`reserve_frames`): the first episode fills the queue while the writer is still importing;
+    without the wait the second's begin would find no room and be dropped."""
+    client = BucketClient(bucket_server.endpoint, WRITE_TOKEN)
+    url = BucketUrl.parse("hf://buckets/lab/fleet/datasets/reserve")
+    fleet = FleetRecorder(client, url, RecordChoice("all"), queue_frames=40, reserve_frames=15)
+    _episode(fleet, seed=1, frames=15, success=False)  # begin, 2 groups of ticks, end: the queue's 4 items
+    _episode(fleet, seed=2, frames=15, success=True)
+    fleet.close()
+    assert (fleet.stats.recorded, fleet.stats.dropped) == (2, 0), fleet.stats.as_dict()
 
 
 def test_an_episode_whose_end_never_came_is_dropped_and_nothing_half_is_committed(bucket_server, tmp_path):

@@ -32,6 +32,7 @@ import multiprocessing as mp
 import os
 import queue
 import random
+import time
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -183,10 +184,13 @@ class FleetRecorder:
     service's (URL, robot token): the writer sends each episode's frames there in batches, and the service, on a
     full install, writes the dataset; so a slim install (no lerobot) records too. `client` is then not written to.
 
-    `frame_batch`: ticks per put (`FRAME_BATCH`).
+    `frame_batch`: ticks per put (`FRAME_BATCH`). `reserve_frames`: for a robot with time to spare between
+    episodes (a sim robot run as fast as the machine, whose writer falls behind), `begin` waits up to
+    `reserve_wait_s` for the queue to have room for an episode of this many frames, so that none is dropped for a
+    full queue. 0 (a real robot's): `begin` never waits.
 
     Raises (on construction):
-        BadValue: `queue_frames` or `frame_batch` under 1.
+        BadValue: `queue_frames` or `frame_batch` under 1, or `reserve_frames` more than the queue holds.
     """
 
     def __init__(
@@ -202,19 +206,29 @@ class FleetRecorder:
         staging: Path | None = None,
         via: tuple[str, str] | None = None,
         frame_batch: int = FRAME_BATCH,
+        reserve_frames: int = 0,
+        reserve_wait_s: float = 60.0,
     ) -> None:
         if queue_frames < 1 or frame_batch < 1:
             raise BadValue(
                 f"the recording queue takes at least 1 frame, in groups of at least 1: not {queue_frames} frames "
                 f"in groups of {frame_batch}"
             )
+        if not 0 <= reserve_frames <= queue_frames:
+            raise BadValue(f"room for {reserve_frames} frames cannot be waited for in a queue of {queue_frames}")
         self.url, self.choice = url, choice
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: nothing of the robot's threads or CUDA state
         self.stats = RecordingStats(self._ctx)
         self._batch = min(frame_batch, queue_frames)  # a queue of 4 frames still holds no more than 4
         self._queue_items = max(1, queue_frames // self._batch)
+        # The items an episode of `reserve_frames` takes: its groups of ticks, its begin and its end.
+        self._reserve_items = min(self._queue_items, -(-reserve_frames // self._batch) + 2) if reserve_frames else 0
+        self._reserve_wait_s = reserve_wait_s
         self._pending: list[_Tick] = []  # the current episode's ticks not yet put, fewer than `_batch`
-        self._given_up = self._ctx.Value("q", 0)  # the last episode the control thread gave up on (the queue was full)
+        # The last episode the control thread gave up on (the queue was full): the writer skips what it queued of it
+        # before. Only the last: which earlier ones were given up goes in band, with the next item put (`_put`).
+        self._given_up = self._ctx.Value("q", 0)
+        self._unreported: list[int] = []  # episodes given up since the last item put
         self._ready = self._ctx.Event()  # set by the writer once it can take an episode at full speed
         self._rng = random.Random(seed)
         self._episode = 0  # the control thread's current episode number
@@ -237,7 +251,7 @@ class FleetRecorder:
         whether it has. Recording needs no wait: episodes queue meanwhile. For a benchmark of the steady state."""
         return self._ready.wait(timeout_s)
 
-    # -- control thread: never waits ----------------------------------------------------------------------------
+    # -- control thread: never waits (but `begin` with `reserve_frames`, between episodes) ----------------------
     def begin(self, facts: EpisodeFacts, shadow_map: int | None = None) -> None:
         """A new episode starts (an episode still open is dropped: its end never came). `shadow_map`: a sim
         camera's shadow-map side (None: gym-aloha's for the frame size), kept in the fleet dataset's features."""
@@ -252,7 +266,19 @@ class FleetRecorder:
         if self.choice.mode != "off" and not self._streaming:
             self.stats.add("not_sampled")
         if self._streaming:
+            self._wait_for_room()
             self._put(("begin", (facts, shadow_map)))
+
+    def _wait_for_room(self) -> None:
+        """Up to `reserve_wait_s`, until the queue has room for `reserve_frames` (none asked: no wait)."""
+        deadline = time.monotonic() + self._reserve_wait_s
+        while self._reserve_items and time.monotonic() < deadline and self._process.is_alive():
+            try:
+                if self._queue_items - self._queue.qsize() >= self._reserve_items:
+                    return
+            except NotImplementedError:  # macOS has no qsize: no wait there
+                return
+            time.sleep(0.02)
 
     def frame(
         self,
@@ -282,7 +308,7 @@ class FleetRecorder:
         self._flush()
         if self._process.is_alive():
             with contextlib.suppress(queue.Full):  # a writer that takes nothing more is killed below
-                self._queue.put(("stop", 0, None), timeout=timeout_s)
+                self._queue.put(("stop", 0, None, tuple(self._unreported)), timeout=timeout_s)
             self._process.join(timeout_s)
         if self._process.is_alive():
             self._process.kill()
@@ -312,10 +338,14 @@ class FleetRecorder:
             self._put(("frames", ticks))
 
     def _put(self, item: tuple[str, Any]) -> None:
+        """Queue `item` of the current episode, with the episodes given up since the last item put: the writer, which
+        may still hold their first ticks, then knows they were counted here (dropped) and are not unfinished."""
         try:
-            self._queue.put_nowait((item[0], self._episode, item[1]))
+            self._queue.put_nowait((item[0], self._episode, item[1], tuple(self._unreported)))
+            self._unreported = []
         except queue.Full:  # the writer fell behind: this episode is given up, never a tick
             self._given_up.value = self._episode
+            self._unreported.append(self._episode)
             self._streaming = False
             self.stats.add("dropped", "the recording queue was full")
 
@@ -353,16 +383,20 @@ class _Writer:
         current: _Open | None = None
         while True:
             try:
-                kind, episode, payload = items.get(timeout=0.2)
-            except queue.Empty:
-                if current is not None and current.episode <= self.given_up.value:
-                    current = self._abort(current)
+                kind, episode, payload, given_up_since = items.get(timeout=0.2)
+            except queue.Empty:  # nothing queued after the episode: if it was given up, its end will never come
+                if current is not None and current.episode == self.given_up.value:
+                    current = self._abort(current, counted=True)
                 continue
+            # An episode whose end never came: given up by the control thread (counted there: the item after its last
+            # says so), or the robot moved on. Equality, not "up to": the episodes queued whole before a give-up are
+            # still committed (a `<=` here lost them uncounted: 9 of 60 in a round's fleet on an H100, 2026-12-06).
+            if current is not None and (current.episode != episode or episode == self.given_up.value):
+                given = current.episode in given_up_since or current.episode == self.given_up.value
+                current = self._abort(current, counted=given)
             if kind == "stop":
                 break
-            if current is not None and (current.episode != episode or current.episode <= self.given_up.value):
-                current = self._abort(current)  # its end never came: given up, or the robot moved on
-            if episode <= self.given_up.value:
+            if episode == self.given_up.value:  # the rest of what was queued of the last episode given up
                 continue
             try:
                 current = self._handle(current, episode, kind, payload)
@@ -380,7 +414,7 @@ class _Writer:
                     _drop(current.live)
                 current = None
         if current is not None:
-            self._abort(current)
+            self._abort(current, counted=False)
 
     def _handle(self, current: _Open | None, episode: int, kind: str, payload: Any) -> _Open | None:
         if kind == "begin":
@@ -456,11 +490,11 @@ class _Writer:
         frame[POLICY_ACTION_KEY] = np.asarray(policy, np.float32)
         return frame
 
-    def _abort(self, episode: _Open) -> None:
+    def _abort(self, episode: _Open, counted: bool) -> None:
         """Drop an episode whose end never came: the robot stopped or began another (unfinished), or the control
-        thread gave it up (dropped, counted there)."""
+        thread gave it up (`counted`: dropped, counted there)."""
         _drop(episode.live)
-        if episode.episode > self.given_up.value:
+        if not counted:
             self.stats.add("unfinished")
         return None
 

@@ -320,7 +320,11 @@ def _run_robot(robot: FleetRobot, started: float) -> FleetRobotResult:
         RecordChoice("all"),
         fps=fps,
         vcodec=robot.vcodec,
-        queue_frames=robot.policy_steps + MAX_REPLAN_STEPS + 100,  # a whole episode: a slow encode never drops one
+        # Two of its longest episodes, and room for one waited for between episodes: the writer fell a whole queue
+        # behind robots run as fast as the machine (4 of 60 episodes dropped in a round's fleet on an H100,
+        # 2026-12-06), and a sim robot can wait at a reset where a real one could not.
+        queue_frames=2 * (robot.policy_steps + MAX_REPLAN_STEPS),
+        reserve_frames=robot.policy_steps + MAX_REPLAN_STEPS,
         seed=zlib.crc32(robot.robot_id.encode()),
     )
     takeovers = Takeovers(
