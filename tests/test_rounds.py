@@ -311,6 +311,9 @@ def test_an_expert_that_declines_leaves_the_policy_driving_and_is_counted():
 def test_rounds_options_refuse_live_mode_and_take_the_presets_values():
     h200 = RoundsOptions(preset="h200", rounds=2, device="cpu").round_settings()
     assert (h200.fleet, h200.steps) == (10, 3000)  # a round's fine-tune, not round 0's training from scratch
+    # The GPU preset aims the expert near the policy's misses (what moved Insertion); the cpu one, or a user's 0, not.
+    assert h200.redemo_near == 3 and RoundsOptions(rounds=1).round_settings().redemo_near == 0
+    assert RoundsOptions(preset="h200", rounds=1, device="cpu", redemo_near=0).round_settings().redemo_near == 0
     assert h200.lr_scale == 0.1 and RoundsOptions(rounds=1, round_lr_scale=0.5).round_settings().lr_scale == 0.5
     assert RoundsOptions(rounds=1, fleet=3).round_settings().fleet == 3
     # A round draws no autonomous frame unless told (the trainer's own default keeps the successes at 1).

@@ -70,6 +70,10 @@ STALL_MARGIN = 20
 # A round's fine-tune on the h200 preset: ~80 s at batch 64 on one H200, so that a round (fleet, re-demos, training,
 # evaluation) fits its 5 minutes; round 0 trained Insertion from scratch for 15,000.
 H200_ROUND_STEPS = 3000
+# The h200 preset's fresh scenes near each fleet scene the policy did not win alone: Insertion's round 1 with 3 went
+# from 85.5% to 91.5% (16 scenes won, 4 lost), where the same frames on random scenes gave 88.0%, and every round
+# without them stayed within noise of stable (one H100, 2026-12-06 21:36, BENCHMARKS.md).
+H200_REDEMO_NEAR = 3
 # A round fine-tunes a converged checkpoint: its peak learning rate is this fraction of the recipe's. The h200 recipe
 # peaks at 1e-4 and decays to 0 over round 0, so a fine-tune restarting at 1e-4 throws the policy off what it learned
 # (Insertion, 2026-12-04 07:14: 77% -> 70.5% after a round at the full rate). 0.1 puts it back at lerobot's ACT rate.
@@ -137,15 +141,16 @@ class RoundSettings:
 
     @classmethod
     def for_preset(cls, preset: str, **overrides: Any) -> RoundSettings:
-        """`cpu` (2 robots, 2 episodes each) or `h200` (10 robots, 6 episodes each, on 16 cores beside one GPU, and
-        `H200_ROUND_STEPS` fine-tuning steps a round).
+        """`cpu` (2 robots, 2 episodes each) or `h200` (10 robots, 6 episodes each, on 16 cores beside one GPU,
+        `H200_ROUND_STEPS` fine-tuning steps a round and `H200_REDEMO_NEAR` scenes demonstrated near each one the
+        policy did not win alone).
 
         Raises:
             BadValue: unknown preset.
         """
         presets: dict[str, dict[str, Any]] = {
             "cpu": {},
-            "h200": dict(fleet=10, fleet_episodes=6, steps=H200_ROUND_STEPS),
+            "h200": dict(fleet=10, fleet_episodes=6, steps=H200_ROUND_STEPS, redemo_near=H200_REDEMO_NEAR),
         }
         if preset not in presets:
             raise BadValue(f"unknown rounds preset '{preset}'; choose one of {', '.join(sorted(presets))}")
