@@ -583,6 +583,8 @@ def _write_rounds_report(folder: Path) -> None:
             (0.25, 0.75),
             8,
             expert_frames=400,
+            takeover_frames=100,
+            near_frames=300,
             fleet_episodes=4,
             fleet_failures=3,
             takeovers=3,
@@ -634,6 +636,8 @@ def test_fleet_figures_from_a_robot_or_a_report_that_are_not_what_they_should_be
         None
     ] * 7
     assert row["expert_frames"] == 10**400  # a number, however large
+    odd_split = {"round": 1, "takeover_frames": "12", "redemo_frames": float("nan"), "near_frames": 30}
+    assert rounds_rows({"rounds": [odd_split]})[0]["expert_split"] == {"near misses": 30}  # the figures it can show
     for odd in ("2 of 3", {"won": 2, "lost": "1", "p_value": 0.5}, {"won": 2, "lost": 1}):
         (row,) = rounds_rows({"rounds": [{"round": 1, "versus_stable": odd}]})
         assert row["versus_stable"] is None, odd
@@ -683,7 +687,8 @@ def _expect_rounds(page: Page) -> None:
     expect(rounds.nth(0).locator("td")).to_have_text(
         ["0", "ui-r0", "start", "25.0% (10.0% to 50.0%)", "1600", "—", "—", "3.5", "—", "—"]
     )
-    second = ["1", "ui-r1", "promoted", "50.0% (25.0% to 75.0%); against stable 2 won, 0 lost (p 0.5)", "400", "4 (3)"]
+    second = ["1", "ui-r1", "promoted", "50.0% (25.0% to 75.0%); against stable 2 won, 0 lost (p 0.5)"]
+    second += ["400 (100 takeovers, 300 near misses)", "4 (3)"]
     second += ["3 + 2 branch drives", "2.5", "+62.50 pts"]
     base = "37.5% (14.0% to 69.0%), 5 demos; against stable 2 won, 1 lost (p 1)"
     expect(rounds.nth(1).locator("td")).to_have_text([*second, base])

@@ -205,10 +205,11 @@ def _decision(promoted: Any, trained: Any) -> str | None:
 def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """The rounds of a rounds report's summary (report.json's `rounds`, `robotloop.rounds.report.round_row`'s
     rows) as the run view's table shows them: round, release, what became of it (`decision`: "start" for round 0,
-    which is stable by construction, else "promoted", "kept stable" or `NOT_TRAINED`), success with
-    its 95% interval, expert frames, the fleet's episodes, failures, takeovers and branch drives (None for round 0,
-    which ran no fleet), minutes, the gain per 1,000 expert frames (success points, a share), the same-expert-frames
-    baseline's success and minutes when it ran, and each against stable scene by scene (`versus_stable`).
+    which is stable by construction, else "promoted", "kept stable" or `NOT_TRAINED`), success with its 95%
+    interval, expert frames, where they went (`expert_split`), the fleet's episodes, failures, takeovers and branch
+    drives (these None for round 0, which ran no fleet), minutes, the gain per 1,000 expert frames (success points,
+    a share), the same-expert-frames baseline's success and minutes when it ran, and each against stable scene by
+    scene (`versus_stable`).
     A row that is not an object, or a figure of the wrong type, shows as nothing rather than failing the page."""
     found = summary.get("rounds")
     rows = []
@@ -228,6 +229,8 @@ def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
                 "ci95": _interval(r.get("ci95")),
                 "eval_episodes": _number(r.get("eval_episodes")),
                 "expert_frames": _number(r.get("expert_frames")),
+                # where they went: {"takeovers": n, "re-demonstrations": n, "near misses": n, "branch drives": n}
+                "expert_split": _expert_split(r) if fleet else None,
                 "fleet_episodes": _number(r.get("fleet_episodes")) if fleet else None,
                 "fleet_failures": _number(r.get("fleet_failures")) if fleet else None,
                 "takeovers": _number(r.get("takeovers")) if fleet else None,
@@ -248,6 +251,20 @@ def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+EXPERT_PARTS = {  # a round's expert frames by where the expert drove (robotloop.rounds.run.RoundResult)
+    "takeover_frames": "takeovers",
+    "redemo_frames": "re-demonstrations",
+    "near_frames": "near misses",
+    "branch_frames": "branch drives",
+}
+
+
+def _expert_split(row: dict[str, Any]) -> dict[str, int | float]:
+    """A round's expert frames by part (`EXPERT_PARTS`), the parts it spent some on."""
+    parts = {label: _number(row.get(key)) for key, label in EXPERT_PARTS.items()}
+    return {label: n for label, n in parts.items() if n}
 
 
 def _number(value: Any) -> int | float | None:

@@ -296,6 +296,11 @@
   const interval = (ci) => (ci ? ` (${pct(ci[0])} to ${pct(ci[1])})` : "");
   // Scene by scene against the stable the round began with (robotloop.deploy.evaluate.Paired).
   const versus = (v) => (v ? `; against stable ${v.won} won, ${v.lost} lost (p ${Number(v.p_value.toPrecision(2))})` : "");
+  // Where a round's expert frames went (robotloop.ui.runs.EXPERT_PARTS), e.g. " (1916 takeovers, 12000 near misses)".
+  const expertSplit = (split) => {
+    const parts = Object.entries(split || {}).map(([part, n]) => `${n} ${part}`);
+    return parts.length ? el("span", { class: "muted" }, ` (${parts.join(", ")})`) : "";
+  };
   function showRounds(data) {
     $("#rounds-section").hidden = !data.rounds.length;
     const took = data.rounds_minutes === null ? "" : `; the rounds took ${num(data.rounds_minutes)} min`;
@@ -313,7 +318,7 @@
           el("td", {}, releaseLink(r.release)),
           el("td", { class: `decision-${(r.decision || "").replace(" ", "-")}` }, r.decision || "—"),
           el("td", {}, `${pct(r.success_rate)}${interval(r.ci95)}${versus(r.versus_stable)}`),
-          el("td", {}, r.expert_frames ?? "—"),
+          el("td", {}, r.expert_frames ?? "—", expertSplit(r.expert_split)),
           el("td", {}, r.fleet_episodes === null ? "—" : `${r.fleet_episodes} (${r.fleet_failures ?? "?"})`),
           el("td", {}, r.takeovers == null ? "—" : `${r.takeovers}${r.branches ? ` + ${r.branches} branch drives` : ""}`),
           el("td", {}, num(r.minutes)),
