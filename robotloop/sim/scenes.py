@@ -45,8 +45,9 @@ def nearest_scenes(task: str | TaskSpec, scenes: Sequence[int], candidates: Sequ
     if wanted > len(candidates):
         raise BadValue(f"{len(scenes)} scenes x {per_scene} near each need {wanted} candidates, not {len(candidates)}")
     pool = scene_points(task, candidates)
-    varying = pool.max(axis=0) > pool.min(axis=0)
-    low, span = pool.min(axis=0)[varying], np.ptp(pool, axis=0)[varying]
+    low, high = pool.min(axis=0), pool.max(axis=0)
+    varying = high > low
+    low, span = low[varying], (high - low)[varying]
     pool = (pool[:, varying] - low) / span
     targets = (scene_points(task, scenes)[:, varying] - low) / span
     taken = np.zeros(len(pool), dtype=bool)
