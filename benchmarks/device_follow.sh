@@ -11,7 +11,7 @@ end=$((SECONDS + ${2:-560}))
 copy() {
   cp -f "$R/results.tar.gz" "$R/plan.log" "$R/loop.log" "$R/dmon.log" "$R"/*.jsonl "$R"/load_*.json "$R"/load_*.log \
     "$R"/ablation/ablation.json "$R"/loop-report/report.json "$OUT/" 2>/dev/null
-  for f in "$R"/loop-report/eval*/eval_report.json; do [ -f "$f" ] && cp -f "$f" "$OUT/$(basename "$(dirname "$f")").json"; done
+  for f in "$R"/loop-report/eval*/eval_report.json "$R"/eval-5000/eval_report.json; do [ -f "$f" ] && cp -f "$f" "$OUT/$(basename "$(dirname "$f")").json"; done
 }
 while [ $SECONDS -lt $end ] && ! grep -q " done$" "$R/plan.log" 2>/dev/null; do
   copy
