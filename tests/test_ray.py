@@ -17,12 +17,15 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from robotloop.cluster import ray_session
+from robotloop.cluster.eval import ACTOR_CPUS
 from robotloop.config import load_settings
 from robotloop.deploy.client import DeployClient
 from robotloop.deploy.evaluate import EvalReport, evaluate, locate_and_evaluate
@@ -127,7 +130,12 @@ def test_eval_on_two_nodes_gives_the_local_episodes(tiny: Path, cluster: str, bu
     storage = {"endpoint": bucket_server.endpoint, "token": WRITE_TOKEN, "cache_dir": str(tmp_path / "cache" / "read")}
     settings = load_settings({"storage": storage})
     run = dict(batch=2, max_steps=16, seed=11, videos=4)
-    local = evaluate(tiny, "transfer_cube", 4, 1, output_dir=tmp_path / "local", **run)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(ACTOR_CPUS)  # the actors' thread count: the same float sums, so the same actions
+    try:
+        local = evaluate(tiny, "transfer_cube", 4, 1, output_dir=tmp_path / "local", **run)
+    finally:
+        torch.set_num_threads(threads)
 
     def on_ray_killing_one(folder: str):
         killed: list[int] = []
@@ -150,10 +158,12 @@ def test_eval_on_two_nodes_gives_the_local_episodes(tiny: Path, cluster: str, bu
     assert all(Path(e.video).parent == tmp_path / "ray" / "videos" for e in on_ray.episodes)
     differ = _frames_differing(on_ray, local)
     if differ:
-        # A known flake, not understood yet: in 2 of about 8 fresh-clone suites (2026-12-06) one episode's every frame
-        # was off by 11-25 levels while its facts (rewards, steps, stages) were the local run's. Not the lockstep
-        # slot (a seed renders the same in either) nor x264's threads (same bytes at 1-8). Once more, the same way:
-        # that run must film every frame as the local one did.
+        # Found (2026-12-07): the local run computed on two threads, the actors on one, so their actions differed at
+        # every step by float rounding; the pixels almost never moved. Now both use one, and every step's actions,
+        # states and frames matched in 15 runs. Not found: in one run of 14 before that, a Ray wave filmed other
+        # frames than Ray waves of those seeds always did (x264 then re-codes every frame, the first included). Once
+        # more, the same way: that run must film every frame as the local one did.
+        warnings.warn(f"the Ray evaluation filmed other frames than the local one, run again: {differ}", stacklevel=1)
         again = on_ray_killing_one("ray-again")
         assert not _frames_differing(again, local), f"twice; the first time: {differ}"
     saved = json.loads((tmp_path / "ray" / "eval_report.json").read_text())

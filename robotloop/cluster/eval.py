@@ -8,7 +8,9 @@ comes back is one `EpisodeResult` per episode, and the mp4 of a filmed one.
 
 Same seeds, same episodes: a wave holds the same episodes as the local run's wave when `batch` is the same, and the
 policy sees the same batch. (A batch of other episodes moves ACT's actions by float rounding, ~3e-8, since the
-batched matrix products sum in another order; that can change an episode.)
+batched matrix products sum in another order; that can change an episode.) On CPU the thread count orders those sums
+too: an actor's policy computes on `ACTOR_CPUS` threads, its share of the node, so a local run gives the same actions
+bit for bit on as many (`torch.set_num_threads`).
 
 Example:
     ```python
@@ -34,6 +36,7 @@ from . import ATTEMPTS, RayUnavailable, call_error, gpu_share, node_id, ray_sess
 
 log = logging.getLogger(__name__)
 CLOSE_S = 30  # an idle actor's time to close its sims and remove its files before it is killed
+ACTOR_CPUS = 1  # what each actor asks Ray for, and the threads its policy computes with
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class EvalWorker:
     """A Ray actor (`ray.remote(EvalWorker)`): a policy and a batch of `size` sims in one Ray worker process."""
 
     def __init__(self, job: EvalJob, size: int) -> None:
+        import torch
+
         from ..deploy.evaluate import _load_quietly
         from ..deploy.resolve import locate_policy
         from ..output import log_to_console, quiet_libraries
@@ -71,6 +76,9 @@ class EvalWorker:
 
         quiet_libraries()
         log_to_console()
+        # Set, not left to torch: it reads OMP_NUM_THREADS at import, which Ray sets to the actor's CPUs only when
+        # the call starts, and a worker process may have imported torch before (then it took the node's cores).
+        torch.set_num_threads(ACTOR_CPUS)
         client = None if job.bucket is None else BucketClient(*job.bucket)
         found = locate_policy(job.policy, lambda: client)  # into this node's cache (robotloop's cache dir)
         self.runner = _load_quietly(found.path, job.device, job.inference, job.backend)
@@ -114,7 +122,7 @@ def evaluate_on_ray(
     """
     with ray_session(address) as ray:
         actor_class = ray.remote(EvalWorker).options(
-            num_cpus=1,
+            num_cpus=ACTOR_CPUS,
             num_gpus=gpu_share(job.device, workers),
             scheduling_strategy="SPREAD",  # over the nodes: each holds one EGL renderer per sim
             max_restarts=0,  # a dead actor is replaced here, with its wave put back in the queue
