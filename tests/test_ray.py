@@ -27,7 +27,7 @@ from robotloop.cluster import ray_session
 from robotloop.cluster.eval import ACTOR_CPUS
 from robotloop.config import load_settings
 from robotloop.deploy.client import DeployClient
-from robotloop.deploy.evaluate import EvalReport, evaluate, locate_and_evaluate
+from robotloop.deploy.evaluate import evaluate, locate_and_evaluate
 from robotloop.deploy.keys import generate_keypair, load_private_key, public_path
 from robotloop.deploy.local import start_local_deploy_service
 from robotloop.deploy.publish import publish
@@ -86,19 +86,6 @@ def _decode(path: str) -> list[np.ndarray]:
         return [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
 
 
-def _frames_differing(ours: EvalReport, local: EvalReport) -> dict[int, dict[int, int]]:
-    """Per episode whose video is not the local run's frame for frame: frame -> largest pixel difference."""
-    found = {}
-    for mine, theirs in zip(ours.episodes, local.episodes, strict=True):
-        frames, expected = _decode(mine.video), _decode(theirs.video)
-        assert len(frames) == len(expected) == mine.steps + 1, (len(frames), len(expected), mine.steps)
-        pairs = enumerate(zip(frames, expected, strict=True))
-        differ = {i: int(np.abs(a.astype(int) - b).max()) for i, (a, b) in pairs if (a != b).any()}
-        if differ:
-            found[mine.index] = differ
-    return found
-
-
 def _kill_first(title: str, killed: list[int], deadline_s: float = 60) -> threading.Thread:
     """A thread that SIGKILLs the first process titled `title` (an actor inside one of its calls) it sees."""
 
@@ -150,11 +137,16 @@ def test_eval_on_two_nodes_gives_the_local_episodes(tiny: Path, cluster: str, bu
         return e.index, e.seed, e.success, e.max_reward, e.sum_reward, e.steps, e.stage_steps
 
     assert [facts(e) for e in on_ray.episodes] == [facts(e) for e in local.episodes]
-    assert all(Path(e.video).parent == tmp_path / "ray" / "videos" for e in on_ray.episodes)
-    # Frame for frame: the same actions (the local run on the actors' one thread) and films whose coding does not
-    # depend on what the heap held (`write_video`: with x264's macroblock tree this failed now and then until
-    # 2026-12-07).
-    assert not _frames_differing(on_ray, local)
+    for ours, theirs in zip(on_ray.episodes, local.episodes, strict=True):
+        assert Path(ours.video).parent == tmp_path / "ray" / "videos"
+        frames, expected = _decode(ours.video), _decode(theirs.video)
+        assert len(frames) == len(expected) == ours.steps + 1, (len(frames), len(expected), ours.steps)
+        # Frame for frame: the same actions (the local run on the actors' one thread) and films whose coding does
+        # not depend on what the heap held (`write_video`: with x264's macroblock tree this failed now and then
+        # until 2026-12-07).
+        pairs = enumerate(zip(frames, expected, strict=True))
+        differ = {i: int(np.abs(a.astype(int) - b).max()) for i, (a, b) in pairs if (a != b).any()}
+        assert not differ, f"episode {ours.index}: frame -> largest pixel difference from the local run's: {differ}"
     saved = json.loads((tmp_path / "ray" / "eval_report.json").read_text())
     assert saved["nodes"] == on_ray.nodes and saved["summary"] == local.summary
     assert saved["checkpoint"] == f"{model}/checkpoints/000005"
