@@ -23,9 +23,16 @@ from robotloop.storage.embedded import stop_embedded_server
 from .pgserver import PgServer, start_postgres
 
 # The suite never touches the user's ~/.cache/robotloop (caches, the embedded bucket server's data). robotloop
-# reads XDG_CACHE_HOME when it needs the folder, so setting it here is enough; each test gets its own below.
-SESSION_CACHE = Path(tempfile.mkdtemp(prefix="robotloop-tests-"))
-os.environ["XDG_CACHE_HOME"] = str(SESSION_CACHE)
+# reads XDG_CACHE_HOME when it needs the folder, so setting it in each pytest process is enough; each test gets its
+# own below. Not at import: a process a test starts that imports a test module (a committer killed mid-commit, a
+# worker unpickling a test's function) keeps the folder its test gave it and leaves none behind.
+SESSION_CACHE: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global SESSION_CACHE
+    SESSION_CACHE = Path(tempfile.mkdtemp(prefix="robotloop-tests-"))
+    os.environ["XDG_CACHE_HOME"] = str(SESSION_CACHE)
 
 
 # What one run of the suite writes at its peak under the temporary folder (5.8 GB on 2026-12-05: the bucket servers'
@@ -49,7 +56,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # A module fixture that used the embedded default started it; forced: whatever of the suite still holds a lease.
     stop_embedded_server(cache_home() / "buckets", force=True)
-    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+    if SESSION_CACHE is not None:
+        shutil.rmtree(SESSION_CACHE, ignore_errors=True)
 
 
 WRITE_TOKEN = "rl_test_write"
