@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 import torch
 
 from robotloop.cluster import ray_session
-from robotloop.cluster.eval import ACTOR_CPUS
+from robotloop.cluster.eval import ACTOR_CPUS, FILMS_PREFIX
 from robotloop.config import load_settings
 from robotloop.deploy.client import DeployClient
 from robotloop.deploy.evaluate import evaluate, locate_and_evaluate
@@ -151,6 +152,8 @@ def test_eval_on_two_nodes_gives_the_local_episodes(tiny: Path, cluster: str, bu
     assert saved["nodes"] == on_ray.nodes and saved["summary"] == local.summary
     assert saved["checkpoint"] == f"{model}/checkpoints/000005"
     assert not _actor_processes("EvalWorker"), "evaluation actors outlived the evaluation"
+    # The killed actor never closed; the actor that ran its wave again removed its film folder.
+    assert not list(Path(tempfile.gettempdir()).glob(f"{FILMS_PREFIX}{killed[0]}-*"))
 
 
 def test_record_on_ray_commits_the_local_demos(cluster: str, bucket_server, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 from collections import deque
@@ -37,6 +38,7 @@ from . import ATTEMPTS, RayUnavailable, call_error, gpu_share, node_id, ray_sess
 log = logging.getLogger(__name__)
 CLOSE_S = 30  # an idle actor's time to close its sims and remove its files before it is killed
 ACTOR_CPUS = 1  # what each actor asks Ray for, and the threads its policy computes with
+FILMS_PREFIX = "robotloop-eval-"  # an actor's film folder in the node's temp dir: robotloop-eval-<pid>-<random>
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,8 @@ class EvalWorker:
         client = None if job.bucket is None else BucketClient(*job.bucket)
         found = locate_policy(job.policy, lambda: client)  # into this node's cache (robotloop's cache dir)
         self.runner = _load_quietly(found.path, job.device, job.inference, job.backend)
-        self.films = Path(tempfile.mkdtemp(prefix="robotloop-eval-"))
+        remove_dead_films()
+        self.films = Path(tempfile.mkdtemp(prefix=f"{FILMS_PREFIX}{os.getpid()}-"))
         self.sims = SimBatch(
             job.task, size, 1, job.image_size, job.max_steps, str(self.films), shadow_map=job.shadow_map
         )
@@ -101,6 +104,25 @@ class EvalWorker:
         """Close the sims and remove the film folder (`ray.kill` alone would leave the folder behind)."""
         self.sims.close()
         shutil.rmtree(self.films, ignore_errors=True)
+
+
+def remove_dead_films() -> None:
+    """Remove the film folders of actors on this node whose process is gone: one killed (OOM, `ray.kill`, a lost
+    node's restart) never ran `close`. Its folder name holds its pid."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{FILMS_PREFIX}*-*"):
+        pid = folder.name.removeprefix(FILMS_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def evaluate_on_ray(
