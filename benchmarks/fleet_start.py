@@ -9,6 +9,9 @@ first episode ended; and the medians.
 
     MUJOCO_GL=egl .venv/bin/python benchmarks/fleet_start.py --robots 2 --image-size 120x160      # default-size ACT
     MUJOCO_GL=egl python3 benchmarks/fleet_start.py --robots 10 --image-size 240x320 --device cuda  # the h200 preset's
+
+`--early-server` starts the robots' fork server before the release is built (as `robotloop loop --rounds` starts it
+before round 0): the fleet's wall time then leaves out the server's imports.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from robotloop.deploy.client import DeployClient
 from robotloop.deploy.keys import public_path
 from robotloop.deploy.local import start_local_deploy_service
 from robotloop.output import log_to_console, quiet_encoders
-from robotloop.rounds.fleet import FleetRobot, run_fleet
+from robotloop.rounds.fleet import FleetRobot, run_fleet, start_fork_server
 from robotloop.sim.constants import parse_image_size
 from robotloop.storage import BucketClient, BucketUrl
 from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
@@ -72,7 +75,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=20, help="the policy's ticks in each robot's one episode")
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--early-server",
+        action="store_true",
+        help="start the robots' fork server before the release is built, as `run_rounds` does before round 0",
+    )
     args = parser.parse_args()
+    if args.early_server:
+        start_fork_server()
     quiet_encoders()
     log_to_console()
     work = Path(tempfile.mkdtemp(prefix="fleet-start-"))

@@ -385,6 +385,28 @@ def test_robots_are_spawned_where_a_process_forked_from_the_server_could_not_use
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "7" and "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
 
 
+def test_the_fork_server_starts_at_once_and_imports_on_its_own() -> None:
+    """`start_fork_server`, which `run_rounds` calls before round 0, returns before the server has made a robot's
+    imports (seconds of torch, lerobot and MuJoCo), with the driver's environment as it was; a later call leaves the
+    running server alone. A fresh interpreter: this one's server may be running already."""
+    code = (
+        "import json, os, time, torch\n"
+        "from multiprocessing import forkserver\n"
+        "from robotloop.rounds import fleet\n"
+        "os.environ['CUDA_VISIBLE_DEVICES'] = '3'\n"
+        "t0 = time.monotonic(); fleet.start_fork_server(); took = time.monotonic() - t0\n"
+        "pid = forkserver._forkserver._forkserver_pid\n"
+        "fleet.start_fork_server()\n"
+        "print(json.dumps([took, os.environ['CUDA_VISIBLE_DEVICES'], 'PYTORCH_NVML_BASED_CUDA_CHECK' in os.environ,\n"
+        "                  pid is not None and forkserver._forkserver._forkserver_pid == pid]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, check=True)
+    took, gpus, nvml_check, same_server = json.loads(out.stdout.splitlines()[-1])
+    assert took < 1.5, f"start_fork_server waited {took:.2f} s: for the server's imports?"
+    assert (gpus, nvml_check, same_server) == ("3", False, True)
+
+
 def test_robots_forked_from_the_server_have_its_imports_and_the_drivers_environment_of_their_start(monkeypatch):
     """The fork server imports a robot's libraries once; each robot it forks later runs with the driver's
     environment as it is at that robot's start (here changed after the server started), thread count included."""

@@ -60,7 +60,7 @@ from ..train.policy import ACTSettings
 from ..train.trainer import Progress, TrainReport, TrainSettings, train
 from ..train.weights import FrameWeights
 from . import MAX_BRANCHES, MAX_REDEMO_NEAR
-from .fleet import FleetRobot, FleetRobotResult, fleet_episodes, run_fleet
+from .fleet import FleetRobot, FleetRobotResult, fleet_episodes, run_fleet, start_fork_server
 
 # K per task: the scripted demos themselves go up to 162 (TransferCube) and 212 (Insertion) steps between new reward
 # stages (robotloop.sim.expert.StallTrigger), so a smaller K would take over from a policy doing what they do.
@@ -346,6 +346,8 @@ def run_rounds(
     if loop.live:
         raise BadValue("rounds through the fleet and --live are two ways of running rounds: choose one")
     start = time.monotonic()
+    if settings.rounds and loop.ray is None:
+        start_fork_server()  # its imports go on beside round 0, not at the start of round 1's fleet
     first = run_loop(loop, client, on_stage, on_train, on_demo)
     report = RoundsReport(first, settings, stable=first.release)
     zero = _round_zero(first, time.monotonic() - start)
