@@ -223,8 +223,9 @@ _SERVER_HIDES_GPU = {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK"
 def start_fork_server() -> Any:
     """Start the robots' fork server, if it is not running, and return its multiprocessing context. The server starts
     with `_SERVER_HIDES_GPU` over the driver's environment and makes `ROBOT_IMPORTS` on its own, beside whatever the
-    driver does next: `run_rounds` starts it before round 0, so round 1's robots do not wait for its imports
-    (about 4 s on the 2-core machine, 2026-12-07). The first robot forked waits for whatever is left of them.
+    driver does next: `run_rounds` starts it before round 0, so round 1's robots do not wait for its imports and
+    probe (14-15 s on an H100 machine, 4 s on the 2-core one, 2026-12-07). The first robot forked waits for whatever
+    is left of them.
 
     Example:
         ```python
