@@ -83,6 +83,35 @@ def test_runner_acts_chunk_by_chunk(tiny: Path, sim: AlohaSim) -> None:
     assert runner.at_chunk_boundary
 
 
+def test_a_lockstep_batch_acts_as_lerobots_select_action_and_reads_frames_at_boundaries_only(tiny: Path) -> None:
+    """`act_batch` keeps the chunk queue itself (so that `at_chunk_boundary` holds for a batch): its actions are
+    lerobot's `select_action`'s, and midway through a chunk it reads no frame, so none need be rendered."""
+    runner = PolicyRunner.load(tiny)
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (3, *SIZE, 3), dtype=np.uint8)
+    states = rng.normal(size=(3, 14)).astype(np.float32)
+    runner.reset()
+    ours, boundaries = [], []
+    for _ in range(CHUNK + 2):
+        boundaries.append(runner.at_chunk_boundary)
+        # frames only where the model runs: mid-chunk there are none to give
+        ours.append(runner.act_batch({"top": frames} if runner.at_chunk_boundary else {}, states))
+    assert [i for i, b in enumerate(boundaries) if b] == [0, CHUNK]
+    # lerobot's own queue, on the same inputs each step
+    batch = runner._tensors({"observation.images.top": frames, "observation.state": states})
+    runner.policy.reset()
+    with torch.inference_mode():
+        theirs = [
+            runner.postprocessor(runner.policy.select_action(runner.preprocessor(batch))).float().cpu().numpy()
+            for _ in range(CHUNK + 2)
+        ]
+    np.testing.assert_allclose(np.stack(ours), np.stack(theirs), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="a batch of 2 episodes after 3 episodes"):
+        runner.act_batch({}, states[:2])  # mid-chunk, another batch's size
+    runner.reset()
+    assert runner.act_batch({"top": frames[:2]}, states[:2]).shape == (2, 14)
+
+
 def test_temporal_ensembling_runs_every_step(tiny: Path, sim: AlohaSim, tmp_path: Path) -> None:
     ckpt = _copy(tiny, tmp_path / "ensembled")
     cfg = json.loads((ckpt / "config.json").read_text())

@@ -20,6 +20,8 @@ from robotloop.config import Settings, acting_overrides
 from robotloop.deploy.evaluate import (
     EpisodeResult,
     EvalReport,
+    LockstepTime,
+    _run_lockstep,
     describe_failures,
     evaluate,
     locate_and_evaluate,
@@ -29,7 +31,7 @@ from robotloop.deploy.evaluate import (
     wilson_interval,
 )
 from robotloop.deploy.lockstep import SimBatch, Slot, write_video
-from robotloop.deploy.runner import PolicyLoadError, make_tiny_checkpoint
+from robotloop.deploy.runner import PolicyLoadError, PolicyRunner, make_tiny_checkpoint
 from robotloop.errors import BadInput, BadValue
 from robotloop.sim import AlohaSim
 from robotloop.sim.env import shadow_map_size
@@ -169,6 +171,56 @@ def test_sims_in_lockstep_step_as_one_sim_does() -> None:
         bad[2, 0] = np.nan
         with pytest.raises(ValueError, match="non-finite"):
             sims.step(bad, np.ones(3, bool))
+
+
+class _Logged:
+    """A runner whose actions are logged; `every_frame` makes it say that it reads every frame, so that the sims
+    render every step, as they did before they rendered only the frames a policy reads."""
+
+    def __init__(self, runner, every_frame: bool) -> None:
+        self.runner, self.every_frame, self.actions = runner, every_frame, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.runner, name)
+
+    @property
+    def at_chunk_boundary(self) -> bool:
+        return self.every_frame or self.runner.at_chunk_boundary
+
+    def act_batch(self, images, states):
+        self.actions.append(self.runner.act_batch(images, states))
+        return self.actions[-1]
+
+
+def test_the_sims_render_only_the_frames_the_policy_reads_and_the_episodes_stay_the_same(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """The tiny ACT acts in whole chunks of 10: it reads one frame in ten. The sims render those (and every frame of
+    a filmed episode), and each episode steps, scores and ends exactly as it does when every frame is rendered."""
+    runner = PolicyRunner.load(tiny)
+    slots = [Slot(0, 11, record=True), Slot(1, 12), Slot(2, 13)]
+    steps = 25
+    runs = {}
+    for name, policy in (("read", _Logged(runner, False)), ("every", _Logged(runner, True))):
+        split = LockstepTime()
+        films = tmp_path / name
+        with SimBatch("transfer_cube", 3, 1, SIZE, steps, video_dir=str(films)) as sims:
+            results = list(_run_lockstep(policy, sims, slots, steps, split))
+            split.add_workers(sims.busy())
+        episodes = sorted((r.index, r.success, r.max_reward, r.sum_reward, r.steps) for r in results)
+        runs[name] = (episodes, split, np.stack(policy.actions))
+    assert runs["read"][0] == runs["every"][0]
+    np.testing.assert_array_equal(runs["read"][2], runs["every"][2])  # the same frames seen, the same actions
+    # The filmed episode's film is every frame, the same either way.
+    (film,) = (tmp_path / "read").iterdir()
+    assert _decode(str(film)) and len(_decode(str(film))) == steps + 1
+    assert film.read_bytes() == (tmp_path / "every" / film.name).read_bytes()
+    assert all(r[4] == steps for r in runs["read"][0])  # no episode ends early: every step is compared
+    # Every run renders the 3 first frames. Rendering every frame: 25 steps more each. Reading: the filmed
+    # episode's 25, and the others' frames before the model's passes at steps 10 and 20.
+    assert runs["every"][1].workers_frames == [3 + 3 * steps]
+    assert runs["read"][1].workers_frames == [3 + steps + 2 * 2]
+    assert runs["read"][1].steps == runs["every"][1].steps == steps
 
 
 def test_a_film_is_the_same_bytes_whatever_the_heap_held_before(tmp_path: Path) -> None:

@@ -171,7 +171,7 @@ def eval_policy(
         console.print(
             f"time: {split.policy_s:.1f} s in the policy's forward passes, {split.sims_s:.1f} s stepping and "
             f"rendering the sims ({split.steps} lockstep steps); each sim worker busy {busy:.1f} s on average, "
-            f"{rendering:.1f} s of it rendering"
+            f"{rendering:.1f} s of it rendering ({sum(split.workers_frames):,} frames rendered in all)"
         )
     for video in report.videos:
         console.print(f"video: {video}")

@@ -118,22 +118,25 @@ class LockstepTime:
     policy_s: float = 0.0
     sims_s: float = 0.0  # resets included
     # Per sim worker process: its time resetting and stepping its sims (what `sims_s` waits on, less the pipes and
-    # the wait for the slowest worker), and of that the time rendering frames.
+    # the wait for the slowest worker), of that the time rendering frames, and the frames it rendered.
     workers_busy_s: list[float] = field(default_factory=list)
     workers_render_s: list[float] = field(default_factory=list)
+    workers_frames: list[int] = field(default_factory=list)
 
     def add(self, policy_s: float, sims_s: float, steps: int = 1) -> None:
         self.steps += steps
         self.policy_s += policy_s
         self.sims_s += sims_s
 
-    def add_workers(self, busy: list[tuple[float, float]]) -> None:
+    def add_workers(self, busy: list[tuple[float, float, int]]) -> None:
         """`SimBatch.busy()` of a batch that ran, added to what earlier batches' workers spent."""
         if not self.workers_busy_s:
             self.workers_busy_s, self.workers_render_s = [0.0] * len(busy), [0.0] * len(busy)
-        for i, (busy_s, render_s) in enumerate(busy):
+            self.workers_frames = [0] * len(busy)
+        for i, (busy_s, render_s, frames) in enumerate(busy):
             self.workers_busy_s[i] += busy_s
             self.workers_render_s[i] += render_s
+            self.workers_frames[i] += frames
 
 
 @dataclass
@@ -395,7 +398,9 @@ def _run_wave(
         acting = time.perf_counter()
         actions = runner.act_batch({"top": images} if images is not None else {}, states)
         stepping = time.perf_counter()
-        images, states, rewards, successes = sims.step(actions, active)
+        # Midway through a chunk the policy will not look at the next frames: the sims skip rendering them, which
+        # was nearly all of an evaluation's time acting in whole chunks (BENCHMARKS.md, "Frames the policy sees").
+        images, states, rewards, successes = sims.step(actions, active, frames=runner.at_chunk_boundary)
         time_split.add(stepping - acting, time.perf_counter() - stepping)
         steps[active] += 1
         sums[active] += rewards[active]

@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from ..errors import BadValue
@@ -52,6 +54,20 @@ def observation_inputs(
             raise BadValue(f"the policy reads a state of {state_dim} values; the robot's has {state.size}")
         feeds[STATE_KEY] = _finite_state(state[None])
     return feeds
+
+
+def next_queued(queue: deque[np.ndarray], states: np.ndarray | None) -> np.ndarray:
+    """The next action [B, action_dim] of a lockstep batch's queued chunk, read without its frames: midway through
+    a chunk the policy looks at nothing, so the caller need not render them (`SimBatch.step(frames=False)`).
+
+    Raises:
+        BadValue: the batch is not the one the chunk was predicted for (`reset()` starts another batch).
+    """
+    action = queue[0]
+    if action.ndim != 2 or (states is not None and len(states) != len(action)):
+        got = "one episode" if action.ndim != 2 else f"{len(action)} episodes"
+        raise BadValue(f"a batch of {len(states) if states is not None else '?'} episodes after {got}: reset() first")
+    return queue.popleft()
 
 
 def batch_inputs(

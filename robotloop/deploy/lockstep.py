@@ -81,26 +81,30 @@ class _Sims:
         self.busy_s += time.perf_counter() - start
         return self.states.copy()
 
-    def step(self, actions: np.ndarray, active: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def step(
+        self, actions: np.ndarray, active: np.ndarray, frames: bool = True
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Step the active sims of this slice: states, rewards and successes. An inactive sim keeps its last frame
-        and state, and gets reward 0 and no success."""
+        and state, and gets reward 0 and no success. `frames=False` renders only the filmed episodes."""
         start = time.perf_counter()
         n = len(actions)
         rewards, successes = np.zeros(n), np.zeros(n, bool)
         for j in np.flatnonzero(active):
-            obs, rewards[j], successes[j], _, _ = self.sims[j].step(actions[j])
+            slot = self.slots[j]
+            render = frames or (slot is not None and slot.record)
+            obs, rewards[j], successes[j], _, _ = self.sims[j].step(actions[j], render=render)
             self._observe(j, obs)
         self.busy_s += time.perf_counter() - start
         return self.states[:n].copy(), rewards, successes
 
-    def busy(self) -> tuple[float, float]:
-        """Seconds this slice spent resetting and stepping its sims, and of those rendering."""
+    def busy(self) -> tuple[float, float, int]:
+        """Seconds this slice spent resetting and stepping its sims, of those rendering, and the frames rendered."""
         camera = self.sims[0].camera  # the slice's one renderer
-        return self.busy_s, camera.render_s if camera is not None else 0.0
+        return (self.busy_s, camera.render_s, camera.rendered) if camera is not None else (self.busy_s, 0.0, 0)
 
     def _observe(self, j: int, obs: dict) -> None:
         self.states[j] = obs["agent_pos"]
-        if self.images is not None:
+        if self.images is not None and "pixels" in obs:
             frame = obs["pixels"]["top"]
             self.images[j] = frame
             slot = self.slots[j]
@@ -243,13 +247,16 @@ class SimBatch:
         return self._frames(n), np.concatenate(parts)[:n]
 
     def step(
-        self, actions: np.ndarray, active: np.ndarray
+        self, actions: np.ndarray, active: np.ndarray, frames: bool = True
     ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray]:
-        """One control step of the first len(actions) sims, where `active`: (frames, states, rewards, successes)."""
+        """One control step of the first len(actions) sims, where `active`: (frames, states, rewards, successes).
+
+        `frames=False`: the caller will not look at this step's frames (its policy acts from a chunk it already
+        has), so only filmed episodes render, and the frames come back as None."""
         n = len(actions)
-        parts = self._call("step", lambda lo, hi: (actions[lo:hi], active[lo:hi]), n)
+        parts = self._call("step", lambda lo, hi: (actions[lo:hi], active[lo:hi], frames), n)
         states, rewards, successes = (np.concatenate([p[i] for p in parts]) for i in range(3))
-        return self._frames(n), states, rewards, successes
+        return self._frames(n) if frames else None, states, rewards, successes
 
     def videos(self) -> dict[int, str]:
         """Write the mp4s of the episodes filmed since the last reset: {episode index: path}."""
@@ -258,8 +265,9 @@ class SimBatch:
             written.update(part)
         return written
 
-    def busy(self) -> list[tuple[float, float]]:
-        """Per worker process: seconds spent resetting and stepping its sims, and of those rendering."""
+    def busy(self) -> list[tuple[float, float, int]]:
+        """Per worker process: seconds spent resetting and stepping its sims, of those rendering, and the frames
+        rendered."""
         return self._call("busy", lambda lo, hi: (), self.size)
 
     def _frames(self, n: int) -> np.ndarray | None:

@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import BadValue
 from ..features import ACTION_KEY, STATE_KEY
 from .errors import BackendUnavailable, NonFiniteAction, PolicyLoadError, PolicyRunError
-from .inputs import batch_inputs, observation_inputs
+from .inputs import batch_inputs, next_queued, observation_inputs
 
 ONNX_FILE = "policy.onnx"
 ONNX_DATA_FILE = "policy.onnx.data"  # the weights, as ONNX external data: raw tensors, so Xet dedup finds them
@@ -398,11 +398,16 @@ class OnnxRunner:
         `images` maps camera name (``top``) to uint8 [B, H, W, 3] frames, `states` is [B, state_dim]. The episodes
         share the queue (or ensemble): `reset()` starts a new batch, and B must stay the same until then.
 
+        Midway through a chunk (`at_chunk_boundary` False) the action comes from the queue and `images` are not
+        read: a lockstep evaluation renders only the frames the model will see.
+
         Raises:
             ValueError: a camera is missing or has the wrong shape or dtype, the state has the wrong shape, or B
                 changed since `reset()`.
             NonFiniteAction: the model produced NaN/inf.
         """
+        if not self.ensembling and self._queue:
+            return next_queued(self._queue, states)
         feeds = batch_inputs(images, states, self.image_shapes, self.state_dim)
         return self._step(feeds)
 

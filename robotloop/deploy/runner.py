@@ -44,7 +44,7 @@ import torch
 from ..features import ACTION_KEY, STATE_KEY
 from ..sim.constants import check_shadow_map
 from .errors import NonFiniteAction, PolicyLoadError  # noqa: F401 - also importable from here
-from .inputs import batch_inputs, observation_inputs
+from .inputs import batch_inputs, next_queued, observation_inputs
 from .policy import REQUIRED_FILES  # what `save_pretrained` writes; all must be there to load
 
 if TYPE_CHECKING:
@@ -208,22 +208,37 @@ class PolicyRunner:
         runner's queue (or ensemble): `reset()` starts a new batch, and B must stay the same until then. Frames
         go to the device as uint8 and become floats there (a quarter of the bytes to copy).
 
+        Midway through a chunk (`at_chunk_boundary` False) the action comes from the queue and `images` are not
+        read: a lockstep evaluation renders only the frames the model will see.
+
         Raises:
-            ValueError: a camera is missing or has the wrong shape or dtype, or the states have the wrong shape or
-                are not finite.
+            ValueError: a camera is missing or has the wrong shape or dtype, the states have the wrong shape or
+                are not finite, or B changed since `reset()`.
             NonFiniteAction: the model produced NaN/inf.
         """
+        if not self.ensembling and self._queue:
+            return next_queued(self._queue, states)
         batch = self._tensors(batch_inputs(images, states, self.image_shapes, self.state_dim))
-        with torch.inference_mode():
-            actions = self.postprocessor(self.policy.select_action(self.preprocessor(batch)))
-        return _finite(actions.float().cpu().numpy())
+        if self.ensembling:
+            with torch.inference_mode():
+                actions = self.postprocessor(self.policy.select_action(self.preprocessor(batch)))
+            return _finite(actions.float().cpu().numpy())
+        # The queue kept here rather than in lerobot's `select_action`, so that `at_chunk_boundary` holds for a
+        # batch too; lerobot queues the same first `n_action_steps` of each chunk.
+        chunks = self._predict_chunks(batch)
+        self._queue.extend(chunks[:, i] for i in range(self.policy.config.n_action_steps))
+        return self._queue.popleft()
 
     def _predict_chunk(self, batch: dict[str, torch.Tensor]) -> np.ndarray:
         """Unnormalized float32 [chunk_size, action_dim] for one observation, checked finite."""
+        return self._predict_chunks(batch)[0]
+
+    def _predict_chunks(self, batch: dict[str, torch.Tensor]) -> np.ndarray:
+        """Unnormalized float32 [B, chunk_size, action_dim], checked finite."""
         with torch.inference_mode():
             chunk = self.policy.predict_action_chunk(self.preprocessor(batch))
             chunk = self.postprocessor(chunk)
-        return _finite(chunk[0].float().cpu().numpy())
+        return _finite(chunk.float().cpu().numpy())
 
     # -- observations ------------------------------------------------------------------------------------
     def to_batch(self, obs: dict) -> dict[str, torch.Tensor]:

@@ -98,6 +98,7 @@ class TopCamera:
         self.renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = shadows
         self.camera = camera
         self.render_s = 0.0  # time spent rendering, for the evaluation's account of its time
+        self.rendered = 0  # frames rendered, the same
         _close_at_exit(self)
 
     def __call__(self, data: mujoco.MjData) -> np.ndarray:
@@ -105,6 +106,7 @@ class TopCamera:
         self.renderer.update_scene(data, camera=self.camera)
         frame = self.renderer.render().copy()
         self.render_s += time.perf_counter() - start
+        self.rendered += 1
         return frame
 
     def close(self) -> None:
@@ -207,8 +209,10 @@ class AlohaSim:
         self.step_count = 0
         return self.observation()
 
-    def step(self, action: Any) -> tuple[Obs, float, bool, bool, dict[str, Any]]:
-        """Apply a 14-d joint command for one control period (DT = 0.02 s)."""
+    def step(self, action: Any, render: bool = True) -> tuple[Obs, float, bool, bool, dict[str, Any]]:
+        """Apply a 14-d joint command for one control period (DT = 0.02 s). `render=False` leaves the camera off
+        this step, for a frame no one will look at (a policy midway through its action chunk): the observation
+        then has no pixels. Rendering never changes the physics."""
         action = check_action(action)
         self.data.ctrl[:] = action_to_ctrl(action)
         legacy_step(self.model, self.data, self.n_substeps)
@@ -216,7 +220,7 @@ class AlohaSim:
         reward = self.reward()
         success = reward == self.task.max_reward
         truncated = self.step_count >= self.max_episode_steps
-        return self.observation(), float(reward), success, truncated, {"is_success": success}
+        return self.observation(render), float(reward), success, truncated, {"is_success": success}
 
     # -- the whole physical state, to continue elsewhere ------------------------------------------
     def physics_state(self) -> np.ndarray:
@@ -259,9 +263,9 @@ class AlohaSim:
             raise RuntimeError("this AlohaSim was built with image_size=None; it renders nothing")
         return self.camera(self.data)
 
-    def observation(self) -> Obs:
+    def observation(self, render: bool = True) -> Obs:
         obs: Obs = {"agent_pos": self.state()}
-        if self.camera is not None:
+        if self.camera is not None and render:
             obs["pixels"] = {"top": self.render()}
         return obs
 
