@@ -69,6 +69,10 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
         assert r["stall_steps"] == 10 and 0 <= r["takeovers_at_end"] <= r["takeovers"]  # the K given
         assert r["expert_frames"] == r["takeover_frames"] + r["redemo_frames"] + r["branch_frames"] + r["near_frames"]
         assert r["near_frames"] == 2 * 400, r  # one whole demo near each of the two scenes taken over
+        # Where the expert's demos stage went: its dataset opened, then the demos committed, within the stage.
+        demos = r["demos"]
+        assert demos["scenes"] >= 2 and demos["workers"] == 1 and demos["upload_s"] > 0, demos
+        assert 0 < demos["opened_s"] <= demos["first_s"] <= demos["last_s"] <= r["stage_s"]["redemo"], demos
         # The expert drove again from one state each robot's policy passed through before its takeover.
         assert [row["branches"] + row["branches_declined"] for row in r["robots"]] == [1, 1], r["robots"]
         assert r["branches"] == sum(row["branches"] for row in r["robots"]) >= 1 and r["branch_frames"] > 0, r
@@ -149,6 +153,11 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     assert float(took[1]) == pytest.approx(report["rounds_minutes"], abs=0.051)  # 1 decimal here, 2 in the JSON
     assert "round 1:" in run.stdout
     assert re.search(r"Round 1's training \(\d+ s\): setup \d+ s, steps \d+ s", text), text
+    assert re.search(
+        r"Round 1's expert demos \(\d+ s\), \d+ scenes on 1 worker: the dataset opened at \d+ s, the first demo "
+        r"committed at \d+ s, the last at \d+ s; their uploads \d+ s in all, one at a time\.",
+        text,
+    ), text
     assert "lost episodes" not in text  # every robot's episodes are in the bucket
     assert re.search(
         r"Round 1 against stable on the same 1 seed: \d scenes? won, \d lost \(sign test p = [\d.]+\); its "

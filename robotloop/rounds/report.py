@@ -74,6 +74,8 @@ def rounds_markdown(report: RoundsReport) -> list[str]:
             lines += [timeline, ""]
         if losses := fleet_losses(r):
             lines += [losses, ""]
+        if r.demos is not None:
+            lines += [r.demos.describe(r.round, r.stage_s.get("redemo", 0.0)), ""]
         if r.train_split_s:
             lines += [
                 f"Round {r.round}'s training ({r.stage_s['train']:.0f} s): {describe_split(r.train_split_s)}.",

@@ -267,6 +267,32 @@ class FleetCheck:
 
 
 @dataclass
+class DemosTimeline:
+    """Where a round's expert demos stage went, in seconds since it began: the dataset opened, the first and last
+    demo committed, and the commits' uploads: one at a time by the round's own process (`record_sim`'s pool), or
+    by each Ray actor for its own demos."""
+
+    scenes: int
+    workers: int
+    on_ray: bool = False
+    opened_s: float = 0.0
+    first_s: float | None = None
+    last_s: float | None = None
+    upload_s: float = 0.0
+
+    def describe(self, round_: int, stage_s: float) -> str:
+        """E.g. "Round 1's expert demos (65 s), 54 scenes on 15 workers: the dataset opened at 1 s, the first demo
+        committed at 20 s, the last at 64 s; their uploads 18 s in all, one at a time."."""
+        workers = f"{self.workers} worker{'s' if self.workers != 1 else ''}"
+        text = f"Round {round_}'s expert demos ({stage_s:.0f} s), {self.scenes} scenes on {workers}: "
+        text += f"the dataset opened at {self.opened_s:.0f} s"
+        if self.first_s is not None and self.last_s is not None:
+            text += f", the first demo committed at {self.first_s:.0f} s, the last at {self.last_s:.0f} s"
+        by = "by the Ray actors" if self.on_ray else "one at a time"
+        return text + f"; their uploads {self.upload_s:.0f} s in all, {by}."
+
+
+@dataclass
 class RoundResult:
     """One round. Round 0's expert frames are its demos'."""
 
@@ -295,6 +321,7 @@ class RoundResult:
     robots: list[dict[str, Any]] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=dict)
     train_split_s: dict[str, float] | None = None  # the training stage's setup, steps and export (`TrainReport.split`)
+    demos: DemosTimeline | None = None  # where the expert's demos stage went (None: no demo this round)
     # The canary publish's own seconds (its ONNX export made there), beside the evaluation: stage_s["publish"] is
     # only what it took past the evaluation's end.
     publish_s: float | None = None
@@ -506,7 +533,7 @@ class _Rounds:
         episodes, branched = split_branches(self._new_episodes())
         check = self._fleet_check(k, episodes, stages) if s.fleet_check else None
         misses = [e for e in episodes if not e["success"]]
-        redemo_frames, near_frames = self._expert_demos(k, episodes, misses, stages)
+        redemo_frames, near_frames, demos = self._expert_demos(k, episodes, misses, stages)
         takeover_frames = sum(e["expert_frames"] for e in episodes)
         branch_frames = sum(e["expert_frames"] for e in branched)
         expert_frames = takeover_frames + branch_frames + redemo_frames + near_frames
@@ -566,6 +593,7 @@ class _Rounds:
             robots=[_robot_row(r) for r in robots],
             stage_s=stages,
             train_split_s=train_split,
+            demos=demos,
             publish_s=publish_s,
             versus_stable=versus,
             fleet_check=check,
@@ -650,18 +678,18 @@ class _Rounds:
 
     def _expert_demos(
         self, k: int, episodes: list[dict[str, Any]], misses: list[dict[str, Any]], stages: dict[str, float]
-    ) -> tuple[int, int]:
+    ) -> tuple[int, int, DemosTimeline | None]:
         """The scripted expert's demos of round `k`: each failed scene again (`redemonstrate`), and fresh scenes near
-        those the policy did not win alone (`redemo_near`). Their frames: (re-demonstrated, near)."""
+        those the policy did not win alone (`redemo_near`). Their frames (re-demonstrated, near) and timeline."""
         redo = [e["seed"] for e in misses] if self.settings.redemonstrate else []
         near = self._near_scenes(k, episodes)
         if not (redo or near):
-            return 0, 0
+            return 0, 0, None
         parts = [f"re-demonstrates {len(redo)} failed scenes"] if redo else []
         parts += [f"demonstrates {len(near)} scenes near those the policy did not win alone"] if near else []
         with self._timed(stages, "redemo", "the expert " + " and ".join(parts)):
-            frames = self._demonstrate(redo + near)
-        return sum(frames.get(seed, 0) for seed in redo), sum(frames.get(seed, 0) for seed in near)
+            frames, timeline = self._demonstrate(redo + near)
+        return sum(frames.get(seed, 0) for seed in redo), sum(frames.get(seed, 0) for seed in near), timeline
 
     def _near_scenes(self, k: int, episodes: list[dict[str, Any]]) -> list[int]:
         """`settings.redemo_near` fresh scenes near each fleet scene the policy did not win alone (a takeover, a
@@ -672,17 +700,23 @@ class _Rounds:
         candidates = near_candidates(self.loop.seed, k)
         return nearest_scenes(self.loop.task, unwon, candidates, self.settings.redemo_near)
 
-    def _demonstrate(self, seeds: list[int]) -> dict[int, int]:
+    def _demonstrate(self, seeds: list[int]) -> tuple[dict[int, int], DemosTimeline]:
         """The scripted expert on each scene of `seeds`, from its initial state, into the re-demonstrations'
-        dataset: the frames committed per seed (a scene the expert failed is not committed)."""
-        loop, frames = self.loop, {}
+        dataset: the frames committed per seed (a scene the expert failed is not committed), and where the time
+        went."""
+        loop, frames, start = self.loop, {}, time.monotonic()
+        timeline = DemosTimeline(len(seeds), min(loop.record_workers, len(seeds)), on_ray=loop.ray is not None)
         recorder = DatasetRecorder(
             self.client, self.redemos, loop.dataset_spec(), staging=loop.report_dir / "staging-redemos"
         )
+        timeline.opened_s = time.monotonic() - start
 
         def count(kind: str, seed: int, commit: Any) -> None:
             if kind == "committed":
                 frames[seed] = commit.frames
+                timeline.last_s = time.monotonic() - start
+                timeline.first_s = timeline.first_s if timeline.first_s is not None else timeline.last_s
+                timeline.upload_s += commit.upload_s
 
         record_sim(
             recorder,
@@ -694,7 +728,7 @@ class _Rounds:
             ray=loop.ray,
             on_event=count,
         )
-        return frames
+        return frames, timeline
 
     def _written_datasets(self, redemo_frames: int) -> list[BucketUrl]:
         """The fleet datasets with episodes in them, and the re-demonstrations once there are any."""
