@@ -457,12 +457,14 @@ def test_an_episode_plays_its_own_segment_of_the_shared_video(ui, fleet_views, b
     expect(rows).to_have_count(3)
     expect(rows.nth(1)).to_contain_text(f"stack {XSS}")  # markup in a task is text
     assert [rows.nth(k).locator("td").nth(3).inner_text() for k in range(3)] == ["yes", "yes", "no"]
-    # The first frame shown, grabbed at the first 'playing' event: its grey says which episode it is.
+    # The first frame shown once it plays, grabbed when the browser presents it (at the 'playing' event itself the
+    # frame may not be decoded yet: a loaded machine drew it black once): its grey says which episode it is.
     page.evaluate(
         """() => { const v = document.getElementById('video');
-        v.addEventListener('playing', () => { const c = document.createElement('canvas'); c.width = 32; c.height = 24;
+        v.addEventListener('playing', () => v.requestVideoFrameCallback(() => {
+          const c = document.createElement('canvas'); c.width = 32; c.height = 24;
           const g = c.getContext('2d'); g.drawImage(v, 0, 0, 32, 24);
-          window.__first = {t: v.currentTime, grey: g.getImageData(16, 12, 1, 1).data[0]}; }, {once: true}); }"""
+          window.__first = {t: v.currentTime, grey: g.getImageData(16, 12, 1, 1).data[0]}; }), {once: true}); }"""
     )
     rows.nth(1).click()
     page.wait_for_function("() => window.__first !== undefined", timeout=10_000)
