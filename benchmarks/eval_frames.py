@@ -24,17 +24,18 @@ from pathlib import Path
 
 import numpy as np
 
-from robotloop.deploy.evaluate import LockstepTime, _run_lockstep
 from robotloop.deploy.lockstep import SimBatch, Slot
-from robotloop.deploy.runner import PolicyRunner, make_tiny_checkpoint
 from robotloop.sim.constants import parse_image_size
-from robotloop.train.policy import ACTSettings
+
+# The modules that import torch are imported in the functions that use them: each spawned sim worker imports this
+# script again (as multiprocessing's spawn does a script's, never a package's `__main__`, so never the CLI's), and
+# torch would add seconds to every worker's start that the loop's evaluations do not pay.
 
 
 class EveryFrame:
     """The runner, saying it reads every frame: the sims then render every step, as before."""
 
-    def __init__(self, runner: PolicyRunner) -> None:
+    def __init__(self, runner) -> None:
         self.runner = runner
 
     def __getattr__(self, name: str):
@@ -43,7 +44,10 @@ class EveryFrame:
     at_chunk_boundary = True
 
 
-def turn(runner: PolicyRunner, way: str, args, size: tuple[int, int]) -> tuple[dict, np.ndarray]:
+def turn(runner, way: str, args, size: tuple[int, int]) -> tuple[dict, np.ndarray]:
+    """One turn of `way` with the PolicyRunner `runner`: its row, and every action it took."""
+    from robotloop.deploy.evaluate import LockstepTime, _run_lockstep
+
     policy = runner if way == "read" else EveryFrame(runner)
     slots = [Slot(i, 1000 + i) for i in range(args.episodes)]
     actions = []
@@ -76,6 +80,9 @@ def turn(runner: PolicyRunner, way: str, args, size: tuple[int, int]) -> tuple[d
 
 
 def main() -> None:
+    from robotloop.deploy.runner import PolicyRunner, make_tiny_checkpoint
+    from robotloop.train.policy import ACTSettings
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="insertion")
     ap.add_argument("--size", choices=["full", "tiny"], default="full")
