@@ -8,8 +8,8 @@
 #   TASK=transfer_cube ROUNDS=1 EVAL=200 setsid nohup bash benchmarks/h200_flywheel.sh /tmp/fw > /tmp/fw.log 2>&1 &
 # Insertion's next run (after 2026-12-07 08:37, BENCHMARKS.md, where two rounds whose expert also demonstrated the
 # 3 fresh scenes nearest each one the policy did not win alone reached 93.5% on the loop's seeds and 95.5% on seeds
-# 5000-5199 in 18.7 min): three such rounds, now that evaluations render only the frames the policy reads (about
-# 70 s less each, not yet measured on a GPU), then the last release on seeds 5000-5199 and in lerobot-eval (~22 min):
+# 5000-5199 in 18.7 min): three such rounds, now that evaluations render only the frames the policy reads (200
+# episodes: 6.7 s against 65.1 s on an H100), then the last release on seeds 5000-5199 and in lerobot-eval (~21 min):
 #   TASK=insertion ROUNDS=3 BASELINE=0 INDEPENDENT=1 LEROBOT_EVAL=20 ONNX_EVAL=0 INT8_EVAL=0 FLEET_CHECK=0 \
 #     ROUND_ARGS="--shadow-map 2048 --fleet-rate-hz inf --redemo-near 3" bash benchmarks/h200_flywheel.sh /tmp/fw
 # (ABLATION=share50,long: the round's data trained two stronger ways after it, never run to the end yet)
