@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,12 +31,14 @@ from robotloop.sim.constants import parse_image_size
 # The modules that import torch are imported in the functions that use them: each spawned sim worker imports this
 # script again (as multiprocessing's spawn does a script's, never a package's `__main__`, so never the CLI's), and
 # torch would add seconds to every worker's start that the loop's evaluations do not pay.
+if TYPE_CHECKING:
+    from robotloop.deploy.runner import PolicyRunner
 
 
 class EveryFrame:
     """The runner, saying it reads every frame: the sims then render every step, as before."""
 
-    def __init__(self, runner) -> None:
+    def __init__(self, runner: PolicyRunner) -> None:
         self.runner = runner
 
     def __getattr__(self, name: str):
@@ -44,8 +47,8 @@ class EveryFrame:
     at_chunk_boundary = True
 
 
-def turn(runner, way: str, args, size: tuple[int, int]) -> tuple[dict, np.ndarray]:
-    """One turn of `way` with the PolicyRunner `runner`: its row, and every action it took."""
+def turn(runner: PolicyRunner, way: str, args, size: tuple[int, int]) -> tuple[dict, np.ndarray]:
+    """One turn of `way` with `runner`: its row, and every action it took."""
     from robotloop.deploy.evaluate import LockstepTime, _run_lockstep
 
     policy = runner if way == "read" else EveryFrame(runner)
