@@ -17,6 +17,7 @@ Skipped, saying why, when Chromium (`apt-get install chromium`) or Playwright (t
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing
 import os
@@ -174,9 +175,9 @@ def _png() -> bytes:
 
     fig = Figure(figsize=(2, 1))
     fig.subplots().plot([0, 1], [1, 0])
-    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"ui-{os.getpid()}.png"
-    fig.savefig(path, dpi=40)
-    return path.read_bytes()
+    png = io.BytesIO()  # in memory: nothing left behind in /tmp
+    fig.savefig(png, format="png", dpi=40)
+    return png.getvalue()
 
 
 @pytest.fixture(scope="module")
