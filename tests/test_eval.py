@@ -15,9 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from robotloop.config import Settings, acting_overrides
 from robotloop.deploy.evaluate import (
+    MAX_BATCH,
     EpisodeResult,
     EvalReport,
     LockstepTime,
@@ -28,6 +31,7 @@ from robotloop.deploy.evaluate import (
     paired,
     resolve_policy,
     sign_test,
+    wave_size,
     wilson_interval,
 )
 from robotloop.deploy.lockstep import SimBatch, Slot, write_video
@@ -95,6 +99,19 @@ def test_failures_are_counted_by_the_furthest_stage_they_reached_named_furthest_
     cube = EvalReport("p", "transfer_cube", 0, 400, SIZE, 1, episodes=[EpisodeResult(0, 0, False, 2, 2, 400, 1.0)])
     assert cube.failures_by_stage == {"cube lifted": 1}
     assert describe_failures(EvalReport("p", "insertion", 0, 400, SIZE, 1).failures_by_stage) is None
+
+
+@given(st.integers(1, 20 * MAX_BATCH))
+def test_episodes_past_one_batch_run_in_the_fewest_even_waves(episodes: int) -> None:
+    # A short last wave would idle the workers past its rows (400 episodes as 256 + 144 left 6 of 15 idle in the
+    # second wave on the H100): the waves are as many as MAX_BATCH needs, the last short of the others by fewer
+    # episodes than there are waves.
+    size = wave_size(episodes)
+    waves = -(-episodes // size)
+    assert size <= MAX_BATCH and waves == -(-episodes // MAX_BATCH)
+    assert episodes - (waves - 1) * size >= size - waves  # the last wave is nearly full
+    assert (wave_size(400), wave_size(257), wave_size(MAX_BATCH)) == (200, 129, MAX_BATCH)
+    assert wave_size(episodes, batch=64) == min(episodes, 64)  # a batch given is kept
 
 
 def test_parallel_eval_gives_a_sane_report(tiny: Path, tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ def eval_policy(
     ] = 1,
     batch: Annotated[
         int | None,
-        typer.Option(min=1, help="Episodes run at once (default: all, up to 256); more run in waves of this size."),
+        typer.Option(min=1, help="Episodes run at once (default: all, or the fewest even waves of at most 256)."),
     ] = None,
     image_size: Annotated[str | None, typer.Option(help="Camera HxW; must be the policy's (the default).")] = None,
     seed: Annotated[

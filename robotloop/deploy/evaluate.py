@@ -416,6 +416,25 @@ def _run_wave(
         yield result(j)
 
 
+def wave_size(episodes: int, batch: int | None = None) -> int:
+    """Episodes run at once: `batch`, else all of them in the fewest waves of at most `MAX_BATCH`, as even as can be.
+
+    Each sim worker holds a fixed slice of the batch's rows, so a short last wave (400 episodes as 256 then 144)
+    leaves the workers past its rows idle while the rest step as many sims as in a full wave; 2 waves of 200 do the
+    same episodes with every worker busy in both (BENCHMARKS.md, "Rounds on one H100, ... 400 seeds").
+
+    Example:
+        ```python
+        >>> wave_size(400), wave_size(300), wave_size(200), wave_size(400, batch=64)
+        (200, 150, 200, 64)
+        ```
+    """
+    if batch:
+        return min(episodes, batch)
+    waves = max(1, math.ceil(episodes / MAX_BATCH))
+    return math.ceil(episodes / waves)
+
+
 # -- evaluation ----------------------------------------------------------------------------------------
 def evaluate(
     policy_dir: Path,
@@ -456,8 +475,8 @@ def evaluate(
         checkpoint: for the report: the checkpoint `policy_dir` is (`robotloop.deploy.resolve.ResolvedPolicy`).
         inference: overrides of how the policy acts (`PolicyRunner.load`), e.g. temporal ensembling; in the report.
         workers: processes stepping and rendering the sims; the policy runs in this process, on the whole batch.
-        batch: episodes run at once, one policy forward pass per step for all of them (default: all of them, up to
-            `MAX_BATCH`); more episodes run in waves of this size.
+        batch: episodes run at once, one policy forward pass per step for all of them (default: all of them, or
+            the fewest even waves of at most `MAX_BATCH`: `wave_size`); more episodes run in waves of this size.
         backend: what runs the policy (`robotloop.deploy.policy.load_policy`): ``torch`` (the checkpoint), ``onnx``
             (a release's ONNX export on ONNX Runtime: what a robot without torch runs) or ``auto``.
         ray: run the waves on `workers` Ray actors of this cluster (`robotloop.cluster.check_address`), each with
@@ -503,7 +522,7 @@ def evaluate(
         )
     steps = max_steps or spec.episode_length
     if ray is None:
-        size = min(episodes, batch or MAX_BATCH)
+        size = wave_size(episodes, batch)
         workers = min(workers, size)
     else:  # each Ray worker runs whole waves: by default one per worker, so that all of them have one
         size = min(episodes, batch or math.ceil(episodes / workers), MAX_BATCH)
