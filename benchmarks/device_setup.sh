@@ -16,3 +16,7 @@ command -v nvidia-smi > /dev/null && { nvidia-smi dmon -s um -d 5 > "$R/dmon.log
 # `step "x exit $?"` reads the exit status where it is called: inside `echo "$(date) ... $?"` the date's command
 # substitution runs first and $? is always 0 (the flywheel's plan.log said "exit 0" for steps that failed).
 step() { echo "$(date -u +%FT%TZ) $*" >> "$R/plan.log"; }
+# Lent machines of one kind differ in their hosts (2026-12-07: an H100 whose host trained 13% slower and started the
+# fleet's robots three times slower than another's): the plan names the CPU and the GPU it ran on.
+step "host: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1), $(nproc) cores; GPU: $(nvidia-smi \
+  --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
