@@ -33,6 +33,9 @@ def assert_loop_report(run: subprocess.CompletedProcess, report: dict, report_di
     for bad in (r"^(WARNING|INFO|ERROR|DEBUG):", r"^\d{4}-\d\d-\d\d \d\d:\d\d", r"Loading weights", r"\(\d+, \d+\)"):
         assert not re.search(bad, seen, re.M), (bad, seen)
     assert any(len(line) > 100 for line in run.stdout.splitlines())  # the report's sentences stay whole
+    # Each stage says when it began, in order: a run cut before its report still tells from its log where its time went.
+    began = [float(t) for t in re.findall(r"^\d+\. \w+: .+ \(at (\d+\.\d) min\)$", run.stdout, re.M)]
+    assert len(began) >= 5 and began == sorted(began), run.stdout
     assert report["episodes"] == 1 and report["bytes_uploaded"] > 0
     assert report["train"]["steps"] == 4 and report["release"].endswith("-4")
     split = report["train"]["split_s"]  # where the train stage's time went: the parts fit inside it

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import typer
 
 from ..errors import BadInput
@@ -30,10 +32,13 @@ def loop(ctx: typer.Context, options: RoundsOptions) -> None:
     except BadInput as error:  # an unknown task, a missing GPU, a bad recipe, rounds with --live
         raise typer.BadParameter(str(error)) from None
     step = {"n": 0, "of": settings.steps}  # "of": the steps of the training under way (a round's fine-tune: fewer)
+    start = time.monotonic()
 
     def on_stage(stage: str, what: str) -> None:
+        # Each stage says when it began: a run cut before its report (a lease ended, a crash) still tells from its
+        # log where its minutes went.
         step["n"] += 1
-        console.print(f"[bold]{step['n']}. {stage}[/bold]: {what}")
+        console.print(f"[bold]{step['n']}. {stage}[/bold]: {what} (at {(time.monotonic() - start) / 60:.1f} min)")
 
     def on_train(p) -> None:
         console.print(
