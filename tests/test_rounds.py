@@ -15,17 +15,21 @@ import numpy as np
 import pytest
 
 from robotloop.capture.recorder import camera_shadow_map
-from robotloop.deploy.evaluate import EpisodeResult, EvalReport
+from robotloop.deploy.evaluate import EpisodeResult, EvalReport, Paired, sign_test
 from robotloop.errors import BadValue
 from robotloop.fleet import Takeovers
 from robotloop.loop.pipeline import LoopSettings
 from robotloop.rounds import fleet
 from robotloop.rounds.fleet import fleet_episodes
 from robotloop.rounds.options import RoundsOptions
-from robotloop.rounds.report import fleet_losses
+from robotloop.rounds.report import fleet_losses, rounds_markdown
 from robotloop.rounds.run import (
     STALL_MARGIN,
     STALL_STEPS,
+    Baseline,
+    RoundResult,
+    RoundSettings,
+    RoundsReport,
     has_new_draws,
     round_recipe,
     round_weights,
@@ -79,8 +83,11 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
         assert r["release"].endswith(f"-r{r['round']}-4") and r["eval_episodes"] == 1
         assert set(r["stage_s"]) >= {"fleet", "train", "publish", "evaluate", "baseline"}
         # Scene by scene against the stable it began with, on the same seeds; its baseline too.
-        for versus in (r["versus_stable"], r["baseline"]["versus_stable"]):
+        for versus in (r["versus_stable"], r["baseline"]["versus_stable"], r["baseline"]["round_versus"]):
             assert versus["won"] + versus["lost"] <= r["eval_episodes"] and 0 < versus["p_value"] <= 1, r
+        # The round against its baseline, on the same seeds: the scenes it won less those it lost are its lead.
+        lead = r["eval_episodes"] * (r["success_rate"] - r["baseline"]["success_rate"])
+        assert r["baseline"]["round_versus"]["won"] - r["baseline"]["round_versus"]["lost"] == round(lead), r
         split = r["train_split_s"]  # the fine-tune's setup (its start weights' download), steps, ONNX export
         assert split["setup"] > 0 and split["steps"] > 0 and sum(split.values()) <= r["stage_s"]["train"] + 0.2
         # No export at the fine-tune's checkpoint: the publish to canary made it, in a child beside the evaluation.
@@ -164,6 +171,8 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
         r"baseline: \d scenes? won",
         text,
     ), text
+    verdict = r"The fleet rounds (did \*\*not\*\* beat|beat) the same-expert-frames baseline(, but not beyond noise)?: "
+    assert re.search(verdict + r"\d+% against \d+% \(\d scenes? won, \d lost \(sign test p = [\d.]+\)\)\.", text), text
     # Where the fleet stage went, from the robots' own marks, in the order they happen.
     timeline = re.search(r"Round 1's fleet stage \(\d+ s\), its 2 robots: (.+)\.", text)
     assert timeline, text
@@ -368,6 +377,33 @@ def test_the_report_names_each_robot_that_lost_episodes_and_why():
         "process died); fleet-3 ran 6 episodes and 2 branch drives and recorded 7: 1 dropped, 0 unfinished (no error "
         "given)."
     )
+
+
+@pytest.mark.parametrize(
+    ("fleet", "won", "lost", "verdict"),
+    [
+        (0.92, 21, 12, "The fleet rounds beat the same-expert-frames baseline, but not beyond noise: 92% against 90%"),
+        (0.95, 30, 8, "The fleet rounds beat the same-expert-frames baseline beyond noise: 95% against 90%"),
+        (0.89, 10, 12, "The fleet rounds did **not** beat the same-expert-frames baseline: 89% against 90%"),
+    ],
+)
+def test_the_report_says_whether_the_fleet_beat_its_baseline_beyond_noise(fleet, won, lost, verdict):
+    """A fleet round a few scenes ahead of its baseline may be chance: the run of 2026-12-07 17:38 was 92% against
+    89.5% over 400 paired scenes (21 won, 12 lost, p = 0.16) and its report said "beat". The verdict pairs the
+    last round with its baseline, scene by scene, and says whether the lead is beyond noise."""
+    paired = Paired(won, lost, sign_test(won, lost))
+    ci = (0.0, 1.0)
+    rounds = [
+        RoundResult(0, "r0", True, 0.8, ci, 400),
+        RoundResult(
+            1, "r1", True, 0.85, ci, 400, baseline=Baseline(60, 24000, 0.8, ci, round_versus=Paired(1, 0, 1.0))
+        ),
+        RoundResult(2, "r2", True, fleet, ci, 400, baseline=Baseline(67, 26800, 0.9, ci, round_versus=paired)),
+    ]
+    text = "\n".join(rounds_markdown(RoundsReport(SimpleNamespace(wall_s=60.0), RoundSettings(), rounds, "r2")))
+    assert text.endswith(f"{verdict} ({paired.describe()}).")  # the last pair's, not round 1's
+    alone = RoundsReport(SimpleNamespace(wall_s=60.0), RoundSettings(), rounds[:1], "r0")
+    assert "same-expert-frames" not in "\n".join(rounds_markdown(alone))  # no baseline ran: no verdict
 
 
 def _environment_probe(results, env: dict[str, str]) -> None:

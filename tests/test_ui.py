@@ -595,7 +595,15 @@ def _write_rounds_report(folder: Path) -> None:
             minutes=2.5,
             gain_per_1000_expert_frames=0.625,
             versus_stable=Paired(2, 0, 0.5),
-            baseline=Baseline(5, 400, 0.375, (0.14, 0.69), minutes=1.5, versus_stable=Paired(2, 1, 1.0)),
+            baseline=Baseline(
+                5,
+                400,
+                0.375,
+                (0.14, 0.69),
+                minutes=1.5,
+                versus_stable=Paired(2, 1, 1.0),
+                round_versus=Paired(3, 2, 1.0),
+            ),
         ),
     ]
     report = RoundsReport(loop, RoundSettings(baseline=True), rounds, stable="ui-r1")
@@ -693,7 +701,9 @@ def _expect_rounds(page: Page) -> None:
     second = ["1", "ui-r1", "promoted", "50.0% (25.0% to 75.0%); against stable 2 won, 0 lost (p 0.5)"]
     second += ["400 (100 takeovers, 300 near misses)", "4 (3)"]
     second += ["3 + 2 branch drives", "2.5", "+62.50 pts"]
-    base = "37.5% (14.0% to 69.0%), 5 demos; against stable 2 won, 1 lost (p 1)"
+    base = (
+        "37.5% (14.0% to 69.0%), 5 demos; against stable 2 won, 1 lost (p 1); the round against it 3 won, 2 lost (p 1)"
+    )
     expect(rounds.nth(1).locator("td")).to_have_text([*second, base])
 
 

@@ -11,6 +11,8 @@ from ..loop.report import describe_split, write_report
 from . import NOT_TRAINED
 from .run import RoundResult, RoundsReport
 
+NOISE_P = 0.05  # a paired lead whose two-sided sign test's p is at least this could be chance: the report says so
+
 
 def write_rounds_report(report: RoundsReport, directory: Path | None = None) -> Path:
     """Round 0's report, then the rounds added to its report.json and report.md. Returns the Markdown file."""
@@ -163,13 +165,22 @@ def fleet_losses(r: RoundResult) -> str | None:
 
 
 def _versus_baseline(report: RoundsReport) -> str:
-    baselines = [r.baseline.success_rate for r in report.rounds if r.baseline is not None]
-    if not baselines:
+    """The last round that ran a baseline against it, on the same seeds, e.g. " The fleet rounds beat the
+    same-expert-frames baseline, but not beyond noise: 92% against 90% (21 scenes won, 12 lost (sign test p =
+    0.16))." The baselines chain as the rounds do (each trains on to the next), so the last pair spent the same
+    expert frames in all."""
+    last = next((r for r in reversed(report.rounds) if r.baseline is not None), None)
+    if last is None:
         return ""
-    fleet, base = max(r.success_rate for r in report.rounds[1:]), max(baselines)  # each side's best round
-    if fleet > base:
-        return f" The fleet rounds beat the same-expert-frames baseline: {fleet:.0%} against {base:.0%}."
-    return f" The fleet rounds did **not** beat the same-expert-frames baseline: {fleet:.0%} against {base:.0%}."
+    base = last.baseline
+    figures = f"{last.success_rate:.0%} against {base.success_rate:.0%}"
+    if base.round_versus is not None:
+        figures += f" ({base.round_versus.describe()})"
+    if last.success_rate <= base.success_rate:
+        return f" The fleet rounds did **not** beat the same-expert-frames baseline: {figures}."
+    if base.round_versus is not None and base.round_versus.p_value < NOISE_P:
+        return f" The fleet rounds beat the same-expert-frames baseline beyond noise: {figures}."
+    return f" The fleet rounds beat the same-expert-frames baseline, but not beyond noise: {figures}."
 
 
 def _pct(rate: float, ci95: tuple[float, float]) -> str:

@@ -252,6 +252,7 @@ class Baseline:
     ci95: tuple[float, float]
     minutes: float = 0.0  # recording, training and evaluating it: apart from its round's minutes
     versus_stable: Paired | None = None  # against the stable its round began with, scene by scene on the same seeds
+    round_versus: Paired | None = None  # its round against it, scene by scene on the same seeds: is the lead noise?
 
 
 @dataclass
@@ -512,6 +513,7 @@ class _Rounds:
         self.stable_checkpoint = str(checkpoint_url(loop.run_url, first.train.steps))
         self.stable_eval = first.eval  # stable's evaluation, on the seeds every round is evaluated on
         self.round_began_with = first.eval  # the stable evaluation the current round (and its baseline) pair with
+        self.round_eval = first.eval  # the current round's own evaluation, which its baseline pairs with
         self.stall_steps = stall_steps_for(loop.task, first.eval, settings.stall_steps)
         self.baseline_checkpoint = self.stable_checkpoint
         self.fleet_datasets = fleet_dataset_urls(loop, settings.fleet)
@@ -547,6 +549,7 @@ class _Rounds:
             self.on_stage("train", f"round {k}: nothing new to learn (no failure, no expert frame): not trained")
             release, checkpoint, result = self.stable, self.stable_checkpoint, self.stable_eval
             train_split = publish_s = None
+        self.round_eval = result
         gained = result.success_rate - stable_before
         versus = paired(result, self.round_began_with) if learn else None
         promoted = gained > 0
@@ -795,8 +798,9 @@ class _Rounds:
             result = self._evaluate(checkpoint_url(run_url, trained.steps), f"eval-baseline-r{k}")
         frames = sum(c.frames for c in rec.committed)
         minutes = stages["baseline"] / 60
-        versus = paired(result, self.round_began_with)
-        return Baseline(len(rec.committed), frames, result.success_rate, result.success_ci95, minutes, versus)
+        versus, round_versus = paired(result, self.round_began_with), paired(self.round_eval, result)
+        rate, ci95 = result.success_rate, result.success_ci95
+        return Baseline(len(rec.committed), frames, rate, ci95, minutes, versus, round_versus)
 
 
 def _robot_row(r: FleetRobotResult) -> dict[str, Any]:

@@ -208,8 +208,8 @@ def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
     which is stable by construction, else "promoted", "kept stable" or `NOT_TRAINED`), success with its 95%
     interval, expert frames, where they went (`expert_split`), the fleet's episodes, failures, takeovers and branch
     drives (these None for round 0, which ran no fleet), minutes, the gain per 1,000 expert frames (success points,
-    a share), the same-expert-frames baseline's success and minutes when it ran, and each against stable scene by
-    scene (`versus_stable`).
+    a share), the same-expert-frames baseline's success and minutes when it ran, each against stable scene by scene
+    (`versus_stable`), and the round against its baseline (`round_versus`).
     A row that is not an object, or a figure of the wrong type, shows as nothing rather than failing the page."""
     found = summary.get("rounds")
     rows = []
@@ -247,6 +247,7 @@ def rounds_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
                     "ci95": _interval(baseline.get("ci95")),
                     "minutes": _number(baseline.get("minutes")),
                     "versus_stable": _paired(baseline.get("versus_stable")),
+                    "round_versus": _paired(baseline.get("round_versus")),  # the round against it, scene by scene
                 },
             }
         )

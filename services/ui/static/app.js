@@ -295,7 +295,9 @@
   // A rounds report's table (robotloop.ui.runs.rounds_rows): on its report's page and on its training run's.
   const interval = (ci) => (ci ? ` (${pct(ci[0])} to ${pct(ci[1])})` : "");
   // Scene by scene against the stable the round began with (robotloop.deploy.evaluate.Paired).
-  const versus = (v) => (v ? `; against stable ${v.won} won, ${v.lost} lost (p ${Number(v.p_value.toPrecision(2))})` : "");
+  // A paired comparison (robotloop.deploy.evaluate.Paired), from the first side's view: won, lost, sign test p.
+  const versus = (v, who = "against stable") =>
+    v ? `; ${who} ${v.won} won, ${v.lost} lost (p ${Number(v.p_value.toPrecision(2))})` : "";
   // Where a round's expert frames went (robotloop.ui.runs.EXPERT_PARTS), e.g. " (1916 takeovers, 12000 near misses)".
   const expertSplit = (split) => {
     const parts = Object.entries(split || {}).map(([part, n]) => `${n} ${part}`);
@@ -323,7 +325,7 @@
           el("td", {}, r.takeovers == null ? "—" : `${r.takeovers}${r.branches ? ` + ${r.branches} branch drives` : ""}`),
           el("td", {}, num(r.minutes)),
           el("td", {}, gain === null ? "—" : `${gain >= 0 ? "+" : ""}${(100 * gain).toFixed(2)} pts`),
-          el("td", {}, base ? `${pct(base.success_rate)}${interval(base.ci95)}, ${base.demos ?? "?"} demos${versus(base.versus_stable)}` : "—"),
+          el("td", {}, base ? `${pct(base.success_rate)}${interval(base.ci95)}, ${base.demos ?? "?"} demos${versus(base.versus_stable)}${versus(base.round_versus, "the round against it")}` : "—"),
         );
       }),
     );
