@@ -314,7 +314,7 @@ def test_lerobot_policy_spellings_reach_the_saved_config(bucket_server, tmp_path
     out = "hf://buckets/lab/train/models/spellings"
     args = ["--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN, "train", "--dataset", str(url)]
     args += ["--output", out, "--steps", "2", "--batch-size", "2", "--tiny", "--device", "cpu", "--decode-workers"]
-    args += ["1", "--policy.chunk_size=5", "--dim-model", "32", "--policy.optimizer_lr=3e-4"]
+    args += ["1", "--policy.chunk_size=5", "--dim-model", "32", "--policy.optimizer_lr=3e-4", "--onnx", "off"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     client.fetch(BucketUrl.parse(f"{out}/checkpoints/000002/pretrained_model/config.json"), tmp_path / "cfg.json")

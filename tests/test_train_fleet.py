@@ -282,7 +282,10 @@ def _train(client, datasets, out, steps, act=None, **kw):
     from robotloop.train.policy import ACTSettings
     from robotloop.train.trainer import TrainSettings, train
 
-    settings = TrainSettings(**{"steps": steps, "batch_size": 4, "checkpoint_every": steps, "seed": 7, **kw})
+    # No export of the last checkpoint: seconds of 2 cores, five times, that these tests are not about
+    settings = TrainSettings(
+        **{"steps": steps, "batch_size": 4, "checkpoint_every": steps, "seed": 7, "onnx": "off", **kw}
+    )
     settings.deterministic = True
     act = act or ACTSettings(**TINY, n_action_steps=5)
     return train(client, datasets, out, settings, act, DataSettings(decode_workers=1))

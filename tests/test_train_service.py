@@ -124,6 +124,7 @@ def job(output: str, steps: int, **kw) -> dict:
         "log_every": 1,
         "checkpoint_every": 10,
         "decode_workers": 1,
+        "onnx": "off",  # no export of the last checkpoint: seconds of 2 cores that these tests are not about
         **kw,
     }
 
@@ -248,6 +249,7 @@ def test_robotloop_train_serve_is_the_training_service():
 
 SUBMIT = ["trainer", "submit", "--dataset", DATASET, "--output", "hf://buckets/lab/trainsvc/models/submitted"]
 SUBMIT += ["--steps", "2", "--batch-size", "4", "--tiny", "--decode-workers", "1", "--log-every", "1"]
+SUBMIT += ["--onnx", "off"]  # as `job`: no export of the last checkpoint
 
 
 @pytest.fixture(scope="module")
