@@ -294,8 +294,7 @@
 
   // A rounds report's table (robotloop.ui.runs.rounds_rows): on its report's page and on its training run's.
   const interval = (ci) => (ci ? ` (${pct(ci[0])} to ${pct(ci[1])})` : "");
-  // Scene by scene against the stable the round began with (robotloop.deploy.evaluate.Paired).
-  // A paired comparison (robotloop.deploy.evaluate.Paired), from the first side's view: won, lost, sign test p.
+  // Scene by scene (robotloop.deploy.evaluate.Paired), from the first side's view: won, lost, sign test p.
   const versus = (v, who = "against stable") =>
     v ? `; ${who} ${v.won} won, ${v.lost} lost (p ${Number(v.p_value.toPrecision(2))})` : "";
   // Where a round's expert frames went (robotloop.ui.runs.EXPERT_PARTS), e.g. " (1916 takeovers, 12000 near misses)".
