@@ -6,10 +6,10 @@
 # BASELINE=0 leaves the baseline out (it costs each round its own recording, training and evaluation again).
 # Start it detached and follow it (benchmarks/device_follow.sh $R): its plan.log ends with " done".
 #   TASK=transfer_cube ROUNDS=1 EVAL=200 setsid nohup bash benchmarks/h200_flywheel.sh /tmp/fw > /tmp/fw.log 2>&1 &
-# Insertion's next run (after 2026-12-07 08:37, BENCHMARKS.md, where two rounds whose expert also demonstrated the
-# 3 fresh scenes nearest each one the policy did not win alone reached 93.5% on the loop's seeds and 95.5% on seeds
-# 5000-5199 in 18.7 min): three such rounds, now that evaluations render only the frames the policy reads (200
-# episodes: 6.7 s against 65.1 s on an H100), then the last release on seeds 5000-5199 and in lerobot-eval (~21 min):
+# Insertion's next run (after 2026-12-07 17:52, BENCHMARKS.md, where two rounds whose expert also demonstrated the
+# 3 fresh scenes nearest each one the policy did not win alone reached 94.5% on the loop's seeds, lower bound 90.4%,
+# in 13.9 min on an H100): three such rounds (a third at round 2's pace: about 17.3 min), then the last release on
+# seeds 5000-5199 (the loop evaluated 200 episodes in 7-12 s) and in lerobot-eval (about 20 min in all):
 #   TASK=insertion ROUNDS=3 BASELINE=0 INDEPENDENT=1 LEROBOT_EVAL=20 ONNX_EVAL=0 INT8_EVAL=0 FLEET_CHECK=0 \
 #     ROUND_ARGS="--shadow-map 2048 --fleet-rate-hz inf --redemo-near 3" bash benchmarks/h200_flywheel.sh /tmp/fw
 # (ABLATION=share50,long: the round's data trained two stronger ways after it, never run to the end yet)
@@ -23,7 +23,7 @@ LEROBOT_EVAL=${LEROBOT_EVAL:-50}
 ONNX_EVAL=${ONNX_EVAL:-50}  # episodes of stable's ONNX export on ONNX Runtime's CPU provider (the image has no GPU one), 0: none
 INT8_EVAL=${INT8_EVAL:-50}  # episodes of its int8 graph (quantized here, as deploy publish --onnx-int8 does), 0: none
 ONNX_SEED=${ONNX_SEED:-1000}  # the ONNX and int8 evaluations' first seed (1000: paired with the loop's own evaluation)
-INDEPENDENT=${INDEPENDENT:-1}  # 1: stable evaluated again over seeds 5000-5199 (3 min on the H200), 0: not
+INDEPENDENT=${INDEPENDENT:-1}  # 1: stable evaluated again over seeds 5000-5199, 0: not
 ROUND_ARGS=${ROUND_ARGS:-}  # more `robotloop loop` options, e.g. "--round-steps 6000 --round-lr-scale 0.3"; with
 # "--shadow-map 2048" the whole run films (and so evaluates) with 2048-texel shadow maps; SHADOW_EVAL then compares
 # against them, not against gym-aloha's 4096
