@@ -382,15 +382,16 @@ def test_the_report_names_each_robot_that_lost_episodes_and_why():
 @pytest.mark.parametrize(
     ("fleet", "won", "lost", "verdict"),
     [
-        (0.92, 21, 12, "The fleet rounds beat the same-expert-frames baseline, but not beyond noise: 92% against 90%"),
-        (0.95, 30, 8, "The fleet rounds beat the same-expert-frames baseline beyond noise: 95% against 90%"),
-        (0.89, 10, 12, "The fleet rounds did **not** beat the same-expert-frames baseline: 89% against 90%"),
+        (0.92, 20, 12, "The fleet rounds beat the same-expert-frames baseline, but not beyond noise: 92% against 90%"),
+        (0.95, 30, 10, "The fleet rounds beat the same-expert-frames baseline beyond noise: 95% against 90%"),
+        (0.89, 8, 12, "The fleet rounds did **not** beat the same-expert-frames baseline: 89% against 90%"),
     ],
 )
 def test_the_report_says_whether_the_fleet_beat_its_baseline_beyond_noise(fleet, won, lost, verdict):
     """A fleet round a few scenes ahead of its baseline may be chance: the run of 2026-12-07 17:38 was 92% against
     89.5% over 400 paired scenes (21 won, 12 lost, p = 0.16) and its report said "beat". The verdict pairs the
     last round with its baseline, scene by scene, and says whether the lead is beyond noise."""
+    assert won - lost == round(400 * (fleet - 0.9))  # the lead, in scenes of the 400
     paired = Paired(won, lost, sign_test(won, lost))
     ci = (0.0, 1.0)
     rounds = [
