@@ -28,7 +28,7 @@ def _work(job: tuple[str, int | None, int, int, tuple[int, int], int]) -> dict:
     mode, shadow, sims, steps, size, worker = job
     from robotloop.sim import AlohaSim
 
-    first = AlohaSim("transfer_cube", image_size=size, shadows=shadow != 0, shadow_map=shadow or None)
+    first = AlohaSim("transfer_cube", image_size=size, shadow_map=shadow)
     camera = first.camera if mode == "shared" else None
     group = [first] + [AlohaSim("transfer_cube", image_size=size, camera=camera) for _ in range(sims - 1)]
     for j, sim in enumerate(group):

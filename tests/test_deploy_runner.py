@@ -23,6 +23,7 @@ from robotloop.deploy.runner import (
     make_tiny_checkpoint,
 )
 from robotloop.sim import AlohaSim, record_demo
+from robotloop.sim.constants import NO_SHADOWS
 from robotloop.storage import BucketClient, BucketUrl
 
 from .conftest import WRITE_TOKEN
@@ -38,7 +39,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sim() -> AlohaSim:
-    with AlohaSim("transfer_cube", image_size=SIZE, shadows=False) as s:
+    with AlohaSim("transfer_cube", image_size=SIZE, shadow_map=NO_SHADOWS) as s:
         yield s
 
 

@@ -36,6 +36,7 @@ from robotloop.deploy.onnx_runner import (
 from robotloop.deploy.runner import NonFiniteAction, PolicyLoadError, PolicyRunner, make_tiny_checkpoint
 from robotloop.errors import BadValue
 from robotloop.sim import AlohaSim
+from robotloop.sim.constants import NO_SHADOWS
 from robotloop.train.policy import TINY_ACT, ACTSettings
 
 CAMERA, SEEN, CHUNK = (48, 64), (24, 32), 10
@@ -60,7 +61,7 @@ def exported(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sim() -> AlohaSim:
-    with AlohaSim("transfer_cube", image_size=CAMERA, shadows=False) as s:
+    with AlohaSim("transfer_cube", image_size=CAMERA, shadow_map=NO_SHADOWS) as s:
         yield s
 
 

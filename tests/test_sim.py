@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from robotloop.sim import AlohaGymEnv, AlohaSim, record_demo, register_envs  # noqa: E402
-from robotloop.sim.constants import START_ARM_POSE  # noqa: E402
+from robotloop.sim.constants import NO_SHADOWS, START_ARM_POSE  # noqa: E402
 from robotloop.sim.env import shadow_map_size  # noqa: E402
 from robotloop.sim.tasks import get_task  # noqa: E402
 
@@ -141,7 +141,7 @@ def test_truncation_at_episode_length() -> None:
 
 
 def test_scripted_transfer_cube_demo_succeeds() -> None:
-    demo = record_demo("transfer_cube", seed=0, image_size=(24, 32), shadows=False)
+    demo = record_demo("transfer_cube", seed=0, image_size=(24, 32), shadow_map=NO_SHADOWS)
     assert demo.success and demo.max_reward == 4
     assert demo.rewards[-1] == 4  # the cube is still held by the left gripper at the end
     assert demo.frames.shape == (400, 24, 32, 3) and demo.frames.dtype == np.uint8

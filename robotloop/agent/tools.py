@@ -105,8 +105,8 @@ class RobotloopTools:
             workers: sim worker processes
             codec: video codec, libsvtav1 (lerobot's default) or h264 (faster on CPU)
             keep_failed: also commit failed demos (marked by next.success never being true)
-            shadow_map: side of the sim lights' shadow maps, 256-8192 (default gym-aloha's, 4096 at 480x640);
-                kept with the dataset, so training and evaluation render the same
+            shadow_map: side of the sim lights' shadow maps, 256-8192, or 0 for no shadows (default gym-aloha's,
+                4096 at 480x640); kept with the dataset, so training and evaluation render the same
         """
         from ..capture import DatasetRecorder, DatasetSpec
         from ..capture.sim_record import check_task, record_sim

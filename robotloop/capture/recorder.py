@@ -51,7 +51,7 @@ from ..features import (
     SUCCESS_KEY,
     image_key,
 )
-from ..sim.constants import check_shadow_map, shadow_map_size
+from ..sim.constants import check_shadow_map, describe_shadow_map, shadow_map_size
 from ..storage import BucketClient, BucketUrl, Entry, NotFound, StorageError, private_dir
 from .episode import BadEpisode, Episode, check_array
 
@@ -700,9 +700,9 @@ def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
         have_side, want_side = camera_shadow_map(info["features"][key]), camera_shadow_map(features[key])
         if have_side != want_side:
             return (
-                f"holds {key} frames rendered with {_shadows(have_side)}; these episodes are rendered with "
-                f"{_shadows(want_side)}: one dataset, one rendering, so record with the dataset's shadow map or "
-                "into a new dataset"
+                f"holds {key} frames rendered with {describe_shadow_map(have_side)}; these episodes are rendered "
+                f"with {describe_shadow_map(want_side)}: one dataset, one rendering, so record with the dataset's "
+                "shadow map or into a new dataset"
             )
     stored = {(info["features"][k].get("info") or {}).get("video.codec") for k in cameras}
     stored.discard(None)
@@ -713,10 +713,6 @@ def spec_mismatch(info: dict, spec: DatasetSpec) -> str | None:
             "one codec (lerobot refuses to mix them), so record with the dataset's codec or into a new dataset"
         )
     return None
-
-
-def _shadows(side: int | None) -> str:
-    return f"{side}-texel shadow maps" if side is not None else "the default shadow maps for their size"
 
 
 def _feature_differences(have: dict[str, list], want: dict[str, list]) -> str:

@@ -60,6 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import errors
 from ..errors import Busy, Conflict
+from ..sim.constants import describe_shadow_map
 from ..storage import BucketClient, BucketUrl, NotFound, StorageError
 from .episode import BadEpisode, FleetTally
 from .recorder import CommitReport, DatasetRecorder, DatasetSpec, LiveEpisode, episode_frame, spec_mismatch
@@ -665,7 +666,7 @@ def _describe(spec: DatasetSpec) -> str:
     return (
         f"cameras {spec.cameras}, state_dim {spec.state_dim}, action_dim {spec.action_dim}, fps {spec.fps}, "
         f"robot type {spec.robot_type!r}, {fleet}"
-        + (f", {spec.shadow_map}-texel shadow maps" if spec.shadow_map is not None else "")
+        + (f", {describe_shadow_map(spec.shadow_map)}" if spec.shadow_map is not None else "")
     )
 
 

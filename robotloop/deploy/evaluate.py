@@ -416,6 +416,16 @@ def _run_wave(
         yield result(j)
 
 
+def _rendered_side(shadow_map: int | None, trained: tuple[int, int] | None) -> int | None:
+    """The shadow-map side the sims render with: `shadow_map`, else gym-aloha's for the policy's image size
+    (`shadow_map_size`); None for a state-only policy, whose sims render nothing."""
+    from ..sim.constants import shadow_map_size  # lazily: the sim's import brings MuJoCo
+
+    if trained is None:
+        return None
+    return shadow_map_size(*trained) if shadow_map is None else shadow_map
+
+
 def wave_size(episodes: int, batch: int | None = None) -> int:
     """Episodes run at once: `batch`, else all of them in the fewest waves of at most `MAX_BATCH`, as even as can be.
 
@@ -497,7 +507,7 @@ def evaluate(
         robotloop.cluster.RayUnavailable: with `ray`, no Ray or no cluster there, or workers kept dying.
     """
     from ..sim import get_task
-    from ..sim.constants import check_shadow_map, shadow_map_size
+    from ..sim.constants import check_shadow_map
 
     spec = get_task(task)  # KeyError/ValueError for an unknown task
     check_shadow_map(shadow_map)
@@ -514,7 +524,8 @@ def evaluate(
     if set(runner.image_keys) - {image_key("top")}:
         raise BadValue(f"the policy reads cameras {runner.image_keys}; the ALOHA sim renders only 'top'")
     trained = runner.image_size
-    shadow_map = shadow_map or runner.shadow_map  # render as the policy's data was rendered
+    if shadow_map is None:  # render as the policy's data was rendered
+        shadow_map = runner.shadow_map
     if image_size is not None and tuple(image_size) != trained:
         raise BadValue(
             f"the policy was trained on {format_image_size(trained)}; it cannot be evaluated at "
@@ -538,7 +549,7 @@ def evaluate(
         source=source,
         checkpoint=checkpoint,
         inference=_acting(runner),
-        shadow_map=(shadow_map or shadow_map_size(*trained)) if trained is not None else None,
+        shadow_map=_rendered_side(shadow_map, trained),
     )
     start = time.perf_counter()
     # A state-only policy: the sim renders nothing, so there is nothing to film.

@@ -111,17 +111,34 @@ def format_image_size(size: ImageSize | None) -> str:
 
 
 SHADOW_MAP_SIDES = (256, 512, 1024, 2048, 4096, 8192)
+# The side that turns shadows off: about half a CPU (llvmpipe) frame at small sizes (BENCHMARKS.md, "Rendering
+# without shadows"), for runs that never meet gym-aloha's images, such as the test suite's. Images then differ
+# from gym-aloha's everywhere a shadow falls; it is stored with the data like any other side, so a policy is
+# evaluated and deployed without shadows too.
+NO_SHADOWS = 0
 
 
 def check_shadow_map(side: int | None) -> int | None:
-    """`side` if it is a shadow-map side the sim takes (a power of two, 256-8192), None as it is.
+    """`side` if it is a shadow-map side the sim takes (a power of two, 256-8192, or `NO_SHADOWS`), None as it is.
+
+    Example:
+        >>> check_shadow_map(2048), check_shadow_map(NO_SHADOWS), check_shadow_map(None)
+        (2048, 0, None)
 
     Raises:
         BadValue: any other value.
     """
-    if side is not None and side not in SHADOW_MAP_SIDES:
-        raise BadValue(f"a shadow map's side is one of {', '.join(map(str, SHADOW_MAP_SIDES))}, not {side}")
+    if side is not None and side != NO_SHADOWS and side not in SHADOW_MAP_SIDES:
+        sides = ", ".join(map(str, SHADOW_MAP_SIDES))
+        raise BadValue(f"a shadow map's side is one of {sides}, or {NO_SHADOWS} for no shadows, not {side}")
     return side
+
+
+def describe_shadow_map(side: int | None) -> str:
+    """How frames rendered with shadow maps of `side` (`check_shadow_map`) are described in messages."""
+    if side is None:
+        return "the default shadow maps for their size"
+    return "no shadows" if side == NO_SHADOWS else f"{side}-texel shadow maps"
 
 
 def shadow_map_size(height: int, width: int) -> int:

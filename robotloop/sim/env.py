@@ -25,6 +25,7 @@ from gymnasium import spaces  # noqa: E402
 
 from robotloop.sim.constants import (  # noqa: E402
     ACTION_DIM,
+    NO_SHADOWS,
     START_ARM_POSE,
     STATE_DIM,
     ImageSize,
@@ -85,17 +86,18 @@ class TopCamera:
         model: mujoco.MjModel,
         size: ImageSize,
         camera: str = "top",
-        shadows: bool = True,
         shadow_map: int | None = None,
     ):
         h, w = size
         self.size = (h, w)
-        self.shadow_map = check_shadow_map(shadow_map) or shadow_map_size(h, w)
+        side = check_shadow_map(shadow_map)
+        self.shadow_map = shadow_map_size(h, w) if side is None else side
         model.vis.global_.offheight = max(model.vis.global_.offheight, h)
         model.vis.global_.offwidth = max(model.vis.global_.offwidth, w)
-        model.vis.quality.shadowsize = self.shadow_map
+        if self.shadow_map != NO_SHADOWS:
+            model.vis.quality.shadowsize = self.shadow_map
         self.renderer = mujoco.Renderer(model, height=h, width=w)
-        self.renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = shadows
+        self.renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = self.shadow_map != NO_SHADOWS
         self.camera = camera
         self.render_s = 0.0  # time spent rendering, for the evaluation's account of its time
         self.rendered = 0  # frames rendered, the same
@@ -145,10 +147,10 @@ class AlohaSim:
         image_size: (height, width) of the `top` image; None renders nothing (state-only observations).
         seed: used by the first `reset()` that gets no seed; later seedless resets draw from it.
         max_episode_steps: `truncated` turns True at this step count (default: task.episode_length = 400).
-        shadows: render shadows as gym-aloha does (default). False halves CPU (llvmpipe) render time, for tests.
         shadow_map: side of the lights' shadow maps (default: `shadow_map_size` of the image, gym-aloha's 4096 at
             480x640). Smaller renders faster on a GPU (2048 at 240x320: 2.6x on an H200) and moves a few pixels:
-            a policy should be evaluated with the maps its data was recorded with.
+            a policy should be evaluated with the maps its data was recorded with. `NO_SHADOWS` (0) renders none,
+            which halves CPU (llvmpipe) render time and changes every shadowed pixel.
         camera: another sim's `camera` (same task and image size) to render with, instead of a renderer of its own:
             sims stepped side by side in one process then share one GL context (see `TopCamera`). The sim does
             not close a camera it was given.
@@ -160,7 +162,6 @@ class AlohaSim:
         image_size: ImageSize | str | None = (480, 640),
         seed: int | None = None,
         max_episode_steps: int | None = None,
-        shadows: bool = True,
         camera: TopCamera | None = None,
         shadow_map: int | None = None,
     ):
@@ -175,7 +176,7 @@ class AlohaSim:
             raise BadValue(f"a shared camera renders {camera.size}, this sim's image size is {self.image_size}")
         self._owns_camera = camera is None
         if camera is None and self.image_size:
-            camera = TopCamera(self.model, self.image_size, shadows=shadows, shadow_map=shadow_map)
+            camera = TopCamera(self.model, self.image_size, shadow_map=shadow_map)
         self.camera = camera
         self.reward_fn = self.task.make_reward(self.model)
         self.max_episode_steps = max_episode_steps or self.task.episode_length

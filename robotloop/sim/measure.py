@@ -24,12 +24,12 @@ class DemoResult:
     seconds: float
 
 
-def run_one(args: tuple[str, int, tuple[int, int] | None, int | None, bool]) -> DemoResult:
+def run_one(args: tuple[str, int, tuple[int, int] | None, int | None, int | None]) -> DemoResult:
     from robotloop.sim.scripted import record_demo  # imported in the worker (spawned, fresh EGL context)
 
-    task, seed, image_size, max_steps, shadows = args
+    task, seed, image_size, max_steps, shadow_map = args
     start = time.perf_counter()
-    demo = record_demo(task, seed, image_size=image_size, max_steps=max_steps, shadows=shadows)
+    demo = record_demo(task, seed, image_size=image_size, max_steps=max_steps, shadow_map=shadow_map)
     return DemoResult(
         seed=seed,
         success=demo.success,
@@ -42,9 +42,14 @@ def run_one(args: tuple[str, int, tuple[int, int] | None, int | None, bool]) -> 
 
 
 def measure(
-    task: str, seeds: list[int], workers: int, image_size, max_steps: int | None = None, shadows: bool = True
+    task: str,
+    seeds: list[int],
+    workers: int,
+    image_size,
+    max_steps: int | None = None,
+    shadow_map: int | None = None,
 ) -> list[DemoResult]:
-    jobs = [(task, s, image_size, max_steps, shadows) for s in seeds]
+    jobs = [(task, s, image_size, max_steps, shadow_map) for s in seeds]
     if workers <= 1:
         return [run_one(j) for j in jobs]
     with mp.get_context("spawn").Pool(workers) as pool:
@@ -61,20 +66,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--image-size", default="480x640", help='HxW, or "none" to skip rendering')
     p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--no-shadows", action="store_true", help="render without shadows (faster on CPU)")
+    p.add_argument(
+        "--shadow-map", type=int, default=None, help="side of the lights' shadow maps; 0: no shadows (faster on CPU)"
+    )
     args = p.parse_args(argv)
     size = None if args.image_size.lower() == "none" else parse_image_size(args.image_size)
     seeds = list(range(args.start_seed, args.start_seed + args.seeds))
 
     start = time.perf_counter()
-    results = measure(args.task, seeds, args.workers, size, args.max_steps, shadows=not args.no_shadows)
+    results = measure(args.task, seeds, args.workers, size, args.max_steps, shadow_map=args.shadow_map)
     wall = time.perf_counter() - start
 
     ok = np.array([r.success for r in results])
     failed = [r.seed for r in results if not r.success]
     print(
         f"task={args.task} seeds={seeds[0]}..{seeds[-1]} image_size={size} workers={args.workers} "
-        f"shadows={not args.no_shadows}"
+        f"shadow_map={args.shadow_map}"
     )
     print(f"success rate: {ok.mean():.1%} ({ok.sum()}/{len(ok)})  failed seeds: {failed}")
     print(f"mocap-pass success: {np.mean([r.mocap_success for r in results]):.1%}")

@@ -294,10 +294,8 @@ def _mocap_scene(task: str) -> MocapScene:
 
 
 @lru_cache(maxsize=4)
-def _joint_sim(
-    task: str, image_size: ImageSize | None, shadows: bool = True, shadow_map: int | None = None
-) -> AlohaSim:
-    return AlohaSim(task, image_size=image_size, shadows=shadows, shadow_map=shadow_map)
+def _joint_sim(task: str, image_size: ImageSize | None, shadow_map: int | None = None) -> AlohaSim:
+    return AlohaSim(task, image_size=image_size, shadow_map=shadow_map)
 
 
 def record_demo(
@@ -305,7 +303,6 @@ def record_demo(
     seed: int,
     image_size: ImageSize | str | None = (480, 640),
     max_steps: int | None = None,
-    shadows: bool = True,
     on_step: Callable[[np.ndarray | None, np.ndarray, np.ndarray, float], None] | None = None,
     shadow_map: int | None = None,
 ) -> Demo:
@@ -313,8 +310,8 @@ def record_demo(
 
     `max_steps` defaults to the task's episode length (400, as ACT's scripted datasets). Simulators are
     cached per process (one mocap scene per task, one renderer per task and image size).
-    `shadows=False` renders without shadows (faster on CPU; images then differ from gym-aloha's); `shadow_map`
-    sets their maps' side (default: `shadow_map_size` of the image, gym-aloha's 4096 at 480x640).
+    `shadow_map` sets the side of the lights' shadow maps (default: `shadow_map_size` of the image, gym-aloha's
+    4096 at 480x640; `NO_SHADOWS` renders none, faster on a CPU, and images then differ from gym-aloha's).
     `on_step(frame, state, action, reward)` is called after each step, as it happens (a recorder streams the
     frames into its encoder while the replay renders the next ones).
     """
@@ -323,7 +320,7 @@ def record_demo(
     steps = max_steps or spec.episode_length
     objects = spec.sample_objects(seed)
     mocap = rollout_mocap(spec, objects, steps, _mocap_scene(spec.name))
-    sim = _joint_sim(spec.name, size, shadows, shadow_map)
+    sim = _joint_sim(spec.name, size, shadow_map)
     obs = sim.reset(seed, object_pose=objects)
     frames, states, rewards = [], [], []
     actions = mocap.joint_traj[:steps]

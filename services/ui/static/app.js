@@ -410,7 +410,7 @@
     const fleet = data.role === "fleet";
     let facts = `${data.episodes.length} episodes, ${frames} frames at ${data.fps} fps; cameras ${data.video_keys.join(", ") || "none"}`;
     const shadows = Object.entries(data.shadow_maps || {});
-    if (shadows.length) facts += `; filmed with ${shadows.map(([key, side]) => `${side}-texel shadow maps (${key})`).join(", ")}`;
+    if (shadows.length) facts += `; filmed with ${shadows.map(([key, side]) => `${side === 0 ? "no shadows" : `${side}-texel shadow maps`} (${key})`).join(", ")}`;
     if (fleet) {
       const expert = data.episodes.reduce((n, e) => n + e.takeovers.reduce((m, [a, b]) => m + b - a, 0), 0);
       const robots = [...new Set(data.episodes.map((e) => e.fleet?.robot).filter((r) => r !== null && r !== undefined))];
