@@ -1,5 +1,6 @@
-"""Render cost of the sim's `top` camera: MuJoCo's default 4096 shadow maps against `shadow_map_size`, side by
-side in one run, with how many pixels the smaller maps change (the same scene state, frame for frame).
+"""Render cost of the sim's `top` camera: MuJoCo's default 4096 shadow maps, `shadow_map_size` (the default now) and
+no shadows (`NO_SHADOWS`), side by side in one run, with how many pixels each changes against the default (the same
+scene state, frame for frame).
 
     MUJOCO_GL=egl .venv/bin/python benchmarks/render.py --sizes 48x64 96x128 480x640 --frames 40
 """
@@ -15,50 +16,46 @@ import time
 import numpy as np
 
 from robotloop.sim import AlohaSim
-from robotloop.sim.env import TopCamera, shadow_map_size
-
-
-def _rebuilt(sim: AlohaSim, size: tuple[int, int]) -> TopCamera:
-    import mujoco
-
-    camera = TopCamera.__new__(TopCamera)
-    camera.renderer, camera.camera = mujoco.Renderer(sim.model, height=size[0], width=size[1]), "top"
-    return camera
+from robotloop.sim.constants import NO_SHADOWS, shadow_map_size
+from robotloop.sim.env import TopCamera
 
 
 def measure(size: tuple[int, int], frames: int) -> dict:
-    sim = AlohaSim("transfer_cube", image_size=size)
+    sim = AlohaSim("transfer_cube", image_size=None)
     sim.reset(seed=3)
-    cameras = {}
-    for side in (4096, shadow_map_size(*size)):
-        sim.model.vis.quality.shadowsize = side
-        cameras[side] = _rebuilt(sim, size)
+    default = shadow_map_size(*size)
+    cameras = {side: TopCamera(sim.model, size, shadow_map=side) for side in dict.fromkeys((4096, default, NO_SHADOWS))}
     times: dict[int, list[float]] = {side: [] for side in cameras}
-    diffs = []
+    diffs: dict[int, list[np.ndarray]] = {side: [] for side in cameras if side != default}
     for _ in range(frames):
         sim.step(np.zeros(14))
         images = {}
-        for side, camera in cameras.items():  # interleaved: the same moment of the machine's load for both
+        for side, camera in cameras.items():  # interleaved: the same moment of the machine's load for each
             t0 = time.perf_counter()
             images[side] = camera(sim.data).astype(np.int16)
             times[side].append(time.perf_counter() - t0)
-        if len(images) == 2:
-            a, b = images.values()
-            diffs.append(np.abs(a - b).max(-1))
+        for side in diffs:
+            diffs[side].append(np.abs(images[side] - images[default]).max(-1))
     for camera in cameras.values():
         camera.close()
     sim.close()
     ms = {side: 1000 * statistics.median(t[3:]) for side, t in times.items()}
     out = {
         "size": f"{size[0]}x{size[1]}",
-        "shadowsize": shadow_map_size(*size),
+        "shadowsize": default,
         "ms_4096": round(ms[4096], 2),
-        "ms_chosen": round(ms[shadow_map_size(*size)], 2),
+        "ms_chosen": round(ms[default], 2),
+        "ms_no_shadows": round(ms[NO_SHADOWS], 2),
     }
     out["speedup"] = round(out["ms_4096"] / out["ms_chosen"], 2)
-    if diffs:
-        d = np.stack(diffs)
-        out |= {"mean_abs_diff": round(float(d.mean()), 3), "pixels_over_8_pct": round(float((d > 8).mean() * 100), 2)}
+    out["no_shadows_speedup"] = round(out["ms_chosen"] / out["ms_no_shadows"], 2)
+    for side, frames_diff in diffs.items():  # against the default, per side: "4096" and "none"
+        d = np.stack(frames_diff)
+        name = "none" if side == NO_SHADOWS else str(side)
+        out |= {
+            f"mean_abs_diff_{name}": round(float(d.mean()), 3),
+            f"pixels_over_8_pct_{name}": round(float((d > 8).mean() * 100), 2),
+        }
     return out
 
 

@@ -9,12 +9,22 @@ import pytest
 from robotloop.capture.info import dataset_info
 from robotloop.loop import LoopSettings, run_loop
 from robotloop.loop.report import markdown
+from robotloop.sim.constants import NO_SHADOWS
 from robotloop.storage import BucketClient, BucketUrl, Entry
 
 from .conftest import WRITE_TOKEN
 
+# No shadows: half of each CPU frame, in runs whose images no test compares with gym-aloha's.
 TINY = dict(
-    episodes=1, steps=4, batch_size=2, eval_episodes=1, eval_workers=1, record_workers=1, eval_max_steps=10, videos=1
+    episodes=1,
+    steps=4,
+    batch_size=2,
+    eval_episodes=1,
+    eval_workers=1,
+    record_workers=1,
+    eval_max_steps=10,
+    videos=1,
+    shadow_map=NO_SHADOWS,
 )
 
 

@@ -34,6 +34,7 @@ from robotloop.deploy.local import start_local_deploy_service
 from robotloop.deploy.publish import publish
 from robotloop.deploy.runner import make_tiny_checkpoint
 from robotloop.rounds.fleet import FleetRobot, fleet_episodes, run_fleet
+from robotloop.sim.constants import NO_SHADOWS
 from robotloop.sim.scripted import record_demo
 from robotloop.storage import BucketClient, BucketUrl
 
@@ -258,7 +259,7 @@ def test_fleet_robots_on_two_nodes_record_the_episodes_local_robots_record(
             storage_token=WRITE_TOKEN,
             task="transfer_cube",
             image_size=SIZE,
-            shadow_map=512,
+            shadow_map=NO_SHADOWS,  # half a CPU frame
             device="cpu",
             first_seed=200_000 + 10 * i,
             episodes=1,

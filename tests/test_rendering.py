@@ -20,7 +20,8 @@ from robotloop.deploy.envs import FROM_POLICY, SimControlEnv
 from robotloop.deploy.evaluate import evaluate
 from robotloop.deploy.runner import PolicyLoadError, PolicyRunner, make_tiny_checkpoint
 from robotloop.errors import BadValue
-from robotloop.sim.constants import shadow_map_size
+from robotloop.sim import AlohaSim
+from robotloop.sim.constants import NO_SHADOWS, shadow_map_size
 from robotloop.storage import BucketClient, BucketUrl
 from robotloop.train.data.catalog import EpisodeCatalog
 from robotloop.train.data.errors import DatasetMismatch
@@ -39,8 +40,25 @@ def test_a_dataset_says_how_its_sim_cameras_were_rendered_only_when_not_as_gym_a
     for same_as_gym_aloha in (DatasetSpec.aloha(SIZE, "h264"), DatasetSpec.aloha(SIZE, "h264", 1024)):
         assert "info" not in same_as_gym_aloha.features()[top]  # nothing new to say: datasets stay as they were
     assert camera_shadow_map(DatasetSpec.aloha(SIZE, "h264", SIDE).features()[top]) == SIDE
-    with pytest.raises(BadValue, match="one of 256, 512"):
+    with pytest.raises(BadValue, match="one of 256, 512.*, or 0 for no shadows, not 3000"):
         DatasetSpec.aloha(SIZE, "h264", 3000)
+    # No shadows is a rendering like any other: said in the dataset, and 0 is not mistaken for "not said".
+    flat = DatasetSpec.aloha(SIZE, "h264", NO_SHADOWS).features()[top]
+    assert flat["info"] == {SHADOW_MAP_INFO: 0} and camera_shadow_map(flat) == NO_SHADOWS
+
+
+def test_no_shadows_leaves_the_scene_as_it_is_but_for_its_shadows():
+    with (
+        AlohaSim("transfer_cube", image_size=SIZE) as shaded,
+        AlohaSim("transfer_cube", image_size=SIZE, shadow_map=NO_SHADOWS) as flat,
+    ):
+        assert (shaded.camera.shadow_map, flat.camera.shadow_map) == (1024, NO_SHADOWS)
+        shaded.reset(seed=3)
+        flat.reset(seed=3)
+        with_shadows, without = shaded.render().astype(int), flat.render().astype(int)
+    moved = np.abs(with_shadows - without).max(-1) > 8
+    assert 0.01 < moved.mean() < 0.2, moved.mean()  # the shadows' pixels, not the scene's
+    assert ((without - with_shadows) >= -2).all(-1).mean() > 0.99  # where a shadow was, it is lighter now
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +94,10 @@ def test_episodes_of_another_rendering_are_not_appended(recorded, tmp_path):
         recorder.committed_episodes()  # before any demo is recorded
     with pytest.raises(BadEpisode, match="these episodes are rendered with 512-texel"):
         DatasetRecorder(client, shadowed, DatasetSpec.aloha(SIZE, "h264", 512), staging=tmp_path / "t").commit(
+            _episode()
+        )
+    with pytest.raises(BadEpisode, match="these episodes are rendered with no shadows"):
+        DatasetRecorder(client, shadowed, DatasetSpec.aloha(SIZE, "h264", NO_SHADOWS), staging=tmp_path / "v").commit(
             _episode()
         )
     assert (

@@ -36,6 +36,7 @@ from robotloop.rounds.run import (
     split_branches,
     stall_steps_for,
 )
+from robotloop.sim.constants import NO_SHADOWS
 from robotloop.sim.expert import StallTrigger, UserTrigger
 from robotloop.storage import BucketClient, BucketUrl
 from robotloop.train.checkpoint import read_lineage
@@ -50,7 +51,7 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     cmd = [sys.executable, "-m", "robotloop.cli", "--endpoint", bucket_server.endpoint, "--token", WRITE_TOKEN]
     cmd += ["loop", "--rounds", "1", "--fleet", "2", "--fleet-episodes", "1", "--stall-steps", "10", "--baseline"]
     cmd += ["--round-lr-scale", "0.5", "--fleet-check", "--round-data-share", "0.5", "--fleet-rate-hz", "inf"]
-    cmd += ["--shadow-map", "512"]  # 512: cheaper than 48x64's default 1024 on a CPU
+    cmd += ["--shadow-map", "0"]  # no shadows: half a CPU frame, and the run's one rendering end to end
     cmd += ["--branches", "1"]  # the middle of the ticks after the last progress: before the stall at tick 10
     cmd += ["--redemo-near", "1"]  # a demo of the fresh scene nearest each one the policy did not win alone
     cmd += ["--episodes", "1", "--steps", "4", "--round-steps", "4", "--batch-size", "2", "--eval-episodes", "1"]
@@ -129,13 +130,13 @@ def test_a_round_through_a_fleet_records_takeovers_trains_on_them_and_reports_it
     assert len(drives) == rounds[1]["branches"] and {d["seed"] for d in drives} <= {f["seed"] for f in facts}
     assert all(d["expert_frames"] == d["frames"] > 0 for d in drives), drives
     # One rendering for the whole run: the demos, the fleet's episodes and the baseline's demos were filmed with the
-    # run's shadow maps, the policies keep them, and every evaluation rendered with them.
+    # run's rendering (no shadows), the policies keep it, and every evaluation rendered with it.
     for name in ("", "-fleet-1", "-fleet-2", "-baseline"):
         url = BucketUrl.parse(f"{bucket}/datasets/transfer_cube-{run_name}{name}/meta/info.json")
         info = json.loads(client.download(url, tmp_path / f"info{name}.json").read_text())
-        assert camera_shadow_map(info["features"]["observation.images.top"]) == 512, name
+        assert camera_shadow_map(info["features"]["observation.images.top"]) == NO_SHADOWS, name
     evaluations = list((tmp_path / "report").rglob("eval_report.json"))
-    assert len(evaluations) >= 3 and {json.loads(e.read_text())["shadow_map"] for e in evaluations} == {512}
+    assert len(evaluations) >= 3 and {json.loads(e.read_text())["shadow_map"] for e in evaluations} == {NO_SHADOWS}
 
     # A round fine-tunes at a fraction of the recipe's learning rate; each checkpoint's lineage.json says which.
     def lineage_of(model: str) -> dict:
