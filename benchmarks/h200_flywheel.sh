@@ -8,10 +8,13 @@
 #   TASK=transfer_cube ROUNDS=1 EVAL=200 setsid nohup bash benchmarks/h200_flywheel.sh /tmp/fw > /tmp/fw.log 2>&1 &
 # Insertion's next run (after 2026-12-07 17:52, BENCHMARKS.md, where two rounds whose expert also demonstrated the
 # 3 fresh scenes nearest each one the policy did not win alone reached 94.5% on the loop's seeds, lower bound 90.4%,
-# in 13.9 min on an H100): three such rounds (a third at round 2's pace: about 17.3 min), then the last release on
-# seeds 5000-5199 (the loop evaluated 200 episodes in 7-12 s) and in lerobot-eval (about 20 min in all):
-#   TASK=insertion ROUNDS=3 BASELINE=0 INDEPENDENT=1 LEROBOT_EVAL=20 ONNX_EVAL=0 INT8_EVAL=0 FLEET_CHECK=0 \
-#     ROUND_ARGS="--shadow-map 2048 --fleet-rate-hz inf --redemo-near 3" bash benchmarks/h200_flywheel.sh /tmp/fw
+# in 13.9 min on an H100, and the fleet led the baseline within noise twice): three such rounds (a third at round
+# 2's pace: about 17.3 min) with the baseline beside round 1 only (about 2.7 min more, apart in the report's
+# minutes), then the last release on seeds 5000-5199 and in lerobot-eval, and round 1 and its baseline again over
+# 1,000 paired scenes from 6000 (the loop evaluated 200 episodes in 7-12 s; about 24 min in all):
+#   TASK=insertion ROUNDS=3 BASELINE=0 BASELINE_ROUNDS=1 PAIRED_EVAL=1000 INDEPENDENT=1 LEROBOT_EVAL=20 ONNX_EVAL=0 \
+#     INT8_EVAL=0 FLEET_CHECK=0 ROUND_ARGS="--shadow-map 2048 --fleet-rate-hz inf --redemo-near 3" \
+#     bash benchmarks/h200_flywheel.sh /tmp/fw
 # (ABLATION=share50,long: the round's data trained two stronger ways after it, never run to the end yet)
 set -u
 R=${1:-/tmp/flywheel}
@@ -19,6 +22,10 @@ TASK=${TASK:-transfer_cube}
 ROUNDS=${ROUNDS:-1}
 EVAL=${EVAL:-200}
 BASELINE=${BASELINE:-1}
+BASELINE_ROUNDS=${BASELINE_ROUNDS:-}  # e.g. 1: the baseline beside round 1 only (`--baseline-rounds`; implies it)
+# Episodes (0: none) of the last round that ran a baseline and of that baseline, evaluated again after the loop on
+# the same other seeds (from 6000), the baseline's run paired with the round's (`robotloop eval --against`)
+PAIRED_EVAL=${PAIRED_EVAL:-0}
 LEROBOT_EVAL=${LEROBOT_EVAL:-50}
 ONNX_EVAL=${ONNX_EVAL:-50}  # episodes of stable's ONNX export on ONNX Runtime's CPU provider (the image has no GPU one), 0: none
 INT8_EVAL=${INT8_EVAL:-50}  # episodes of its int8 graph (quantized here, as deploy publish --onnx-int8 does), 0: none
@@ -54,6 +61,7 @@ pack() {  # the small files only: no weights, videos or bucket data
 step "rounds start (main at $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'))"
 start=$(date +%s)
 baseline=$([ "$BASELINE" = 1 ] && echo --baseline)
+[ -n "$BASELINE_ROUNDS" ] && baseline="--baseline-rounds $BASELINE_ROUNDS"
 check=$([ "$FLEET_CHECK" = 1 ] && echo --fleet-check)
 # shellcheck disable=SC2086  # $baseline and $check are one flag or none, $ROUND_ARGS words
 python3 -m robotloop.cli loop --preset "$PRESET" --task "$TASK" --rounds "$ROUNDS" $baseline $check $ROUND_ARGS --eval-episodes "$EVAL" \
@@ -87,6 +95,20 @@ if [ -n "$stable" ] && [ "$INDEPENDENT" = 1 ]; then  # the release's run: its na
     > "$R/eval5000.log" 2>&1
   step "eval of $stable over $INDEPENDENT_EPISODES seeds from 5000 exit $?"
   pack
+fi
+if [ "$PAIRED_EVAL" -gt 0 ]; then  # the checkpoints the loop's own evaluations of the pair resolved
+  k=$(python3 -c "import json; r = json.load(open('loop-report/report.json'))
+print(max((x['round'] for x in r['rounds'] if x.get('baseline')), default=''))" 2>/dev/null)
+  for side in r baseline-r; do
+    model=$(python3 -c "import json; print(json.load(open('loop-report/eval-$side$k/eval_report.json'))['policy'])" 2>/dev/null)
+    [ -n "$k" ] && [ -n "$model" ] || break
+    against=$([ "$side" = baseline-r ] && echo "--against $R/paired-r$k/eval_report.json")
+    # shellcheck disable=SC2086  # $against is one option and its value, or nothing
+    python3 -m robotloop.cli eval --policy "$model" --sim "$TASK" --episodes "$PAIRED_EVAL" --seed 6000 \
+      --workers "$WORKERS" --videos 0 $against --output-dir "$R/paired-$side$k" > "$R/paired_$side$k.log" 2>&1
+    step "eval of $side$k over $PAIRED_EVAL seeds from 6000 exit $?"
+    pack
+  done
 fi
 if [ -n "$stable" ] && [ "$SHADOW_EVAL" != 0 ]; then  # what rendering faster costs: the same seeds as the loop's
   python3 -m robotloop.cli eval --policy "hf://buckets/local/loop/models/${stable%-*}" --sim "$TASK" \

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from robotloop.capture.recorder import camera_shadow_map
 from robotloop.deploy.evaluate import EpisodeResult, EvalReport, Paired, sign_test
@@ -343,6 +344,15 @@ def test_rounds_options_refuse_live_mode_and_take_the_presets_values():
     ]
     with pytest.raises(BadValue, match="--rounds and --live"):
         RoundsOptions(rounds=1, live=True).round_settings()
+    # The baseline beside every round, or beside the first N only (which asks for it); none unless asked.
+    every = RoundsOptions(rounds=3, baseline=True).round_settings()
+    first = RoundsOptions(rounds=3, baseline_rounds=1).round_settings()
+    beside = [[s.baseline_beside(k) for k in (1, 2, 3)] for s in (every, first, h200)]
+    assert beside == [[True, True, True], [True, False, False], [False, False, False]]
+    with pytest.raises(BadValue, match="needs the baseline"):
+        RoundSettings(baseline_rounds=2)
+    with pytest.raises(ValidationError, match="baseline_rounds"):
+        RoundsOptions(rounds=3, baseline_rounds=0)
     # A round's training: a fine-tune of stable at a tenth of the rate, or round 0's recipe and steps from scratch.
     loop = LoopSettings.preset("h200", task="insertion", device="cpu")
     steps, act = round_recipe(loop, h200)

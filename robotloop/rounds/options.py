@@ -102,6 +102,14 @@ class RoundsOptions(LoopOptions):
         default=False,
         description="Also train the fair baseline each round: the same expert frames as demos of random scenes.",
     )
+    baseline_rounds: int | None = Field(
+        default=None,
+        ge=1,
+        le=100,
+        description="The baseline beside the first N rounds only (implies --baseline; default: every round). Its "
+        "demos, training and evaluation cost each round about as much as the round: later rounds then run at their "
+        "own pace.",
+    )
 
     def round_settings(self):
         """The rounds' `RoundSettings`: the preset's, then every option given.
@@ -128,7 +136,8 @@ class RoundsOptions(LoopOptions):
             "fleet_check": self.fleet_check,
             "from_scratch": self.round_from_scratch,
             "data_share": self.round_data_share,
-            "baseline": self.baseline,
+            "baseline": self.baseline or self.baseline_rounds is not None,
+            "baseline_rounds": self.baseline_rounds,
         }
         if self.round_success_weight is not None:
             given["weights"] = replace(round_weights(), autonomous_success=self.round_success_weight)

@@ -106,6 +106,9 @@ class RoundSettings:
     # (sim only; 0: none)
     branches: int = 0
     baseline: bool = False  # also train the same-expert-frames baseline each round
+    # With `baseline`, beside the first n rounds only (None: every round). The baselines chain as the rounds do, so
+    # round n's pair still spent the same expert frames; the rounds after it run at their own pace.
+    baseline_rounds: int | None = None
     fleet_rate_hz: float = 50.0  # the sim robots' control rate; math.inf: as fast as the machine runs
     lr_scale: float = ROUND_LR_SCALE  # a fine-tune's peak learning rate, as a fraction of the recipe's
     fleet_check: bool = False  # also evaluate stable on the fleet's own scenes, episode by episode (`FleetCheck`)
@@ -138,6 +141,12 @@ class RoundSettings:
             raise BadValue(f"a round's learning-rate scale must be in (0, 1], not {self.lr_scale}")
         if self.data_share is not None and not 0 < self.data_share < 1:
             raise BadValue(f"the rounds' data share of the draws must be in (0, 1), not {self.data_share}")
+        if self.baseline_rounds is not None and (not self.baseline or self.baseline_rounds < 1):
+            raise BadValue(f"a baseline beside the first {self.baseline_rounds} rounds needs the baseline, and n >= 1")
+
+    def baseline_beside(self, k: int) -> bool:
+        """Whether round `k` trains its same-expert-frames baseline (`baseline`, `baseline_rounds`)."""
+        return self.baseline and (self.baseline_rounds is None or k <= self.baseline_rounds)
 
     @classmethod
     def for_preset(cls, preset: str, **overrides: Any) -> RoundSettings:
@@ -392,7 +401,7 @@ def run_rounds(
             result = run.round(k)
             report.rounds.append(result)
             tell(report)  # before the baseline: a run cut during it keeps the round's own figures
-            if settings.baseline and result.trained:
+            if settings.baseline_beside(k) and result.trained:
                 result.baseline = run.baseline(k, result.expert_frames, result.stage_s)
                 tell(report)
     finally:
