@@ -15,6 +15,8 @@
 #   TASK=insertion ROUNDS=3 BASELINE=0 BASELINE_ROUNDS=1 PAIRED_EVAL=1000 INDEPENDENT=1 LEROBOT_EVAL=20 ONNX_EVAL=0 \
 #     INT8_EVAL=0 FLEET_CHECK=0 ROUND_ARGS="--shadow-map 2048 --fleet-rate-hz inf --redemo-near 3" \
 #     bash benchmarks/h200_flywheel.sh /tmp/fw
+# With less device time than that: the three rounds alone (BASELINE_ROUNDS and PAIRED_EVAL unset, about 19 min); with
+# under 15 min, round 1 and its baseline alone (ROUNDS=1 BASELINE=1 EVAL=400, 13.9 min on 2026-12-07 17:38).
 # (ABLATION=share50,long: the round's data trained two stronger ways after it, never run to the end yet)
 set -u
 R=${1:-/tmp/flywheel}
