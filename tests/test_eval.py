@@ -38,7 +38,7 @@ from robotloop.deploy.lockstep import SimBatch, Slot, write_video
 from robotloop.deploy.runner import PolicyLoadError, PolicyRunner, make_tiny_checkpoint
 from robotloop.errors import BadInput, BadValue
 from robotloop.sim import AlohaSim
-from robotloop.sim.env import shadow_map_size
+from robotloop.sim.constants import shadow_map_size
 from robotloop.sim.scripted import record_demo
 from robotloop.storage import BucketClient, BucketUrl
 

@@ -12,8 +12,11 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from robotloop.sim import AlohaGymEnv, AlohaSim, record_demo, register_envs  # noqa: E402
-from robotloop.sim.constants import NO_SHADOWS, START_ARM_POSE  # noqa: E402
-from robotloop.sim.env import shadow_map_size  # noqa: E402
+from robotloop.sim.constants import (  # noqa: E402
+    NO_SHADOWS,
+    START_ARM_POSE,
+    shadow_map_size,
+)
 from robotloop.sim.tasks import get_task  # noqa: E402
 
 TASKS = ["transfer_cube", "insertion"]

@@ -416,16 +416,6 @@ def _run_wave(
         yield result(j)
 
 
-def _rendered_side(shadow_map: int | None, trained: tuple[int, int] | None) -> int | None:
-    """The shadow-map side the sims render with: `shadow_map`, else gym-aloha's for the policy's image size
-    (`shadow_map_size`); None for a state-only policy, whose sims render nothing."""
-    from ..sim.constants import shadow_map_size  # lazily: the sim's import brings MuJoCo
-
-    if trained is None:
-        return None
-    return shadow_map_size(*trained) if shadow_map is None else shadow_map
-
-
 def wave_size(episodes: int, batch: int | None = None) -> int:
     """Episodes run at once: `batch`, else all of them in the fewest waves of at most `MAX_BATCH`, as even as can be.
 
@@ -507,7 +497,7 @@ def evaluate(
         robotloop.cluster.RayUnavailable: with `ray`, no Ray or no cluster there, or workers kept dying.
     """
     from ..sim import get_task
-    from ..sim.constants import check_shadow_map
+    from ..sim.constants import check_shadow_map, rendered_shadow_map
 
     spec = get_task(task)  # KeyError/ValueError for an unknown task
     check_shadow_map(shadow_map)
@@ -549,7 +539,7 @@ def evaluate(
         source=source,
         checkpoint=checkpoint,
         inference=_acting(runner),
-        shadow_map=_rendered_side(shadow_map, trained),
+        shadow_map=rendered_shadow_map(shadow_map, *trained) if trained is not None else None,  # None: no camera
     )
     start = time.perf_counter()
     # A state-only policy: the sim renders nothing, so there is nothing to film.

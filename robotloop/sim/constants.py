@@ -141,6 +141,11 @@ def describe_shadow_map(side: int | None) -> str:
     return "no shadows" if side == NO_SHADOWS else f"{side}-texel shadow maps"
 
 
+def rendered_shadow_map(side: int | None, height: int, width: int) -> int:
+    """The side a camera of this image size renders with: `side` (`check_shadow_map`), else `shadow_map_size`."""
+    return shadow_map_size(height, width) if side is None else side
+
+
 def shadow_map_size(height: int, width: int) -> int:
     """Side of the shadow maps for an image of this size.
 

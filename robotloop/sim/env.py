@@ -34,7 +34,7 @@ from robotloop.sim.constants import (  # noqa: E402
     normalize_gripper,
     normalize_gripper_velocity,
     parse_image_size,
-    shadow_map_size,
+    rendered_shadow_map,
     unnormalize_gripper,
 )
 from robotloop.sim.physics import forward_without_actuation, legacy_step, load_model, n_substeps  # noqa: E402
@@ -90,8 +90,7 @@ class TopCamera:
     ):
         h, w = size
         self.size = (h, w)
-        side = check_shadow_map(shadow_map)
-        self.shadow_map = shadow_map_size(h, w) if side is None else side
+        self.shadow_map = rendered_shadow_map(check_shadow_map(shadow_map), h, w)
         model.vis.global_.offheight = max(model.vis.global_.offheight, h)
         model.vis.global_.offwidth = max(model.vis.global_.offwidth, w)
         if self.shadow_map != NO_SHADOWS:
