@@ -63,7 +63,7 @@ from robotloop.deploy.onnx_runner import (
     OnnxRunner,
 )
 from robotloop.deploy.policy import load_policy
-from robotloop.deploy.publish import PublishedRelease, PublishError, publish, start_publish
+from robotloop.deploy.publish import PublishedRelease, Publisher, PublishError, publish, start_publish
 from robotloop.deploy.runner import make_tiny_checkpoint
 from robotloop.deploy.runtime import RobotRuntime
 from robotloop.deploy.store import IntegrityError, PullCancelled, ReleaseStore
@@ -1637,13 +1637,16 @@ class _Branchy(torch.nn.Module):
 
 
 def test_a_publish_in_a_child_process_exports_signs_and_registers_and_its_errors_come_back(deploy):
-    # How a round publishes beside its evaluation: the same `publish`, in a spawned process (ONNX export and all).
+    # How a round publishes beside its evaluation: the same `publish`, in a spawned process (ONNX export and all),
+    # started while the round trains (here: while the checkpoint is made and uploaded).
     # Weights of its own: an export of the module's checkpoints would put their signed ONNX bytes back under a path
     # of the bucket, where the tampering test takes them away.
-    own = make_tiny_checkpoint(deploy.key.parent.parent / "ckpt" / "child", image_size=IMAGE, seed=7)
-    url = BucketUrl.parse(f"{RUN}/child/checkpoints/000100")
-    deploy.bucket.upload(own, url / "pretrained_model")
-    publishing = start_publish(deploy.bucket, str(url), "child-v1", deploy.key, deploy.ops(), channel="canary")
+    with Publisher() as publisher:
+        own = make_tiny_checkpoint(deploy.key.parent.parent / "ckpt" / "child", image_size=IMAGE, seed=7)
+        url = BucketUrl.parse(f"{RUN}/child/checkpoints/000100")
+        deploy.bucket.upload(own, url / "pretrained_model")
+        publishing = publisher.publish(deploy.bucket, str(url), "child-v1", deploy.key, deploy.ops(), channel="canary")
+    # Closed before its publish is done: the child still finishes what it was given.
     missing = start_publish(deploy.bucket, f"{RUN}/nothing-here", "child-v2", deploy.key, deploy.ops())
     published = publishing.result(timeout=240)
     assert published.onnx.files == ONNX_FILES and published.onnx.max_abs_diff <= 1e-4, published.onnx

@@ -269,6 +269,63 @@ def publish(
     return PublishedRelease(signed.manifest, signed.key_id, signed.signature, report)
 
 
+class Publisher:
+    """A child process that publishes (`publish`: ONNX required, no int8), started before there is anything to
+    publish, so that the caller's other work meanwhile hides its start: spawning it and importing torch, lerobot
+    and torch's ONNX exporter (about 6 s of this 2-core machine, under a round's evaluation on the GPU machine's busy
+    cores). A round starts one before it trains and publishes through it once the checkpoint is in the bucket.
+    `cpu_threads`: torch's threads in the child, so that its export leaves the caller's other work its cores.
+
+    A process, not a thread: torch's exporter traces with Dynamo, whose state is the whole process's, beside a
+    policy the caller may have compiled. The child dies with this process; what it answers comes back over a local
+    pipe, never a network. Close it (or use it as a context manager) when done: it exits once its work is.
+
+    Example:
+        ```python
+        >>> with Publisher() as publisher:  # starts importing now
+        ...     train(...)
+        ...     publishing = publisher.publish(client, "hf://buckets/lab/demos/models/run1-r1", "run1-r1-3000",
+        ...                                    key_path, deploy, channel="canary")
+        ...     report = evaluate(...)  # meanwhile
+        ...     publishing.result().onnx.seconds
+        ```
+    """
+
+    def __init__(self, cpu_threads: int = 4) -> None:
+        self._pool = ProcessPoolExecutor(
+            1, mp_context=mp.get_context("spawn"), initializer=_start_publisher, initargs=(os.getpid(), cpu_threads)
+        )
+        self._pool.submit(_import_exporter)  # the child starts with this job
+
+    def publish(
+        self,
+        client: BucketClient,
+        checkpoint: str,
+        name: str,
+        key: Path,
+        deploy: DeployClient,
+        channel: str | None = None,
+    ) -> Future[PublishedRelease]:
+        """`publish` of `checkpoint` as `name` in the child, after what it was given before. `key`: the private
+        deploy key's file, loaded there.
+
+        Raises (from the future's `result()`): what `publish` raises.
+        """
+        return self._pool.submit(
+            _publish_from, client.endpoint, client.token, checkpoint, name, key, deploy.url, deploy.token, channel
+        )
+
+    def close(self) -> None:
+        """No more publishes: the child exits once those given are done (this does not wait for them)."""
+        self._pool.shutdown(wait=False)
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def start_publish(
     client: BucketClient,
     checkpoint: str,
@@ -278,14 +335,9 @@ def start_publish(
     channel: str | None = None,
     cpu_threads: int = 4,
 ) -> Future[PublishedRelease]:
-    """`publish` (ONNX required, no int8) in a child process, for a caller with other work to do meanwhile: the
-    ONNX export publish makes runs on the CPU (~20 s of the h200 preset's ACT on 16 cores), and a round of the loop
-    evaluates its checkpoint on the GPU in that time. `key`: the private deploy key's file, loaded there.
-    `cpu_threads`: torch's threads in the child, so that the export leaves the other work its cores.
-
-    A process, not a thread: torch's exporter traces with Dynamo, whose state is the whole process's, beside a
-    policy the caller may have compiled. The child dies with this process; what it answers comes back over a local
-    pipe, never a network.
+    """One `Publisher.publish`, its child started now, for a caller with other work to do meanwhile: the ONNX export
+    publish makes runs on the CPU (~20 s of the h200 preset's ACT on 16 cores). A caller that knows earlier that
+    it will publish starts a `Publisher` then.
 
     Example:
         ```python
@@ -297,15 +349,8 @@ def start_publish(
 
     Raises (from the future's `result()`): what `publish` raises.
     """
-    pool = ProcessPoolExecutor(
-        1, mp_context=mp.get_context("spawn"), initializer=_start_publisher, initargs=(os.getpid(), cpu_threads)
-    )
-    try:
-        return pool.submit(
-            _publish_from, client.endpoint, client.token, checkpoint, name, key, deploy.url, deploy.token, channel
-        )
-    finally:
-        pool.shutdown(wait=False)  # the child exits once its one publish is done
+    with Publisher(cpu_threads) as publisher:
+        return publisher.publish(client, checkpoint, name, key, deploy, channel)
 
 
 def _start_publisher(parent_pid: int, cpu_threads: int) -> None:
@@ -315,6 +360,14 @@ def _start_publisher(parent_pid: int, cpu_threads: int) -> None:
 
     start_worker(parent_pid)
     torch.set_num_threads(cpu_threads)
+
+
+def _import_exporter() -> None:
+    """What a publish imports besides torch: the export's modules (lerobot's ACT among them) and torch's exporter,
+    which `torch.onnx` imports only when an export begins."""
+    import torch.onnx._internal.exporter._core  # noqa: F401  (torch's own module: ~1 s of the imports)
+
+    from . import onnx_export  # noqa: F401
 
 
 def _publish_from(

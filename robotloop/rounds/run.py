@@ -38,7 +38,7 @@ from ..deploy.client import DeployClient
 from ..deploy.evaluate import EvalReport, Paired, evaluate, paired
 from ..deploy.keys import public_path
 from ..deploy.local import start_local_deploy_service
-from ..deploy.publish import start_publish
+from ..deploy.publish import Publisher
 from ..deploy.resolve import resolve_policy
 from ..errors import BadValue
 from ..loop.pipeline import LoopReport, LoopSettings, Stage, run_loop
@@ -477,7 +477,7 @@ def train_round(
         device=loop.device,
         init_from=None if settings.from_scratch else init_from,
         # No ONNX export at the checkpoint: a round's publish makes it in a child process beside the round's
-        # evaluation (`start_publish`), and the baseline's and the ablation's checkpoints are never published.
+        # evaluation (`Publisher`), and the baseline's and the ablation's checkpoints are never published.
         onnx="off",
     )
     weights = settings.weights
@@ -621,19 +621,22 @@ class _Rounds:
         run_url = BucketUrl.parse(f"{loop.bucket}/models/{name}")
         steps = round_recipe(loop, s)[0]
         start = "random init" if s.from_scratch else self.stable
-        with self._timed(stages, "train", f"round {k}: {steps} steps from {start} on {len(datasets)} datasets"):
-            trained = self._train(datasets, run_url, self.stable_checkpoint)
-        release = f"{name}-{trained.steps}"
-        checkpoint = checkpoint_url(run_url, trained.steps)
-        # Published (its ONNX export made on the CPU) while the checkpoint is evaluated on the GPU: the round's
-        # "publish" stage is only what the publish takes past the evaluation.
-        started, publish_s = time.monotonic(), []
-        publishing = start_publish(self.client, str(run_url), release, self.key, self.deploy, channel="canary")
-        publishing.add_done_callback(lambda _: publish_s.append(time.monotonic() - started))
-        with self._timed(stages, "evaluate", f"{release} on the {loop.eval_episodes} seeds stable was evaluated on"):
-            result = self._evaluate(checkpoint, f"eval-r{k}")
-        with self._timed(stages, "publish", f"{release} to canary (published beside its evaluation)"):
-            publishing.result()
+        # The publisher's process starts (its imports) while the round trains; it publishes (its ONNX export made on
+        # the CPU) while the checkpoint is evaluated on the GPU: the round's "publish" stage is only what the publish
+        # takes past the evaluation.
+        with Publisher() as publisher:
+            with self._timed(stages, "train", f"round {k}: {steps} steps from {start} on {len(datasets)} datasets"):
+                trained = self._train(datasets, run_url, self.stable_checkpoint)
+            release = f"{name}-{trained.steps}"
+            checkpoint = checkpoint_url(run_url, trained.steps)
+            started, publish_s = time.monotonic(), []
+            publishing = publisher.publish(self.client, str(run_url), release, self.key, self.deploy, channel="canary")
+            publishing.add_done_callback(lambda _: publish_s.append(time.monotonic() - started))
+            evaluated = f"{release} on the {loop.eval_episodes} seeds stable was evaluated on"
+            with self._timed(stages, "evaluate", evaluated):
+                result = self._evaluate(checkpoint, f"eval-r{k}")
+            with self._timed(stages, "publish", f"{release} to canary (published beside its evaluation)"):
+                publishing.result()
         return release, str(checkpoint), result, trained.split(), publish_s[0]
 
     # -- stages ------------------------------------------------------------------------------------------------
