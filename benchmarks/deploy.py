@@ -32,6 +32,8 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -124,6 +126,21 @@ class Bench:
 
     def fetcher(self, bucket: str) -> XetFetcher:
         return XetFetcher(self.bucket.endpoint, self.bucket.token, bucket)
+
+
+@contextmanager
+def running_bench(work: Path) -> Iterator[Bench]:
+    """The embedded bucket server and the deploy service, their files under `work`, and the bench's bucket in them;
+    both stopped after."""
+    server = ensure_embedded_server(work / "buckets")
+    proc, deploy_url = start_deploy_service(work)
+    try:
+        bench = Bench(work, server.endpoint, server.token, deploy_url)
+        bench.bucket.create_bucket(BucketUrl.parse(RUN))
+        yield bench
+    finally:
+        proc.terminate()
+        stop_embedded_server(work / "buckets")
 
 
 def bytes_per_update(bench: Bench, ckpts: dict[str, Path]) -> list[dict]:
@@ -231,25 +248,16 @@ def main() -> None:
     parser.add_argument("--latency-only", action="store_true", help="Publish to running only, not bytes per update.")
     args = parser.parse_args()
     image_size = tuple(int(v) for v in args.image_size.split("x"))
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        server = ensure_embedded_server(work / "buckets")
-        proc, deploy_url = start_deploy_service(work)
-        try:
-            bench = Bench(work, server.endpoint, server.token, deploy_url)
-            bench.bucket.create_bucket(BucketUrl.parse(RUN))
-            ckpts = save_variants(work / "ckpt", image_size, args.onnx_at)
-            results = {
-                "date": time.strftime("%Y-%m-%d"),
-                "machine": f"{platform.node()} {os.cpu_count()} cores",
-                "onnx_at": args.onnx_at,
-                "load_before": os.getloadavg()[0],
-                "bytes": None if args.latency_only else bytes_per_update(bench, ckpts),
-                "latency": publish_to_running(bench, ckpts, image_size),
-            }
-        finally:
-            proc.terminate()
-            stop_embedded_server(work / "buckets")
+    with tempfile.TemporaryDirectory() as tmp, running_bench(Path(tmp)) as bench:
+        ckpts = save_variants(bench.work / "ckpt", image_size, args.onnx_at)
+        results = {
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": f"{platform.node()} {os.cpu_count()} cores",
+            "onnx_at": args.onnx_at,
+            "load_before": os.getloadavg()[0],
+            "bytes": None if args.latency_only else bytes_per_update(bench, ckpts),
+            "latency": publish_to_running(bench, ckpts, image_size),
+        }
     print(json.dumps(results, indent=1))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))

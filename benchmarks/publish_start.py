@@ -25,12 +25,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from deploy import RUN, Bench, start_deploy_service  # benchmarks/: the same set-up
+from deploy import Bench, running_bench  # benchmarks/: the same set-up
 from robot_onnx import build_checkpoint
 
 from robotloop.deploy.publish import Publisher, start_publish
-from robotloop.storage import BucketUrl
-from robotloop.storage.embedded import ensure_embedded_server, stop_embedded_server
 
 
 def timed_publish(bench: Bench, checkpoint: str, name: str, publisher: Publisher | None) -> float:
@@ -51,24 +49,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     times: dict[str, list[float]] = {"cold": [], "warm": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        server = ensure_embedded_server(work / "buckets")
-        proc, deploy_url = start_deploy_service(work)
-        try:
-            bench = Bench(work, server.endpoint, server.token, deploy_url)
-            bench.bucket.create_bucket(BucketUrl.parse(RUN))
-            checkpoint = bench.upload(build_checkpoint(work / "ckpt" / "pretrained_model", quick=False)[0])
-            timed_publish(bench, checkpoint, "first", None)  # the export's bytes in the bucket: both arms dedup them
-            for pair in range(args.pairs):
-                times["cold"].append(timed_publish(bench, checkpoint, f"cold-{pair}", None))
-                with Publisher() as publisher:
-                    time.sleep(args.head_start)
-                    times["warm"].append(timed_publish(bench, checkpoint, f"warm-{pair}", publisher))
-                print(f"pair {pair}: cold {times['cold'][-1]:.1f} s, warm {times['warm'][-1]:.1f} s", flush=True)
-        finally:
-            proc.terminate()
-            stop_embedded_server(work / "buckets")
+    with tempfile.TemporaryDirectory() as tmp, running_bench(Path(tmp)) as bench:
+        checkpoint = bench.upload(build_checkpoint(bench.work / "ckpt" / "pretrained_model", quick=False)[0])
+        timed_publish(bench, checkpoint, "first", None)  # the export's bytes in the bucket: both arms dedup them
+        for pair in range(args.pairs):
+            times["cold"].append(timed_publish(bench, checkpoint, f"cold-{pair}", None))
+            with Publisher() as publisher:
+                time.sleep(args.head_start)
+                times["warm"].append(timed_publish(bench, checkpoint, f"warm-{pair}", publisher))
+            print(f"pair {pair}: cold {times['cold'][-1]:.1f} s, warm {times['warm'][-1]:.1f} s", flush=True)
     medians = {arm: statistics.median(values) for arm, values in times.items()}
     results = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
