@@ -1,6 +1,5 @@
-"""What a round's publish takes once its checkpoint is in the bucket: a publisher process started then
-(`robotloop.deploy.publish.start_publish`, what rounds did) against one started earlier, while the round trained
-(`Publisher`, what they do now), side by side.
+"""What a round's publish takes once its checkpoint is in the bucket: a publisher process started then (what
+rounds did) against one started earlier, while the round trained (`Publisher`, what they do now), side by side.
 
 Run:  MUJOCO_GL=egl .venv/bin/python benchmarks/publish_start.py [--pairs 3] [--head-start 20]
           [--out benchmarks/results/publish_start_2core.json]
@@ -23,22 +22,20 @@ import platform
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from deploy import Bench, running_bench  # benchmarks/: the same set-up
 from robot_onnx import build_checkpoint
 
-from robotloop.deploy.publish import Publisher, start_publish
+from robotloop.deploy.publish import Publisher
 
 
 def timed_publish(bench: Bench, checkpoint: str, name: str, publisher: Publisher | None) -> float:
     """Seconds from the call to the registered release: through `publisher`, or a child started now."""
-    key = bench.work / "deploy.key"
     start = time.perf_counter()
-    if publisher is None:
-        start_publish(bench.bucket, checkpoint, name, key, bench.ops).result()
-    else:
-        publisher.publish(bench.bucket, checkpoint, name, key, bench.ops).result()
+    with Publisher() if publisher is None else nullcontext(publisher) as child:
+        child.publish(bench.bucket, checkpoint, name, bench.work / "deploy.key", bench.ops).result()
     return time.perf_counter() - start
 
 

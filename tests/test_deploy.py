@@ -63,7 +63,7 @@ from robotloop.deploy.onnx_runner import (
     OnnxRunner,
 )
 from robotloop.deploy.policy import load_policy
-from robotloop.deploy.publish import PublishedRelease, Publisher, PublishError, publish, start_publish
+from robotloop.deploy.publish import PublishedRelease, Publisher, PublishError, publish
 from robotloop.deploy.runner import make_tiny_checkpoint
 from robotloop.deploy.runtime import RobotRuntime
 from robotloop.deploy.store import IntegrityError, PullCancelled, ReleaseStore
@@ -1647,7 +1647,8 @@ def test_a_publish_in_a_child_process_exports_signs_and_registers_and_its_errors
         deploy.bucket.upload(own, url / "pretrained_model")
         publishing = publisher.publish(deploy.bucket, str(url), "child-v1", deploy.key, deploy.ops(), channel="canary")
     # Closed before its publish is done: the child still finishes what it was given.
-    missing = start_publish(deploy.bucket, f"{RUN}/nothing-here", "child-v2", deploy.key, deploy.ops())
+    with Publisher() as publisher:  # started at the call
+        missing = publisher.publish(deploy.bucket, f"{RUN}/nothing-here", "child-v2", deploy.key, deploy.ops())
     published = publishing.result(timeout=240)
     assert published.onnx.files == ONNX_FILES and published.onnx.max_abs_diff <= 1e-4, published.onnx
     registered = SignedManifest.from_dict(deploy.ops().release("child-v1")["manifest"])

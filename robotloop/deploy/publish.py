@@ -326,33 +326,6 @@ class Publisher:
         self.close()
 
 
-def start_publish(
-    client: BucketClient,
-    checkpoint: str,
-    name: str,
-    key: Path,
-    deploy: DeployClient,
-    channel: str | None = None,
-    cpu_threads: int = 4,
-) -> Future[PublishedRelease]:
-    """One `Publisher.publish`, its child started now, for a caller with other work to do meanwhile: the ONNX export
-    publish makes runs on the CPU (~20 s of the h200 preset's ACT on 16 cores). A caller that knows earlier that
-    it will publish starts a `Publisher` then.
-
-    Example:
-        ```python
-        >>> publishing = start_publish(client, "hf://buckets/lab/demos/models/run1-r1", "run1-r1-3000",
-        ...                            key_path, deploy, channel="canary")
-        >>> report = evaluate(...)  # meanwhile
-        >>> publishing.result().onnx.seconds
-        ```
-
-    Raises (from the future's `result()`): what `publish` raises.
-    """
-    with Publisher(cpu_threads) as publisher:
-        return publisher.publish(client, checkpoint, name, key, deploy, channel)
-
-
 def _start_publisher(parent_pid: int, cpu_threads: int) -> None:
     import torch
 
@@ -364,7 +337,8 @@ def _start_publisher(parent_pid: int, cpu_threads: int) -> None:
 
 def _import_exporter() -> None:
     """What a publish imports besides torch: the export's modules (lerobot's ACT among them) and torch's exporter,
-    which `torch.onnx` imports only when an export begins."""
+    which `torch.onnx` imports only when an export begins. Only a head start: should an import fail here (torch's
+    module is private), the publish imports what it needs itself and reports that failure."""
     import torch.onnx._internal.exporter._core  # noqa: F401  (torch's own module: ~1 s of the imports)
 
     from . import onnx_export  # noqa: F401
